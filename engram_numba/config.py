@@ -1,0 +1,118 @@
+"""Shapes of the Engram module and their validation.
+
+`EngramConfig` is the one place that says what shape every stage works on. It validates
+itself on construction, so a bad value fails here, with the field named, rather than as an
+index error deep inside a kernel.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+# Constants of the released DeepSeek-V4.1-Flash checkpoint (SPEC section 1).
+RELEASED_DIM = 5120
+RELEASED_HC = 4
+RELEASED_LAYER_IDS = (1, 14)
+RELEASED_MAX_NGRAM_SIZE = 4
+RELEASED_N_HEADS = 8
+RELEASED_HEAD_DIM = 256
+ENGRAM_VOCAB_SIZE = 16_000_000  # where the prime search starts
+COMPRESSED_VOCAB_SIZE = 99_092
+RAW_VOCAB_SIZE = 129_280
+RAW_PAD_ID = 2
+NORM_EPS = 1e-20  # RMS eps inside the gate
+GATE_CLAMP = 1e-6  # |dot| is clamped below by this before the signed square root
+
+MAX_HC = 4
+Q2K_BLOCK_VALUES = 256  # one Q2_K super-block decodes to exactly one table row
+
+
+@dataclass(frozen=True)
+class EngramConfig:
+    """Shapes of one model's Engram module.
+
+    dim            hidden size H (5120 in the release)
+    hc             hyper-connection streams, 1..=4 (4 in the release)
+    layer_ids      blocks that engram runs in front of, in model order ((1, 14))
+    max_ngram_size largest n-gram; orders 2..max_ngram_size are hashed (4)
+    n_heads        hash heads per order (8)
+    head_dim       values in one table row (256; must be 256 for Q2_K rows)
+    eps            RMS epsilon of the gate (1e-20)
+    """
+
+    dim: int
+    hc: int
+    layer_ids: tuple[int, ...]
+    max_ngram_size: int = RELEASED_MAX_NGRAM_SIZE
+    n_heads: int = RELEASED_N_HEADS
+    head_dim: int = RELEASED_HEAD_DIM
+    eps: float = NORM_EPS
+    table_type: str = field(default="Q2_K")
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "layer_ids", tuple(int(x) for x in self.layer_ids))
+        _positive_int("dim", self.dim)
+        _positive_int("hc", self.hc)
+        if not 1 <= self.hc <= MAX_HC:
+            raise ValueError(f"EngramConfig.hc must be in 1..={MAX_HC}, got {self.hc}")
+        if len(self.layer_ids) == 0:
+            raise ValueError("EngramConfig.layer_ids must name at least one layer, got ()")
+        for lid in self.layer_ids:
+            if lid < 0:
+                raise ValueError(f"EngramConfig.layer_ids must be non-negative, got {lid} in {self.layer_ids}")
+        if len(set(self.layer_ids)) != len(self.layer_ids):
+            raise ValueError(f"EngramConfig.layer_ids must be unique, got {self.layer_ids}")
+        _positive_int("max_ngram_size", self.max_ngram_size)
+        if self.max_ngram_size < 2:
+            raise ValueError(f"EngramConfig.max_ngram_size must be >= 2 (bigrams at least), got {self.max_ngram_size}")
+        _positive_int("n_heads", self.n_heads)
+        _positive_int("head_dim", self.head_dim)
+        if self.table_type == "Q2_K" and self.head_dim != Q2K_BLOCK_VALUES:
+            raise ValueError(
+                f"EngramConfig.head_dim must be {Q2K_BLOCK_VALUES} for Q2_K tables "
+                f"(one Q2_K block is one row), got {self.head_dim}"
+            )
+        if not (isinstance(self.eps, (int, float)) and self.eps >= 0.0):
+            raise ValueError(f"EngramConfig.eps must be a non-negative float, got {self.eps!r}")
+
+    # Derived widths -------------------------------------------------------------------------
+    @property
+    def n_layers(self) -> int:
+        return len(self.layer_ids)
+
+    @property
+    def n_orders(self) -> int:
+        """n-gram orders hashed: 2..max_ngram_size."""
+        return self.max_ngram_size - 1
+
+    @property
+    def n_hash_cols(self) -> int:
+        return self.n_orders * self.n_heads
+
+    @property
+    def proj_in(self) -> int:
+        """Projection input width K = n_hash_cols * head_dim (6144 in the release)."""
+        return self.n_hash_cols * self.head_dim
+
+    @property
+    def proj_out(self) -> int:
+        """Projection output width N = dim * (hc + 1): hc keys, then one shared value."""
+        return self.dim * (self.hc + 1)
+
+    def layer_index(self, layer_id: int) -> int:
+        """Position of `layer_id` in `layer_ids`; a clear error for an unknown id."""
+        try:
+            return self.layer_ids.index(int(layer_id))
+        except ValueError:
+            raise ValueError(
+                f"layer id {layer_id} is not an engram layer of this model (engram layers: {list(self.layer_ids)})"
+            ) from None
+
+    @classmethod
+    def released(cls) -> "EngramConfig":
+        """The DeepSeek-V4.1-Flash shapes."""
+        return cls(dim=RELEASED_DIM, hc=RELEASED_HC, layer_ids=RELEASED_LAYER_IDS)
+
+
+def _positive_int(name: str, value) -> None:
+    if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
+        raise ValueError(f"EngramConfig.{name} must be a positive integer, got {value!r}")
