@@ -17,6 +17,7 @@ Contracts
   lane. Every thread of the block must call it together (no divergence around the call).
   `scratch` is a float32 shared array with one slot per thread of the block; the GPU version does
   not touch it (shuffles), the simulator version reduces through it.
+- `f16_bits_to_f32(bits)` widens an IEEE half (uint16 bits) exactly.
 - `load_u32x4(a, i)` reads a[4i:4i+4] of a 1-D uint32 array as one 16-byte load (a's data must be
   16-byte aligned, which every numba/CuPy/torch allocation is); `store_u32x4` writes likewise.
 """
@@ -186,6 +187,27 @@ else:
     @cuda.jit(device=True)
     def store_u32x4(a, i, v0, v1, v2, v3):
         _store_u32x4(a, i, np.uint32(v0), np.uint32(v1), np.uint32(v2), np.uint32(v3))
+
+
+@cuda.jit(device=True)
+def f16_bits_to_f32(bits):
+    """IEEE fp16 bit pattern (uint16) -> fp32, exact, including subnormals, inf and NaN.
+
+    Integer arithmetic plus one bit cast, so it needs no fp16 hardware path and matches
+    numpy's float16 -> float32 conversion bit for bit."""
+    b = np.uint32(bits)
+    sign = (b >> np.uint32(15)) & np.uint32(1)
+    exp = (b >> np.uint32(10)) & np.uint32(0x1F)
+    man = b & np.uint32(0x3FF)
+    if exp == 0:
+        val = np.float32(man) * np.float32(5.960464477539063e-08)  # man * 2^-24, exact
+    elif exp == 31:
+        val = u32_as_f32(np.uint32(0x7F800000) | (man << np.uint32(13)))
+    else:
+        val = u32_as_f32(((exp + np.uint32(112)) << np.uint32(23)) | (man << np.uint32(13)))
+    if sign:
+        val = -val
+    return val
 
 
 @cuda.jit(device=True)
