@@ -162,7 +162,10 @@ def gate_reference(highway: np.ndarray, kv_bf16: np.ndarray, q_weight: np.ndarra
     inv_k = f32(1.0) / np.sqrt(kk / dim32 + eps32)
     dot = hk * inv_h * inv_k / np.sqrt(dim32)               # [T, hc]
     g = np.copysign(np.sqrt(np.maximum(np.abs(dot), f32(GATE_CLAMP))), dot)
-    gate = f32(1.0) / (f32(1.0) + np.exp(-g))
+    # The sigmoid is evaluated in float64 and rounded once: that is the correctly rounded fp32
+    # sigmoid (but for a ~2^-29 chance), so every backend agrees on the gate given the same dot;
+    # an fp32 expf would add 1-2 ulps that depend on whose libm ran it.
+    gate = (1.0 / (1.0 + np.exp(-g.astype(np.float64)))).astype(np.float32)
     if token_mask is not None:
         live = np.asarray(token_mask, dtype=bool)
         gate = np.where(live[:, None], gate, f32(0.0))
