@@ -26,15 +26,27 @@ INT64_MAX = np.iinfo(np.int64).max
 # Constant recipes ----------------------------------------------------------------------------
 
 def _is_prime(n: int) -> bool:
+    """Deterministic Miller-Rabin: these 12 bases decide every n < 3.3e24, far past int64."""
     if n < 2:
         return False
-    if n % 2 == 0:
-        return n == 2
-    f = 3
-    while f * f <= n:
-        if n % f == 0:
+    small = (2, 3, 5, 7, 11, 13, 17, 19, 23, 29, 31, 37)
+    for p in small:
+        if n % p == 0:
+            return n == p
+    d, r = n - 1, 0
+    while d % 2 == 0:
+        d //= 2
+        r += 1
+    for a in small:
+        x = pow(a, d, n)
+        if x in (1, n - 1):
+            continue
+        for _ in range(r - 1):
+            x = x * x % n
+            if x == n - 1:
+                break
+        else:
             return False
-        f += 2
     return True
 
 
