@@ -24,7 +24,7 @@ test: $(STAMP)
 	NUMBA_ENABLE_CUDASIM=1 $(BIN)/python -m pytest -q -p no:cacheprovider tests notebooks --nbmake
 
 compile-report: $(STAMP)
-	env -u NUMBA_ENABLE_CUDASIM $(BIN)/python -m engram_numba.kernels.compile_check
+	NUMBA_ENABLE_CUDASIM=0 $(BIN)/python -m engram_numba.kernels.compile_check
 
 clean:
 	rm -rf $(VENV) .pytest_cache

@@ -119,7 +119,10 @@ class EngramHashTables:
     def __post_init__(self) -> None:
         object.__setattr__(self, "layer_ids", tuple(int(x) for x in self.layer_ids))
         for name in ("multipliers", "primes", "offsets", "token_map"):
-            arr = np.ascontiguousarray(getattr(self, name), dtype=np.int64)
+            raw = np.asarray(getattr(self, name))
+            if raw.size and not np.issubdtype(raw.dtype, np.integer):
+                raise ValueError(f"{name} must be an integer array, got dtype {raw.dtype}")
+            arr = np.ascontiguousarray(raw, dtype=np.int64)
             arr.setflags(write=False)
             object.__setattr__(self, name, arr)
         object.__setattr__(self, "pad_id", int(self.pad_id))
@@ -217,7 +220,9 @@ class EngramHashTables:
         bounds the multipliers, is token_map.max() + 1."""
         if token_map is None:
             raise ValueError("build() needs a token_map (raw id -> compressed id)")
-        token_map = np.asarray(token_map, dtype=np.int64)
+        token_map = np.asarray(token_map)
+        if not np.issubdtype(token_map.dtype, np.integer):
+            raise ValueError(f"token_map must be an integer array, got dtype {token_map.dtype}")
         layer_ids = tuple(int(x) for x in layer_ids)
         primes = build_primes(len(layer_ids), max_ngram_size, n_heads, engram_vocab_size)
         tables = cls(
@@ -272,13 +277,14 @@ def check_token_ids(token_ids, token_mask, vocab_size: int, first_position: int 
         raise ValueError(f"token_ids must be 1-D (one sequence), got shape {ids.shape}")
     if ids.size and not np.issubdtype(ids.dtype, np.integer):
         raise ValueError(f"token_ids must be integers, got dtype {ids.dtype}")
-    ids = ids.astype(np.int64, copy=False)
-    bad = (ids < 0) | (ids >= vocab_size)
+    # Range-check in the caller's dtype: casting first would wrap a huge uint64 to a negative.
+    bad = (ids >= vocab_size) if ids.dtype.kind == "u" else ((ids < 0) | (ids >= vocab_size))
     if bad.any():
         i = int(np.argmax(bad))
         raise ValueError(
             f"token id {int(ids[i])} at position {first_position + i} (index {i} of this call) is outside "
             f"the token map's range [0, {vocab_size})")
+    ids = ids.astype(np.int64, copy=False)
     mask = None
     if token_mask is not None:
         mask = np.asarray(token_mask)

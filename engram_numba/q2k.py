@@ -11,13 +11,26 @@ Value e (0..255): n = e//128, w = e%128, j = w//32, h = (w%32)//16, l = w%16
 
 `dequantize` is the numpy reference (bit-exact with `gguf.quants.dequantize`); `dequantize_cpu`
 is the @njit decoder; `quantize` is this package's own encoder (gguf-py has none for Q2_K).
+
+The encoder, in three passes (the idea of llama.cpp's make_qkx2_quants, with its own choices):
+  1. per 16-value sub-block, a float scale and min (min <= 0) that minimise the squared error for
+     q in 0..3: a sweep of candidate step sizes, each followed by a least-squares refit;
+  2. per row, fp16 super-scales d = max scale / 15 and dmin = max min / 15 (and a few nearby
+     divisors, keeping whichever gives the row the least error);
+  3. per sub-block, the 4-bit (scale, min) codes chosen by trying the codes within +-2 of the
+     rounded ones, each with q re-rounded against the *decoded* fp32 step and offset, keeping the
+     pair with the least squared error. Rounding scale and min to 4 bits independently costs
+     about 3 % RMS on Gaussian rows and 8 % on heavy-tailed ones; this search wins most of it back.
+Only squared error is minimised, with uniform weights: llama.cpp's reference encoder weights by |x|
+and scores absolute error, while this toolkit reports relative RMS error (a sketch of that
+weighting measured 0.30 against this encoder's 0.26 on Gaussian rows).
 """
 from __future__ import annotations
 
 import numpy as np
 from numba import njit, prange
 
-from .bf16 import f32_to_bf16
+from .bf16 import BF16, f32_to_bf16
 
 ENGRAM_ROW_BYTES = 84
 ROW_VALUES = 256
@@ -103,4 +116,215 @@ def dequantize_cpu(blocks, out=None) -> np.ndarray:
     blocks = np.ascontiguousarray(check_blocks(blocks))
     if out is None:
         out = np.empty((blocks.shape[0], ROW_VALUES), dtype=np.float32)
+    elif not (isinstance(out, np.ndarray) and out.dtype == np.float32
+              and out.shape == (blocks.shape[0], ROW_VALUES)):
+        # The jitted loop does no bounds checks: a short `out` would be written past its end.
+        raise ValueError(f"out must be float32 [{blocks.shape[0]}, {ROW_VALUES}], got "
+                         f"{getattr(out, 'dtype', type(out).__name__)} {getattr(out, 'shape', '')}")
     return _dequantize_rows(blocks, out)
+
+
+# Encoder -------------------------------------------------------------------------------------
+
+_FIT_STEPS = 16          # candidate step sizes per sub-block: (3 - 0.5 + 0.1 k) / (max - min)
+_CODE_RADIUS = 2         # 4-bit codes tried on each side of the rounded scale and min
+# (divisor of the largest sub-block scale, of the largest min) -> super-scales d, dmin. The
+# largest code need not be 15: a row whose big sub-blocks sit near 13/14 of the largest does
+# better with d = max/14 or max/13. The first pair is the plain choice every row starts from.
+_SUPER_DIVISORS = ((15, 15), (14, 15), (13, 15), (15, 14), (15, 13))
+_F16_MAX = float(np.finfo(np.float16).max)
+
+
+@njit(cache=True, nogil=True)
+def _fit_subblock(x):  # pragma: no cover - jitted
+    """Float (scale, m) with x ~ scale*q - m, q in 0..3, m >= 0, for one sub-block x [16] float64."""
+    n = x.size
+    xmin = min(x.min(), 0.0)  # Q2_K subtracts a non-negative min, so the offset can only go down
+    xmax = x.max()
+    m0 = -xmin if xmin < 0.0 else 0.0  # never -0.0: it would be stored as a negative fp16 dmin
+    if xmax <= xmin:
+        return 0.0, m0  # constant (or all-zero) sub-block: the min alone reproduces it
+    sx = x.sum()
+    qv = np.empty(n)  # [16] float64
+    # Start from the plain min/max grid, so a sweep can only improve on it.
+    best_scale = (xmax - xmin) / 3.0
+    best_min = xmin
+    best_err = 0.0
+    for i in range(n):
+        q = min(3.0, max(0.0, np.rint((x[i] - xmin) / best_scale)))
+        diff = best_scale * q + xmin - x[i]
+        best_err += diff * diff
+    for k in range(_FIT_STEPS):
+        inv_step = (2.5 + 0.1 * k) / (xmax - xmin)
+        sq = 0.0
+        sq2 = 0.0
+        sxq = 0.0
+        for i in range(n):
+            q = min(3.0, max(0.0, np.rint(inv_step * (x[i] - xmin))))
+            qv[i] = q
+            sq += q
+            sq2 += q * q
+            sxq += q * x[i]
+        det = n * sq2 - sq * sq
+        if det <= 0.0:
+            continue  # every value on one level: the refit is singular
+        scale = (n * sxq - sx * sq) / det
+        mn = (sq2 * sx - sq * sxq) / det
+        if mn > 0.0:
+            mn = 0.0  # a positive offset cannot be stored; refit the scale alone
+            scale = sxq / sq2
+        if scale <= 0.0:
+            continue
+        err = 0.0
+        for i in range(n):
+            diff = scale * qv[i] + mn - x[i]
+            err += diff * diff
+        if err < best_err:
+            best_err = err
+            best_scale = scale
+            best_min = mn
+    return best_scale, (-best_min if best_min < 0.0 else 0.0)
+
+
+@njit(cache=True, parallel=True)
+def _fit_rows(rows, scale, m):  # pragma: no cover - jitted
+    """rows [n, 256] float32 -> float sub-block scale [n, 16] and min m [n, 16] (float64)."""
+    for r in prange(rows.shape[0]):
+        for j in range(16):
+            s, mm = _fit_subblock(rows[r, 16 * j:16 * j + 16].astype(np.float64))
+            scale[r, j] = s
+            m[r, j] = mm
+
+
+@njit(cache=True, nogil=True)
+def _levels_error(x, step, offset, q_out):  # pragma: no cover - jitted
+    """Nearest q in 0..3 for each x [16] under decode y = step*q - offset (fp32, as the decoder
+    computes it); writes q_out [16] and returns the squared error in float64."""
+    err = 0.0
+    inv_step = 1.0 / np.float64(step) if step > 0.0 else 0.0  # q = 0 when the step is zero
+    for i in range(x.size):
+        q = min(3.0, max(0.0, np.rint((np.float64(x[i]) + offset) * inv_step)))
+        y = step * np.float32(q) - offset  # float32 * float32 - float32, no FMA: the decoder's value
+        diff = np.float64(y) - np.float64(x[i])
+        err += diff * diff
+        q_out[i] = np.uint8(q)
+    return err
+
+
+@njit(cache=True, parallel=True)
+def _choose_codes(rows, scale, m, d, dmin, radius, codes, q, err):  # pragma: no cover - jitted
+    """Pick each sub-block's 4-bit scale and min codes given the row's fp16 super-scales.
+
+    rows [n, 256] f32; scale, m [n, 16] f64; d, dmin [n] f32 (exact fp16 values; a row with a
+    non-finite one is skipped with err = inf);
+    out: codes [n, 16] uint8 (scale | min << 4), q [n, 256] uint8, err [n] f64 squared error.
+    """
+    for r in prange(rows.shape[0]):
+        if not (np.isfinite(d[r]) and np.isfinite(dmin[r])):
+            err[r] = np.inf
+            continue
+        trial = np.empty(16, dtype=np.uint8)
+        total = 0.0
+        for j in range(16):
+            x = rows[r, 16 * j:16 * j + 16]
+            c0 = 0 if d[r] == 0.0 else int(min(15.0, np.rint(scale[r, j] / d[r])))
+            m0 = 0 if dmin[r] == 0.0 else int(min(15.0, np.rint(m[r, j] / dmin[r])))
+            c_hi = 0 if d[r] == 0.0 else min(15, c0 + radius)
+            m_hi = 0 if dmin[r] == 0.0 else min(15, m0 + radius)
+            best = np.inf
+            for c in range(max(0, c0 - radius), c_hi + 1):
+                step = d[r] * np.float32(c)
+                for mc in range(max(0, m0 - radius), m_hi + 1):
+                    e = _levels_error(x, step, dmin[r] * np.float32(mc), trial)
+                    if e < best:
+                        best = e
+                        codes[r, j] = np.uint8(c | (mc << 4))
+                        q[r, 16 * j:16 * j + 16] = trial
+            total += best
+        err[r] = total
+
+
+def _pack_blocks(codes, q, d, dmin) -> np.ndarray:
+    """Assemble Q2_K blocks [n, 84] uint8 from codes [n, 16] uint8 (scale | min << 4), quants
+    q [n, 256] in 0..3 and fp16 super-scales d, dmin [n]."""
+    n = codes.shape[0]
+    out = np.empty((n, ENGRAM_ROW_BYTES), dtype=np.uint8)
+    out[:, _SCALES:_QS] = codes
+    # Value e = 128n + 32j + 16h + l sits in byte 32n + 16h + l at bits 2j.
+    q5 = np.asarray(q, dtype=np.uint8).reshape(n, 2, 4, 2, 16)         # [n, half, j, h, l]
+    qs = q5[:, :, 0] | (q5[:, :, 1] << 2) | (q5[:, :, 2] << 4) | (q5[:, :, 3] << 6)  # [n, half, h, l]
+    out[:, _QS:_D] = qs.reshape(n, 64)
+    out[:, _D:_DMIN] = np.asarray(d, dtype=np.float16).reshape(n, 1).view(np.uint8)
+    out[:, _DMIN:] = np.asarray(dmin, dtype=np.float16).reshape(n, 1).view(np.uint8)
+    return out
+
+
+def _check_rows(rows) -> np.ndarray:
+    rows = np.asarray(rows)
+    if rows.dtype == BF16:
+        rows = rows.astype(np.float32)  # ml_dtypes.bfloat16 is not a numpy floating subtype
+    if not np.issubdtype(rows.dtype, np.floating):
+        raise ValueError(
+            f"rows must be float32 values (a floating dtype), got dtype {rows.dtype}"
+            + (" (bf16 words? widen them with bf16_to_f32 first)" if rows.dtype == np.uint16 else ""))
+    if rows.ndim != 2 or rows.shape[1] != ROW_VALUES:
+        raise ValueError(f"rows must be [n, {ROW_VALUES}] (one Q2_K block per row), got shape {rows.shape}")
+    with np.errstate(over="ignore"):
+        rows = np.ascontiguousarray(rows, dtype=np.float32)
+    finite = np.isfinite(rows)
+    if not finite.all():
+        r, c = np.argwhere(~finite)[0]
+        raise ValueError(f"rows must be finite in float32, got {rows[r, c]} at row {r}, value {c}")
+    return rows
+
+
+def quantize(rows) -> np.ndarray:
+    """Encode rows float32 [n, 256] as Q2_K blocks uint8 [n, 84] (see the module docstring).
+
+    Any floating dtype is accepted and taken as float32. Raises ValueError for a wrong dtype or
+    shape, a value that is not finite in float32, or a row that needs a super-scale beyond fp16
+    (d holds sub-block ranges up to about 3 * 15 * 65504 = 2.9e6, dmin minima down to about
+    -15 * 65504 = -9.8e5). Rows so small that the fp16 super-scales underflow (below about 1e-7)
+    decode to zeros, as they would in llama.cpp.
+    """
+    rows = _check_rows(rows)
+    n = rows.shape[0]
+    scale = np.zeros((n, 16), dtype=np.float64)
+    m = np.zeros((n, 16), dtype=np.float64)
+    if n:
+        _fit_rows(rows, scale, m)
+    max_scale = scale.max(axis=1, initial=0.0)    # [n]
+    max_m = m.max(axis=1, initial=0.0)            # [n]
+
+    best_err = np.full(n, np.inf)
+    codes = np.zeros((n, 16), dtype=np.uint8)
+    q = np.zeros((n, ROW_VALUES), dtype=np.uint8)
+    d = np.zeros(n, dtype=np.float16)
+    dmin = np.zeros(n, dtype=np.float16)
+    for k, (div_d, div_m) in enumerate(_SUPER_DIVISORS):
+        with np.errstate(over="ignore"):
+            d_try = (max_scale / div_d).astype(np.float16)     # [n]
+            dmin_try = (max_m / div_m).astype(np.float16)      # [n]
+        if k == 0:
+            # The smallest super-scales of all candidates: if these overflow, nothing fits.
+            for name, sup in (("d", d_try), ("dmin", dmin_try)):
+                if not np.isfinite(sup).all():
+                    r = int(np.argmax(~np.isfinite(sup)))
+                    raise ValueError(
+                        f"row {r} (max |value| {float(np.abs(rows[r]).max()):.6g}) needs an fp16 "
+                        f"super-scale {name} above the fp16 maximum {_F16_MAX:.6g}")
+        codes_try = np.zeros_like(codes)
+        q_try = np.zeros_like(q)
+        err_try = np.full(n, np.inf)
+        if n:
+            _choose_codes(rows, scale, m, d_try.astype(np.float32), dmin_try.astype(np.float32),
+                          _CODE_RADIUS, codes_try, q_try, err_try)
+        better = err_try < best_err
+        if k == 0:
+            better[:] = True  # every row takes the first candidate, even one with zero error
+        best_err[better] = err_try[better]
+        codes[better] = codes_try[better]
+        q[better] = q_try[better]
+        d[better] = d_try[better]
+        dmin[better] = dmin_try[better]
+    return _pack_blocks(codes, q, d, dmin)

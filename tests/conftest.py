@@ -48,3 +48,46 @@ def rng(request):
 def simulator() -> bool:
     from numba.cuda import config
     return bool(config.ENABLE_CUDASIM)
+
+
+# GPU-tier results ---------------------------------------------------------------------------
+# tests/gpu_run.sh sets ENGRAM_GPU_RESULTS; every gpu test's outcome and the figures it records
+# (max errors, shapes) are written there at the end, for tests/gpu_results/.
+_GPU_RECORDS: list = []
+_GPU_OUTCOMES: dict = {}
+
+
+@pytest.fixture
+def gpu_record(request):
+    """Call gpu_record(stage=..., shape=..., max_err=..., unit=..., ok=...) to log a figure."""
+    def record(**fields):
+        fields.setdefault("test", request.node.nodeid)
+        _GPU_RECORDS.append({k: (v.item() if hasattr(v, "item") else v) for k, v in fields.items()})
+    return record
+
+
+def pytest_runtest_logreport(report):
+    if "gpu" in report.keywords and (report.when == "call" or report.outcome != "passed"):
+        _GPU_OUTCOMES[report.nodeid] = report.outcome
+
+
+def pytest_sessionfinish(session, exitstatus):
+    path = os.environ.get("ENGRAM_GPU_RESULTS")
+    if not path:
+        return
+    import json
+    import platform
+    device = "none"
+    try:
+        if _real_gpu():
+            from numba import cuda
+            name = cuda.get_current_device().name
+            device = name.decode() if isinstance(name, bytes) else str(name)
+    except Exception as exc:  # pragma: no cover
+        device = f"unknown ({exc})"
+    counts = {k: sum(1 for v in _GPU_OUTCOMES.values() if v == k) for k in ("passed", "failed", "skipped")}
+    summary = {"commit": os.environ.get("ENGRAM_COMMIT", "unknown"), "device": device,
+               "python": platform.python_version(), "exitstatus": int(exitstatus), **counts,
+               "outcomes": _GPU_OUTCOMES, "records": _GPU_RECORDS}
+    with open(path, "w") as f:
+        json.dump(summary, f, indent=1, default=str)

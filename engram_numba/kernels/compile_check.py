@@ -6,8 +6,9 @@ compile; this module is the compile-only test tier. Each kernel module lists wha
 turns each into PTX with `cuda.compile_ptx` and assembles that with nvJitLink (from the
 `numba-cuda[cu13]` wheels) to get registers, stack and spills, all on a machine with no GPU.
 
-Run `python -m engram_numba.kernels.compile_check` for the table; it must run with the simulator
-off (the tests start it in a subprocess for that reason).
+Run `python -m engram_numba.kernels.compile_check` for the table. It needs numba's real CUDA
+target, not the simulator (numba picks one at import), so it restarts itself with
+NUMBA_ENABLE_CUDASIM=0 when it finds the simulator on; the tests run it in a subprocess.
 """
 from __future__ import annotations
 
@@ -99,7 +100,7 @@ def compile_all(targets=None) -> list[CompileResult]:
     from numba import cuda
     from numba.cuda import config
     if config.ENABLE_CUDASIM:
-        raise RuntimeError("compile_check needs the simulator off (unset NUMBA_ENABLE_CUDASIM)")
+        raise RuntimeError("compile_check needs the simulator off (NUMBA_ENABLE_CUDASIM=0)")
     _patch_current_device()
     results = []
     for t in targets if targets is not None else collect_targets():
@@ -132,6 +133,13 @@ def format_table(results) -> str:
 
 def main(argv=None) -> int:
     argv = sys.argv[1:] if argv is None else argv
+    from numba.cuda import config
+    if config.ENABLE_CUDASIM:
+        # numba picked the simulator at import (the package does so on machines without a GPU);
+        # compiling for sm_90 needs the real target, so start again with it.
+        import os
+        env = dict(os.environ, NUMBA_ENABLE_CUDASIM="0")
+        os.execve(sys.executable, [sys.executable, "-m", "engram_numba.kernels.compile_check", *argv], env)
     results = compile_all()
     if "--json" in argv:
         print(json.dumps([asdict(r) for r in results]))

@@ -1,0 +1,29 @@
+#!/usr/bin/env bash
+# One batch on the H200 machine (shared/GPU.md): the gpu test tier, the sm_90 compile report,
+# then the benchmark suite. Run from the repository root with the wheels of .whl/ carried:
+#   ENGRAM_COMMIT=<hash> bash tests/gpu_run.sh [pytest -k expression] [--no-bench] [--bench-only]
+# Everything lands in $OUT (the device tool's output folder) or ./gpu_out.
+set -uo pipefail
+OUT=${OUT:-$PWD/gpu_out}
+mkdir -p "$OUT"
+python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl || exit 1
+export PYTHONPATH=/tmp/site:$PWD NUMBA_ENABLE_CUDASIM=0 PYTHONUNBUFFERED=1
+export ENGRAM_COMMIT=${ENGRAM_COMMIT:-unknown}
+KEXPR=""; BENCH=1; TESTS=1
+for a in "$@"; do
+  case "$a" in
+    --no-bench) BENCH=0 ;;
+    --bench-only) TESTS=0 ;;
+    *) KEXPR="$a" ;;
+  esac
+done
+nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.sm,clocks.mem --format=csv > "$OUT/nvidia_smi.txt" 2>&1
+python3 -c "import numpy, numba, numba.cuda as c, gguf; print('numpy', numpy.__version__, 'numba', numba.__version__, 'numba-cuda', c.implementation, 'gguf ok')"
+if [ "$TESTS" = 1 ]; then
+  ENGRAM_GPU_RESULTS="$OUT/gpu_tests.json" timeout 420 python3 -m pytest -m gpu tests -q -p no:cacheprovider \
+    --maxfail=20 ${KEXPR:+-k "$KEXPR"} 2>&1 | tail -n 60 > "$OUT/gpu_tests.log"
+  tail -n 25 "$OUT/gpu_tests.log"
+fi
+if [ "$BENCH" = 1 ]; then
+  python3 -m engram_numba.cli bench --out "$OUT/h200.json" 2>&1 | tee "$OUT/bench.log" | tail -n 40
+fi
