@@ -86,8 +86,14 @@ def pytest_sessionfinish(session, exitstatus):
     except Exception as exc:  # pragma: no cover
         device = f"unknown ({exc})"
     counts = {k: sum(1 for v in _GPU_OUTCOMES.values() if v == k) for k in ("passed", "failed", "skipped")}
+    # Test modules may also keep their own RESULTS list of summaries.
+    import sys
+    records = list(_GPU_RECORDS)
+    for name, mod in sorted(sys.modules.items()):
+        if name.rsplit(".", 1)[-1].startswith("test_") and isinstance(getattr(mod, "RESULTS", None), list):
+            records.extend(dict(r, module=name) for r in mod.RESULTS)
     summary = {"commit": os.environ.get("ENGRAM_COMMIT", "unknown"), "device": device,
                "python": platform.python_version(), "exitstatus": int(exitstatus), **counts,
-               "outcomes": _GPU_OUTCOMES, "records": _GPU_RECORDS}
+               "outcomes": _GPU_OUTCOMES, "records": records}
     with open(path, "w") as f:
         json.dump(summary, f, indent=1, default=str)
