@@ -90,8 +90,11 @@ def pytest_sessionfinish(session, exitstatus):
     import sys
     records = list(_GPU_RECORDS)
     for name, mod in sorted(sys.modules.items()):
-        if name.rsplit(".", 1)[-1].startswith("test_") and isinstance(getattr(mod, "RESULTS", None), list):
-            records.extend(dict(r, module=name) for r in mod.RESULTS)
+        if not name.rsplit(".", 1)[-1].startswith("test_"):
+            continue
+        for attr in ("RESULTS", "GPU_RESULTS"):
+            if isinstance(getattr(mod, attr, None), list):
+                records.extend(dict(r, module=name) for r in getattr(mod, attr))
     summary = {"commit": os.environ.get("ENGRAM_COMMIT", "unknown"), "device": device,
                "python": platform.python_version(), "exitstatus": int(exitstatus), **counts,
                "outcomes": _GPU_OUTCOMES, "records": records}

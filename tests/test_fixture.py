@@ -1,7 +1,6 @@
 """The tiny model in data/: rebuilt byte-identically, hashing to SPEC's vector, and its golden
 reference captures still reproduced."""
 import numpy as np
-import pytest
 
 from engram_numba.cli import main as cli_main
 from engram_numba.fixtures import (TINY_GOLDEN_PATH, TINY_MASK, TINY_PATH, TINY_TOKENS, make_fixture,

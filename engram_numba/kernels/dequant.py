@@ -39,7 +39,7 @@ from numba import cuda, types
 
 from ..q2k import ENGRAM_ROW_BYTES, ROW_VALUES
 from .compile_check import CompileTarget
-from .intrinsics import (byte_perm, cvt_pack_bf16x2, f16_bits_to_f32, f32_to_bf16_bits, mul_rn,
+from .intrinsics import (device_function, byte_perm, cvt_pack_bf16x2, f16_bits_to_f32, f32_to_bf16_bits, mul_rn,
                          pack_bf16x2, store_u32x4, sub_rn)
 
 ROW_WORDS = ENGRAM_ROW_BYTES // 4      # 21 uint32 words a block; rows are 4-byte aligned (84 = 4*21)
@@ -57,7 +57,7 @@ _QS_WORD = 4                           # bytes 16..79: qs
 
 # ---- v1: one thread per value ------------------------------------------------------------------
 
-@cuda.jit(device=True)
+@device_function
 def _value_v1(blocks, r, e):
     """bf16 word of value e of block r of a uint8 [rows, 84] array (r may be 64-bit)."""
     half = e // 128
@@ -104,7 +104,7 @@ def _gather_v1(table, ids, out, bad):
 
 # ---- v2..v4: 8 lanes a row, byte_perm lookup tables --------------------------------------------
 
-@cuda.jit(device=True)
+@device_function
 def _load_lane_words(w32, src, t):
     """The 5 words lane t of a group needs from row src of a uint32 [rows, 21] view."""
     qw = _QS_WORD + 8 * (t >> 2) + 2 * (t & 3)
@@ -112,7 +112,7 @@ def _load_lane_words(w32, src, t):
     return w32[src, qw], w32[src, qw + 1], w32[src, sw], w32[src, sw + 1], w32[src, _D_WORD]
 
 
-@cuda.jit(device=True)
+@device_function
 def _pick4(lo, hi, word, shift):
     """4 values from the 4 qs bytes of `word` (codes at bit `shift`) -> two bf16x2 words."""
     v = (np.uint32(word) >> np.uint32(shift)) & np.uint32(0x03030303)   # byte i = code q_i
@@ -121,7 +121,7 @@ def _pick4(lo, hi, word, shift):
     return byte_perm(lo, hi, s), byte_perm(lo, hi, s >> np.uint32(16))
 
 
-@cuda.jit(device=True)
+@device_function
 def _nan_lane(out32, dst, t):
     chunk = dst * OUT_CHUNKS + (t & 3) + 16 * (t >> 2)
     nan2 = np.uint32(NAN_BF16X2)
@@ -136,7 +136,7 @@ def _make_fast(pack, rows_per_group):
     word with `pack` (pack_bf16x2 or cvt_pack_bf16x2) and decoding `rows_per_group` rows per
     8-lane group with every load issued before any decoding."""
 
-    @cuda.jit(device=True)
+    @device_function
     def sub_block_lut(sc, d, dmin):
         # The 4 possible bf16 values of a sub-block (q = 0..3) as a byte_perm table: lo holds
         # their low bytes, hi their high bytes, entry q in byte q.
@@ -152,7 +152,7 @@ def _make_fast(pack, rows_per_group):
         p23 = pack(y2, y3)
         return byte_perm(p01, p23, 0x6420), byte_perm(p01, p23, 0x7531)
 
-    @cuda.jit(device=True)
+    @device_function
     def decode_chunk(sc, d, dmin, qa, qb, q_shift, out32, chunk):
         # One 16-byte chunk: 8 values of one sub-block, codes at bit q_shift of the qs words
         # qa (values 0-3) and qb (values 4-7).
@@ -161,7 +161,7 @@ def _make_fast(pack, rows_per_group):
         o2, o3 = _pick4(lo, hi, qb, q_shift)
         store_u32x4(out32, chunk, o0, o1, o2, o3)
 
-    @cuda.jit(device=True)
+    @device_function
     def decode_lane(qa, qb, s01, s23, dd, out32, dst, t):
         # Lane t's 4 chunks (j = 0..3) of output row dst, written out by hand: numba's pipeline
         # leaves a range(4) loop rolled. The lane's scale bytes are bytes c1 and c1 + 2 of s01

@@ -3,9 +3,11 @@
 numba's CUDA simulator (NUMBA_ENABLE_CUDASIM=1) runs kernels as Python threads: it has no warp
 shuffles, no `syncwarp`, and libdevice bit casts such as `int_as_float` run there but return NaN.
 So each helper below is defined twice, picked once at import by `config.ENABLE_CUDASIM`: a
-numpy-scalar version for the simulator and a libdevice / shuffle / LLVM version for the GPU. Both
-are `@cuda.jit(device=True)` functions with the same contract, and the other kernel modules use
-only these helpers, never the raw intrinsics.
+numpy-scalar version for the simulator and a libdevice / shuffle / LLVM version for the GPU, with
+the same contract; the other kernel modules use only these helpers, never the raw intrinsics. On
+the GPU they are `@cuda.jit(device=True)` functions. In the simulator they are plain Python
+functions (the simulator's device-function call costs 15-40 us, see `device_function`), except
+`warp_sum` and `mma_bf16_16816`, which need the simulator's per-thread `cuda` module.
 
 Contracts
 - bf16 words are uint16 bit patterns; `bf16x2` words pack two of them in a uint32, the lower
@@ -53,14 +55,35 @@ from numba.cuda import config
 SIMULATOR = bool(config.ENABLE_CUDASIM)
 FULL_MASK = 0xFFFFFFFF
 
+
+def device_function(fn=None, **options):
+    """`@cuda.jit(device=True)` on the GPU; in the simulator, the plain Python function.
+
+    The simulator wraps every call of a device function in a swap of its module's globals (a
+    lock and a scan of the module dict), which costs 15-40 us a call: a kernel that calls small
+    helpers in its inner loop then runs 10x slower than the same code called plainly. A plain
+    function called from a simulated kernel of the same module sees the swapped `cuda` module
+    too, so `cuda.threadIdx`, `cuda.shared.array` and `cuda.syncthreads` work in it. Use it for
+    every helper defined next to the kernels that call it."""
+    def wrap(f):
+        return f if SIMULATOR else cuda.jit(device=True, **options)(f)
+    return wrap(fn) if fn is not None else wrap
+
+
+def _sim_twin(fn):
+    # Simulator twins that touch no `cuda.*` API are plain functions (see device_function).
+    return fn
+
 if SIMULATOR:
     # ---- simulator twins: plain numpy scalars ------------------------------------------------
 
-    @cuda.jit(device=True)
-    def bf16_bits_to_f32(bits):
-        return np.array([np.uint32(bits) << np.uint32(16)], dtype=np.uint32).view(np.float32)[0]
+    _BF16_VALUES = (np.arange(65536, dtype=np.uint32) << np.uint32(16)).view(np.float32)
 
-    @cuda.jit(device=True)
+    @_sim_twin
+    def bf16_bits_to_f32(bits):
+        return _BF16_VALUES[int(bits) & 0xFFFF]
+
+    @_sim_twin
     def f32_to_bf16_bits(x):
         x = np.float32(x)
         u = np.array([x], dtype=np.float32).view(np.uint32)[0]
@@ -68,23 +91,23 @@ if SIMULATOR:
             return np.uint16((u >> np.uint32(16)) | np.uint32(0x40))
         return np.uint16((u + np.uint32(0x7FFF) + ((u >> np.uint32(16)) & np.uint32(1))) >> np.uint32(16))
 
-    @cuda.jit(device=True)
+    @_sim_twin
     def f32_as_u32(x):
         return np.array([np.float32(x)], dtype=np.float32).view(np.uint32)[0]
 
-    @cuda.jit(device=True)
+    @_sim_twin
     def u32_as_f32(u):
         return np.array([np.uint32(u)], dtype=np.uint32).view(np.float32)[0]
 
-    @cuda.jit(device=True)
+    @_sim_twin
     def mul_rn(a, b):
         return np.float32(np.float32(a) * np.float32(b))
 
-    @cuda.jit(device=True)
+    @_sim_twin
     def add_rn(a, b):
         return np.float32(np.float32(a) + np.float32(b))
 
-    @cuda.jit(device=True)
+    @_sim_twin
     def sub_rn(a, b):
         return np.float32(np.float32(a) - np.float32(b))
 
@@ -100,23 +123,23 @@ if SIMULATOR:
         cuda.syncthreads()
         return total
 
-    @cuda.jit(device=True)
+    @_sim_twin
     def load_u32x4(a, i):
         return a[4 * i], a[4 * i + 1], a[4 * i + 2], a[4 * i + 3]
 
-    @cuda.jit(device=True)
+    @_sim_twin
     def store_u32x4(a, i, v0, v1, v2, v3):
         a[4 * i] = v0
         a[4 * i + 1] = v1
         a[4 * i + 2] = v2
         a[4 * i + 3] = v3
 
-    @cuda.jit(device=True)
+    @_sim_twin
     def load_f32x4(a, i):
         return (np.float32(a[4 * i]), np.float32(a[4 * i + 1]), np.float32(a[4 * i + 2]),
                 np.float32(a[4 * i + 3]))
 
-    @cuda.jit(device=True)
+    @_sim_twin
     def store_f32x4(a, i, v0, v1, v2, v3):
         a[4 * i] = v0
         a[4 * i + 1] = v1
@@ -155,7 +178,7 @@ if SIMULATOR:
             out.append(np.float32(np.float32(c) + p))
         return out[0], out[1], out[2], out[3]
 
-    @cuda.jit(device=True)
+    @_sim_twin
     def byte_perm(x, y, s):
         src = (int(np.uint32(y)) << 32) | int(np.uint32(x))
         sel = int(np.uint32(s))
@@ -164,7 +187,7 @@ if SIMULATOR:
             r |= ((src >> (8 * ((sel >> (4 * n)) & 7))) & 0xFF) << (8 * n)
         return np.uint32(r)
 
-    @cuda.jit(device=True)
+    @_sim_twin
     def cvt_pack_bf16x2(lo, hi):
         lo_bits = np.uint32(0x7FFF) if lo != lo else np.uint32(f32_to_bf16_bits(lo))
         hi_bits = np.uint32(0x7FFF) if hi != hi else np.uint32(f32_to_bf16_bits(hi))
@@ -369,7 +392,7 @@ else:
         return _cvt_rn_bf16x2_f32(np.float32(hi), np.float32(lo))
 
 
-@cuda.jit(device=True)
+@device_function
 def f16_bits_to_f32(bits):
     """IEEE fp16 bit pattern (uint16) -> fp32, exact, including subnormals, inf and NaN.
 
@@ -390,19 +413,19 @@ def f16_bits_to_f32(bits):
     return val
 
 
-@cuda.jit(device=True)
+@device_function
 def bf16x2_lo(word):
     """fp32 value of the low (even-index) bf16 of a packed pair."""
     return bf16_bits_to_f32(np.uint32(word) & np.uint32(0xFFFF))
 
 
-@cuda.jit(device=True)
+@device_function
 def bf16x2_hi(word):
     """fp32 value of the high (odd-index) bf16 of a packed pair."""
     return bf16_bits_to_f32(np.uint32(word) >> np.uint32(16))
 
 
-@cuda.jit(device=True)
+@device_function
 def round_to_bf16(x):
     """fp32 -> nearest-even bf16 value, as fp32, branch-free. Rounds the magnitude (which cannot
     carry out of 32 bits, even for a NaN) and puts the sign back; overflow rounds to inf."""
@@ -414,7 +437,7 @@ def round_to_bf16(x):
     return u32_as_f32(q if x != x else r)
 
 
-@cuda.jit(device=True)
+@device_function
 def pack_bf16x2(lo, hi):
     """Round two fp32 values to bf16 and pack them (lo in the low half)."""
     return np.uint32(f32_to_bf16_bits(lo)) | (np.uint32(f32_to_bf16_bits(hi)) << np.uint32(16))

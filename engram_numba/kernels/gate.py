@@ -1,0 +1,685 @@
+"""Gate and highway update (SPEC section 5) on the GPU: the last stage of an Engram layer.
+
+For token t and stream c, over d in 0..dim-1, all in fp32:
+
+    h = highway[t, c, :]    k = key[t, c, :]    w = q_weight[c, :] * k_weight[c, :]
+    dot  = sum(h*w*k) * rsqrt(mean(h*h) + eps) * rsqrt(mean(k*k) + eps) / sqrt(dim)
+    gate = sigmoid(copysign(sqrt(max(|dot|, 1e-6)), dot))        (0 for a masked token)
+    highway[t, c, :] = h + gate * value[t, :]                     (in place)
+
+Data (T tokens):
+    highway   [T, hc, dim] fp32, C-contiguous, updated in place
+    kv        [T, (hc+1)*dim] bf16 words (uint16): key of stream c at columns c*dim..(c+1)*dim,
+              the value shared by all streams at hc*dim..(hc+1)*dim (the projection's output)
+    w         [hc, dim] fp32, q_weight * k_weight, multiplied once by the caller
+    token_mask [T] uint8 (or bool), optional: 0 = masked token, its streams are not written
+    dot_out, gate_out [T, hc] fp32, optional: the normalised dot and the gate of every (t, c)
+
+Everything except the three reductions follows `engram_numba.reference.gate_reference`
+operation by operation (`(h*w)*k`, `1/sqrt(mean + eps)`, `((hk*inv_h)*inv_k)/sqrt(dim)`, the
+sigmoid in float64 rounded once, and an unfused `h + (gate*v)`), so the only difference from
+the reference is the order of the three fp32 sums: v1, which sums in the reference's order,
+is bit-identical to it (dot, gate and highway).
+
+The stage is pure bandwidth: at T=4096, dim 5120, hc 4 it moves 880 MB (highway read and
+written, 2 x 335 MB; keys 168 MB; value 42 MB) for ~130 MFLOP, so the floor is ~210 us at the
+H200's ~4.2 TB/s.
+
+Kernel versions (never delete v1):
+    v1  naive: one thread per (t, c), sequential loops over d with unfused fp32 ops; bit-exact
+        with the numpy reference (the same summation order): a second reference.
+    v2  one block per token (all hc streams, the value row read once per token) or per (t, c);
+        the three sums in one pass of 16-byte loads (fp32 highway as uint32x4, keys as 8 bf16
+        in one uint32x4), warp shuffles then one shared-memory step, then an update pass that
+        re-reads h (L1/L2 hits) and writes with 16-byte stores.
+    v3  v2 with each thread's h values held in registers between the two passes (the kernel is
+        specialised on the nch chunks each thread owns and written out unrolled), so h is read
+        once; every load (h, w, key and value) is issued before the block reduction, in
+        straight-line code. One block per (t, c) by default. Default version where nch <= 8.
+
+v2 and v3 are compiled per residual (the fp32 path carries no rounding code), v3 also per nch.
+
+Launcher: `engram_v41_gate(highway, kv, w, *, token_mask=None, residual="fp32", eps=1e-20,
+dot_out=None, gate_out=None, stream=0, version=None, layout=None, tps=None)`; it returns None
+(the highway is updated in place). `launch_config` says what a launch will use.
+"""
+from __future__ import annotations
+
+import math
+
+import numpy as np
+from numba import cuda, types
+
+from ..config import GATE_CLAMP, MAX_HC, NORM_EPS
+from .compile_check import CompileTarget
+from .intrinsics import (device_function, SIMULATOR, add_rn, bf16_bits_to_f32, bf16x2_hi, bf16x2_lo, f32_as_u32,
+                         load_u32x4, mul_rn, round_to_bf16, store_u32x4, u32_as_f32, warp_sum)
+
+RESIDUALS = ("fp32", "bf16")
+LAYOUTS = ("token", "stream")   # one block per token (all hc streams) / one block per (t, c)
+VERSIONS = (1, 2, 3)
+
+MAX_THREADS = 512               # the fast kernels' largest block
+MAX_WARPS = MAX_THREADS // 32
+V1_THREADS = 128
+V3_MAX_CHUNKS = 8               # more chunks per thread than this would not fit in registers
+TOKEN_LAYOUT_MIN_T = 256        # below this, one block per (t, c) puts more SMs to work
+
+_CLAMP = np.float32(GATE_CLAMP)
+_NEG_ZERO = np.float32(-0.0)    # the identity of IEEE addition: -0 + x == x, even for x = -0
+_ONE = np.float32(1.0)
+
+
+# ---- device helpers shared by every version ------------------------------------------------
+
+@device_function
+def _gate_scalars(hk, hh, kk, dim, eps, live):
+    """dot and gate of one (t, c) from its three sums, in the reference's operation order.
+
+    math.sqrt compiles to sqrt.rn and `/` to div.rn (no fastmath), both correctly rounded like
+    numpy; the simulator's math.* run in float64 and are rounded back to fp32 at once. The
+    sigmoid runs in float64 and is rounded once, as the reference does: that is the correctly
+    rounded fp32 sigmoid (but for a ~2^-29 chance), so the gate does not carry libdevice expf's
+    ulps. One double exp per (t, c) costs nothing here."""
+    f32 = np.float32
+    dim32 = f32(dim)
+    inv_h = _ONE / f32(math.sqrt(f32(f32(hh / dim32) + eps)))
+    inv_k = _ONE / f32(math.sqrt(f32(f32(kk / dim32) + eps)))
+    dot = f32(mul_rn(mul_rn(hk, inv_h), inv_k) / f32(math.sqrt(dim32)))
+    a = abs(dot)
+    if a < _CLAMP:          # max(|dot|, 1e-6) that keeps a NaN, like np.maximum
+        a = _CLAMP
+    g = f32(math.copysign(f32(math.sqrt(a)), dot))
+    gate = f32(1.0 / (1.0 + math.exp(-np.float64(g))))
+    if not live:
+        gate = f32(0.0)
+    return dot, gate
+
+
+@device_function
+def _h_value(word, residual_bf16):
+    """h from its fp32 bits; for the bf16 residual, first rounded to bf16 (a select, no branch;
+    the fast kernels pass a compile-time constant, so the fp32 path carries no rounding code)."""
+    x = u32_as_f32(word)
+    return round_to_bf16(x) if residual_bf16 else x
+
+
+@device_function
+def _new_h_word(h, gate, v, residual_bf16):
+    """h + gate*v as the reference rounds it (product, then sum; optional bf16), as a word."""
+    y = add_rn(h, mul_rn(gate, v))
+    if residual_bf16:
+        y = round_to_bf16(y)
+    return f32_as_u32(y)
+
+
+@device_function
+def _chunk_sums(h0, h1, h2, h3, h4, h5, h6, h7, wa, wb, kq):
+    """Partial sums (h*w)*k, h*h, k*k over one chunk of 8 elements.
+
+    h0..h7: fp32 values of h (already bf16-rounded for that residual); wa, wb: two uint32x4
+    tuples with the bits of w; kq: one uint32x4 tuple of 4 bf16x2 words of the key. The adds
+    may fuse with the multiplies (FMA): the sums' order differs from the reference anyway."""
+    k0 = bf16x2_lo(kq[0])
+    k1 = bf16x2_hi(kq[0])
+    k2 = bf16x2_lo(kq[1])
+    k3 = bf16x2_hi(kq[1])
+    k4 = bf16x2_lo(kq[2])
+    k5 = bf16x2_hi(kq[2])
+    k6 = bf16x2_lo(kq[3])
+    k7 = bf16x2_hi(kq[3])
+    hk = (h0 * u32_as_f32(wa[0])) * k0
+    hk += (h1 * u32_as_f32(wa[1])) * k1
+    hk += (h2 * u32_as_f32(wa[2])) * k2
+    hk += (h3 * u32_as_f32(wa[3])) * k3
+    hk += (h4 * u32_as_f32(wb[0])) * k4
+    hk += (h5 * u32_as_f32(wb[1])) * k5
+    hk += (h6 * u32_as_f32(wb[2])) * k6
+    hk += (h7 * u32_as_f32(wb[3])) * k7
+    hh = h0 * h0
+    hh += h1 * h1
+    hh += h2 * h2
+    hh += h3 * h3
+    hh += h4 * h4
+    hh += h5 * h5
+    hh += h6 * h6
+    hh += h7 * h7
+    kk = k0 * k0
+    kk += k1 * k1
+    kk += k2 * k2
+    kk += k3 * k3
+    kk += k4 * k4
+    kk += k5 * k5
+    kk += k6 * k6
+    kk += k7 * k7
+    return hk, hh, kk
+
+
+@device_function
+def _block_sums(s_hk, s_hh, s_kk, scratch, partial, tid, tps):
+    """Sum each thread's partials over the tps threads of its stream (tps a multiple of 32).
+
+    Every thread of the block must call this together. Returns the three totals to every
+    thread of the stream, summed over its warps in a fixed order."""
+    r_hk = warp_sum(s_hk, scratch)
+    r_hh = warp_sum(s_hh, scratch)
+    r_kk = warp_sum(s_kk, scratch)
+    warp = tid // 32
+    if tid % 32 == 0:
+        partial[warp, 0] = r_hk
+        partial[warp, 1] = r_hh
+        partial[warp, 2] = r_kk
+    cuda.syncthreads()
+    wps = tps // 32
+    w0 = (tid // tps) * wps
+    hk = partial[w0, 0]
+    hh = partial[w0, 1]
+    kk = partial[w0, 2]
+    for i in range(1, wps):
+        hk += partial[w0 + i, 0]
+        hh += partial[w0 + i, 1]
+        kk += partial[w0 + i, 2]
+    return hk, hh, kk
+
+
+# ---- v1: naive, one thread per (t, c) ----------------------------------------------------------
+
+@cuda.jit
+def gate_v1(highway, kv, w, mask, dot_out, gate_out, has_mask, residual_bf16, has_dot, has_gate, eps):
+    # highway [T, hc, dim] f32 (in place); kv [T, (hc+1)*dim] u16; w [hc, dim] f32; mask [T] u8
+    # dot_out, gate_out [T, hc] f32 (or [1, 1] stand-ins when not wanted)
+    T, hc, dim = highway.shape
+    i = cuda.grid(1)
+    if i >= T * hc:
+        return
+    t = i // hc
+    c = i - t * hc
+    live = True
+    if has_mask != 0:
+        live = mask[t] != 0
+    if not live and has_dot == 0:
+        if has_gate != 0:
+            gate_out[t, c] = np.float32(0.0)
+        return
+    rb = residual_bf16 != 0
+    # np.cumsum's order: start from element 0 (not from +0, which would lose a -0 sum), then
+    # add left to right, every product and sum rounded on its own.
+    h = _h_value(f32_as_u32(highway[t, c, 0]), rb)
+    k = bf16_bits_to_f32(kv[t, c * dim])
+    hk = mul_rn(mul_rn(h, w[c, 0]), k)
+    hh = mul_rn(h, h)
+    kk = mul_rn(k, k)
+    for d in range(1, dim):
+        h = _h_value(f32_as_u32(highway[t, c, d]), rb)
+        k = bf16_bits_to_f32(kv[t, c * dim + d])
+        hk = add_rn(hk, mul_rn(mul_rn(h, w[c, d]), k))
+        hh = add_rn(hh, mul_rn(h, h))
+        kk = add_rn(kk, mul_rn(k, k))
+    dot, gate = _gate_scalars(hk, hh, kk, dim, eps, live)
+    if has_dot != 0:
+        dot_out[t, c] = dot
+    if has_gate != 0:
+        gate_out[t, c] = gate
+    if not live:
+        return
+    vbase = hc * dim
+    for d in range(dim):
+        h = _h_value(f32_as_u32(highway[t, c, d]), rb)
+        highway[t, c, d] = u32_as_f32(_new_h_word(h, gate, bf16_bits_to_f32(kv[t, vbase + d]), rb))
+
+
+# ---- v2: block-wide reductions with 16-byte loads, h re-read in the update pass ---------------
+
+def _make_v2(residual_bf16: bool):
+    RB = bool(residual_bf16)    # frozen into the kernel as a constant
+
+    def gate_v2(hw, kvw, ww, mask, dot_out, gate_out, hc, dim, tps, has_mask, has_dot, has_gate, eps):
+        # hw  [T*hc*dim] u32: the fp32 highway's bits, updated in place
+        # kvw [T*(hc+1)*dim/2] u32: bf16x2 words of kv;  ww [hc*dim] u32: the bits of w
+        # Block b covers token t = b // (hc/spb) and spb streams (spb = blockDim/tps: hc or 1);
+        # tps threads per stream walk its dim/8 chunks of 8 elements with stride tps.
+        scratch = cuda.shared.array(MAX_THREADS, np.float32)    # warp_sum's simulator twin only
+        partial = cuda.shared.array((MAX_WARPS, 3), np.float32)
+        tid = cuda.threadIdx.x
+        spb = cuda.blockDim.x // tps
+        nsb = hc // spb
+        t = cuda.blockIdx.x // nsb
+        c = (cuda.blockIdx.x - t * nsb) * spb + tid // tps
+        ls = tid % tps
+        live = True
+        if has_mask != 0:
+            live = mask[t] != 0
+        if not live and has_dot == 0:
+            if ls == 0 and has_gate != 0:
+                gate_out[t, c] = np.float32(0.0)
+            return              # the whole block returns: no barrier is left waiting
+        chunks = dim // 8
+        h16 = (t * hc + c) * (dim // 4)           # uint32x4 index of h's first 4 values
+        k16 = (t * (hc + 1) + c) * (dim // 8)     # uint32x4 index of the key's first 8 values
+        w16 = c * (dim // 4)
+        s_hk = _NEG_ZERO
+        s_hh = _NEG_ZERO
+        s_kk = _NEG_ZERO
+        j = ls
+        while j < chunks:
+            ha = load_u32x4(hw, h16 + 2 * j)
+            hb = load_u32x4(hw, h16 + 2 * j + 1)
+            wa = load_u32x4(ww, w16 + 2 * j)
+            wb = load_u32x4(ww, w16 + 2 * j + 1)
+            kq = load_u32x4(kvw, k16 + j)
+            p_hk, p_hh, p_kk = _chunk_sums(
+                _h_value(ha[0], RB), _h_value(ha[1], RB), _h_value(ha[2], RB), _h_value(ha[3], RB),
+                _h_value(hb[0], RB), _h_value(hb[1], RB), _h_value(hb[2], RB), _h_value(hb[3], RB),
+                wa, wb, kq)
+            s_hk += p_hk
+            s_hh += p_hh
+            s_kk += p_kk
+            j += tps
+        hk, hh, kk = _block_sums(s_hk, s_hh, s_kk, scratch, partial, tid, tps)
+        dot, gate = _gate_scalars(hk, hh, kk, dim, eps, live)
+        if ls == 0:
+            if has_dot != 0:
+                dot_out[t, c] = dot
+            if has_gate != 0:
+                gate_out[t, c] = gate
+        if not live:
+            return
+        v16 = (t * (hc + 1) + hc) * (dim // 8)
+        j = ls
+        while j < chunks:
+            vq = load_u32x4(kvw, v16 + j)
+            ha = load_u32x4(hw, h16 + 2 * j)
+            hb = load_u32x4(hw, h16 + 2 * j + 1)
+            store_u32x4(hw, h16 + 2 * j,
+                        _new_h_word(_h_value(ha[0], RB), gate, bf16x2_lo(vq[0]), RB),
+                        _new_h_word(_h_value(ha[1], RB), gate, bf16x2_hi(vq[0]), RB),
+                        _new_h_word(_h_value(ha[2], RB), gate, bf16x2_lo(vq[1]), RB),
+                        _new_h_word(_h_value(ha[3], RB), gate, bf16x2_hi(vq[1]), RB))
+            store_u32x4(hw, h16 + 2 * j + 1,
+                        _new_h_word(_h_value(hb[0], RB), gate, bf16x2_lo(vq[2]), RB),
+                        _new_h_word(_h_value(hb[1], RB), gate, bf16x2_hi(vq[2]), RB),
+                        _new_h_word(_h_value(hb[2], RB), gate, bf16x2_lo(vq[3]), RB),
+                        _new_h_word(_h_value(hb[3], RB), gate, bf16x2_hi(vq[3]), RB))
+            j += tps
+
+    name = f"gate_v2_{'bf16' if RB else 'fp32'}"
+    gate_v2.__name__ = gate_v2.__qualname__ = name
+    return cuda.jit(gate_v2)
+
+
+# ---- v3: v2 with h kept in registers (specialised on chunks per thread) ----------------------
+#
+# A thread owns chunks ls + i*tps for i < NCH. Its 8*NCH h values must live in registers across
+# the block reduction, which needs every index known at compile time: a loop over i with a
+# local array did not unroll for NCH = 5 (ptxas: 160-byte stack, local loads), so the kernel's
+# source is written out per NCH below, one copy of the chunk code per i. Loads use a clamped
+# chunk index (always in bounds) and out-of-range chunks add -0 (a select, not a branch), so
+# the first pass is straight-line code and all its loads can be in flight at once; only the
+# stores are guarded. The value is loaded with h and k, before the block reduction: it does
+# not depend on the gate, and issuing it early takes a DRAM round trip off the critical path
+# (a store to hw might alias kvw as far as the compiler knows, so it would not hoist it past
+# the stores itself).
+
+_V3_HEAD = """
+def {name}(hw, kvw, ww, mask, dot_out, gate_out, hc, dim, tps, has_mask, has_dot, has_gate, eps):
+    # same arguments and block mapping as gate_v2
+    scratch = cuda.shared.array(MAX_THREADS, np.float32)
+    partial = cuda.shared.array((MAX_WARPS, 3), np.float32)
+    tid = cuda.threadIdx.x
+    spb = cuda.blockDim.x // tps
+    nsb = hc // spb
+    t = cuda.blockIdx.x // nsb
+    c = (cuda.blockIdx.x - t * nsb) * spb + tid // tps
+    ls = tid % tps
+    live = True
+    if has_mask != 0:
+        live = mask[t] != 0
+    if not live and has_dot == 0:
+        if ls == 0 and has_gate != 0:
+            gate_out[t, c] = np.float32(0.0)
+        return
+    chunks = dim // 8
+    h16 = (t * hc + c) * (dim // 4)
+    k16 = (t * (hc + 1) + c) * (dim // 8)
+    w16 = c * (dim // 4)
+    v16 = (t * (hc + 1) + hc) * (dim // 8)
+    s_hk = _NEG_ZERO
+    s_hh = _NEG_ZERO
+    s_kk = _NEG_ZERO
+"""
+
+_V3_PASS1 = """
+    ok{i} = ls + {i} * tps < chunks
+    j{i} = min(ls + {i} * tps, chunks - 1)
+    ha = load_u32x4(hw, h16 + 2 * j{i})
+    hb = load_u32x4(hw, h16 + 2 * j{i} + 1)
+    wa = load_u32x4(ww, w16 + 2 * j{i})
+    wb = load_u32x4(ww, w16 + 2 * j{i} + 1)
+    kq = load_u32x4(kvw, k16 + j{i})
+    v{i} = load_u32x4(kvw, v16 + j{i})
+    h{i}_0 = _h_value(ha[0], {rb})
+    h{i}_1 = _h_value(ha[1], {rb})
+    h{i}_2 = _h_value(ha[2], {rb})
+    h{i}_3 = _h_value(ha[3], {rb})
+    h{i}_4 = _h_value(hb[0], {rb})
+    h{i}_5 = _h_value(hb[1], {rb})
+    h{i}_6 = _h_value(hb[2], {rb})
+    h{i}_7 = _h_value(hb[3], {rb})
+    p_hk, p_hh, p_kk = _chunk_sums(h{i}_0, h{i}_1, h{i}_2, h{i}_3, h{i}_4, h{i}_5, h{i}_6, h{i}_7,
+                                   wa, wb, kq)
+    s_hk += p_hk if ok{i} else _NEG_ZERO
+    s_hh += p_hh if ok{i} else _NEG_ZERO
+    s_kk += p_kk if ok{i} else _NEG_ZERO
+"""
+
+_V3_MIDDLE = """
+    hk, hh, kk = _block_sums(s_hk, s_hh, s_kk, scratch, partial, tid, tps)
+    dot, gate = _gate_scalars(hk, hh, kk, dim, eps, live)
+    if ls == 0:
+        if has_dot != 0:
+            dot_out[t, c] = dot
+        if has_gate != 0:
+            gate_out[t, c] = gate
+    if not live:
+        return
+"""
+
+_V3_STORE = """
+    if ok{i}:
+        store_u32x4(hw, h16 + 2 * j{i},
+                    _new_h_word(h{i}_0, gate, bf16x2_lo(v{i}[0]), {rb}),
+                    _new_h_word(h{i}_1, gate, bf16x2_hi(v{i}[0]), {rb}),
+                    _new_h_word(h{i}_2, gate, bf16x2_lo(v{i}[1]), {rb}),
+                    _new_h_word(h{i}_3, gate, bf16x2_hi(v{i}[1]), {rb}))
+        store_u32x4(hw, h16 + 2 * j{i} + 1,
+                    _new_h_word(h{i}_4, gate, bf16x2_lo(v{i}[2]), {rb}),
+                    _new_h_word(h{i}_5, gate, bf16x2_hi(v{i}[2]), {rb}),
+                    _new_h_word(h{i}_6, gate, bf16x2_lo(v{i}[3]), {rb}),
+                    _new_h_word(h{i}_7, gate, bf16x2_hi(v{i}[3]), {rb}))
+"""
+
+
+def v3_source(nch: int, residual_bf16: bool = False) -> str:
+    """The Python source of the v3 kernel for `nch` chunks per thread (printable, for reading)."""
+    rb = "True" if residual_bf16 else "False"
+    parts = [_V3_HEAD.format(name=_v3_name(nch, residual_bf16))]
+    parts += [_V3_PASS1.format(i=i, rb=rb) for i in range(nch)]
+    parts.append(_V3_MIDDLE)
+    parts += [_V3_STORE.format(i=i, rb=rb) for i in range(nch)]
+    return "".join(parts)
+
+
+def _v3_name(nch: int, residual_bf16: bool) -> str:
+    return f"gate_v3_nch{nch}_{'bf16' if residual_bf16 else 'fp32'}"
+
+
+def _make_v3(nch: int, residual_bf16: bool):
+    name = _v3_name(nch, residual_bf16)
+    # Compiled into this module's namespace (names are unique per nch and residual) so that the
+    # simulator's swap of the module's `cuda` global reaches the helpers the kernel calls.
+    namespace = globals()
+    exec(compile(v3_source(nch, residual_bf16), f"<engram_numba.kernels.gate.{name}>", "exec"), namespace)
+    return cuda.jit(namespace[name])
+
+
+_KERNELS: dict = {}
+
+
+def gate_v2(residual_bf16: bool = False):
+    """The v2 kernel for one residual (built once, then cached)."""
+    key = (2, bool(residual_bf16))
+    if key not in _KERNELS:
+        _KERNELS[key] = _make_v2(bool(residual_bf16))
+    return _KERNELS[key]
+
+
+def gate_v3(nch: int, residual_bf16: bool = False):
+    """The v3 kernel for `nch` chunks per thread and one residual (built once, then cached)."""
+    if not 1 <= nch <= V3_MAX_CHUNKS:
+        raise ValueError(f"v3 handles 1..{V3_MAX_CHUNKS} chunks per thread, got {nch}")
+    key = (3, int(nch), bool(residual_bf16))
+    if key not in _KERNELS:
+        _KERNELS[key] = _make_v3(int(nch), bool(residual_bf16))
+    return _KERNELS[key]
+
+
+# ---- launch configuration ---------------------------------------------------------------------
+
+def _round_up(x: int, m: int) -> int:
+    return -(-x // m) * m
+
+
+def launch_config(T: int, hc: int, dim: int, version: int, layout: str | None = None,
+                  tps: int | None = None) -> dict:
+    """Grid, block, threads per stream (tps) and chunks per thread (nch) of one launch.
+
+    A stream's dim/8 chunks of 8 elements are spread over tps threads (a multiple of 32), each
+    taking nch = ceil(chunks / tps) of them; tps is the smallest multiple of 32 that covers the
+    chunks in that many steps, so few threads idle (dim 5120: 640 chunks = 5 x 128, 3 x 224,
+    2 x 320).
+    token layout: one block per token, all hc streams (block tps*hc <= 512 threads); the value
+        row of a token is read once, by one block.
+    stream layout: one block per (t, c), numbered token-major so a token's blocks run together
+        and its value row is an L2 hit after the first read; tps <= 256, or <= 512 when there
+        are fewer than 512 blocks (small T: shorter per-block latency).
+    Default layout: token for v2 when T >= 256, else stream. v3 always defaults to stream: its
+    registers grow with nch (~30 a chunk, see COMPILE_TARGETS), and at nch = 5 a 512-thread
+    token block would fill an SM alone, with no second block to overlap its barrier.
+    `tps` overrides the choice (for tuning on the GPU).
+    """
+    chunks = dim // 8
+    if version == 1:
+        return {"version": 1, "grid": -(-(T * hc) // V1_THREADS), "block": V1_THREADS}
+    if layout is None:
+        layout = "token" if version == 2 and T >= TOKEN_LAYOUT_MIN_T else "stream"
+    spb = hc if layout == "token" else 1
+    if tps is None:
+        if layout == "token":
+            cap = MAX_THREADS // hc
+        else:
+            cap = 512 if T * hc < 512 else 256
+        cap = max(32, cap - cap % 32)
+        nch = -(-chunks // cap)
+        tps = _round_up(-(-chunks // nch), 32)
+    elif not (isinstance(tps, (int, np.integer)) and tps % 32 == 0 and 32 <= tps and tps * spb <= MAX_THREADS):
+        raise ValueError(f"tps must be a multiple of 32 with tps * {spb} streams per block <= {MAX_THREADS}, "
+                         f"got {tps!r}")
+    tps = int(tps)
+    return {"version": version, "layout": layout, "grid": T * (hc // spb), "block": tps * spb, "tps": tps,
+            "nch": -(-chunks // tps)}
+
+
+def _v3_applies(T: int, hc: int, dim: int, layout: str | None, tps: int | None = None) -> bool:
+    return launch_config(T, hc, dim, 3, layout, tps)["nch"] <= V3_MAX_CHUNKS
+
+
+def default_version(T: int, hc: int, dim: int, layout: str | None = None, tps: int | None = None) -> int:
+    """The version the launcher runs when none is asked for: v3 where each thread's chunks fit
+    in registers (nch <= V3_MAX_CHUNKS), else v2. To be confirmed by the H200 benchmark. In
+    numba's simulator, v1 (no barriers or shuffles, which the simulator makes slow)."""
+    if SIMULATOR:
+        return 1
+    return 3 if _v3_applies(T, hc, dim, layout, tps) else 2
+
+
+# ---- argument checks ----------------------------------------------------------------------------
+
+def _device_array(name: str, x, *, optional: bool = False):
+    """A numba device array for x (zero-copy), or a TypeError naming the argument."""
+    if x is None:
+        if optional:
+            return None
+        raise TypeError(f"{name} is required, got None")
+    if getattr(x, "__cuda_ndarray__", False):
+        return x
+    if isinstance(x, np.ndarray):
+        raise TypeError(f"{name} is a host numpy array; pass a device array "
+                        f"(numba.cuda.to_device, or any __cuda_array_interface__ object)")
+    if hasattr(x, "__cuda_array_interface__") and not SIMULATOR:
+        return cuda.as_cuda_array(x)
+    raise TypeError(f"{name} must be a CUDA device array, got {type(x).__name__}")
+
+
+def _check(name: str, a, dtype, ndim: int, shape=None):
+    if a.dtype != np.dtype(dtype):
+        raise TypeError(f"{name} must be {np.dtype(dtype).name}, got {a.dtype}")
+    if a.ndim != ndim:
+        raise ValueError(f"{name} must be {ndim}-D, got shape {tuple(a.shape)}")
+    if shape is not None and tuple(a.shape) != tuple(shape):
+        raise ValueError(f"{name} must have shape {tuple(shape)}, got {tuple(a.shape)}")
+    if not a.is_c_contiguous():
+        raise ValueError(f"{name} must be C-contiguous")
+
+
+def _address(a) -> int:
+    if a.size == 0:
+        return 0
+    if SIMULATOR:
+        return int(a.__array_interface__["data"][0])
+    return int(a.device_ctypes_pointer.value or 0)
+
+
+_DUMMIES: dict = {}
+
+
+def _dummy(kind: str):
+    """1-element stand-ins for absent optional arrays (the kernels take one signature); made
+    with device_array, so no copy is queued (safe under stream capture after the first call)."""
+    if kind not in _DUMMIES:
+        _DUMMIES[kind] = (cuda.device_array(1, dtype=np.uint8) if kind == "mask"
+                          else cuda.device_array((1, 1), dtype=np.float32))
+    return _DUMMIES[kind]
+
+
+def engram_v41_gate(highway, kv, w, *, token_mask=None, residual: str = "fp32", eps: float = NORM_EPS,
+                    dot_out=None, gate_out=None, stream=0, version: int | None = None,
+                    layout: str | None = None, tps: int | None = None) -> None:
+    """Apply the gate and highway update of SPEC section 5 in place; returns None.
+
+    highway  [T, hc, dim] fp32 device array, C-contiguous, updated in place (hc 1..4, dim % 8 == 0)
+    kv       [T, (hc+1)*dim] uint16 bf16 words: hc keys, then the shared value
+    w        [hc, dim] fp32: q_weight * k_weight (multiplied in fp32 by the caller)
+    token_mask [T] uint8/bool, optional: 0 = masked token (gate 0, its streams not written)
+    residual "fp32" (no rounding) or "bf16" (h rounded to bf16 first, the result rounded to bf16)
+    eps      RMS epsilon (1e-20 in the release)
+    dot_out, gate_out  [T, hc] fp32, optional: written for every (t, c), masked tokens included
+                       (their dot is computed as usual; their gate is 0)
+    stream   a numba stream (or 0)
+    version  1 (naive), 2, 3; None picks v3 where its register budget allows, else v2
+    layout   "token" / "stream" for v2 and v3 (see `launch_config`); None chooses by T
+    tps      threads per stream for v2 and v3 (a multiple of 32); None chooses by T and dim
+
+    Every argument is checked before anything runs: a bad one raises TypeError/ValueError
+    naming it and leaves the highway untouched. v2 and v3 need 16-byte aligned data (every
+    numba, CuPy or torch allocation is).
+    """
+    if residual not in RESIDUALS:
+        raise ValueError(f"residual must be one of {RESIDUALS}, got {residual!r}")
+    if version is not None and version not in VERSIONS:
+        raise ValueError(f"version must be one of {VERSIONS} or None, got {version!r}")
+    if layout is not None and layout not in LAYOUTS:
+        raise ValueError(f"layout must be one of {LAYOUTS} or None, got {layout!r}")
+    if isinstance(eps, bool) or not isinstance(eps, (int, float, np.floating, np.integer)):
+        raise TypeError(f"eps must be a real number, got {type(eps).__name__}")
+    if not (math.isfinite(float(eps)) and float(eps) >= 0.0):
+        raise ValueError(f"eps must be finite and >= 0, got {eps!r}")
+
+    highway = _device_array("highway", highway)
+    if highway.dtype != np.float32:
+        raise TypeError(f"highway must be float32, got {highway.dtype}")
+    if highway.ndim != 3:
+        raise ValueError(f"highway must be 3-D [T, hc, dim], got shape {tuple(highway.shape)}")
+    T, hc, dim = (int(s) for s in highway.shape)
+    if not 1 <= hc <= MAX_HC:
+        raise ValueError(f"highway's hc (axis 1) must be in 1..{MAX_HC}, got {hc}")
+    if dim <= 0 or dim % 8:
+        raise ValueError(f"highway's dim (axis 2) must be a positive multiple of 8, got {dim}")
+    _check("highway", highway, np.float32, 3)
+
+    kv = _device_array("kv", kv)
+    if kv.dtype != np.uint16:
+        raise TypeError(f"kv must be uint16 (bf16 words), got {kv.dtype}")
+    _check("kv", kv, np.uint16, 2, (T, (hc + 1) * dim))
+    w = _device_array("w", w)
+    _check("w", w, np.float32, 2, (hc, dim))
+    mask = _device_array("token_mask", token_mask, optional=True)
+    if mask is not None:
+        if mask.dtype == np.bool_:
+            mask = mask.view(np.uint8)
+        _check("token_mask", mask, np.uint8, 1, (T,))
+    outs = {}
+    for name, arr in (("dot_out", dot_out), ("gate_out", gate_out)):
+        arr = _device_array(name, arr, optional=True)
+        if arr is not None:
+            _check(name, arr, np.float32, 2, (T, hc))
+        outs[name] = arr
+
+    if version != 1:
+        launch_config(max(T, 1), hc, dim, 2, layout, tps)   # checks tps
+    if version is None:
+        version = default_version(max(T, 1), hc, dim, layout, tps)
+    elif version == 3 and not _v3_applies(max(T, 1), hc, dim, layout, tps):
+        raise ValueError(f"version 3 keeps at most {V3_MAX_CHUNKS} chunks of 8 per thread; dim {dim} "
+                         f"with layout {layout!r} and tps {tps!r} needs more: use version=2, "
+                         f"layout='stream' or a larger tps")
+    if version != 1:
+        for name, arr in (("highway", highway), ("kv", kv), ("w", w)):
+            if _address(arr) % 16:
+                raise ValueError(f"{name}'s data must be 16-byte aligned for version {version} "
+                                 f"(a sliced view?); use version=1 or an aligned copy")
+    if T == 0:
+        return None
+
+    has_mask, has_dot, has_gate = int(mask is not None), int(outs["dot_out"] is not None), int(outs["gate_out"] is not None)
+    mask = mask if has_mask else _dummy("mask")
+    dot_arr = outs["dot_out"] if has_dot else _dummy("out")
+    gate_arr = outs["gate_out"] if has_gate else _dummy("out")
+    rb = int(residual == "bf16")
+    eps32 = np.float32(eps)
+    cfg = launch_config(T, hc, dim, version, layout, tps)
+    if version == 1:
+        gate_v1[cfg["grid"], cfg["block"], stream](highway, kv, w, mask, dot_arr, gate_arr,
+                                                   has_mask, rb, has_dot, has_gate, eps32)
+        return None
+    hw = highway.reshape(T * hc * dim).view(np.uint32)
+    kvw = kv.reshape(T * (hc + 1) * dim).view(np.uint32)
+    ww = w.reshape(hc * dim).view(np.uint32)
+    kern = gate_v2(rb) if version == 2 else gate_v3(cfg["nch"], rb)
+    kern[cfg["grid"], cfg["block"], stream](hw, kvw, ww, mask, dot_arr, gate_arr, hc, dim, cfg["tps"],
+                                            has_mask, has_dot, has_gate, eps32)
+    return None
+
+
+# ---- compile-only targets (sm_90) ---------------------------------------------------------------
+
+_F32_2D = types.float32[:, ::1]
+_V1_ARGS = (types.float32[:, :, ::1], types.uint16[:, ::1], _F32_2D, types.uint8[::1], _F32_2D, _F32_2D,
+            types.int64, types.int64, types.int64, types.int64, types.float32)
+_FAST_ARGS = (types.uint32[::1], types.uint32[::1], types.uint32[::1], types.uint8[::1], _F32_2D, _F32_2D,
+              types.int64, types.int64, types.int64,
+              types.int64, types.int64, types.int64, types.float32)
+
+
+def _v3_target_nchs() -> list[int]:
+    """The nch values the launcher picks for the released and tiny shapes."""
+    seen = set()
+    for T in (1, 7, 128, 4096):
+        for hc in range(1, MAX_HC + 1):
+            for dim in (64, 128, 5120):
+                for layout in LAYOUTS:
+                    nch = launch_config(T, hc, dim, 3, layout)["nch"]
+                    if nch <= V3_MAX_CHUNKS:
+                        seen.add(nch)
+    return sorted(seen)
+
+
+def _residual_name(rb: bool) -> str:
+    return "bf16" if rb else "fp32"
+
+
+COMPILE_TARGETS = [CompileTarget("gate.gate_v1", gate_v1, _V1_ARGS, spill_free=False)]
+COMPILE_TARGETS += [CompileTarget(f"gate.gate_v2[{_residual_name(rb)}]", gate_v2(rb), _FAST_ARGS, spill_free=True)
+                    for rb in (False, True)]
+COMPILE_TARGETS += [CompileTarget(f"gate.gate_v3[nch={n},{_residual_name(rb)}]", gate_v3(n, rb), _FAST_ARGS,
+                                  spill_free=True)
+                    for n in _v3_target_nchs() for rb in (False, True)]
