@@ -291,6 +291,90 @@ def bench_device(quick: bool = False, table_gb: float = 2.0, log=print) -> dict:
     return {"copy_gbps": round(copy_gbps, 1), "records": records, "device": device}
 
 
+def bench_variants(quick: bool = False, log=print) -> list[dict]:
+    """Every kernel version of each stage at the shapes that decide the defaults, each checked
+    against the default version's output before it is timed (llm.c style: the naive version
+    is the baseline, the table says what each step bought)."""
+    from numba import cuda
+
+    from .bf16 import bf16_ulp_distance, f32_to_bf16
+    from .kernels import dequant as D
+    from .kernels import gate as G
+    from .kernels import projection as P
+
+    timer = DeviceTimer()
+    copy_gbps = measure_copy_gbps(timer)
+    rng = np.random.default_rng(2)
+    iters = 5 if quick else 20
+    out = []
+
+    def add(stage, T, variant, us, nbytes, flops, valid):
+        rec = _record(stage, T, us, nbytes, flops, copy_gbps, {}, variant=variant, validated=valid)
+        out.append(rec)
+        log(f"  {stage:15s} T={T:5d} {variant:22s} {us:10.1f} us  {rec['pct_of_floor']:5.1f}% of floor"
+            + (f"  {rec['tflops']} TFLOP/s" if flops else f"  {rec['gbps']} GB/s") + f"  valid={valid}")
+
+    # gather + dequant at T=4096 from a 1 GB table
+    n_rows = (1 << 30) // 84
+    table = cuda.to_device(np.concatenate([
+        np.concatenate([rng.integers(0, 256, (1 << 20, 80), dtype=np.uint8),
+                        (rng.standard_normal((1 << 20, 2)) * 0.01).astype(np.float16).view(np.uint8)], axis=1)
+        for _ in range(n_rows >> 20)]))
+    n = 4096 * COLS
+    ids = cuda.to_device(rng.integers(0, table.shape[0], n, dtype=np.int64))
+    ref = cuda.device_array((n, 256), dtype=np.uint16)
+    D.gather_dequant_q2k(table, ids, ref, check=False)
+    ref_h = ref.copy_to_host()
+    for v in sorted(D.VERSIONS["gather"]):
+        got = cuda.device_array((n, 256), dtype=np.uint16)
+        D.gather_dequant_q2k(table, ids, got, check=False, version=v)
+        valid = bool(np.array_equal(got.copy_to_host(), ref_h))
+        us = timer(lambda: D.gather_dequant_q2k(table, ids, got, check=False, version=v), iters=iters)
+        add("gather_dequant", 4096, f"gather_v{v}", us, n * (84 + 512 + 8), 0, valid)
+
+
+    # projection: every version at the T where it competes
+    wkv = cuda.to_device(f32_to_bf16(rng.standard_normal((N, K)).astype(np.float32) * 0.02))
+    plan = {1: ["gemv_v1", "gemv_v2", "gemv_v3", "gemv_v4"], 16: ["gemv_v2", "gemv_v3", "gemv_v4", "gemm_v2", "gemm_v3"],
+            128: ["gemm_v1", "gemm_v2", "gemm_v3", "gemv_v4"], 4096: ["gemm_v2", "gemm_v3"]}
+    for T, versions in plan.items():
+        x = cuda.to_device(f32_to_bf16(rng.standard_normal((T, K)).astype(np.float32) * 0.05))
+        ref = cuda.device_array((T, N), dtype=np.uint16)
+        P.project(x, wkv, ref)
+        ref_h = ref.copy_to_host()
+        for v in versions:
+            if v not in P.VERSIONS:
+                continue
+            got = cuda.device_array((T, N), dtype=np.uint16)
+            P.project(x, wkv, got, version=v)
+            ulps = int(bf16_ulp_distance(got.copy_to_host(), ref_h).max())
+            slow = v.endswith("_v1")
+            us = timer(lambda: P.project(x, wkv, got, version=v), iters=3 if slow or T == 4096 else iters)
+            add("projection", T, v, us, N * K * 2 + T * K * 2 + T * N * 2, 2 * T * K * N, ulps <= 4)
+
+    # gate at T=4096: versions and layouts
+    T = 4096
+    h0 = rng.standard_normal((T, HC, DIM)).astype(np.float32)
+    kvg = cuda.to_device(f32_to_bf16(rng.standard_normal((T, N)).astype(np.float32)))
+    w_gate = cuda.to_device((1 + 0.1 * rng.standard_normal((HC, DIM))).astype(np.float32))
+    ref_h = cuda.to_device(h0)
+    G.engram_v41_gate(ref_h, kvg, w_gate)
+    ref_out = ref_h.copy_to_host()
+    h = cuda.to_device(h0)
+    gbytes = 2 * T * HC * DIM * 4 + T * HC * DIM * 2 + T * DIM * 2 + HC * DIM * 4
+    for v, layout in ((1, None), (2, "token"), (2, "stream"), (3, "stream"), (3, "token")):
+        try:
+            h.copy_to_device(h0)
+            G.engram_v41_gate(h, kvg, w_gate, version=v, layout=layout)
+        except ValueError as exc:  # a layout that does not apply to this shape
+            log(f"  gate v{v} {layout}: {exc}")
+            continue
+        valid = bool(np.allclose(h.copy_to_host(), ref_out, rtol=1e-5, atol=1e-5))
+        us = timer(lambda: G.engram_v41_gate(h, kvg, w_gate, version=v, layout=layout), iters=iters)
+        add("gate", T, f"v{v}" + (f"/{layout}" if layout else ""), us, gbytes, 0, valid)
+    return out
+
+
 def bench_host(log=print, n_calls: int = 500, reader_vocab: int = 100_000) -> dict:
     """Host-side figures: hasher, row reader, Python cost of one apply call at T=1."""
     from numba import cuda
@@ -427,7 +511,15 @@ def main(args=None) -> int:
     out = Path(getattr(args, "out", None) or "bench/results/h200.json")
     out.parent.mkdir(parents=True, exist_ok=True)
     result = {"commit": _commit()}
-    result.update(bench_device(quick=getattr(args, "quick", False), table_gb=getattr(args, "table_gb", 2.0)))
+    quick = getattr(args, "quick", False)
+    if getattr(args, "variants_only", False):
+        result.update({"device": _device_name(), "variants": bench_variants(quick)})
+        out.write_text(json.dumps(result, indent=1))
+        print(f"wrote {out}")
+        return 0
+    result.update(bench_device(quick=quick, table_gb=getattr(args, "table_gb", 2.0)))
+    if not getattr(args, "no_variants", False):
+        result["variants"] = bench_variants(quick)
     result["host"] = bench_host()
     out.write_text(json.dumps(result, indent=1))
     png = Path(getattr(args, "png", None) or out.with_suffix(".png"))

@@ -187,6 +187,8 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--png", default=None)
     s.add_argument("--quick", action="store_true", help="fewer repeats (smoke test)")
     s.add_argument("--table-gb", type=float, default=2.0, help="size of the random Q2_K table on the device")
+    s.add_argument("--variants-only", action="store_true", help="only time every kernel version")
+    s.add_argument("--no-variants", action="store_true", help="skip the per-version sweep")
     s.set_defaults(func=cmd_bench)
     return p
 
