@@ -26,8 +26,8 @@ from numba import cuda
 from .config import MAX_HC
 from .hash import EngramHasher
 from .kernels.dequant import dequant_q2k, gather_dequant_q2k
-from .kernels.gate import engram_v41_gate
-from .kernels.projection import project
+from .kernels.gate import prepare_gate
+from .kernels.projection import prepare_project
 from .q2k import ENGRAM_ROW_BYTES
 from .reference import RESIDUALS
 
@@ -58,6 +58,14 @@ def as_device_array(obj, name: str):
                         f"array; copy it first with numba.cuda.to_device({name})")
     raise TypeError(f"{name} must be a device array exposing __cuda_array_interface__ or DLPack, "
                     f"got {type(obj).__name__}")
+
+
+def _address(arr) -> int:
+    """Where a device array's data starts (the identity of its memory, for the plan cache)."""
+    cai = getattr(arr, "__cuda_array_interface__", None)
+    if cai is not None:
+        return int(cai["data"][0] or 0)
+    return id(arr)  # the simulator's arrays
 
 
 def _is_device(obj) -> bool:
@@ -135,6 +143,9 @@ class EngramV41:
             )
         self._ws = {lid: _LayerWorkspace(self.max_tokens, cfg) for lid in cfg.layer_ids}
         self._mask = cuda.device_array(self.max_tokens, dtype=np.uint8)
+        # Prepared launches (validated arguments, views, kernel and grid), reused by calls with
+        # the same layer, token count and arrays: Python work per decode step stays small.
+        self._plans: dict = {}
 
     # -- checks ---------------------------------------------------------------------------------
     def _layer(self, layer_id) -> tuple[EngramLayerWeights, _LayerWorkspace]:
@@ -233,6 +244,14 @@ class EngramV41:
                            version=self.versions.get("gather"))
         self._loaded(ws, T)
 
+    def _plan(self, key, make):
+        plan = self._plans.get(key)
+        if plan is None:
+            if len(self._plans) >= 256:          # many distinct highways: forget the oldest
+                self._plans.pop(next(iter(self._plans)))
+            plan = self._plans[key] = make()
+        return plan
+
     @staticmethod
     def _loaded(ws: _LayerWorkspace, T: int) -> None:
         ws.rows_tokens, ws.kv_tokens, ws.gate_tokens = T, 0, 0
@@ -244,10 +263,11 @@ class EngramV41:
         T = ws.rows_tokens
         if T == 0:
             raise ValueError(f"layer {lw.layer_id}: no rows loaded (call rows_from_ids / rows_from_q2k / rows_from_bf16 first)")
-        x = ws.rows[: T * self.config.n_hash_cols].reshape(T, self.config.proj_in)
-        project(x, lw.wkv, ws.kv[:T], stream=self.stream, version=self.versions.get("projection"))
+        plan = self._plan(("proj", lw.layer_id, T), lambda: prepare_project(
+            ws.rows[: T * self.config.n_hash_cols].reshape(T, self.config.proj_in), lw.wkv, ws.kv[:T],
+            stream=self.stream, version=self.versions.get("projection")))
         ws.kv_tokens = T
-        return ws.kv[:T]
+        return plan()
 
     def gate(self, layer_id, highway, token_mask=None, *, residual: str | None = None, eps: float | None = None,
              kv=None):
@@ -289,9 +309,14 @@ class EngramV41:
                     raise ValueError(f"token_mask must be bool (True = live token), got {m.dtype}")
                 mask_dev = self._mask[:T]
                 mask_dev.copy_to_device(m.astype(np.uint8), stream=self.stream)
-        engram_v41_gate(h, kv_dev, lw.w_gate, token_mask=mask_dev, residual=residual,
-                        eps=cfg.eps if eps is None else eps, dot_out=ws.dot[:T], gate_out=ws.gate[:T],
-                        stream=self.stream, version=self.versions.get("gate"))
+        eps = cfg.eps if eps is None else float(eps)
+        key = ("gate", lw.layer_id, T, _address(h), tuple(h.strides),
+               None if kv is None else (_address(kv_dev), tuple(kv_dev.strides)),
+               None if mask_dev is None else (_address(mask_dev), tuple(mask_dev.strides), str(mask_dev.dtype)),
+               residual, eps)
+        self._plan(key, lambda: prepare_gate(
+            h, kv_dev, lw.w_gate, token_mask=mask_dev, residual=residual, eps=eps, dot_out=ws.dot[:T],
+            gate_out=ws.gate[:T], stream=self.stream, version=self.versions.get("gate")))()
         ws.gate_tokens = T
         return highway
 

@@ -189,10 +189,7 @@ def test_accepts_torch_and_cupy_tensors(model, rng):
             mod = __import__(lib)
         except ImportError:
             continue
-        t = mod.asarray(h, device="cuda") if lib == "torch" else mod.asarray(h)
-        if lib == "torch":
-            import torch
-            t = torch.as_tensor(h, device="cuda")
+        t = mod.as_tensor(h, device="cuda") if lib == "torch" else mod.asarray(h)
         engine.rows_from_ids(1, ids)
         engine.apply(1, t)
         got = t.cpu().numpy() if lib == "torch" else mod.asnumpy(t)

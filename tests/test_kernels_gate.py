@@ -20,8 +20,10 @@ Tolerances, in units that mean something (u = 2^-24, the fp32 unit roundoff):
 - highway: the update must be exactly round?(h + fl(gate*v)) from the kernel's own gate (bit
   for bit, both residuals; so v1's highway is bit-identical to the reference's); against the
   reference, fp32: |diff| <= |v| * |gate - gate_ref| + 3 ulp of max(|h|, |gate*v|) (the
-  measured max in those ulps is printed); bf16: <= 1 bf16 ulp. Masked tokens: bit-identical
-  to the input.
+  measured max in those ulps is printed); bf16: v1 <= 1 bf16 ulp, v2/v3 <= |v| * |gate -
+  gate_ref| + 2 bf16 ulps (the first H200 run found 6 bf16 ulps at dim 5120, where a reordered
+  dot near 0 moves the gate through the steep signed sqrt; the measured ulps are recorded).
+  Masked tokens: bit-identical to the input.
 Every output is poisoned (NaN) before a run; every element is checked.
 """
 from __future__ import annotations
@@ -195,7 +197,17 @@ def check(exp: Expected, got, *, version, exact_dot=None):
         words = f32_to_bf16(new)
         dist = bf16_ulp_distance(words, f32_to_bf16(ref.highway))
         stats["highway_err_bf16_ulps"] = int(dist.max())
-        assert dist.max() <= 1, f"bf16 highway {dist.max()} bf16 ulps from the reference"
+        if version == 1 or gate is None:
+            assert dist.max() <= 1, f"bf16 highway {dist.max()} bf16 ulps from the reference"
+        elif live.any():
+            # Another summation order moves the gate (the signed sqrt is steep near dot = 0), and
+            # h + gate*v then rounds to bf16 on its own: |diff| <= |v| dgate + one bf16 ulp each side.
+            v = exp.v[live][:, None, :]
+            dgate = np.abs(gate[live] - ref.gate[live]).astype(np.float64)[:, :, None]
+            big = np.maximum(np.abs(new[live]), np.abs(ref.highway[live]))
+            bound = np.abs(v) * dgate * (1 + 2 * U) + 2.0 * np.spacing(big) * 65536
+            diff = np.abs(new[live].astype(np.float64) - ref.highway[live])
+            assert np.all(diff <= bound), "bf16 highway differs from the reference beyond |v| dgate + 2 bf16 ulp"
         assert np.array_equal((words.astype(np.uint32) << 16)[live], new[live].view(np.uint32)), \
             "bf16 container not bf16-exact"
     return stats
@@ -347,8 +359,10 @@ def test_round_to_bf16_matches_numpy():
 # ---- launcher: configuration and argument validation ---------------------------------------------
 
 def test_launch_config_released_shapes():
-    cfg = G.launch_config(4096, 4, 5120, 2)
+    cfg = G.launch_config(4096, 4, 5120, 2, "token")
     assert cfg == {"version": 2, "layout": "token", "grid": 4096, "block": 512, "tps": 128, "nch": 5}
+    cfg = G.launch_config(4096, 4, 5120, 2)              # the default layout (H200: fastest)
+    assert cfg["layout"] == "stream" and cfg["grid"] == 4096 * 4
     cfg = G.launch_config(4096, 4, 5120, 3)
     assert cfg["layout"] == "stream" and cfg["grid"] == 4096 * 4 and cfg["tps"] * cfg["nch"] >= 640
     assert G.launch_config(1, 4, 5120, 3)["grid"] == 4
@@ -423,7 +437,8 @@ def test_unaligned_views_need_version_1(rng):
     big = cuda.to_device(np.concatenate([np.zeros(1, F32), highway.ravel()]))
     view = big[1:].reshape(T, hc, dim)
     d_kv, d_w = cuda.to_device(kv), cuda.to_device(w)
-    for version in (None, 2, 3):
+    # (in the simulator the default is v1, which takes any alignment)
+    for version in (2, 3) if G.SIMULATOR else (None, 2, 3):
         with pytest.raises(ValueError, match="highway.*16-byte"):
             G.engram_v41_gate(view, d_kv, d_w, version=version)
     assert np.array_equal(view.copy_to_host().view(np.uint32), highway.view(np.uint32))

@@ -166,9 +166,10 @@ def test_version_matches_reference(rng, version, shape):
 def test_default_versions(rng):
     """version=None: DEFAULT_GEMV at T = 1, DEFAULT_SMALL_BATCH up to GEMV_MAX_TOKENS, GEMM above;
     each agrees with the reference."""
-    assert P.pick_version(1) == P.DEFAULT_GEMV
-    assert P.pick_version(2) == P.pick_version(P.GEMV_MAX_TOKENS) == P.DEFAULT_SMALL_BATCH
-    assert P.pick_version(P.GEMV_MAX_TOKENS + 1) == P.DEFAULT_GEMM
+    assert P.pick_version(1, simulator=False) == P.DEFAULT_GEMV
+    assert P.pick_version(2, False) == P.pick_version(P.GEMV_MAX_TOKENS, False) == P.DEFAULT_SMALL_BATCH
+    assert P.pick_version(P.GEMV_MAX_TOKENS + 1, False) == P.DEFAULT_GEMM
+    assert P.pick_version(1, True) == "gemv_v1" and P.pick_version(9, True) == "gemm_v1"
     assert {P.DEFAULT_GEMV, P.DEFAULT_SMALL_BATCH, P.DEFAULT_GEMM} <= set(P.VERSIONS)
     for T, K, N in ((1, 32, 5), (3, 32, 5), (P.GEMV_MAX_TOKENS + 1, 32, 5)):
         x, w = make_inputs(rng, T, K, N)

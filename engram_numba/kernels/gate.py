@@ -52,6 +52,7 @@ from numba import cuda, types
 
 from ..config import GATE_CLAMP, MAX_HC, NORM_EPS
 from .compile_check import CompileTarget
+from .launch import NoLaunch, PreparedLaunch
 from .intrinsics import (device_function, SIMULATOR, add_rn, bf16_bits_to_f32, bf16x2_hi, bf16x2_lo, f32_as_u32,
                          load_u32x4, mul_rn, round_to_bf16, store_u32x4, u32_as_f32, warp_sum)
 
@@ -63,7 +64,7 @@ MAX_THREADS = 512               # the fast kernels' largest block
 MAX_WARPS = MAX_THREADS // 32
 V1_THREADS = 128
 V3_MAX_CHUNKS = 8               # more chunks per thread than this would not fit in registers
-TOKEN_LAYOUT_MIN_T = 256        # below this, one block per (t, c) puts more SMs to work
+V2_MIN_T = 256                 # from here on v2 is the default (see default_version)
 
 _CLAMP = np.float32(GATE_CLAMP)
 _NEG_ZERO = np.float32(-0.0)    # the identity of IEEE addition: -0 + x == x, even for x = -0
@@ -462,7 +463,8 @@ def launch_config(T: int, hc: int, dim: int, version: int, layout: str | None = 
     stream layout: one block per (t, c), numbered token-major so a token's blocks run together
         and its value row is an L2 hit after the first read; tps <= 256, or <= 512 when there
         are fewer than 512 blocks (small T: shorter per-block latency).
-    Default layout: token for v2 when T >= 256, else stream. v3 always defaults to stream: its
+    Default layout: stream (H200, T=4096, dim 5120, hc 4: v2 stream 251 us, v2 token 268 us,
+    v3 stream 296 us, v3 token 307 us; bench/results/h200.json). v3 defaults to stream: its
     registers grow with nch (~30 a chunk, see COMPILE_TARGETS), and at nch = 5 a 512-thread
     token block would fill an SM alone, with no second block to overlap its barrier.
     `tps` overrides the choice (for tuning on the GPU).
@@ -471,7 +473,7 @@ def launch_config(T: int, hc: int, dim: int, version: int, layout: str | None = 
     if version == 1:
         return {"version": 1, "grid": -(-(T * hc) // V1_THREADS), "block": V1_THREADS}
     if layout is None:
-        layout = "token" if version == 2 and T >= TOKEN_LAYOUT_MIN_T else "stream"
+        layout = "stream"
     spb = hc if layout == "token" else 1
     if tps is None:
         if layout == "token":
@@ -495,10 +497,14 @@ def _v3_applies(T: int, hc: int, dim: int, layout: str | None, tps: int | None =
 
 def default_version(T: int, hc: int, dim: int, layout: str | None = None, tps: int | None = None) -> int:
     """The version the launcher runs when none is asked for: v3 where each thread's chunks fit
-    in registers (nch <= V3_MAX_CHUNKS), else v2. To be confirmed by the H200 benchmark. In
-    numba's simulator, v1 (no barriers or shuffles, which the simulator makes slow)."""
+    in registers (nch <= V3_MAX_CHUNKS), else v2; from V2_MIN_T tokens on, v2 (the first H200
+    benchmark: at T=4096 v2 re-reading h from L2 beat v3 holding it in registers, 251 against
+    296 us, whose 138-register blocks leave too few warps to hide DRAM latency). In numba's
+    simulator, v1 (no barriers or shuffles, which the simulator makes slow)."""
     if SIMULATOR:
         return 1
+    if T >= V2_MIN_T:
+        return 2
     return 3 if _v3_applies(T, hc, dim, layout, tps) else 2
 
 
@@ -555,6 +561,16 @@ def engram_v41_gate(highway, kv, w, *, token_mask=None, residual: str = "fp32", 
                     dot_out=None, gate_out=None, stream=0, version: int | None = None,
                     layout: str | None = None, tps: int | None = None) -> None:
     """Apply the gate and highway update of SPEC section 5 in place; returns None.
+    (Arguments as `prepare_gate`, which validates once for repeated launches.)"""
+    prepare_gate(highway, kv, w, token_mask=token_mask, residual=residual, eps=eps, dot_out=dot_out,
+                 gate_out=gate_out, stream=stream, version=version, layout=layout, tps=tps)()
+    return None
+
+
+def prepare_gate(highway, kv, w, *, token_mask=None, residual: str = "fp32", eps: float = NORM_EPS,
+                 dot_out=None, gate_out=None, stream=0, version: int | None = None,
+                 layout: str | None = None, tps: int | None = None):
+    """Validate the gate's arguments once; returns a `PreparedLaunch` (calling it runs the gate).
 
     highway  [T, hc, dim] fp32 device array, C-contiguous, updated in place (hc 1..4, dim % 8 == 0)
     kv       [T, (hc+1)*dim] uint16 bf16 words: hc keys, then the shared value
@@ -628,7 +644,7 @@ def engram_v41_gate(highway, kv, w, *, token_mask=None, residual: str = "fp32", 
                 raise ValueError(f"{name}'s data must be 16-byte aligned for version {version} "
                                  f"(a sliced view?); use version=1 or an aligned copy")
     if T == 0:
-        return None
+        return NoLaunch("gate")
 
     has_mask, has_dot, has_gate = int(mask is not None), int(outs["dot_out"] is not None), int(outs["gate_out"] is not None)
     mask = mask if has_mask else _dummy("mask")
@@ -638,16 +654,15 @@ def engram_v41_gate(highway, kv, w, *, token_mask=None, residual: str = "fp32", 
     eps32 = np.float32(eps)
     cfg = launch_config(T, hc, dim, version, layout, tps)
     if version == 1:
-        gate_v1[cfg["grid"], cfg["block"], stream](highway, kv, w, mask, dot_arr, gate_arr,
-                                                   has_mask, rb, has_dot, has_gate, eps32)
-        return None
+        return PreparedLaunch("gate_v1", gate_v1, cfg["grid"], cfg["block"], stream,
+                              (highway, kv, w, mask, dot_arr, gate_arr, has_mask, rb, has_dot, has_gate, eps32))
     hw = highway.reshape(T * hc * dim).view(np.uint32)
     kvw = kv.reshape(T * (hc + 1) * dim).view(np.uint32)
     ww = w.reshape(hc * dim).view(np.uint32)
     kern = gate_v2(rb) if version == 2 else gate_v3(cfg["nch"], rb)
-    kern[cfg["grid"], cfg["block"], stream](hw, kvw, ww, mask, dot_arr, gate_arr, hc, dim, cfg["tps"],
-                                            has_mask, has_dot, has_gate, eps32)
-    return None
+    return PreparedLaunch(f"gate_v{version}", kern, cfg["grid"], cfg["block"], stream,
+                          (hw, kvw, ww, mask, dot_arr, gate_arr, hc, dim, cfg["tps"], has_mask, has_dot,
+                           has_gate, eps32))
 
 
 # ---- compile-only targets (sm_90) ---------------------------------------------------------------

@@ -52,6 +52,7 @@ import numpy as np
 from numba import cuda, float32, types
 
 from .compile_check import CompileTarget
+from .launch import NoLaunch, PreparedLaunch
 from .intrinsics import (device_function, SIMULATOR, bf16_bits_to_f32, bf16x2_hi, bf16x2_lo, f32_to_bf16_bits,
                          load_f32x4, load_u32x4, mma_bf16_16816, store_f32x4, store_u32x4, warp_sum)
 
@@ -762,55 +763,26 @@ def launch_config(version: str, T: int, N: int):
     raise ValueError(f"version must be one of {sorted(VERSIONS)}, got {version!r}")
 
 
-def _run_gemv_v1(x, wkv, out, stream):
-    grid, block = launch_config("gemv_v1", x.shape[0], wkv.shape[0])
-    _gemv_v1[grid, block, stream](x, wkv, out)
+def _kernel_for(version: str, T: int):
+    """The compiled kernel object each version launches for T tokens."""
+    if version == "gemv_v2":
+        return _gemv_v2[_gemv_token_block(T)]
+    if version == "gemv_v3":
+        return _gemv_v3[_gemv_token_block(T)]
+    return {"gemv_v1": _gemv_v1, "gemm_v1": _gemm_v1, "gemv_v4": _gemv_v4, "gemm_v2": _gemm_v2,
+            "gemm_v3": _gemm_v3}[version]
 
 
-def _run_gemm_v1(x, wkv, out, stream):
-    grid, block = launch_config("gemm_v1", x.shape[0], wkv.shape[0])
-    _gemm_v1[grid, block, stream](x, wkv, out)
-
-
-def _run_gemv_v2(x, wkv, out, stream):
+def _kernel_args(version: str, x, wkv, out):
+    """The arguments each version takes: the naive ones read the uint16 matrices, the fast ones
+    flat uint32 views (16-byte loads) plus T and K."""
+    if version in NAIVE_VERSIONS:
+        return (x, wkv, out)
     T, K = x.shape
-    grid, block = launch_config("gemv_v2", T, wkv.shape[0])
-    _gemv_v2[_gemv_token_block(T)][grid, block, stream](_flat_u32(x), _flat_u32(wkv), out, T, K)
+    return (_flat_u32(x), _flat_u32(wkv), out, T, K)
 
 
-def _run_gemv_v3(x, wkv, out, stream):
-    T, K = x.shape
-    grid, block = launch_config("gemv_v3", T, wkv.shape[0])
-    _gemv_v3[_gemv_token_block(T)][grid, block, stream](_flat_u32(x), _flat_u32(wkv), out, T, K)
-
-
-def _run_gemv_v4(x, wkv, out, stream):
-    T, K = x.shape
-    grid, block = launch_config("gemv_v4", T, wkv.shape[0])
-    _gemv_v4[grid, block, stream](_flat_u32(x), _flat_u32(wkv), out, T, K)
-
-
-def _run_gemm_v2(x, wkv, out, stream):
-    T, K = x.shape
-    grid, block = launch_config("gemm_v2", T, wkv.shape[0])
-    _gemm_v2[grid, block, stream](_flat_u32(x), _flat_u32(wkv), out, T, K)
-
-
-def _run_gemm_v3(x, wkv, out, stream):
-    T, K = x.shape
-    grid, block = launch_config("gemm_v3", T, wkv.shape[0])
-    _gemm_v3[grid, block, stream](_flat_u32(x), _flat_u32(wkv), out, T, K)
-
-
-VERSIONS = {
-    "gemv_v1": _run_gemv_v1,
-    "gemv_v2": _run_gemv_v2,
-    "gemv_v3": _run_gemv_v3,
-    "gemv_v4": _run_gemv_v4,
-    "gemm_v1": _run_gemm_v1,
-    "gemm_v2": _run_gemm_v2,
-    "gemm_v3": _run_gemm_v3,
-}
+VERSIONS = ("gemv_v1", "gemv_v2", "gemv_v3", "gemv_v4", "gemm_v1", "gemm_v2", "gemm_v3")
 NAIVE_VERSIONS = ("gemv_v1", "gemm_v1")     # plain uint16 loads: any alignment
 DEFAULT_GEMV = "gemv_v3"            # T = 1: 6400 short weight-streaming blocks
 DEFAULT_SMALL_BATCH = "gemv_v4"     # 2 <= T <= GEMV_MAX_TOKENS: ceil(T/16) weight passes
@@ -819,21 +791,21 @@ GEMV_MAX_TOKENS = 32                # 2 passes of gemv_v4 (~2 x 80 us) vs gemm_v
                                     # ~200 us at T <= 128 (estimates; see the GPU tier's timings)
 
 
-def pick_version(T: int) -> str:
+def pick_version(T: int, simulator: bool = SIMULATOR) -> str:
     """The default kernel for T tokens (16-byte aligned inputs).
 
     In numba's simulator the naive kernels are the default: their one-thread-per-output loops
     cost ~2 us a multiply-add there, while the fast versions' barriers, shuffles and mma twins
     cost 10-100x more (the tests still run every version explicitly)."""
-    if SIMULATOR:
+    if simulator:
         return "gemv_v1" if T <= 1 else "gemm_v1"
     if T <= 1:
         return DEFAULT_GEMV
     return DEFAULT_SMALL_BATCH if T <= GEMV_MAX_TOKENS else DEFAULT_GEMM
 
 
-def project(x, wkv, out=None, *, stream=0, version=None):
-    """kv = bf16(x @ wkv^T) on the device, fp32 accumulation.
+def prepare_project(x, wkv, out=None, *, stream=0, version=None):
+    """Validate once and return a `PreparedLaunch` of kv = bf16(x @ wkv^T); `.out` is kv.
 
     x: device uint16 [T, K] bf16 words; wkv: device uint16 [N, K]; both C-contiguous, K % 8 == 0.
     out: optional device uint16 [T, N] to fill (allocated on `stream` when None). Returns out.
@@ -867,9 +839,22 @@ def project(x, wkv, out=None, *, stream=0, version=None):
     elif version not in NAIVE_VERSIONS and not aligned:
         raise ValueError(f"{version} reads x and wkv as 16-byte chunks; their data must be 16-byte "
                          "aligned (use a naive version or an aligned copy)")
-    if T and N:
-        VERSIONS[version](x, wkv, out, stream)
-    return out
+    if not (T and N):
+        return NoLaunch(version, out)
+    grid, block = launch_config(version, T, N)
+    return PreparedLaunch(version, _kernel_for(version, T), grid, block, stream,
+                          _kernel_args(version, x, wkv, out), out)
+
+
+def project(x, wkv, out=None, *, stream=0, version=None):
+    """kv = bf16(x @ wkv^T) on the device, fp32 accumulation.
+
+    x: device uint16 [T, K] bf16 words; wkv: device uint16 [N, K]; both C-contiguous, K % 8 == 0.
+    out: optional device uint16 [T, N] to fill (allocated on `stream` when None). Returns out.
+    version: None picks `pick_version(T)`; a name from VERSIONS forces that kernel. To launch the
+    same shapes repeatedly (decode), keep `prepare_project(...)` and call it.
+    """
+    return prepare_project(x, wkv, out, stream=stream, version=version)()
 
 
 # ---- compile-only tier ---------------------------------------------------------------------------
