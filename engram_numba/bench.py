@@ -473,6 +473,34 @@ def bench_host(log=print, n_calls: int = 500, reader_vocab: int = 100_000) -> di
         cuda.synchronize()
         out["apply_T1_host_us"] = round(host * 1e6, 1)
         log(f"EngramV41.apply at T=1: {out['apply_T1_host_us']} us of Python per call (2 kernel launches)")
+        # where those microseconds go (printed, for the notes)
+        import cProfile
+        import io
+        import pstats
+        prof = cProfile.Profile()
+        prof.enable()
+        for _ in range(50):
+            eng.apply(1, h)
+        prof.disable()
+        cuda.synchronize()
+        buf = io.StringIO()
+        pstats.Stats(prof, stream=buf).sort_stats("tottime").print_stats(14)
+        log(buf.getvalue())
+
+        # calibration: numba's own cost of launching a kernel with three array arguments
+        @cuda.jit
+        def _touch(a, b, c):
+            if cuda.grid(1) == 0:
+                c[0] = a[0] + b[0]
+        a = cuda.to_device(np.ones(4, np.float32))
+        _touch[1, 32](a, a, a)
+        cuda.synchronize()
+        t0 = time.perf_counter()
+        for _ in range(500):
+            _touch[1, 32](a, a, a)
+        out["numba_launch_host_us"] = round((time.perf_counter() - t0) / 500 * 1e6, 1)
+        cuda.synchronize()
+        log(f"numba launch of a 3-array kernel: {out['numba_launch_host_us']} us of Python")
 
         # The unprepared launchers, which validate and build views on every call.
         from .kernels.gate import engram_v41_gate
