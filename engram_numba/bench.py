@@ -533,11 +533,22 @@ def markdown_table(result: dict) -> str:
         base = ", ".join(f"{k} {v:.1f}" for k, v in r["baselines"].items()) or "-"
         lines.append(f"| {r['stage']} | {r['T']} | {r['time_us']:.1f} | {r['floor_us']:.1f} | {r['pct_of_floor']:.1f} "
                      f"| {r['gbps']:.0f} | {r['tflops'] if r['tflops'] is not None else '-'} | {base} |")
+    if result.get("variants"):
+        lines += ["", "Every kernel version (llm.c style: v1 is the naive baseline), each checked against the "
+                      "default before it was timed:", "",
+                  "| stage | T | version | time (us) | % of floor | GB/s | TFLOP/s | valid |",
+                  "|---|---:|---|---:|---:|---:|---:|---|"]
+        for r in result["variants"]:
+            lines.append(f"| {r['stage']} | {r['T']} | {r['variant']} | {r['time_us']:.1f} | {r['pct_of_floor']:.1f} "
+                         f"| {r['gbps']:.0f} | {r['tflops'] if r['tflops'] is not None else '-'} | {r['validated']} |")
     host = result.get("host", {})
     if host:
         lines += ["", f"Host: hasher {host.get('hash_prefill_4096_ms')} ms per 4096-token prefill "
                       f"({host.get('hash_tokens_per_s', 0):,} tokens/s); row reader {host.get('row_reader_rows_per_s', 0):,} rows/s; "
-                      f"`EngramV41.apply` at T=1 costs {host.get('apply_T1_host_us')} us of Python per call."]
+                      f"`EngramV41.apply` at T=1 costs {host.get('apply_T1_host_us')} us of Python per call "
+                      f"(numba's launch of a 3-array kernel: {host.get('numba_launch_host_us')} us; unprepared "
+                      f"`project()` {host.get('project_launcher_host_us')} us, `engram_v41_gate()` "
+                      f"{host.get('gate_launcher_host_us')} us)."]
     return "\n".join(lines)
 
 
@@ -592,10 +603,13 @@ def main(args=None) -> int:
         out.write_text(json.dumps(result, indent=1))
         print(f"wrote {out}")
         return 0
+    # Host figures first: torch.compile (in bench_device) leaves worker threads that would
+    # compete with the Python being timed.
+    host = bench_host()
     result.update(bench_device(quick=quick, table_gb=getattr(args, "table_gb", 2.0)))
     if not getattr(args, "no_variants", False):
         result["variants"] = bench_variants(quick)
-    result["host"] = bench_host()
+    result["host"] = host
     out.write_text(json.dumps(result, indent=1))
     png = Path(getattr(args, "png", None) or out.with_suffix(".png"))
     plot_results(result, png)
