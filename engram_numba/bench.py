@@ -573,9 +573,11 @@ def plot_results(result: dict, png: Path) -> None:
         xs = np.arange(len(recs))
         ax.bar(xs - 0.2, [r["time_us"] for r in recs], 0.4, label="engram_numba")
         ax.bar(xs + 0.2, [r["floor_us"] for r in recs], 0.4, label="floor", color="grey", alpha=0.6)
+        names = sorted({k for r in recs for k in r["baselines"]})
+        colours = {k: f"C{i + 2}" for i, k in enumerate(names)}
         for r, x in zip(recs, xs):
             for name, v in r["baselines"].items():
-                ax.plot([x - 0.4, x + 0.4], [v, v], lw=2, label=name if x == 0 else None)
+                ax.plot([x - 0.4, x + 0.4], [v, v], lw=2, color=colours[name], label=name if x == 0 else None)
             ax.text(x - 0.2, r["time_us"], f"{r['pct_of_floor']:.0f}%", ha="center", va="bottom", fontsize=8)
         ax.set_xticks(xs, [f"T={r['T']}" for r in recs])
         ax.set_yscale("log")
