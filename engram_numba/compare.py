@@ -169,6 +169,8 @@ class DiffReport:
         floor = 1e-12  # exact points drawn at the floor of the log axis
         for layer, rows in layers.items():
             rows = [r for r in rows if r.kind != "int" and r.n > 0]
+            if not rows:  # e.g. the "tokens" inputs: integers only
+                continue
             ys = [max(getattr(r, metric), floor) for r in rows]
             ax.plot([r.name.split(".", 1)[1] for r in rows], ys, marker="o", label=layer)
         ax.set_yscale("log")

@@ -56,21 +56,31 @@ def quantize_matrix(w: np.ndarray) -> np.ndarray:
     return quantize(w.reshape(N * K // 256, 256)).reshape(N, K // 256 * ENGRAM_ROW_BYTES)
 
 
-def build_tiny_layers(cfg: EngramConfig, tables: EngramHashTables, seed: int = TINY_SEED) -> dict:
-    """Every tensor of the tiny model, deterministically from `seed`."""
+def tiny_float_weights(cfg: EngramConfig, tables: EngramHashTables, seed: int = TINY_SEED) -> dict:
+    """The tiny model's weights before quantisation, per layer: `table_rows` float32 [rows, 256],
+    `wkv` float32 [N, K], `q_weight` and `k_weight` float32 [hc, dim]. What the file stores is
+    these with the table and wkv quantised to Q2_K, so these are the "exact" rows to compare a
+    Q2_K pipeline against."""
     rng = np.random.default_rng(seed)
-    layers = {}
+    out = {}
     for li, lid in enumerate(cfg.layer_ids):
         rows = int(tables.table_rows[li])
-        table = quantize(realistic_rows(rng, rows))                                  # [rows, 84]
+        table_rows = realistic_rows(rng, rows)                                       # [rows, 256]
         # wkv rows: keys and value, scaled so kv entries are O(1) for O(scale) inputs
         wkv = (rng.standard_normal((cfg.proj_out, cfg.proj_in)) / np.sqrt(cfg.proj_in) * 25.0)
         wkv *= rng.lognormal(0.0, 0.2, size=(cfg.proj_out, 1))                       # per-output scale
         q_weight = (1.0 + 0.1 * rng.standard_normal((cfg.hc, cfg.dim))).astype(np.float32)
         k_weight = (1.0 + 0.1 * rng.standard_normal((cfg.hc, cfg.dim))).astype(np.float32)
-        layers[lid] = {"table": table, "wkv": quantize_matrix(wkv.astype(np.float32)), "wkv_type": "Q2_K",
-                       "q_weight": q_weight, "k_weight": k_weight}
-    return layers
+        out[lid] = {"table_rows": table_rows, "wkv": wkv.astype(np.float32), "q_weight": q_weight,
+                    "k_weight": k_weight}
+    return out
+
+
+def build_tiny_layers(cfg: EngramConfig, tables: EngramHashTables, seed: int = TINY_SEED) -> dict:
+    """Every tensor of the tiny model as the file stores it, deterministically from `seed`."""
+    return {lid: {"table": quantize(w["table_rows"]), "wkv": quantize_matrix(w["wkv"]), "wkv_type": "Q2_K",
+                  "q_weight": w["q_weight"], "k_weight": w["k_weight"]}
+            for lid, w in tiny_float_weights(cfg, tables, seed).items()}
 
 
 def make_fixture(path=TINY_PATH, golden_path=TINY_GOLDEN_PATH, seed: int = TINY_SEED) -> Path:

@@ -112,6 +112,8 @@ class EngramV41:
     device_tables: upload each layer's Q2_K table (30 GiB a layer at the released size), so
         rows are gathered on the GPU and never cross PCIe.
     residual: default residual precision, "fp32" (engine) or "bf16" (DeepSeek's reference).
+    versions: kernel version per stage, {"dequant": 3, "gather": 4, "projection": "gemm_v2",
+        "gate": 2}; a stage not named uses its launcher's default.
     """
 
     def __init__(self, model, max_tokens: int, *, device_tables: bool = False, residual: str = "fp32",

@@ -175,7 +175,7 @@ class _CudaBackend(_HostBackend):
 
     name = "cuda"
 
-    def __init__(self, model):
+    def __init__(self, model, versions=None):
         from numba import cuda
         from numba.cuda import config
 
@@ -188,11 +188,13 @@ class _CudaBackend(_HostBackend):
                                "NUMBA_ENABLE_CUDASIM=1 before numba is first imported to run the kernels on the CPU")
         self._model = model
         self._cls = EngramV41
+        self._versions = dict(versions or {})
         self._engine = None
 
     def _engine_for(self, n_tokens: int):
         if self._engine is None or self._engine.max_tokens < n_tokens:
-            self._engine = self._cls(self._model, max_tokens=max(n_tokens, 16), device_tables=True)
+            self._engine = self._cls(self._model, max_tokens=max(n_tokens, 16), device_tables=True,
+                                     versions=self._versions)
         return self._engine
 
     def rows(self, layer, row_ids):
@@ -245,9 +247,13 @@ class Pipeline:
     backends: "reference" | "cpu" | "cuda" for every stage, or a dict {stage: backend}
               (stages not named take "reference").
     residual: "fp32" (engine: FP32 highway) or "bf16" (DeepSeek's reference: bf16 residual).
+    cuda_versions: kernel versions for the cuda backend, e.g. {"projection": "gemv_v2", "gate": 3,
+              "gather": 4} (see `EngramV41`); by default each launcher picks (in numba's simulator,
+              the naive kernels, which are the fast ones to simulate).
     """
 
-    def __init__(self, model, backends="reference", residual: str = "fp32", eps: float | None = None):
+    def __init__(self, model, backends="reference", residual: str = "fp32", eps: float | None = None,
+                 cuda_versions: dict | None = None):
         if residual not in _ref.RESIDUALS:
             raise ValueError(f"residual must be one of {_ref.RESIDUALS}, got {residual!r}")
         self.model = model
@@ -255,7 +261,12 @@ class Pipeline:
         self.residual = residual
         self.eps = self.config.eps if eps is None else float(eps)
         self.backends = self._resolve_backends(backends)
-        factories = {"reference": _ReferenceBackend, "cpu": _CpuBackend, "cuda": lambda: _CudaBackend(model)}
+        unknown = set(cuda_versions or {}) - {"dequant", "gather", "projection", "gate"}
+        if unknown:
+            raise ValueError(f"cuda_versions names unknown stage(s) {sorted(unknown)}; "
+                             "stages are dequant, gather, projection, gate")
+        factories = {"reference": _ReferenceBackend, "cpu": _CpuBackend,
+                     "cuda": lambda: _CudaBackend(model, cuda_versions)}
         self._impl: dict[str, _HostBackend] = {b: factories[b]() for b in set(self.backends.values())}
         self._layers = {lid: _LayerView(model, lid) for lid in self.config.layer_ids}
         self._hooks: dict[str, list[Callable]] = {}

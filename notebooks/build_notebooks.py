@@ -755,26 +755,21 @@ plt.show()
 
     The published GGUF stores the tables as Q2_K: 2.625 bits a value. To see what that costs, we
     need the rows *before* quantisation. The tiny model's tables were made by
-    `fixtures.build_tiny_layers` as `q2k.quantize(fixtures.realistic_rows(...))` (heavy-tailed rows
-    with per-row scales, like trained embeddings). Rebuilding the fixture while recording what it
-    hands to `quantize` gives us those original float rows; we check they quantise to exactly the
-    bytes in the file, so "exact" below really is the tiny model without its Q2_K rounding.
+    `fixtures.build_tiny_layers` as `q2k.quantize` of `fixtures.tiny_float_weights(...)` (heavy-tailed
+    rows with per-row scales, like trained embeddings), which gives us those original float rows; we
+    check they quantise to exactly the bytes in the file, so "exact" below really is the tiny model
+    without its Q2_K rounding.
     (The released checkpoint's own tables are FP8 e4m3 with per-32 scales: a Q2_K GGUF is a
     re-quantisation of those.)
     """)
     b.code("""
-from unittest import mock
-
 from engram_numba import fixtures
 
-with mock.patch.object(fixtures, "quantize", wraps=fixtures.quantize) as spy:   # record, don't change
-    rebuilt = fixtures.build_tiny_layers(fixtures.tiny_config(), fixtures.tiny_hash_tables())
+weights = fixtures.tiny_float_weights(fixtures.tiny_config(), fixtures.tiny_hash_tables())
 originals = {}
 for li, lid in enumerate(cfg.layer_ids):
     n_rows = int(tables.table_rows[li])
-    calls = [c.args[0] for c in spy.call_args_list if c.args[0].shape == (n_rows, 256)]
-    assert len(calls) == 1
-    originals[lid] = calls[0]                                            # [rows, 256] fp32
+    originals[lid] = weights[lid]["table_rows"]                          # [rows, 256] fp32
     assert np.array_equal(q2k.quantize(originals[lid]), model.layers[lid].table)   # the file's bytes
     dq = q2k.dequantize(model.layers[lid].table)
     rel = np.linalg.norm(dq - originals[lid]) / np.linalg.norm(originals[lid])

@@ -169,3 +169,19 @@ def test_diff_report_renders(model, ref_capture):
     matplotlib.use("Agg")
     ax = report.plot()
     assert ax.get_yscale() == "log"
+
+
+def test_cuda_backend_with_chosen_kernel_versions(model, ref_capture):
+    """The cuda backend on two tokens (the simulator runs every GPU thread in Python), once with
+    the launchers' defaults and once with the fast kernels named through cuda_versions."""
+    tokens, mask = TINY_TOKENS[:2], TINY_MASK[:2]
+    ref = Pipeline(model, "reference").run(tokens, token_mask=mask)
+    default = Pipeline(model, "cuda").run(tokens, token_mask=mask)
+    assert diff(ref, default).all_equal  # naive kernels in the simulator: the reference's order
+    fast = Pipeline(model, "cuda", cuda_versions={"gather": 3, "gate": 2}).run(tokens, token_mask=mask)
+    report = diff(ref, fast)
+    for lid in (1, 4):
+        assert report[f"L{lid}.rows.bf16"].equal and report[f"L{lid}.proj.kv"].equal
+        assert report[f"L{lid}.gate.dot"].rel_l2 < 1e-6
+    with pytest.raises(ValueError, match="cuda_versions names unknown stage"):
+        Pipeline(model, "cuda", cuda_versions={"proj": "gemv_v2"})
