@@ -26,51 +26,13 @@ from numba import cuda
 from .config import MAX_HC
 from .hash import EngramHasher
 from .kernels.dequant import dequant_q2k, gather_dequant_q2k
+from .kernels.devarray import as_device_array, data_address, is_device_like
 from .kernels.gate import prepare_gate
 from .kernels.projection import prepare_project
 from .q2k import ENGRAM_ROW_BYTES
 from .reference import RESIDUALS
 
 ROW_VALUES = 256
-
-
-def _is_numba_device_array(obj) -> bool:
-    return bool(getattr(obj, "__cuda_ndarray__", False))  # numba's device arrays, simulator's too
-
-
-def as_device_array(obj, name: str):
-    """A numba device array viewing `obj`'s GPU memory (no copy), or a TypeError naming `name`."""
-    if _is_numba_device_array(obj):
-        return obj
-    if hasattr(obj, "__cuda_array_interface__"):
-        return cuda.as_cuda_array(obj)
-    if hasattr(obj, "__dlpack__") and not isinstance(obj, np.ndarray):
-        try:
-            import cupy
-        except ImportError:
-            cupy = None
-        if cupy is not None:
-            return cuda.as_cuda_array(cupy.from_dlpack(obj))
-        raise TypeError(f"{name} only offers DLPack; install CuPy, or pass an object with "
-                        f"__cuda_array_interface__ (numba, CuPy, PyTorch, JAX arrays all have it)")
-    if isinstance(obj, np.ndarray):
-        raise TypeError(f"{name} must be a device array (numba, CuPy, PyTorch, JAX), got a host numpy "
-                        f"array; copy it first with numba.cuda.to_device({name})")
-    raise TypeError(f"{name} must be a device array exposing __cuda_array_interface__ or DLPack, "
-                    f"got {type(obj).__name__}")
-
-
-def _address(arr) -> int:
-    """Where a device array's data starts (the identity of its memory, for the plan cache)."""
-    cai = getattr(arr, "__cuda_array_interface__", None)
-    if cai is not None:
-        return int(cai["data"][0] or 0)
-    return id(arr)  # the simulator's arrays
-
-
-def _is_device(obj) -> bool:
-    return (_is_numba_device_array(obj) or hasattr(obj, "__cuda_array_interface__")
-            or (hasattr(obj, "__dlpack__") and not isinstance(obj, np.ndarray)))
 
 
 @dataclass
@@ -190,7 +152,7 @@ class EngramV41:
         """Raw Q2_K blocks [T*C, 84] (host, e.g. from `EngramRowReader.read`, or device) ->
         dequantised bf16 rows in this layer's workspace."""
         lw, ws = self._layer(layer_id)
-        dev = _is_device(blocks)
+        dev = is_device_like(blocks)
         arr = as_device_array(blocks, "blocks") if dev else np.asarray(blocks)
         T = self._check_rows_shape(arr, ENGRAM_ROW_BYTES, np.uint8, "rows_from_q2k blocks")
         n = T * self.config.n_hash_cols
@@ -205,7 +167,7 @@ class EngramV41:
     def rows_from_bf16(self, layer_id, rows) -> None:
         """bf16 rows [T*C, 256] (uint16 words; host or device) -> this layer's workspace."""
         lw, ws = self._layer(layer_id)
-        dev = _is_device(rows)
+        dev = is_device_like(rows)
         arr = as_device_array(rows, "rows") if dev else np.asarray(rows)
         if not dev and arr.dtype.name == "bfloat16":
             arr = arr.view(np.uint16)
@@ -224,7 +186,7 @@ class EngramV41:
         lw, ws = self._layer(layer_id)
         if lw.table is None:
             raise ValueError("rows_from_ids needs the Q2_K tables on the device: build EngramV41(..., device_tables=True)")
-        if _is_device(row_ids):
+        if is_device_like(row_ids):
             raise TypeError("rows_from_ids takes host row ids (they are range-checked before upload)")
         ids = np.asarray(row_ids)
         if not np.issubdtype(ids.dtype, np.integer):
@@ -299,7 +261,7 @@ class EngramV41:
                 raise ValueError(f"kv must be uint16 [T={T}, {cfg.proj_out}], got {kv_dev.dtype}{list(kv_dev.shape)}")
         mask_dev = None
         if token_mask is not None:
-            if _is_device(token_mask):
+            if is_device_like(token_mask):
                 mask_dev = as_device_array(token_mask, "token_mask")
                 if tuple(mask_dev.shape) != (T,) or mask_dev.dtype not in (np.uint8, np.bool_):
                     raise ValueError(f"token_mask must be uint8/bool [{T}], got {mask_dev.dtype}{list(mask_dev.shape)}")
@@ -312,9 +274,9 @@ class EngramV41:
                 mask_dev = self._mask[:T]
                 mask_dev.copy_to_device(m.astype(np.uint8), stream=self.stream)
         eps = cfg.eps if eps is None else float(eps)
-        key = ("gate", lw.layer_id, T, _address(h), tuple(h.strides),
-               None if kv is None else (_address(kv_dev), tuple(kv_dev.strides)),
-               None if mask_dev is None else (_address(mask_dev), tuple(mask_dev.strides), str(mask_dev.dtype)),
+        key = ("gate", lw.layer_id, T, data_address(h), tuple(h.strides),
+               None if kv is None else (data_address(kv_dev), tuple(kv_dev.strides)),
+               None if mask_dev is None else (data_address(mask_dev), tuple(mask_dev.strides), str(mask_dev.dtype)),
                residual, eps)
         self._plan(key, lambda: prepare_gate(
             h, kv_dev, lw.w_gate, token_mask=mask_dev, residual=residual, eps=eps, dot_out=ws.dot[:T],
@@ -337,7 +299,7 @@ class EngramV41:
         if h.dtype != np.float32 or h.ndim != 3 or tuple(h.shape[1:]) != (self.config.hc, self.config.dim):
             raise ValueError(f"highway must be float32 [T, hc={self.config.hc}, dim={self.config.dim}], "
                              f"got {h.dtype}{list(h.shape)}")
-        if token_mask is not None and not _is_device(token_mask):
+        if token_mask is not None and not is_device_like(token_mask):
             m = np.asarray(token_mask)
             if m.shape != (T,) or m.dtype != np.bool_:
                 raise ValueError(f"token_mask must be bool of shape ({T},), got {m.dtype}{list(m.shape)}")

@@ -264,7 +264,7 @@ def test_unaligned_inputs_need_a_naive_version(rng):
     big = np.zeros((3 * 16 + 4,), np.uint16)
     big[4:] = x.ravel()
     xd = _dev(big)[4:].reshape(3, 16)           # data pointer 8 bytes past a 16-byte boundary
-    assert P._data_pointer(xd) % 16 == 8
+    assert P.data_address(xd) % 16 == 8
     with pytest.raises(ValueError, match="16-byte"):
         P.project(xd, _dev(w), version="gemm_v2")
     out = poisoned(3, 5)

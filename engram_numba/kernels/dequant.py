@@ -39,6 +39,7 @@ from numba import cuda, types
 
 from ..q2k import ENGRAM_ROW_BYTES, ROW_VALUES
 from .compile_check import CompileTarget
+from .devarray import as_device_array, data_address
 from .intrinsics import (SIMULATOR, device_function, byte_perm, cvt_pack_bf16x2, f16_bits_to_f32, f32_to_bf16_bits, mul_rn,
                          pack_bf16x2, store_u32x4, sub_rn)
 
@@ -293,30 +294,8 @@ def launch_config(n: int, version: int) -> tuple[int, int]:
 
 # ---- launchers -----------------------------------------------------------------------------------
 
-def _is_device_array(a) -> bool:
-    return bool(getattr(a, "__cuda_ndarray__", False))
-
-
-def _as_device(a, name: str):
-    """A numba device array for a, zero-copy; host arrays are refused."""
-    if _is_device_array(a):
-        return a
-    if hasattr(a, "__cuda_array_interface__"):
-        return cuda.as_cuda_array(a)
-    if isinstance(a, np.ndarray):
-        raise TypeError(f"{name} is a host numpy array; pass a device array (cuda.to_device({name}))")
-    raise TypeError(f"{name} must be a device array (numba, or anything with __cuda_array_interface__), "
-                    f"got {type(a).__name__}")
-
-
 def _is_c_contiguous(a) -> bool:
     return bool(a.is_c_contiguous())
-
-
-def _data_pointer(a) -> int:
-    if hasattr(a, "__cuda_array_interface__"):
-        return int(a.__cuda_array_interface__["data"][0] or 0)
-    return int(a.ctypes.data)        # the simulator's arrays live on the host
 
 
 def _check_array(a, name: str, dtype, ndim: int, width=None):
@@ -332,7 +311,7 @@ def _check_array(a, name: str, dtype, ndim: int, width=None):
 def _output(out, n: int, stream):
     if out is None:
         return cuda.device_array((n, ROW_VALUES), dtype=np.uint16, stream=stream)
-    out = _as_device(out, "out")
+    out = as_device_array(out, "out")
     _check_array(out, "out", np.uint16, 2, ROW_VALUES)
     if out.shape[0] != n:
         raise ValueError(f"out has {out.shape[0]} rows, the input gives {n}")
@@ -355,7 +334,7 @@ def _pick_version(kind: str, version, blocks, out) -> int:
     16-byte stores, so they need 4- and 16-byte aligned data; the default falls back to v1 for an
     unaligned view (a slice at an odd byte offset), an explicit fast version refuses it."""
     version = _normalize_version(kind, version)
-    aligned = _data_pointer(blocks) % 4 == 0 and _data_pointer(out) % 16 == 0
+    aligned = data_address(blocks) % 4 == 0 and data_address(out) % 16 == 0
     if version is None:
         return LATEST[kind] if aligned else 1
     if version != 1 and not aligned:
@@ -389,7 +368,7 @@ def dequant_q2k(blocks, out=None, *, stream=0, version=None):
     blocks: device uint8 [n, 84], C-contiguous. out: optional device uint16 [n, 256] to fill.
     Returns out (allocated on `stream` when not given), bit-identical to `rows_reference(blocks)`.
     """
-    blocks = _as_device(blocks, "blocks")
+    blocks = as_device_array(blocks, "blocks")
     _check_array(blocks, "blocks", np.uint8, 2, ENGRAM_ROW_BYTES)
     n = blocks.shape[0]
     out = _output(out, n, stream)
@@ -438,7 +417,7 @@ def gather_dequant_q2k(table, row_ids, out=None, *, stream=0, version=None, chec
     bad ids to; when given, the launcher neither zeroes nor reads it and never synchronizes (safe
     inside a CUDA graph capture): the caller owns the check.
     """
-    table = _as_device(table, "table")
+    table = as_device_array(table, "table")
     _check_array(table, "table", np.uint8, 2, ENGRAM_ROW_BYTES)
     n_rows = table.shape[0]
     host_ids = isinstance(row_ids, np.ndarray)
@@ -448,13 +427,13 @@ def gather_dequant_q2k(table, row_ids, out=None, *, stream=0, version=None, chec
         if not np.issubdtype(row_ids.dtype, np.integer):
             raise TypeError(f"row_ids must be an integer array, got {row_ids.dtype}")
     else:
-        row_ids = _as_device(row_ids, "row_ids")
+        row_ids = as_device_array(row_ids, "row_ids")
         if row_ids.dtype not in (np.dtype(np.int32), np.dtype(np.int64)):
             raise ValueError(f"row_ids must be int32 or int64, got {row_ids.dtype}")
         _check_array(row_ids, "row_ids", row_ids.dtype, 1)
     n = row_ids.shape[0]
     if bad_count is not None:
-        bad_count = _as_device(bad_count, "bad_count")
+        bad_count = as_device_array(bad_count, "bad_count")
         _check_array(bad_count, "bad_count", np.uint32, 1)
         if bad_count.shape[0] != 1:
             raise ValueError(f"bad_count must be uint32 [1], got shape {tuple(bad_count.shape)}")

@@ -52,6 +52,7 @@ from numba import cuda, types
 
 from ..config import GATE_CLAMP, MAX_HC, NORM_EPS
 from .compile_check import CompileTarget
+from .devarray import as_device_array, data_address
 from .launch import NoLaunch, PreparedLaunch
 from .intrinsics import (device_function, SIMULATOR, add_rn, bf16_bits_to_f32, bf16x2_hi, bf16x2_lo, f32_as_u32,
                          load_u32x4, mul_rn, round_to_bf16, store_u32x4, u32_as_f32, warp_sum)
@@ -510,22 +511,6 @@ def default_version(T: int, hc: int, dim: int, layout: str | None = None, tps: i
 
 # ---- argument checks ----------------------------------------------------------------------------
 
-def _device_array(name: str, x, *, optional: bool = False):
-    """A numba device array for x (zero-copy), or a TypeError naming the argument."""
-    if x is None:
-        if optional:
-            return None
-        raise TypeError(f"{name} is required, got None")
-    if getattr(x, "__cuda_ndarray__", False):
-        return x
-    if isinstance(x, np.ndarray):
-        raise TypeError(f"{name} is a host numpy array; pass a device array "
-                        f"(numba.cuda.to_device, or any __cuda_array_interface__ object)")
-    if hasattr(x, "__cuda_array_interface__") and not SIMULATOR:
-        return cuda.as_cuda_array(x)
-    raise TypeError(f"{name} must be a CUDA device array, got {type(x).__name__}")
-
-
 def _check(name: str, a, dtype, ndim: int, shape=None):
     if a.dtype != np.dtype(dtype):
         raise TypeError(f"{name} must be {np.dtype(dtype).name}, got {a.dtype}")
@@ -535,14 +520,6 @@ def _check(name: str, a, dtype, ndim: int, shape=None):
         raise ValueError(f"{name} must have shape {tuple(shape)}, got {tuple(a.shape)}")
     if not a.is_c_contiguous():
         raise ValueError(f"{name} must be C-contiguous")
-
-
-def _address(a) -> int:
-    if a.size == 0:
-        return 0
-    if SIMULATOR:
-        return int(a.__array_interface__["data"][0])
-    return int(a.device_ctypes_pointer.value or 0)
 
 
 _DUMMIES: dict = {}
@@ -600,7 +577,7 @@ def prepare_gate(highway, kv, w, *, token_mask=None, residual: str = "fp32", eps
     if not (math.isfinite(float(eps)) and float(eps) >= 0.0):
         raise ValueError(f"eps must be finite and >= 0, got {eps!r}")
 
-    highway = _device_array("highway", highway)
+    highway = as_device_array(highway, "highway")
     if highway.dtype != np.float32:
         raise TypeError(f"highway must be float32, got {highway.dtype}")
     if highway.ndim != 3:
@@ -612,20 +589,20 @@ def prepare_gate(highway, kv, w, *, token_mask=None, residual: str = "fp32", eps
         raise ValueError(f"highway's dim (axis 2) must be a positive multiple of 8, got {dim}")
     _check("highway", highway, np.float32, 3)
 
-    kv = _device_array("kv", kv)
+    kv = as_device_array(kv, "kv")
     if kv.dtype != np.uint16:
         raise TypeError(f"kv must be uint16 (bf16 words), got {kv.dtype}")
     _check("kv", kv, np.uint16, 2, (T, (hc + 1) * dim))
-    w = _device_array("w", w)
+    w = as_device_array(w, "w")
     _check("w", w, np.float32, 2, (hc, dim))
-    mask = _device_array("token_mask", token_mask, optional=True)
+    mask = as_device_array(token_mask, "token_mask", optional=True)
     if mask is not None:
         if mask.dtype == np.bool_:
             mask = mask.view(np.uint8)
         _check("token_mask", mask, np.uint8, 1, (T,))
     outs = {}
     for name, arr in (("dot_out", dot_out), ("gate_out", gate_out)):
-        arr = _device_array(name, arr, optional=True)
+        arr = as_device_array(arr, name, optional=True)
         if arr is not None:
             _check(name, arr, np.float32, 2, (T, hc))
         outs[name] = arr
@@ -640,7 +617,7 @@ def prepare_gate(highway, kv, w, *, token_mask=None, residual: str = "fp32", eps
                          f"layout='stream' or a larger tps")
     if version != 1:
         for name, arr in (("highway", highway), ("kv", kv), ("w", w)):
-            if _address(arr) % 16:
+            if data_address(arr) % 16:
                 raise ValueError(f"{name}'s data must be 16-byte aligned for version {version} "
                                  f"(a sliced view?); use version=1 or an aligned copy")
     if T == 0:

@@ -52,6 +52,7 @@ import numpy as np
 from numba import cuda, float32, types
 
 from .compile_check import CompileTarget
+from .devarray import as_device_array, data_address
 from .launch import NoLaunch, PreparedLaunch
 from .intrinsics import (device_function, SIMULATOR, bf16_bits_to_f32, bf16x2_hi, bf16x2_lo, f32_to_bf16_bits,
                          load_f32x4, load_u32x4, mma_bf16_16816, store_f32x4, store_u32x4, warp_sum)
@@ -703,28 +704,6 @@ def _gemm_v3(x32, w32, out, T, K):
 
 # ---- launchers -----------------------------------------------------------------------------------
 
-def _is_device_array(a) -> bool:
-    return bool(getattr(a, "__cuda_ndarray__", False))
-
-
-def _as_device(a, name: str):
-    """A numba device array for a, zero-copy; host arrays are refused."""
-    if _is_device_array(a):
-        return a
-    if hasattr(a, "__cuda_array_interface__"):
-        return cuda.as_cuda_array(a)
-    if isinstance(a, np.ndarray):
-        raise TypeError(f"{name} is a host numpy array; pass a device array (cuda.to_device({name}))")
-    raise TypeError(f"{name} must be a device array (numba, or anything with __cuda_array_interface__), "
-                    f"got {type(a).__name__}")
-
-
-def _data_pointer(a) -> int:
-    if hasattr(a, "__cuda_array_interface__"):
-        return int(a.__cuda_array_interface__["data"][0] or 0)
-    return int(a.ctypes.data)        # the simulator's arrays live on the host
-
-
 def _check_bf16_matrix(a, name: str, shape_doc: str):
     if a.dtype != np.dtype(np.uint16):
         raise ValueError(f"{name} must be bf16 words (uint16) {shape_doc}, got dtype {a.dtype}")
@@ -814,8 +793,8 @@ def prepare_project(x, wkv, out=None, *, stream=0, version=None):
     and wkv with 16-byte loads: for inputs whose data is not 16-byte aligned (an odd slice) the
     default falls back to the naive kernel and an explicit fast version is refused.
     """
-    x = _as_device(x, "x")
-    wkv = _as_device(wkv, "wkv")
+    x = as_device_array(x, "x")
+    wkv = as_device_array(wkv, "wkv")
     _check_bf16_matrix(x, "x", "[T, K]")
     _check_bf16_matrix(wkv, "wkv", "[N, K]")
     T, K = x.shape
@@ -827,11 +806,11 @@ def prepare_project(x, wkv, out=None, *, stream=0, version=None):
     if out is None:
         out = cuda.device_array((T, N), dtype=np.uint16, stream=stream)
     else:
-        out = _as_device(out, "out")
+        out = as_device_array(out, "out")
         _check_bf16_matrix(out, "out", "[T, N]")
         if tuple(out.shape) != (T, N):
             raise ValueError(f"out must be [T, N] = {(T, N)}, got {tuple(out.shape)}")
-    aligned = _data_pointer(x) % 16 == 0 and _data_pointer(wkv) % 16 == 0
+    aligned = data_address(x) % 16 == 0 and data_address(wkv) % 16 == 0
     if version is None:
         version = pick_version(T) if aligned else ("gemv_v1" if T <= GEMV_MAX_TOKENS else "gemm_v1")
     elif version not in VERSIONS:
