@@ -105,8 +105,10 @@ def compile_all(targets=None) -> list[CompileResult]:
     results = []
     for t in targets if targets is not None else collect_targets():
         fn = getattr(t.kernel, "py_func", t.kernel)
+        # compile as the kernel is built: with its launch bounds, which change register allocation
+        bounds = getattr(t.kernel, "targetoptions", {}).get("launch_bounds")
         try:
-            ptx, _ = cuda.compile_ptx(fn, tuple(t.argtypes), cc=CC)
+            ptx, _ = cuda.compile_ptx(fn, tuple(t.argtypes), cc=CC, launch_bounds=bounds)
             rep = ptxas_report(ptx)
             res = CompileResult(
                 name=t.name, ok=True, registers=rep["registers"], stack_bytes=rep.get("stack_bytes", -1),
