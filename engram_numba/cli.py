@@ -126,6 +126,16 @@ def cmd_demo(args) -> int:
     for other in ("cpu", "cuda"):
         print(diff(caps["reference"], caps[other], label_a="reference", label_b=other))
         print()
+    if SIMULATOR:
+        print("(in the simulator the cuda launchers default to the naive kernels, which add in the "
+              "reference's order: hence all equal; on a GPU the fast kernels show their ulps)\n")
+    # The same inputs with DeepSeek's bf16 residual instead of the engine's fp32 highway.
+    other_res = "bf16" if args.residual == "fp32" else "fp32"
+    cap_res = Pipeline(model, backends="cpu", residual=other_res).run(TINY_TOKENS, token_mask=TINY_MASK)
+    names = [n for n in caps["reference"] if n.split(".", 1)[-1] in ("gate.dot", "gate.gate", "highway.out")]
+    print(diff(caps["reference"], cap_res, names=names, label_a=f"residual {args.residual}",
+               label_b=f"residual {other_res}"))
+    print()
     print(gate_stats(caps["reference"]))
     out_dir = Path(args.out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
@@ -189,6 +199,8 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--table-gb", type=float, default=2.0, help="size of the random Q2_K table on the device")
     s.add_argument("--variants-only", action="store_true", help="only time every kernel version")
     s.add_argument("--no-variants", action="store_true", help="skip the per-version sweep")
+    s.add_argument("--hash-only", action="store_true",
+                   help="only the hasher's 4096-token prefill at the released configuration (CPU, no GPU needed)")
     s.set_defaults(func=cmd_bench)
     return p
 
