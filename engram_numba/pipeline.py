@@ -312,7 +312,7 @@ class Pipeline:
                 if not self._hooks[name]:
                     del self._hooks[name]
 
-    def _point(self, name: str, value: np.ndarray, keep, store: dict) -> np.ndarray:
+    def _point(self, name: str, value: np.ndarray, keep, parts: dict) -> np.ndarray:
         self.fired.append(name)
         for fn in self._hooks.get(name, ()):
             out = fn(value, name)
@@ -326,7 +326,7 @@ class Pipeline:
                                      f"{value.dtype}{list(value.shape)}")
                 value = out
         if keep(name):
-            store[name] = np.array(value, copy=True)
+            parts.setdefault(name, []).append(np.array(value, copy=True))
         return value
 
     def default_highway(self, n_tokens: int, seed: int = 0) -> np.ndarray:
@@ -335,11 +335,16 @@ class Pipeline:
         return rng.standard_normal((n_tokens, self.config.hc, self.config.dim)).astype(np.float32)
 
     def run(self, token_ids, highway=None, token_mask=None, names_filter=None,
-            hasher: EngramHasher | None = None, progress: bool = False) -> Capture:
+            hasher: EngramHasher | None = None, progress: bool = False,
+            chunk_tokens: int | None = None) -> Capture:
         """Run every engram layer on one sequence; returns the captures that `names_filter` keeps.
 
         highway: [T, hc, dim] fp32 (never modified), a dict {layer_id: highway}, or None for
                  `default_highway(T)`. hasher: continue an existing sequence (decode steps).
+        chunk_tokens: run the stages on this many tokens at a time (the hasher keeps the
+                 sequence's history, so ids are the same; every stage is per token). Captures are
+                 joined along the token axis; hooks see one chunk at a time. With progress=True
+                 and no chunk size, long sequences go in chunks of 512 so the bar moves.
         """
         cfg = self.config
         token_ids = np.asarray(token_ids)
@@ -352,51 +357,73 @@ class Pipeline:
             missing = set(cfg.layer_ids) - set(highway)
             if missing:
                 raise ValueError(f"highway dict lacks engram layer(s) {sorted(missing)}")
-        current = None
-        if not per_layer:
-            current = self.default_highway(T) if highway is None else highway
-            self._check_highway(current, T)
+            for lid in cfg.layer_ids:
+                self._check_highway(highway[lid], T)
+        else:
+            highway = self.default_highway(T) if highway is None else highway
+            self._check_highway(highway, T)
+        if chunk_tokens is None:
+            chunk_tokens = 512 if progress and T > 512 else max(T, 1)
+        if isinstance(chunk_tokens, bool) or not isinstance(chunk_tokens, (int, np.integer)) or chunk_tokens < 1:
+            raise ValueError(f"chunk_tokens must be a positive integer, got {chunk_tokens!r}")
 
         keep = _name_predicate(names_filter)
-        store: dict[str, np.ndarray] = {}
+        parts: dict[str, list] = {}
         self.fired = []
-        self._point("tokens.ids", token_ids.astype(np.int64), keep, store)
-        self._point("tokens.mask", np.ones(T, dtype=bool) if mask is None else mask, keep, store)
+        self._point("tokens.ids", token_ids.astype(np.int64), keep, parts)
+        self._point("tokens.mask", np.ones(T, dtype=bool) if mask is None else mask, keep, parts)
         hasher = hasher if hasher is not None else EngramHasher(self.model.hash_tables, capacity=max(T, 16))
-        all_ids = self._impl[self.backends["hash"]].hash(hasher, token_ids, mask)   # [T, L, C]
-
-        layers = cfg.layer_ids
+        starts = range(0, T, chunk_tokens)
+        bar = None
         if progress:
             from tqdm.auto import tqdm
-            layers = tqdm(layers, desc="engram layers", unit="layer")
-        for li, lid in enumerate(layers):
-            layer = self._layers[lid]
-            p = f"L{lid}."
-            ids = self._point(p + "hash.ids", np.ascontiguousarray(all_ids[:, li, :]), keep, store)  # [T, C]
-            if keep(p + "rows.q2k") or p + "rows.q2k" in self._hooks:
-                self._point(p + "rows.q2k", layer.reader.read(ids), keep, store)
-            else:
-                self.fired.append(p + "rows.q2k")
-            rows = self._impl[self.backends["rows"]].rows(layer, ids)                    # [T*C, 256]
-            rows = self._point(p + "rows.bf16", rows, keep, store)
-            kv = self._impl[self.backends["proj"]].proj(layer, rows.reshape(T, cfg.proj_in))
-            kv = self._point(p + "proj.kv", kv, keep, store)                              # [T, N]
-            key, value = _ref.split_kv(kv, cfg.hc)
-            key = self._point(p + "gate.key", np.ascontiguousarray(key), keep, store)
-            value = self._point(p + "gate.value", np.ascontiguousarray(value), keep, store)
-            kv = np.concatenate([key.reshape(T, -1), value], axis=1)
-            h_in = highway[lid] if per_layer else current
-            self._check_highway(h_in, T)
-            h_in = self._point(p + "highway.in", np.asarray(h_in, dtype=np.float32), keep, store)
-            res = self._impl[self.backends["gate"]].gate(layer, h_in, kv, mask, self.residual, self.eps)
-            self._point(p + "gate.dot", res.dot, keep, store)
-            self._point(p + "gate.gate", res.gate, keep, store)
-            self._point(p + "highway.out", res.highway, keep, store)
-            current = res.highway
+            bar = tqdm(total=T, desc="engram", unit="tok")
+        for t0 in starts:
+            t1 = min(T, t0 + chunk_tokens)
+            chunk_mask = None if mask is None else mask[t0:t1]
+            h_chunk = ({lid: highway[lid][t0:t1] for lid in cfg.layer_ids} if per_layer else highway[t0:t1])
+            self._run_chunk(hasher, token_ids[t0:t1], chunk_mask, h_chunk, keep, parts)
+            if bar is not None:
+                bar.update(t1 - t0)
+        if bar is not None:
+            bar.close()
+        store = {name: (chunks[0] if len(chunks) == 1 else np.concatenate(chunks, axis=0))
+                 for name, chunks in parts.items()}
         meta = {"backends": self.backends, "residual": self.residual, "eps": self.eps, "n_tokens": T,
                 "layer_ids": list(cfg.layer_ids), "model": str(getattr(self.model, "path", "")),
                 "token_ids": token_ids.tolist() if T <= 4096 else None}
         return Capture(store, meta)
+
+    def _run_chunk(self, hasher, token_ids, mask, highway, keep, parts) -> None:
+        """Every layer on one chunk of tokens (hash first: it extends the sequence's history)."""
+        cfg = self.config
+        T = int(token_ids.size)
+        all_ids = self._impl[self.backends["hash"]].hash(hasher, token_ids, mask)   # [T, L, C]
+        per_layer = isinstance(highway, Mapping)
+        current = None if per_layer else highway
+        for li, lid in enumerate(cfg.layer_ids):
+            layer = self._layers[lid]
+            p = f"L{lid}."
+            ids = self._point(p + "hash.ids", np.ascontiguousarray(all_ids[:, li, :]), keep, parts)  # [T, C]
+            if keep(p + "rows.q2k") or p + "rows.q2k" in self._hooks:
+                self._point(p + "rows.q2k", layer.reader.read(ids), keep, parts)
+            else:
+                self.fired.append(p + "rows.q2k")
+            rows = self._impl[self.backends["rows"]].rows(layer, ids)                    # [T*C, 256]
+            rows = self._point(p + "rows.bf16", rows, keep, parts)
+            kv = self._impl[self.backends["proj"]].proj(layer, rows.reshape(T, cfg.proj_in))
+            kv = self._point(p + "proj.kv", kv, keep, parts)                              # [T, N]
+            key, value = _ref.split_kv(kv, cfg.hc)
+            key = self._point(p + "gate.key", np.ascontiguousarray(key), keep, parts)
+            value = self._point(p + "gate.value", np.ascontiguousarray(value), keep, parts)
+            kv = np.concatenate([key.reshape(T, -1), value], axis=1)
+            h_in = highway[lid] if per_layer else current
+            h_in = self._point(p + "highway.in", np.ascontiguousarray(h_in, dtype=np.float32), keep, parts)
+            res = self._impl[self.backends["gate"]].gate(layer, h_in, kv, mask, self.residual, self.eps)
+            self._point(p + "gate.dot", res.dot, keep, parts)
+            self._point(p + "gate.gate", res.gate, keep, parts)
+            self._point(p + "highway.out", res.highway, keep, parts)
+            current = res.highway
 
     def _check_highway(self, h, T: int) -> None:
         cfg = self.config

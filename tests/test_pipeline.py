@@ -185,3 +185,16 @@ def test_cuda_backend_with_chosen_kernel_versions(model, ref_capture):
         assert report[f"L{lid}.gate.dot"].rel_l2 < 1e-6
     with pytest.raises(ValueError, match="cuda_versions names unknown stage"):
         Pipeline(model, "cuda", cuda_versions={"proj": "gemv_v2"})
+
+
+@pytest.mark.parametrize("backend", ["reference", "cpu"])
+def test_chunked_run_equals_one_call(model, backend):
+    rng = np.random.default_rng(7)
+    tokens = rng.integers(0, 64, 50)
+    mask = rng.random(50) > 0.1
+    pipe = Pipeline(model, backend)
+    whole = pipe.run(tokens, token_mask=mask)
+    chunked = pipe.run(tokens, token_mask=mask, chunk_tokens=7, progress=True)
+    assert diff(whole, chunked).all_equal
+    with pytest.raises(ValueError, match="chunk_tokens must be a positive integer"):
+        pipe.run(tokens, chunk_tokens=0)
