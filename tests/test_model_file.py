@@ -521,6 +521,9 @@ def test_primes_do_not_sum_to_table_rows(tiny, tmp_path):
     with mf.load_gguf(path, validate=False) as m:
         text = mf.describe(m)
     assert "layer 4: primes sum 630, table rows 600  MISMATCH" in text and "layer 1: primes sum 462" in text
+    # `engram-numba info` describes such a file, marks the mismatch, and exits non-zero
+    from engram_numba.cli import main
+    assert main(["info", str(path)]) == 1
 
 
 def _edit(name, **changes):
