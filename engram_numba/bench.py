@@ -487,6 +487,25 @@ def bench_host(log=print, n_calls: int = 500, reader_vocab: int = 100_000) -> di
         cuda.synchronize()
         out["apply_T1_host_us"] = round(host * 1e6, 1)
         log(f"EngramV41.apply at T=1: {out['apply_T1_host_us']} us of Python per call (2 kernel launches)")
+        # the same two launches replayed from a CUDA graph (EngramV41.capture_apply)
+        try:
+            eng_g = EngramV41(model, max_tokens=16, stream=cuda.stream())
+            h_g = cuda.to_device(rng.standard_normal((1, cfg.hc, cfg.dim)).astype(np.float32))
+            eng_g.rows_from_q2k(1, reader.read(rng.integers(0, reader.n_rows, (1, 24))))
+            graph = eng_g.capture_apply(1, h_g)
+            for _ in range(20):
+                graph.replay()
+            eng_g.stream.synchronize()
+            t0 = time.perf_counter()
+            for _ in range(n_calls):
+                graph.replay()
+            out["apply_T1_graph_replay_host_us"] = round((time.perf_counter() - t0) / n_calls * 1e6, 1)
+            eng_g.stream.synchronize()
+            log(f"captured apply (CUDA graph) at T=1: {out['apply_T1_graph_replay_host_us']} us of host time per replay")
+        except Exception as exc:  # recorded, not fatal: the rest of the suite still runs
+            out["apply_T1_graph_replay_host_us"] = f"failed: {type(exc).__name__}: {exc}"[:300]
+            log(f"captured apply failed: {exc}")
+
         # where those microseconds go (printed, for the notes)
         import cProfile
         import io
@@ -562,7 +581,8 @@ def markdown_table(result: dict) -> str:
                       f"`EngramV41.apply` at T=1 costs {host.get('apply_T1_host_us')} us of Python per call "
                       f"(numba's launch of a 3-array kernel: {host.get('numba_launch_host_us')} us; unprepared "
                       f"`project()` {host.get('project_launcher_host_us')} us, `engram_v41_gate()` "
-                      f"{host.get('gate_launcher_host_us')} us)."]
+                      f"{host.get('gate_launcher_host_us')} us); replayed from a CUDA graph "
+                      f"(`EngramV41.capture_apply`): {host.get('apply_T1_graph_replay_host_us')} us."]
     return "\n".join(lines)
 
 

@@ -110,6 +110,7 @@ class EngramV41:
         # Prepared launches (validated arguments, views, kernel and grid), reused by calls with
         # the same layer, token count and arrays: Python work per decode step stays small.
         self._plans: dict = {}
+        self._last_launch: dict = {}   # ("proj" | "gate", layer id) -> the launch last made
 
     # -- checks ---------------------------------------------------------------------------------
     def _layer(self, layer_id) -> tuple[EngramLayerWeights, _LayerWorkspace]:
@@ -231,6 +232,7 @@ class EngramV41:
             ws.rows[: T * self.config.n_hash_cols].reshape(T, self.config.proj_in), lw.wkv, ws.kv[:T],
             stream=self.stream, version=self.versions.get("projection")))
         ws.kv_tokens = T
+        self._last_launch[("proj", lw.layer_id)] = plan
         return plan()
 
     def gate(self, layer_id, highway, token_mask=None, *, residual: str | None = None, eps: float | None = None,
@@ -278,9 +280,11 @@ class EngramV41:
                None if kv is None else (data_address(kv_dev), tuple(kv_dev.strides)),
                None if mask_dev is None else (data_address(mask_dev), tuple(mask_dev.strides), str(mask_dev.dtype)),
                residual, eps)
-        self._plan(key, lambda: prepare_gate(
+        plan = self._plan(key, lambda: prepare_gate(
             h, kv_dev, lw.w_gate, token_mask=mask_dev, residual=residual, eps=eps, dot_out=ws.dot[:T],
-            gate_out=ws.gate[:T], stream=self.stream, version=self.versions.get("gate")))()
+            gate_out=ws.gate[:T], stream=self.stream, version=self.versions.get("gate")))
+        self._last_launch[("gate", lw.layer_id)] = plan
+        plan()
         ws.gate_tokens = T
         return highway
 
@@ -305,6 +309,31 @@ class EngramV41:
                 raise ValueError(f"token_mask must be bool of shape ({T},), got {m.dtype}{list(m.shape)}")
         self.project(layer_id)
         return self.gate(layer_id, h, token_mask, residual=residual)
+
+    def capture_apply(self, layer_id, highway, token_mask=None, *, residual: str | None = None) -> "CapturedApply":
+        """Record this layer's projection + gate on `highway` into a CUDA graph (one-token decode).
+
+        Runs `apply` once (which also warms the kernels), then captures the same two launches on
+        the engine's stream; `replay()` relaunches them for ~one graph launch of host time instead
+        of two numba launches. The graph reads whatever rows are loaded in this layer's
+        workspace when it replays (load the next token's rows with rows_from_* first, same token
+        count) and updates the same `highway` memory. A host token_mask cannot be captured (its
+        upload is a copy): pass None or a device mask whose contents you update.
+        Needs a real GPU and a non-default stream: EngramV41(..., stream=numba.cuda.stream()).
+        """
+        from numba.cuda import config
+        if config.ENABLE_CUDASIM:
+            raise RuntimeError("CUDA graphs need a real GPU (numba's simulator has none)")
+        if not self.stream or not int(getattr(self.stream, "handle", 0) or 0):
+            raise ValueError("capture_apply needs a non-default stream: EngramV41(..., stream=numba.cuda.stream())")
+        if token_mask is not None and not is_device_like(token_mask):
+            raise ValueError("capture_apply takes token_mask=None or a device mask (a host mask's upload "
+                             "cannot be replayed)")
+        lw, _ = self._layer(layer_id)
+        self.apply(layer_id, highway, token_mask, residual=residual)
+        self.stream.synchronize()
+        launches = (self._last_launch[("proj", lw.layer_id)], self._last_launch[("gate", lw.layer_id)])
+        return CapturedApply(self.stream, launches, n_tokens=self._ws[lw.layer_id].rows_tokens)
 
     def step(self, token_ids, highway, hasher: EngramHasher, token_mask=None, *, residual: str | None = None):
         """hash -> rows -> projection -> gate for every engram layer, in model order, in place."""
@@ -343,3 +372,43 @@ class EngramV41:
     def device_bytes(self) -> int:
         ws = sum(sum(int(a.nbytes) for a in (w.q2k, w.ids, w.rows, w.kv, w.dot, w.gate)) for w in self._ws.values())
         return ws + sum(lw.nbytes for lw in self.layers.values()) + int(self._mask.nbytes)
+
+
+class CapturedApply:
+    """A CUDA graph of prepared launches, captured on a numba stream (see `EngramV41.capture_apply`)."""
+
+    def __init__(self, stream, launches, n_tokens: int):
+        from cuda.bindings import driver as drv
+        self._drv = drv
+        self.stream = stream
+        self.n_tokens = n_tokens
+        self._handle = drv.CUstream(int(stream.handle))
+        _cu(drv.cuStreamBeginCapture(self._handle, drv.CUstreamCaptureMode.CU_STREAM_CAPTURE_MODE_THREAD_LOCAL),
+            "cuStreamBeginCapture")
+        try:
+            for launch in launches:
+                launch()
+        finally:
+            graph = _cu(drv.cuStreamEndCapture(self._handle), "cuStreamEndCapture")
+        self._graph = graph
+        self._exec = _cu(drv.cuGraphInstantiate(graph, 0), "cuGraphInstantiate")
+        self._launches = launches  # keeps the arrays the graph points at alive
+
+    def replay(self) -> None:
+        """Launch the captured kernels again, asynchronously on the capture stream."""
+        _cu(self._drv.cuGraphLaunch(self._exec, self._handle), "cuGraphLaunch")
+
+    def __del__(self):
+        try:
+            self._drv.cuGraphExecDestroy(self._exec)
+            self._drv.cuGraphDestroy(self._graph)
+        except Exception:
+            pass
+
+
+def _cu(result, what: str):
+    """Unpack a cuda.bindings (CUresult, value...) tuple, raising on an error."""
+    err, *rest = result if isinstance(result, tuple) else (result,)
+    if int(err) != 0:
+        raise RuntimeError(f"{what} failed: {err}")
+    return rest[0] if len(rest) == 1 else (tuple(rest) if rest else None)

@@ -200,3 +200,43 @@ def test_accepts_torch_and_cupy_tensors(model, rng):
         ran.append(lib)
     if not ran:
         pytest.skip("neither torch nor cupy is installed")
+
+
+@pytest.mark.gpu
+def test_captured_apply_replays_like_apply(model, rng, gpu_record):
+    """One-token decode through a CUDA graph: the replay computes what apply computes, reading
+    the rows loaded for the next token, and costs one graph launch of host time."""
+    import time
+    stream = cuda.stream()
+    engine = EngramV41(model, max_tokens=4, device_tables=True, stream=stream)
+    plain = EngramV41(model, max_tokens=4, device_tables=True)
+    all_ids = _ids(model, TINY_TOKENS[:3], 0)                       # [3, C]
+    h0 = rng.standard_normal((1, model.config.hc, model.config.dim)).astype(np.float32)
+    d_h, d_ref = cuda.to_device(h0), cuda.to_device(h0)
+    engine.rows_from_ids(1, all_ids[:1])
+    graph = engine.capture_apply(1, d_h)                             # applies once, then captures
+    plain.rows_from_ids(1, all_ids[:1])
+    plain.apply(1, d_ref)
+    for t in (1, 2):                                                 # the next tokens, by replay
+        engine.rows_from_ids(1, all_ids[t:t + 1])
+        graph.replay()
+        plain.rows_from_ids(1, all_ids[t:t + 1])
+        plain.apply(1, d_ref)
+        stream.synchronize()
+        cuda.synchronize()
+        np.testing.assert_array_equal(d_h.copy_to_host(), d_ref.copy_to_host())
+    t0 = time.perf_counter()
+    for _ in range(200):
+        graph.replay()
+    host_us = (time.perf_counter() - t0) / 200 * 1e6
+    stream.synchronize()
+    gpu_record(test="captured apply (T=1, tiny model)", replay_host_us=round(host_us, 1), passed=True)
+    with pytest.raises(ValueError, match="non-default stream"):
+        plain.capture_apply(1, d_ref)
+
+
+def test_capture_apply_needs_a_gpu(model, engine, simulator):
+    if not simulator:
+        pytest.skip("a GPU is present (the gpu tier tests the capture)")
+    with pytest.raises(RuntimeError, match="need a real GPU"):
+        engine.capture_apply(1, cuda.to_device(np.zeros((1, 4, 64), np.float32)))
