@@ -62,6 +62,7 @@ def gpu_record(request):
     """Call gpu_record(stage=..., shape=..., max_err=..., unit=..., ok=...) to log a figure."""
     def record(**fields):
         fields.setdefault("test", request.node.nodeid)
+        fields.setdefault("module", request.node.module.__name__)
         _GPU_RECORDS.append({k: (v.item() if hasattr(v, "item") else v) for k, v in fields.items()})
     return record
 
