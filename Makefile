@@ -5,7 +5,7 @@ VENV   ?= .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
 
-.PHONY: demo test test-gpu compile-report bench clean
+.PHONY: demo test test-gpu compile-report bench bench-smoke notebooks clean
 
 $(STAMP): pyproject.toml
 	$(PY) -m venv $(VENV)
@@ -19,12 +19,29 @@ demo: $(STAMP)
 	$(BIN)/engram-numba demo
 
 # Every tier that runs without a GPU: exact CPU tests, kernels under the simulator,
-# compile-only for sm_90, notebooks. The gpu tier is skipped here (see tests/gpu_run.sh).
+# compile-only for sm_90, notebooks. The gpu tier is skipped here (see test-gpu).
 test: $(STAMP)
-	NUMBA_ENABLE_CUDASIM=1 $(BIN)/python -m pytest -q -p no:cacheprovider tests notebooks --nbmake
+	NUMBA_ENABLE_CUDASIM=1 $(BIN)/python -m pytest -q -p no:cacheprovider tests engram_numba notebooks --nbmake
+
+# The gpu tier alone, on a machine with a CUDA GPU (docs/gpu.md; tests/gpu_run.sh does it with
+# carried wheels on a machine without network).
+test-gpu: $(STAMP)
+	NUMBA_ENABLE_CUDASIM=0 $(BIN)/python -m pytest -q -p no:cacheprovider -m gpu tests engram_numba
 
 compile-report: $(STAMP)
-	NUMBA_ENABLE_CUDASIM=0 $(BIN)/python -m engram_numba.kernels.compile_check
+	NUMBA_ENABLE_CUDASIM=0 $(BIN)/python -m engram_numba.device.compile_check
+
+# The benchmark suite (needs a GPU); bench-smoke checks the suite itself in the simulator.
+bench: $(STAMP)
+	$(BIN)/engram-numba bench
+
+bench-smoke: $(STAMP)
+	NUMBA_ENABLE_CUDASIM=1 $(BIN)/engram-numba bench --smoke --out /tmp/engram_bench_smoke.json
+
+# JupyterLab on the notebooks (installs the notebooks extra)
+notebooks: $(STAMP)
+	$(BIN)/python -m pip install -q -e '.[test,notebooks]'
+	$(BIN)/jupyter lab notebooks/
 
 clean:
 	rm -rf $(VENV) .pytest_cache

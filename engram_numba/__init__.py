@@ -1,46 +1,78 @@
-"""engram_numba: the Engram module of DeepSeek-V4.1-Flash as numpy, @njit and @cuda.jit stages."""
+"""engram_numba: the Engram module of DeepSeek-V4.1-Flash as numpy, @njit and @cuda.jit stages.
+
+    import engram_numba as en
+    model = en.load_gguf(en.tiny_model_path())          # or a real DeepSeek-V4.1 GGUF
+    cap = en.Pipeline(model, "reference").run(en.TINY_TOKENS, token_mask=en.TINY_MASK)
+    en.diff(cap, en.Pipeline(model, "cuda").run(en.TINY_TOKENS, token_mask=en.TINY_MASK))
+    en.gate_stats(cap); en.gate_heatmap(cap)
+
+The names below are the public face; each is loaded on first use (so `import engram_numba` stays
+cheap). The stages live in `engram_numba.stages.<hash|rows|proj|gate>`, one folder each with
+their three backends, kernels and tests; docs/ explains the math, the formats and the numerics.
+"""
 from __future__ import annotations
 
+from . import _target
 
-def _select_cuda_target() -> None:
-    """With no NVIDIA device on this machine, run the @cuda.jit kernels in numba's simulator.
-
-    numba reads NUMBA_ENABLE_CUDASIM once, when numba.cuda is first imported, so this must run
-    before that; an explicit setting (either way) is always respected. `SIMULATOR` below says
-    which target is in use, and the pipeline's cuda backend says so when it starts.
-    """
-    import os
-    import pathlib
-    if "NUMBA_ENABLE_CUDASIM" not in os.environ and not any(
-            pathlib.Path(p).exists() for p in ("/dev/nvidia0", "/dev/nvidiactl", "/dev/dxg")):
-        os.environ["NUMBA_ENABLE_CUDASIM"] = "1"
-
-
-def _check_numba_cuda() -> None:
-    # The built-in numba.cuda of older numba releases lacks what the kernels use (and is
-    # deprecated); the kernels are written against NVIDIA's numba-cuda package.
-    try:
-        from numba import cuda
-    except Exception as exc:  # pragma: no cover - depends on the environment
-        raise ImportError(
-            "engram_numba needs NVIDIA's numba-cuda: pip install 'numba-cuda[cu13]==0.30.4' "
-            f"(importing numba.cuda failed: {exc})") from exc
-    impl = getattr(cuda, "implementation", None)
-    if impl != "NVIDIA":  # pragma: no cover - depends on the environment
-        raise ImportError(
-            "numba.cuda resolves to numba's built-in CUDA target, not NVIDIA's numba-cuda "
-            f"(cuda.implementation = {impl!r}). Install it with: pip install 'numba-cuda[cu13]==0.30.4'")
-
-
-_select_cuda_target()
-_check_numba_cuda()
+_target.select()
+_cuda = _target.check_numba_cuda()
 
 from numba.cuda import config as _numba_config  # noqa: E402
 
 SIMULATOR = bool(_numba_config.ENABLE_CUDASIM)  # True: kernels run in numba's CUDA simulator
 
-from .config import EngramConfig  # noqa: E402
-from .hash import EngramHasher, EngramHashTables, hash_tokens  # noqa: E402
+__version__ = "0.2.0"
 
-__version__ = "0.1.0"
-__all__ = ["SIMULATOR", "EngramConfig", "EngramHashTables", "EngramHasher", "hash_tokens", "__version__"]
+# public name -> (module, attribute)
+_PUBLIC = {
+    # configuration and the hash
+    "EngramConfig": ("config", "EngramConfig"),
+    "EngramHashTables": ("stages.hash.tables", "EngramHashTables"),
+    "EngramHasher": ("stages.hash.cpu", "EngramHasher"),
+    "hash_tokens": ("stages.hash.cpu", "hash_tokens"),
+    # files
+    "load_gguf": ("formats.schema_a", "load_gguf"),
+    "write_gguf": ("formats.schema_a", "write_gguf"),
+    "describe": ("formats.schema_a", "describe"),
+    "EngramFileError": ("formats.errors", "EngramFileError"),
+    # running and capturing
+    "Pipeline": ("pipeline", "Pipeline"),
+    "Capture": ("capture", "Capture"),
+    "point_names": ("capture", "point_names"),
+    "EngramV41": ("engine", "EngramV41"),
+    # analysis
+    "diff": ("analysis.diff", "diff"),
+    "DiffReport": ("analysis.diff", "DiffReport"),
+    "gate_stats": ("analysis.stats", "gate_stats"),
+    "GateStats": ("analysis.stats", "GateStats"),
+    "row_id_reuse": ("analysis.stats", "row_id_reuse"),
+    "ngram_windows": ("analysis.stats", "ngram_windows"),
+    "gate_heatmap": ("analysis.plots", "gate_heatmap"),
+    "gate_histogram": ("analysis.plots", "gate_histogram"),
+    "gate_vs_dot": ("analysis.plots", "gate_vs_dot"),
+    "row_id_reuse_plot": ("analysis.plots", "row_id_reuse_plot"),
+    # kernels
+    "kernels": ("stages.catalog", None),
+    # the tiny fixture model
+    "tiny_model_path": ("fixtures", "tiny_model_path"),
+    "TINY_TOKENS": ("fixtures", "TINY_TOKENS"),
+    "TINY_MASK": ("fixtures", "TINY_MASK"),
+}
+
+__all__ = ["SIMULATOR", "__version__", *_PUBLIC]
+
+
+def __getattr__(name: str):
+    try:
+        module, attr = _PUBLIC[name]
+    except KeyError:
+        raise AttributeError(f"module 'engram_numba' has no attribute {name!r}") from None
+    import importlib
+    mod = importlib.import_module(f"{__name__}.{module}")
+    value = mod if attr is None else getattr(mod, attr)
+    globals()[name] = value
+    return value
+
+
+def __dir__():
+    return sorted(set(globals()) | set(_PUBLIC))

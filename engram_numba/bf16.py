@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import ml_dtypes
 import numpy as np
+from numba import njit
 
 BF16 = np.dtype(ml_dtypes.bfloat16)
 
@@ -73,3 +74,20 @@ def f32_ulp_distance(a, b) -> np.ndarray:
         i = np.ascontiguousarray(x, dtype=np.float32).view(np.int32).astype(np.int64)
         return np.where(i < 0, -(i & 0x7FFFFFFF), i)
     return np.abs(ordinal(a) - ordinal(b))
+
+
+# Scalar versions for @njit code (the cpu backends): the same bits as the array functions above.
+
+@njit(cache=True, inline="always")
+def bf16_word_to_f32(word):  # pragma: no cover - jitted
+    """One bf16 word (uint16) -> its fp32 value, exactly."""
+    return np.array([np.uint32(word) << np.uint32(16)], dtype=np.uint32).view(np.float32)[0]
+
+
+@njit(cache=True, inline="always")
+def f32_to_bf16_word(x):  # pragma: no cover - jitted
+    """One fp32 value -> the nearest-even bf16 word (NaN stays a quiet NaN)."""
+    u = np.array([x], dtype=np.float32).view(np.uint32)[0]
+    if x != x:
+        return np.uint16((u >> np.uint32(16)) | np.uint32(0x40))
+    return np.uint16((u + np.uint32(0x7FFF) + ((u >> np.uint32(16)) & np.uint32(1))) >> np.uint32(16))

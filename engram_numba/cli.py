@@ -1,145 +1,300 @@
 """The `engram-numba` command.
 
-    engram-numba demo                       the tiny model through every backend, diffed
-    engram-numba info FILE                  configuration, keys, tensors, primes-vs-rows check
-    engram-numba run FILE --tokens 1,2,3 --backend cuda [--capture out.npz]
-    engram-numba diff FILE --a reference --b cuda [--tokens ...]
+    engram-numba demo                          the tiny model through every backend, diffed
+    engram-numba info FILE [--json]            configuration, keys, tensors, the checks
+    engram-numba run [FILE] --tokens 1,2,3 [--backend cuda] [--capture out.npz]
+    engram-numba diff [FILE] --a reference --b cuda [--tokens ...] [--max-ulp N] [--rtol X]
+    engram-numba diff A.npz B.npz [--max-ulp N] [--rtol X]          two saved captures
+    engram-numba kernels [--stage proj]        the kernel registry: versions, defaults, changelogs
     engram-numba make-fixture [--out data/tiny_v41.gguf]
-    engram-numba bench [--out bench/results/h200.json]     (needs a GPU)
+    engram-numba bench [--out bench/results/h200.json]     (needs a GPU; --smoke runs anywhere)
+
+A user mistake (a missing file, a bad token list, an unknown backend, an unwritable output path)
+prints one line starting with "error:" and exits with status 2; nothing runs before the
+arguments are checked. ENGRAM_DEBUG=1 shows the traceback as well.
 """
 from __future__ import annotations
 
 import argparse
+import json
+import os
+import re
 import sys
 import time
 from pathlib import Path
 
 import numpy as np
 
+STAGES = ("hash", "rows", "proj", "gate")
+BACKENDS = ("reference", "cpu", "cuda")
+EXIT_USAGE = 2        # bad arguments or inputs
+EXIT_TOLERANCE = 1    # diff: a tolerance was exceeded; info: the file's checks failed
 
-def _parse_tokens(text: str | None, fallback: np.ndarray) -> np.ndarray:
-    if not text:
-        return fallback
+
+class UserError(Exception):
+    """A mistake in the command's arguments or inputs: reported in one line, exit status 2."""
+
+
+# argument types --------------------------------------------------------------------------------
+
+_TOKEN_LIST = re.compile(r"^\s*[+-]?\d+(\s*[,\s]\s*[+-]?\d+)*\s*,?\s*$")
+
+
+def parse_token_list(text: str) -> np.ndarray:
+    """'1,2,3' or '1 2 3' (commas and/or whitespace between plain integers) -> int64 [T].
+    Anything else ('1_0', '1.5', 'x', an empty list) is refused."""
+    if text is None or not text.strip():
+        raise UserError("--tokens is empty: give comma- or space-separated integers, e.g. --tokens 1,2,3")
+    if not _TOKEN_LIST.match(text):
+        raise UserError(f"--tokens must be comma- or space-separated integers, got {text!r}")
+    values = [int(t) for t in re.split(r"[,\s]+", text.strip()) if t]
     try:
-        return np.array([int(t) for t in text.replace(" ", "").split(",") if t], dtype=np.int64)
-    except ValueError:
-        raise SystemExit(f"--tokens must be comma-separated integers, got {text!r}") from None
+        return np.array(values, dtype=np.int64)
+    except OverflowError:
+        raise UserError(f"--tokens holds a value outside int64: {text!r}") from None
 
 
-def _parse_backends(text: str):
-    """'cuda' or 'rows=cpu,proj=cuda' -> what Pipeline takes."""
+def backend_spec(text: str):
+    """'cuda', or per stage 'rows=cpu,proj=cuda' (stages not named take 'reference')."""
     if "=" not in text:
+        if text not in BACKENDS:
+            raise argparse.ArgumentTypeError(f"unknown backend {text!r}; backends are {', '.join(BACKENDS)}, "
+                                             f"or per stage like rows=cpu,proj=cuda")
         return text
     out = {}
     for part in text.split(","):
-        stage, _, backend = part.partition("=")
-        out[stage.strip()] = backend.strip()
+        stage, sep, backend = (s.strip() for s in part.partition("="))
+        if not sep or stage not in STAGES:
+            raise argparse.ArgumentTypeError(f"{part!r}: expected STAGE=BACKEND with a stage in {', '.join(STAGES)}")
+        if backend not in BACKENDS:
+            raise argparse.ArgumentTypeError(f"{part!r}: unknown backend {backend!r}; backends are "
+                                             f"{', '.join(BACKENDS)}")
+        out[stage] = backend
     return out
 
 
+def _existing_file(path: str | None, what: str = "model file") -> Path | None:
+    if path is None:
+        return None
+    p = Path(path)
+    if not p.exists():
+        raise UserError(f"{what} {path} does not exist")
+    if p.is_dir():
+        raise UserError(f"{what} {path} is a directory, not a file")
+    if not p.is_file():
+        raise UserError(f"{what} {path} is not a regular file")
+    return p
+
+
+def _writable(path: str | None, what: str) -> Path | None:
+    """Check before any work that `path` can be written (its folder exists and is writable)."""
+    if path is None:
+        return None
+    p = Path(path)
+    parent = p.parent if str(p.parent) else Path(".")
+    if p.is_dir():
+        raise UserError(f"{what} {path} is a directory; give a file name")
+    if not parent.is_dir():
+        raise UserError(f"cannot write {what} {path}: folder {parent} does not exist")
+    if not os.access(parent, os.W_OK) or (p.exists() and not os.access(p, os.W_OK)):
+        raise UserError(f"cannot write {what} {path}: permission denied")
+    return p
+
+
+def _load(path: Path | None):
+    from .fixtures import tiny_model_path
+    from .formats.schema_a import load_gguf
+    return load_gguf(path if path is not None else tiny_model_path())
+
+
+def _tokens(args, model, fallback):
+    tokens = fallback if args.tokens is None else parse_token_list(args.tokens)
+    vocab = model.hash_tables.token_map.size
+    bad = (tokens < 0) | (tokens >= vocab)
+    if bad.any():
+        i = int(np.argmax(bad))
+        raise UserError(f"token id {int(tokens[i])} at position {i} is outside the model's token map [0, {vocab})")
+    return tokens
+
+
+# commands ----------------------------------------------------------------------------------------
+
 def cmd_info(args) -> int:
-    from .model_file import EngramFileError, describe, load_gguf
+    from .formats.schema_a import describe, describe_dict, load_gguf
+    path = _existing_file(args.file)
     # validate=False so that a file whose primes and tables disagree is still described, with the
-    # mismatch marked; a file that cannot be read at all is an error naming the problem.
-    try:
-        with load_gguf(args.file, validate=False) as model:
+    # mismatch marked (exit status 1); a file that cannot be read at all is an error naming the problem.
+    with load_gguf(path, validate=False) as model:
+        if args.json:
+            print(json.dumps(describe_dict(model), indent=1))
+        else:
             print(describe(model))
-            return 1 if model.problems else 0
-    except EngramFileError as exc:
-        print(f"error: {args.file}: {exc}", file=sys.stderr)
-        return 2
+        return EXIT_TOLERANCE if model.problems else 0
 
 
 def cmd_make_fixture(args) -> int:
     from .fixtures import TINY_GOLDEN_PATH, TINY_PATH, make_fixture
-    out = Path(args.out) if args.out else TINY_PATH
-    golden = None if args.no_golden else (Path(args.golden) if args.golden else
+    out = _writable(args.out, "fixture") if args.out else TINY_PATH
+    golden = None if args.no_golden else (_writable(args.golden, "golden captures") if args.golden else
                                           (TINY_GOLDEN_PATH if out == TINY_PATH else out.with_name(out.stem + "_golden.npz")))
     make_fixture(out, golden)
     print(f"wrote {out} ({out.stat().st_size:,} bytes)" + (f" and {golden}" if golden else ""))
     return 0
 
 
-def _load(path):
-    from .fixtures import tiny_model_path
-    from .model_file import load_gguf
-    return load_gguf(path if path else tiny_model_path())
-
-
 def cmd_run(args) -> int:
+    from .analysis.stats import gate_stats
     from .fixtures import TINY_TOKENS
     from .pipeline import Pipeline
-    from .stats import gate_stats
-    model = _load(args.file)
-    tokens = _parse_tokens(args.tokens, TINY_TOKENS)
-    pipe = Pipeline(model, backends=_parse_backends(args.backend), residual=args.residual)
+    path = _existing_file(args.file)
+    capture = _writable(args.capture, "capture file")
+    model = _load(path)
+    tokens = _tokens(args, model, TINY_TOKENS)
+    pipe = Pipeline(model, backends=args.backend, residual=args.residual)
     t0 = time.perf_counter()
     cap = pipe.run(tokens, progress=True)
-    print(f"ran {tokens.size} tokens through {pipe.backends} in {time.perf_counter() - t0:.2f} s")
+    print(f"ran {tokens.size} tokens through {pipe.backends} in {time.perf_counter() - t0:.2f} s "
+          f"(highway: {cap.meta['highway']})")
     print(gate_stats(cap))
-    if args.capture:
-        cap.save(args.capture)
-        print(f"captures ({len(cap)} points) saved to {args.capture}")
+    if capture:
+        cap.save(capture)
+        print(f"captures ({len(cap)} points) saved to {capture}")
     return 0
+
+
+def _check_tolerances(report, max_ulp, rtol) -> list[str]:
+    """The points whose float distance exceeds a tolerance (integer points must be equal)."""
+    bad = []
+    for r in report.rows:
+        if r.n == 0:
+            bad.append(f"{r.name}: shapes or dtypes differ")
+        elif r.kind == "int":
+            if not r.equal:
+                bad.append(f"{r.name}: {r.n - r.n_equal} integer elements differ")
+        else:
+            if max_ulp is not None and r.max_ulp > max_ulp:
+                bad.append(f"{r.name}: max {r.max_ulp:.0f} ulps > {max_ulp}")
+            if rtol is not None and r.rel_l2 > rtol:
+                bad.append(f"{r.name}: rel L2 {r.rel_l2:.3g} > {rtol}")
+    return bad
 
 
 def cmd_diff(args) -> int:
-    from .compare import diff
+    from .analysis.diff import diff
+    from .capture import Capture
     from .fixtures import TINY_TOKENS
     from .pipeline import Pipeline
-    model = _load(args.file)
-    tokens = _parse_tokens(args.tokens, TINY_TOKENS)
-    caps = [Pipeline(model, backends=_parse_backends(b), residual=args.residual).run(tokens) for b in (args.a, args.b)]
-    report = diff(*caps, label_a=args.a, label_b=args.b)
+    files = [a for a in (args.file, args.file_b) if a is not None]
+    if len(files) == 2:                                  # two saved captures
+        paths = [_existing_file(f, "capture file") for f in files]
+        caps = []
+        for p in paths:
+            try:
+                caps.append(Capture.load(p))
+            except Exception as exc:
+                raise UserError(f"{p} is not a capture saved by engram-numba ({type(exc).__name__}: {exc})") from None
+        report = diff(*caps, label_a=str(paths[0]), label_b=str(paths[1]))
+    else:
+        path = _existing_file(args.file)
+        model = _load(path)
+        tokens = _tokens(args, model, TINY_TOKENS)
+        caps = [Pipeline(model, backends=b, residual=args.residual).run(tokens) for b in (args.a, args.b)]
+        report = diff(*caps, label_a=_label(args.a), label_b=_label(args.b))
     print(report)
+    if args.max_ulp is None and args.rtol is None:
+        return 0
+    bad = _check_tolerances(report, args.max_ulp, args.rtol)
+    for line in bad:
+        print(f"tolerance exceeded: {line}")
+    print("diff: within tolerances" if not bad else f"diff: {len(bad)} point(s) exceed the tolerances")
+    return EXIT_TOLERANCE if bad else 0
+
+
+def _label(spec) -> str:
+    return spec if isinstance(spec, str) else ",".join(f"{k}={v}" for k, v in spec.items())
+
+
+def cmd_kernels(args) -> int:
+    from .stages import catalog
+    print(catalog.table(args.stage))
     return 0
 
 
+def _pair_line(a_label: str, b_label: str, report) -> str:
+    """One line for a backend pair: all points bit-identical, or the worst point."""
+    n = len(report.rows)
+    same = sum(1 for r in report.rows if r.equal)
+    if same == n:
+        return f"  {a_label} vs {b_label}: {n}/{n} points bit-identical"
+    worst = max((r for r in report.rows if not r.equal and r.kind != "int" and r.n),
+                key=lambda r: r.rel_l2, default=None)
+    ints = [r.name for r in report.rows if not r.equal and r.kind == "int"]
+    desc = (f"worst {worst.name}: rel L2 {worst.rel_l2:.2e}, max {worst.max_ulp:.0f} {worst.kind} ulps, "
+            f"{100.0 * worst.n_equal / worst.n:.1f}% elements equal" if worst is not None else "")
+    if ints:
+        desc += (", " if desc else "") + f"integer points differ: {ints}"
+    return f"  {a_label} vs {b_label}: {same}/{n} points bit-identical; {desc}"
+
+
 def cmd_demo(args) -> int:
+    import warnings
+
     import matplotlib
     matplotlib.use("Agg")
 
     from . import SIMULATOR
-    from .compare import diff
-    from .fixtures import TINY_MASK, TINY_TOKENS, tiny_model_path
-    from .model_file import load_gguf
+    from .analysis.diff import diff
+    from .analysis.plots import gate_heatmap
+    from .analysis.stats import gate_stats
+    from .fixtures import TINY_MASK, TINY_TOKENS
     from .pipeline import Pipeline
-    from .plots import gate_heatmap
-    from .stats import gate_stats
 
-    path = Path(args.file) if args.file else tiny_model_path()
-    model = load_gguf(path)
+    path = _existing_file(args.file)
+    out_dir = Path(args.out_dir)
+    if out_dir.exists() and not out_dir.is_dir():
+        raise UserError(f"--out-dir {out_dir} exists and is not a folder")
+    model = _load(path)
     cfg = model.config
-    print(f"model: {path}  dim={cfg.dim} hc={cfg.hc} engram layers={list(cfg.layer_ids)} "
-          f"n_hash_cols={cfg.n_hash_cols} K={cfg.proj_in} N={cfg.proj_out}")
+    print(f"model: {model.path}  dim={cfg.dim} hc={cfg.hc} engram layers={list(cfg.layer_ids)} "
+          f"n_hash_cols={cfg.n_hash_cols} K={cfg.proj_in} N={cfg.proj_out}  ({model.format})")
     print(f"tokens ({TINY_TOKENS.size}): {TINY_TOKENS.tolist()}  (token {int(np.argmin(TINY_MASK))} masked)")
-    print(f"cuda backend: {'numba CUDA simulator (no GPU here)' if SIMULATOR else 'GPU'}\n")
+    print(f"cuda backend: {'numba CUDA simulator (no GPU here)' if SIMULATOR else 'GPU'}; highway: synthetic\n")
 
     caps = {}
     for backend in ("reference", "cpu", "cuda"):
         t0 = time.perf_counter()
-        import warnings
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
             caps[backend] = Pipeline(model, backends=backend, residual=args.residual).run(
-                TINY_TOKENS, token_mask=TINY_MASK)
-        print(f"  {backend:9s} pipeline: {time.perf_counter() - t0:6.2f} s")
+                TINY_TOKENS, token_mask=TINY_MASK, progress=SIMULATOR and backend == "cuda")
+        kern = caps[backend].meta.get("cuda_kernels") or {}
+        print(f"  {backend:9s} pipeline: {time.perf_counter() - t0:6.2f} s" +
+              (f"  kernels {kern}" if kern else ""))
     print()
     for other in ("cpu", "cuda"):
-        print(diff(caps["reference"], caps[other], label_a="reference", label_b=other))
-        print()
+        print(_pair_line("reference", other, diff(caps["reference"], caps[other])))
     if SIMULATOR:
-        print("(in the simulator the cuda launchers default to the naive kernels, which add in the "
-              "reference's order: hence all equal; on a GPU the fast kernels show their ulps)\n")
+        # The defaults in the simulator are the naive kernels, which add in the reference's order;
+        # one fast version on a few tokens shows the ulps a GPU run has.
+        fast = {"proj": "gemv_v3", "gate": "gate_v2"}
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            few = slice(0, 3)
+            ref_few = Pipeline(model, "reference", residual=args.residual).run(TINY_TOKENS[few], token_mask=TINY_MASK[few])
+            fast_cap = Pipeline(model, "cuda", residual=args.residual, cuda_versions=fast).run(
+                TINY_TOKENS[few], token_mask=TINY_MASK[few])
+        print(_pair_line("reference", f"cuda {fast} (3 tokens)", diff(ref_few, fast_cap)))
+        print("  (in the simulator the cuda defaults are the naive kernels, which add in the reference's order;"
+              " the fast ones sum in other orders, as on a GPU)")
     # The same inputs with DeepSeek's bf16 residual instead of the engine's fp32 highway.
     other_res = "bf16" if args.residual == "fp32" else "fp32"
     cap_res = Pipeline(model, backends="cpu", residual=other_res).run(TINY_TOKENS, token_mask=TINY_MASK)
     names = [n for n in caps["reference"] if n.split(".", 1)[-1] in ("gate.dot", "gate.gate", "highway.out")]
+    print()
     print(diff(caps["reference"], cap_res, names=names, label_a=f"residual {args.residual}",
                label_b=f"residual {other_res}"))
     print()
     print(gate_stats(caps["reference"]))
-    out_dir = Path(args.out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
     png = out_dir / "gate_heatmap.png"
     fig = gate_heatmap(caps["reference"], token_labels=[str(t) for t in TINY_TOKENS])
@@ -152,8 +307,24 @@ def cmd_demo(args) -> int:
 
 
 def cmd_bench(args) -> int:
-    from .bench import main as bench_main
+    from .bench.suite import main as bench_main
+    if args.out:
+        _writable(args.out, "--out")
     return bench_main(args)
+
+
+# the parser ----------------------------------------------------------------------------------------
+
+def _float_at_least(lo: float):
+    def parse(text: str) -> float:
+        try:
+            v = float(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"expected a number, got {text!r}") from None
+        if not (v >= lo):
+            raise argparse.ArgumentTypeError(f"must be >= {lo}, got {text}")
+        return v
+    return parse
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -167,26 +338,36 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--residual", choices=["fp32", "bf16"], default="fp32")
     s.set_defaults(func=cmd_demo)
 
-    s = sub.add_parser("info", help="describe a V4.1 engram GGUF")
+    s = sub.add_parser("info", help="describe an Engram GGUF: configuration, keys, tensors, checks")
     s.add_argument("file")
+    s.add_argument("--json", action="store_true", help="machine-readable output")
     s.set_defaults(func=cmd_info)
 
     s = sub.add_parser("run", help="run a token sequence through the pipeline")
     s.add_argument("file", nargs="?", help="GGUF (default: the tiny model)")
-    s.add_argument("--tokens", help="comma-separated raw token ids (default: the tiny test sequence)")
-    s.add_argument("--backend", default="reference",
+    s.add_argument("--tokens", help="raw token ids, comma- or space-separated (default: the tiny test sequence)")
+    s.add_argument("--backend", type=backend_spec, default="reference",
                    help="reference | cpu | cuda, or per stage: rows=cpu,proj=cuda,gate=reference")
     s.add_argument("--residual", choices=["fp32", "bf16"], default="fp32")
     s.add_argument("--capture", help="save every stage's arrays to this .npz")
     s.set_defaults(func=cmd_run)
 
-    s = sub.add_parser("diff", help="run two backends and diff them stage by stage")
-    s.add_argument("file", nargs="?", help="GGUF (default: the tiny model)")
-    s.add_argument("--a", default="reference")
-    s.add_argument("--b", default="cuda")
+    s = sub.add_parser("diff", help="diff two backends stage by stage, or two saved captures")
+    s.add_argument("file", nargs="?", help="GGUF (default: the tiny model), or the first of two capture .npz files")
+    s.add_argument("file_b", nargs="?", help="the second capture .npz (diff two saved captures)")
+    s.add_argument("--a", type=backend_spec, default="reference")
+    s.add_argument("--b", type=backend_spec, default="cuda")
     s.add_argument("--tokens")
     s.add_argument("--residual", choices=["fp32", "bf16"], default="fp32")
+    s.add_argument("--max-ulp", type=_float_at_least(0), default=None,
+                   help="exit 1 when a float point differs by more ulps (of its own precision)")
+    s.add_argument("--rtol", type=_float_at_least(0), default=None,
+                   help="exit 1 when a float point's relative L2 distance is larger")
     s.set_defaults(func=cmd_diff)
+
+    s = sub.add_parser("kernels", help="list the kernel registry: versions, default rules, changelogs")
+    s.add_argument("--stage", choices=["rows", "proj", "gate"])
+    s.set_defaults(func=cmd_kernels)
 
     s = sub.add_parser("make-fixture", help="rebuild data/tiny_v41.gguf and its golden captures")
     s.add_argument("--out")
@@ -195,10 +376,12 @@ def build_parser() -> argparse.ArgumentParser:
     s.set_defaults(func=cmd_make_fixture)
 
     s = sub.add_parser("bench", help="benchmark every stage on the GPU (H200)")
-    s.add_argument("--out", default="bench/results/h200.json")
+    s.add_argument("--out", default=None, help="result JSON (default bench/results/h200.json)")
     s.add_argument("--png", default=None)
-    s.add_argument("--quick", action="store_true", help="fewer repeats (smoke test)")
-    s.add_argument("--table-gb", type=float, default=2.0, help="size of the random Q2_K table on the device")
+    s.add_argument("--quick", action="store_true", help="fewer repeats")
+    s.add_argument("--smoke", action="store_true", help="tiny shapes, runs in the simulator: checks the suite itself")
+    s.add_argument("--table-gb", type=_float_at_least(0.001), default=2.0,
+                   help="size of the random table on the device")
     s.add_argument("--variants-only", action="store_true", help="only time every kernel version")
     s.add_argument("--no-variants", action="store_true", help="skip the per-version sweep")
     s.add_argument("--hash-only", action="store_true",
@@ -209,7 +392,21 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv=None) -> int:
     args = build_parser().parse_args(argv)
-    return args.func(args)
+    from .formats.errors import EngramFileError
+    try:
+        return args.func(args)
+    except (UserError, EngramFileError) as exc:
+        if os.environ.get("ENGRAM_DEBUG"):
+            raise
+        print(f"error: {exc}", file=sys.stderr)
+        return EXIT_USAGE
+    except (ValueError, KeyError, TypeError, OSError) as exc:
+        # Checks inside the library name the problem (token, tensor, range); say it in one line.
+        if os.environ.get("ENGRAM_DEBUG"):
+            raise
+        msg = exc.args[0] if isinstance(exc, KeyError) and exc.args else exc
+        print(f"error: {msg} ({type(exc).__name__}; ENGRAM_DEBUG=1 shows the traceback)", file=sys.stderr)
+        return EXIT_USAGE
 
 
 if __name__ == "__main__":

@@ -8,7 +8,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-# Constants of the released DeepSeek-V4.1-Flash checkpoint (SPEC section 1).
+import numpy as np
+
+# Constants of the released DeepSeek-V4.1-Flash checkpoint (docs/math.md, "Shapes").
 RELEASED_DIM = 5120
 RELEASED_HC = 4
 RELEASED_LAYER_IDS = (1, 14)
@@ -49,7 +51,7 @@ class EngramConfig:
     table_type: str = field(default="Q2_K")
 
     def __post_init__(self) -> None:
-        object.__setattr__(self, "layer_ids", tuple(int(x) for x in self.layer_ids))
+        object.__setattr__(self, "layer_ids", check_layer_ids(self.layer_ids, "EngramConfig.layer_ids"))
         _positive_int("dim", self.dim)
         _positive_int("hc", self.hc)
         if not 1 <= self.hc <= MAX_HC:
@@ -100,8 +102,9 @@ class EngramConfig:
 
     def layer_index(self, layer_id: int) -> int:
         """Position of `layer_id` in `layer_ids`; a clear error for an unknown id."""
+        lid = check_layer_id(layer_id)
         try:
-            return self.layer_ids.index(int(layer_id))
+            return self.layer_ids.index(lid)
         except ValueError:
             raise ValueError(
                 f"layer id {layer_id} is not an engram layer of this model (engram layers: {list(self.layer_ids)})"
@@ -111,6 +114,27 @@ class EngramConfig:
     def released(cls) -> "EngramConfig":
         """The DeepSeek-V4.1-Flash shapes."""
         return cls(dim=RELEASED_DIM, hc=RELEASED_HC, layer_ids=RELEASED_LAYER_IDS)
+
+
+def check_layer_id(layer_id, what: str = "layer id") -> int:
+    """An int from an integer layer id; 1.5, True or "1" are refused, not coerced."""
+    if isinstance(layer_id, (bool, np.bool_)) or not isinstance(layer_id, (int, np.integer)):
+        raise ValueError(f"{what} must be an integer, got {layer_id!r} ({type(layer_id).__name__})")
+    return int(layer_id)
+
+
+def check_layer_ids(layer_ids, what: str = "layer_ids") -> tuple[int, ...]:
+    """A tuple of ints from integer layer ids; 1.5, True or "1" are refused, not coerced."""
+    try:
+        items = list(layer_ids)
+    except TypeError:
+        raise ValueError(f"{what} must be a sequence of integers, got {type(layer_ids).__name__}") from None
+    out = []
+    for x in items:
+        if isinstance(x, (bool, np.bool_)) or not isinstance(x, (int, np.integer)):
+            raise ValueError(f"{what} must hold integers, got {x!r} ({type(x).__name__}) in {items}")
+        out.append(int(x))
+    return tuple(out)
 
 
 def _positive_int(name: str, value) -> None:

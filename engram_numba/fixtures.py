@@ -1,8 +1,8 @@
 """The tiny model in `data/`: a deterministic, schema-A GGUF small enough to commit.
 
-It uses the tiny configuration of SPEC section 2 (the reference's own test model: layer ids 1 and
+It uses the tiny configuration of docs/math.md (the reference's own test model: layer ids 1 and
 4, n-grams up to 4, 2 heads, vocab 64, identity token map, pad 2), so its hash reproduces that
-section's test vector, with head_dim 256 (one Q2_K block a row), dim 64 and hc 4. Tables and
+test vector (section 3.5), with head_dim 256 (one Q2_K block a row), dim 64 and hc 4. Tables and
 `wkv` are Q2_K, as in the published Q2_K file; their values are drawn to look like trained
 weights (heavy-tailed, per-row scales, a few outlier rows), not zeros or constants.
 
@@ -16,15 +16,15 @@ from pathlib import Path
 import numpy as np
 
 from .config import EngramConfig
-from .hash import EngramHashTables
-from .q2k import ENGRAM_ROW_BYTES, quantize
+from .stages.hash.tables import EngramHashTables
+from .stages.rows.q2k import ENGRAM_ROW_BYTES, quantize
 
 REPO_DATA = Path(__file__).resolve().parent.parent / "data"
 TINY_PATH = REPO_DATA / "tiny_v41.gguf"
 TINY_GOLDEN_PATH = REPO_DATA / "tiny_v41_golden.npz"
 TINY_SEED = 20261129
 
-# SPEC section 2's tiny test sequence; position 13 hashes to layer-4 ids [14, 186, 216, 375, 492, 542].
+# The tiny test sequence of docs/math.md; position 13 hashes to layer-4 ids [14, 186, 216, 375, 492, 542].
 TINY_TOKENS = np.array([2, 17, 47, 13, 32, 59, 39, 29, 42, 31, 36, 6, 27, 8], dtype=np.int64)
 # The golden run masks one token (as an image position would be), to pin the dead-token path.
 TINY_MASK = np.ones(TINY_TOKENS.size, dtype=bool)
@@ -85,7 +85,7 @@ def build_tiny_layers(cfg: EngramConfig, tables: EngramHashTables, seed: int = T
 
 def make_fixture(path=TINY_PATH, golden_path=TINY_GOLDEN_PATH, seed: int = TINY_SEED) -> Path:
     """Write the tiny GGUF (and, when golden_path is given, its golden reference captures)."""
-    from .model_file import write_gguf
+    from .formats.schema_a import write_gguf
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     cfg, tables = tiny_config(), tiny_hash_tables()
@@ -97,7 +97,7 @@ def make_fixture(path=TINY_PATH, golden_path=TINY_GOLDEN_PATH, seed: int = TINY_
 
 def golden_captures(path=TINY_PATH):
     """Every reference stage of the tiny model on `TINY_TOKENS` (with `TINY_MASK`), fp32 residual."""
-    from .model_file import load_gguf
+    from .formats.schema_a import load_gguf
     from .pipeline import Pipeline
     model = load_gguf(path)
     return Pipeline(model, backends="reference").run(TINY_TOKENS, token_mask=TINY_MASK)

@@ -4,11 +4,11 @@
     cap = pipe.run(token_ids)                 # a Capture: name -> numpy array
     with pipe.hooks({"L1.rows.bf16": fn}):    # observe, or return a replacement
         cap2 = pipe.run(token_ids)
-    diff(cap, cap2)                           # engram_numba.compare
+    en.diff(cap, cap2)
 
-Stages, in order, for each engram layer in model order:
+Stages, in order, for each engram layer in model order (one spelling everywhere):
     hash  token ids -> row ids              (CPU by design: the "cuda" choice runs the @njit hasher)
-    rows  row ids -> Q2_K blocks -> bf16 rows
+    rows  row ids -> raw rows (the table's encoding) -> bf16 rows
     proj  bf16 rows -> kv = bf16(x @ wkv^T)
     gate  highway, kv -> gate, highway + gate * value
 
@@ -17,8 +17,9 @@ Capture points, in the order they fire. First the inputs of the whole step:
     tokens.mask   [T] bool         True = live token (all True when no mask was given)
 then, per engram layer (prefix `L{layer_id}.`):
     hash.ids      [T, C] int64     row ids of this layer's table
-    rows.q2k      [T*C, 84] uint8  the raw Q2_K blocks gathered for those ids
-    rows.bf16     [T*C, 256] uint16 (bf16 words) dequantised rows = projection input, row t*C + c
+    rows.raw      [T*C, row_bytes] uint8  the raw rows gathered for those ids, in the table's
+                                   encoding (capture meta "encodings" names it: q2k = 84 bytes)
+    rows.bf16     [T*C, 256] uint16 (bf16 words) decoded rows = projection input, row t*C + c
     proj.kv       [T, (hc+1)*dim] uint16  projection output
     gate.key      [T, hc, dim] uint16  the keys (a view of proj.kv)
     gate.value    [T, dim] uint16      the shared value (a view of proj.kv)
@@ -26,95 +27,65 @@ then, per engram layer (prefix `L{layer_id}.`):
     gate.dot      [T, hc] fp32         normalised dot before the signed square root
     gate.gate     [T, hc] fp32         sigmoid gate (0 for masked tokens)
     highway.out   [T, hc, dim] fp32    streams after the update
-A hook on a point may return a replacement array of the same shape and dtype; what comes
-after uses it (e.g. `hash.ids` to drop one hash head, `rows.bf16` to feed exact rows, `gate.key`
-to perturb the key). `gate.dot`, `gate.gate` and `highway.out` are outputs: their hooks observe.
+A hook on a point may return a replacement array of the same shape and dtype; what comes after
+uses it (`hash.ids` to redirect a hash head, `rows.raw` to perturb the stored bytes, `rows.bf16`
+to feed exact rows, `gate.key` to perturb the key). `tokens.*`, `gate.dot`, `gate.gate` and
+`highway.out` are outputs: their hooks observe. Hook names and `names_filter` take names, glob
+patterns ("L1.gate.*"), lists of them, or (names_filter) a predicate.
 
 Blocks between engram layers are not modelled: by default the second layer's `highway.in` is
 the first layer's `highway.out` (pass a dict {layer_id: highway} to feed each layer its own).
+Without a highway the run draws a synthetic one (`synthetic_highway`), and its meta says so.
 """
 from __future__ import annotations
 
 import contextlib
-import json
+import sys
 import warnings
-from typing import Callable, Iterable, Mapping
+from typing import Callable, Mapping
 
 import numpy as np
 
-from . import cpu as _cpu
-from . import reference as _ref
-from .hash import EngramHasher
+from .capture import INPUT_POINTS, OBSERVE_ONLY, POINTS, Capture, match_names, point_names, short_name
+from .stages.gate import cpu as _gate_cpu
+from .stages.gate import reference as _gate_ref
+from .stages.hash.cpu import EngramHasher, check_token_ids
+from .stages.hash.reference import hash_reference
+from .stages.proj import cpu as _proj_cpu
+from .stages.proj import reference as _proj_ref
+from .stages.registry import BACKENDS, STAGES
+from .stages.rows import cpu as _rows_cpu
+from .stages.rows import reference as _rows_ref
 
-STAGES = ("hash", "rows", "proj", "gate")
-BACKENDS = ("reference", "cpu", "cuda")
-INPUT_POINTS = ("tokens.ids", "tokens.mask")
-POINTS = ("hash.ids", "rows.q2k", "rows.bf16", "proj.kv", "gate.key", "gate.value",
-          "highway.in", "gate.dot", "gate.gate", "highway.out")
-OBSERVE_ONLY = ("tokens.ids", "tokens.mask", "gate.dot", "gate.gate", "highway.out")
+__all__ = ["Pipeline", "Capture", "POINTS", "INPUT_POINTS", "point_names", "synthetic_highway", "STAGES",
+           "BACKENDS"]
 
-
-def point_names(layer_ids: Iterable[int]) -> list[str]:
-    """Every capture point of a model, in firing order."""
-    return list(INPUT_POINTS) + [f"L{lid}.{p}" for lid in layer_ids for p in POINTS]
-
-
-def _name_predicate(names_filter) -> Callable[[str], bool]:
-    """names_filter: None (everything), a name, a list of names, or a predicate."""
-    if names_filter is None:
-        return lambda name: True
-    if callable(names_filter):
-        return names_filter
-    if isinstance(names_filter, str):
-        names = {names_filter}
-    else:
-        names = set(names_filter)
-    return lambda name: name in names
+SYNTHETIC_BLOCK = 256   # tokens per independently seeded block of the synthetic highway
 
 
-# Captures -----------------------------------------------------------------------------------
+def synthetic_highway(t0: int, t1: int, hc: int, dim: int, seed: int = 0) -> np.ndarray:
+    """Tokens t0..t1-1 of the synthetic N(0, 1) highway [t1-t0, hc, dim] fp32.
 
-class Capture(Mapping):
-    """Arrays captured at named points of one run, plus what the run was (`meta`)."""
+    Drawn in float32, in blocks of SYNTHETIC_BLOCK tokens each seeded by (seed, block), so any
+    chunk of a sequence is drawn on its own (bounded memory) and equals the same slice of the
+    whole sequence's highway."""
+    out = np.empty((t1 - t0, hc, dim), dtype=np.float32)
+    for b in range(t0 // SYNTHETIC_BLOCK, -(-t1 // SYNTHETIC_BLOCK)):
+        b0 = b * SYNTHETIC_BLOCK
+        block = np.random.default_rng([seed, b]).standard_normal((SYNTHETIC_BLOCK, hc, dim), dtype=np.float32)
+        lo, hi = max(t0, b0), min(t1, b0 + SYNTHETIC_BLOCK)
+        out[lo - t0:hi - t0] = block[lo - b0:hi - b0]
+    return out
 
-    def __init__(self, arrays: dict | None = None, meta: dict | None = None):
-        self._arrays: dict[str, np.ndarray] = dict(arrays or {})
-        self.meta: dict = dict(meta or {})
 
-    def __getitem__(self, name: str) -> np.ndarray:
-        try:
-            return self._arrays[name]
-        except KeyError:
-            near = [n for n in self._arrays if n.split(".", 1)[-1] == name.split(".", 1)[-1]]
-            hint = f"; did you mean one of {near}" if near else ""
-            raise KeyError(f"no capture named {name!r}{hint} (captured: {len(self._arrays)} points)") from None
-
-    def __iter__(self):
-        return iter(self._arrays)
-
-    def __len__(self) -> int:
-        return len(self._arrays)
-
-    def __repr__(self) -> str:
-        head = ", ".join(f"{k} {v.dtype}{list(v.shape)}" for k, v in list(self._arrays.items())[:4])
-        more = f", ... ({len(self) - 4} more)" if len(self) > 4 else ""
-        return f"Capture({head}{more}; meta={self.meta})"
-
-    def save(self, path) -> None:
-        """Write every array and the meta to one .npz file."""
-        arrays = {k: np.ascontiguousarray(v) for k, v in self._arrays.items()}
-        np.savez_compressed(path, __meta__=np.array(json.dumps(self.meta)), **arrays)
-
-    @classmethod
-    def load(cls, path) -> "Capture":
-        with np.load(path, allow_pickle=False) as f:
-            meta = json.loads(str(f["__meta__"])) if "__meta__" in f.files else {}
-            return cls({k: f[k] for k in f.files if k != "__meta__"}, meta)
-
-    def layer(self, layer_id: int) -> dict[str, np.ndarray]:
-        """This layer's captures, keyed by point name without the layer prefix."""
-        prefix = f"L{layer_id}."
-        return {k[len(prefix):]: v for k, v in self._arrays.items() if k.startswith(prefix)}
+def _caller_stacklevel() -> int:
+    """The stacklevel that makes a warning point at the first frame outside this package."""
+    level, frame = 1, sys._getframe(1)
+    pkg = __name__.rsplit(".", 1)[0]
+    while frame is not None and frame.f_globals.get("__name__", "").startswith(pkg):
+        frame = frame.f_back
+        level += 1
+    return level
 
 
 # Backends -----------------------------------------------------------------------------------
@@ -123,17 +94,18 @@ class _HostBackend:
     """Stage functions with host (numpy) arrays in and out."""
 
     name = "?"
+    versions: dict = {}
 
     def hash(self, hasher: EngramHasher, token_ids, token_mask):
         return hasher.hash(token_ids, token_mask)
 
-    def rows(self, layer, row_ids):  # -> bf16 rows [n, 256]
+    def rows(self, layer, raw=None, ids=None):  # -> bf16 rows [n, 256]; raw given, or ids to gather
         raise NotImplementedError
 
     def proj(self, layer, x_bf16):  # -> kv [T, N]
         raise NotImplementedError
 
-    def gate(self, layer, highway, kv, token_mask, residual, eps) -> _ref.GateResult:
+    def gate(self, layer, highway, kv, token_mask, residual, eps) -> _gate_ref.GateResult:
         raise NotImplementedError
 
 
@@ -141,31 +113,35 @@ class _ReferenceBackend(_HostBackend):
     name = "reference"
 
     def hash(self, hasher, token_ids, token_mask):
-        ids = _ref.hash_reference(hasher.tables, token_ids, token_mask, history=hasher.history)
+        ids = hash_reference(hasher.tables, token_ids, token_mask, history=hasher.history)
         hasher.hash(token_ids, token_mask)  # keep the shared history moving
         return ids
 
-    def rows(self, layer, row_ids):
-        return _ref.rows_reference(_ref.gather_reference(layer.table, row_ids))
+    def rows(self, layer, raw=None, ids=None):
+        if raw is None:
+            raw = _rows_ref.gather_reference(layer.table, ids)
+        return _rows_ref.rows_reference(raw, layer.encoding)
 
     def proj(self, layer, x_bf16):
-        return _ref.projection_reference(x_bf16, layer.wkv_bf16_cached())
+        return _proj_ref.projection_reference(x_bf16, layer.wkv_bf16())
 
     def gate(self, layer, highway, kv, token_mask, residual, eps):
-        return _ref.gate_reference(highway, kv, layer.q_weight, layer.k_weight, token_mask, residual, eps)
+        return _gate_ref.gate_reference(highway, kv, layer.q_weight, layer.k_weight, token_mask, residual, eps)
 
 
 class _CpuBackend(_HostBackend):
     name = "cpu"
 
-    def rows(self, layer, row_ids):
-        return _cpu.rows_cpu(layer.reader.read(row_ids))
+    def rows(self, layer, raw=None, ids=None):
+        if raw is None:
+            raw = layer.reader.read(ids)
+        return _rows_cpu.rows_cpu(raw, layer.encoding)
 
     def proj(self, layer, x_bf16):
-        return _cpu.projection_cpu(x_bf16, layer.wkv_bf16_cached())
+        return _proj_cpu.projection_cpu(x_bf16, layer.wkv_bf16())
 
     def gate(self, layer, highway, kv, token_mask, residual, eps):
-        return _cpu.gate_cpu(highway, kv, layer.q_weight, layer.k_weight, token_mask, residual, eps)
+        return _gate_cpu.gate_cpu(highway, kv, layer.q_weight, layer.k_weight, token_mask, residual, eps)
 
 
 class _CudaBackend(_HostBackend):
@@ -179,28 +155,41 @@ class _CudaBackend(_HostBackend):
         from numba import cuda
         from numba.cuda import config
 
-        from .gpu import EngramV41
+        from .engine import EngramV41, check_versions
         if config.ENABLE_CUDASIM:
             warnings.warn("cuda backend: no GPU in use, the @cuda.jit kernels run in numba's simulator "
-                          "(slow, tiny shapes only)", stacklevel=3)
+                          "(slow, tiny shapes only)", stacklevel=_caller_stacklevel())
         elif not cuda.is_available():
             raise RuntimeError("cuda backend: no CUDA GPU is available and numba's simulator is off; set "
                                "NUMBA_ENABLE_CUDASIM=1 before numba is first imported to run the kernels on the CPU")
+        if model.config.dim % 8:
+            raise ValueError(f"cuda backend: the gate kernels need dim % 8 == 0, this model has dim "
+                             f"{model.config.dim}; use the reference or cpu backend for the gate")
         self._model = model
         self._cls = EngramV41
-        self._versions = dict(versions or {})
+        self.versions = check_versions(versions)
         self._engine = None
 
     def _engine_for(self, n_tokens: int):
         if self._engine is None or self._engine.max_tokens < n_tokens:
             self._engine = self._cls(self._model, max_tokens=max(n_tokens, 16), device_tables=True,
-                                     versions=self._versions)
+                                     versions=self.versions)
         return self._engine
 
-    def rows(self, layer, row_ids):
+    def kernel_names(self) -> dict:
+        """The record each cuda stage ran last (what `Capture.meta` reports)."""
+        if self._engine is None:
+            return {}
+        return {stage: name for stage, name in self._engine.last_kernels().items()}
+
+    def rows(self, layer, raw=None, ids=None):
         n_cols = self._model.config.n_hash_cols
-        eng = self._engine_for(np.asarray(row_ids).size // n_cols)
-        eng.rows_from_ids(layer.layer_id, np.asarray(row_ids).reshape(-1, n_cols))
+        if raw is not None:
+            eng = self._engine_for(raw.shape[0] // n_cols)
+            eng.rows_from_raw(layer.layer_id, raw)
+        else:
+            eng = self._engine_for(np.asarray(ids).size // n_cols)
+            eng.rows_from_ids(layer.layer_id, np.asarray(ids).reshape(-1, n_cols))
         return eng.rows_bf16(layer.layer_id).copy_to_host()
 
     def proj(self, layer, x_bf16):
@@ -217,23 +206,25 @@ class _CudaBackend(_HostBackend):
         eng.gate(layer.layer_id, d_highway, kv=cuda.to_device(np.ascontiguousarray(kv)),
                  token_mask=token_mask, residual=residual, eps=eps)
         dot, gate = eng.last_gate(layer.layer_id)
-        return _ref.GateResult(highway=d_highway.copy_to_host(), dot=dot.copy_to_host(), gate=gate.copy_to_host())
+        return _gate_ref.GateResult(highway=d_highway.copy_to_host(), dot=dot.copy_to_host(),
+                                    gate=gate.copy_to_host())
 
 
 class _LayerView:
-    """What the host backends need of one engram layer (weights decoded once per pipeline)."""
+    """What the host backends need of one engram layer (wkv decoded once per pipeline)."""
 
     def __init__(self, model, layer_id: int):
         lf = model.layers[layer_id]
         self.layer_id = layer_id
         self.table = lf.table
+        self.encoding = getattr(lf, "table_encoding", "q2k")
         self.reader = model.rows(layer_id)
         self.q_weight = lf.q_weight
         self.k_weight = lf.k_weight
         self._file = lf
         self._wkv = None
 
-    def wkv_bf16_cached(self) -> np.ndarray:
+    def wkv_bf16(self) -> np.ndarray:
         if self._wkv is None:
             self._wkv = np.ascontiguousarray(self._file.wkv_bf16())
         return self._wkv
@@ -247,29 +238,30 @@ class Pipeline:
     backends: "reference" | "cpu" | "cuda" for every stage, or a dict {stage: backend}
               (stages not named take "reference").
     residual: "fp32" (engine: FP32 highway) or "bf16" (DeepSeek's reference: bf16 residual).
-    cuda_versions: kernel versions for the cuda backend, e.g. {"projection": "gemv_v2", "gate": 3,
-              "gather": 4} (see `EngramV41`); by default each launcher picks (in numba's simulator,
-              the naive kernels, which are the fast ones to simulate).
+    eps:      the gate's RMS epsilon (default: the model's), finite and >= 0 on every backend.
+    cuda_versions: kernel record per cuda stage, e.g. {"rows": "q2k_v4", "proj": "gemv_v2",
+              "gate": "gate_v3"} (`engram_numba.stages.catalog` lists them); by default each
+              stage's default rule picks (in numba's simulator, the naive kernels).
     """
 
     def __init__(self, model, backends="reference", residual: str = "fp32", eps: float | None = None,
                  cuda_versions: dict | None = None):
-        if residual not in _ref.RESIDUALS:
-            raise ValueError(f"residual must be one of {_ref.RESIDUALS}, got {residual!r}")
+        if residual not in _gate_ref.RESIDUALS:
+            raise ValueError(f"residual must be one of {_gate_ref.RESIDUALS}, got {residual!r}")
         self.model = model
         self.config = model.config
         self.residual = residual
-        self.eps = self.config.eps if eps is None else float(eps)
+        self.eps = _gate_ref.check_eps(self.config.eps if eps is None else eps)
         self.backends = self._resolve_backends(backends)
-        unknown = set(cuda_versions or {}) - {"dequant", "gather", "projection", "gate"}
-        if unknown:
-            raise ValueError(f"cuda_versions names unknown stage(s) {sorted(unknown)}; "
-                             "stages are dequant, gather, projection, gate")
+        if cuda_versions:
+            from .engine import check_versions
+            check_versions(cuda_versions)
         factories = {"reference": _ReferenceBackend, "cpu": _CpuBackend,
                      "cuda": lambda: _CudaBackend(model, cuda_versions)}
-        self._impl: dict[str, _HostBackend] = {b: factories[b]() for b in set(self.backends.values())}
+        self._impl: dict[str, _HostBackend] = {b: factories[b]() for b in sorted(set(self.backends.values()))}
         self._layers = {lid: _LayerView(model, lid) for lid in self.config.layer_ids}
         self._hooks: dict[str, list[Callable]] = {}
+        self._hook_log: list[str] = []
         self.fired: list[str] = []  # points that fired in the last run, in order
 
     @staticmethod
@@ -294,17 +286,19 @@ class Pipeline:
 
     @contextlib.contextmanager
     def hooks(self, mapping: Mapping[str, Callable]):
-        """Attach hooks {point name: fn(array, name)} for the `with` block; removed after it,
-        also when the block raises. A hook returning an array replaces the captured value."""
-        known = set(self.point_names)
-        for name in mapping:
-            if name not in known:
-                raise KeyError(f"no hook point named {name!r}; points are e.g. {self.point_names[:len(POINTS) + 2]}")
+        """Attach hooks {point name or glob pattern: fn(array, name)} for the `with` block; removed
+        after it, also when the block raises. A hook returning an array replaces the value."""
+        known = self.point_names
         added = []
         try:
-            for name, fn in mapping.items():
-                self._hooks.setdefault(name, []).append(fn)
-                added.append((name, fn))
+            for pattern, fn in mapping.items():
+                if not callable(fn):
+                    raise TypeError(f"hook for {pattern!r} must be callable, got {type(fn).__name__}")
+                keep = match_names(pattern, known, what="hook name")
+                for name in known:
+                    if keep(name):
+                        self._hooks.setdefault(name, []).append(fn)
+                        added.append((name, fn))
             yield self
         finally:
             for name, fn in added:
@@ -317,87 +311,120 @@ class Pipeline:
         for fn in self._hooks.get(name, ()):
             out = fn(value, name)
             if out is not None:
-                short = name.split(".", 1)[1] if name.startswith("L") else name
-                if short in OBSERVE_ONLY:
-                    raise ValueError(f"hook on {name!r} returned a value, but {short} is an output: observe only")
+                if short_name(name) in OBSERVE_ONLY:
+                    raise ValueError(f"hook on {name!r} returned a value, but {short_name(name)} is an output: "
+                                     "observe only")
                 out = np.asarray(out)
                 if out.shape != value.shape or out.dtype != value.dtype:
                     raise ValueError(f"hook on {name!r} returned {out.dtype}{list(out.shape)}, expected "
                                      f"{value.dtype}{list(value.shape)}")
                 value = out
+                self._hook_log.append(f"{name}: {getattr(fn, '__qualname__', repr(fn))} replaced the value")
+            elif f"{name}: {getattr(fn, '__qualname__', repr(fn))} observed" not in self._hook_log:
+                self._hook_log.append(f"{name}: {getattr(fn, '__qualname__', repr(fn))} observed")
         if keep(name):
             parts.setdefault(name, []).append(np.array(value, copy=True))
         return value
 
     def default_highway(self, n_tokens: int, seed: int = 0) -> np.ndarray:
-        """A fixed-seed N(0, 1) highway [T, hc, dim] fp32 (this toolkit has no transformer blocks)."""
-        rng = np.random.default_rng(seed)
-        return rng.standard_normal((n_tokens, self.config.hc, self.config.dim)).astype(np.float32)
+        """The synthetic N(0, 1) highway [T, hc, dim] fp32 a run uses when given none."""
+        return synthetic_highway(0, n_tokens, self.config.hc, self.config.dim, seed)
 
     def run(self, token_ids, highway=None, token_mask=None, names_filter=None,
             hasher: EngramHasher | None = None, progress: bool = False,
             chunk_tokens: int | None = None) -> Capture:
         """Run every engram layer on one sequence; returns the captures that `names_filter` keeps.
 
-        highway: [T, hc, dim] fp32 (never modified), a dict {layer_id: highway}, or None for
-                 `default_highway(T)`. hasher: continue an existing sequence (decode steps).
-        chunk_tokens: run the stages on this many tokens at a time (the hasher keeps the
-                 sequence's history, so ids are the same; every stage is per token). Captures are
-                 joined along the token axis; hooks see one chunk at a time. With progress=True
-                 and no chunk size, long sequences go in chunks of 512 so the bar moves.
+        token_ids: raw token ids [T] (any integer dtype; checked against the token map).
+        highway: [T, hc, dim] fp32 (never modified), a dict {layer_id: highway}, or None for the
+                 synthetic highway (drawn per chunk; the capture's meta says it is synthetic).
+        token_mask: bool [T], False = dead token. hasher: continue an existing sequence.
+        chunk_tokens: run the stages on this many tokens at a time (ids are the same: the hasher
+                 keeps the sequence's history; every stage is per token). Captures are joined
+                 along the token axis; hooks see one chunk at a time. progress=True shows a bar
+                 (and runs in chunks of 512 tokens when no chunk size is given).
+        Every argument is checked before the first chunk runs, so a bad token late in a long
+        sequence leaves the hasher and the caller's data untouched.
         """
         cfg = self.config
-        token_ids = np.asarray(token_ids)
+        keep = match_names(names_filter, self.point_names)
+        hasher = hasher if hasher is not None else EngramHasher(self.model.hash_tables)
+        token_ids, mask = check_token_ids(token_ids, token_mask, self.model.hash_tables.token_map.size,
+                                          hasher.position)
         T = int(token_ids.size)
-        mask = None if token_mask is None else np.asarray(token_mask, dtype=bool)
-        if mask is not None and mask.shape != (T,):
-            raise ValueError(f"token_mask must have shape ({T},), got {mask.shape}")
         per_layer = isinstance(highway, Mapping)
         if per_layer:
             missing = set(cfg.layer_ids) - set(highway)
-            if missing:
-                raise ValueError(f"highway dict lacks engram layer(s) {sorted(missing)}")
+            extra = set(highway) - set(cfg.layer_ids)
+            if missing or extra:
+                raise ValueError(f"highway dict must have exactly the engram layers {list(cfg.layer_ids)}, got "
+                                 f"{sorted(highway)}")
             for lid in cfg.layer_ids:
-                self._check_highway(highway[lid], T)
-        else:
-            highway = self.default_highway(T) if highway is None else highway
-            self._check_highway(highway, T)
+                self._check_highway(highway[lid], T, f"highway[{lid}]")
+        elif highway is not None:
+            self._check_highway(highway, T, "highway")
         if chunk_tokens is None:
             chunk_tokens = 512 if progress and T > 512 else max(T, 1)
         if isinstance(chunk_tokens, bool) or not isinstance(chunk_tokens, (int, np.integer)) or chunk_tokens < 1:
             raise ValueError(f"chunk_tokens must be a positive integer, got {chunk_tokens!r}")
 
-        keep = _name_predicate(names_filter)
         parts: dict[str, list] = {}
         self.fired = []
-        self._point("tokens.ids", token_ids.astype(np.int64), keep, parts)
+        self._hook_log = []
+        self._point("tokens.ids", token_ids, keep, parts)
         self._point("tokens.mask", np.ones(T, dtype=bool) if mask is None else mask, keep, parts)
-        hasher = hasher if hasher is not None else EngramHasher(self.model.hash_tables, capacity=max(T, 16))
-        starts = range(0, T, chunk_tokens)
         bar = None
         if progress:
             from tqdm.auto import tqdm
             bar = tqdm(total=T, desc="engram", unit="tok")
-        for t0 in starts:
-            t1 = min(T, t0 + chunk_tokens)
-            chunk_mask = None if mask is None else mask[t0:t1]
-            h_chunk = ({lid: highway[lid][t0:t1] for lid in cfg.layer_ids} if per_layer else highway[t0:t1])
-            self._run_chunk(hasher, token_ids[t0:t1], chunk_mask, h_chunk, keep, parts)
+        try:
+            for t0 in range(0, T, chunk_tokens):
+                t1 = min(T, t0 + chunk_tokens)
+                chunk_mask = None if mask is None else mask[t0:t1]
+                if per_layer:
+                    h_chunk = {lid: highway[lid][t0:t1] for lid in cfg.layer_ids}
+                elif highway is None:
+                    h_chunk = synthetic_highway(t0, t1, cfg.hc, cfg.dim)
+                else:
+                    h_chunk = highway[t0:t1]
+                self._run_chunk(hasher, token_ids[t0:t1], chunk_mask, h_chunk, keep, parts, bar)
+                if bar is not None:
+                    bar.update(t1 - t0)
+        finally:
             if bar is not None:
-                bar.update(t1 - t0)
-        if bar is not None:
-            bar.close()
+                bar.close()
         store = {name: (chunks[0] if len(chunks) == 1 else np.concatenate(chunks, axis=0))
                  for name, chunks in parts.items()}
-        meta = {"backends": self.backends, "residual": self.residual, "eps": self.eps, "n_tokens": T,
-                "layer_ids": list(cfg.layer_ids), "model": str(getattr(self.model, "path", "")),
-                "token_ids": token_ids.tolist() if T <= 4096 else None}
-        return Capture(store, meta)
+        return Capture(store, self._meta(T, token_ids, highway))
 
-    def _run_chunk(self, hasher, token_ids, mask, highway, keep, parts) -> None:
+    def _meta(self, T: int, token_ids, highway) -> dict:
+        import numba
+
+        from . import __version__
+        try:
+            from importlib.metadata import version
+            numba_cuda = version("numba-cuda")
+        except Exception:  # pragma: no cover - depends on the install
+            numba_cuda = "unknown"
+        kernels = {}
+        if "cuda" in self._impl:
+            kernels = self._impl["cuda"].kernel_names()
+        return {"backends": self.backends, "residual": self.residual, "eps": self.eps, "n_tokens": T,
+                "layer_ids": list(self.config.layer_ids),
+                "model": str(getattr(self.model, "path", "")), "format": str(getattr(self.model, "format", "")),
+                "encodings": {str(lid): v.encoding for lid, v in self._layers.items()},
+                "highway": "given" if highway is not None else "synthetic (N(0,1), seed 0, no transformer blocks)",
+                "hooks": list(self._hook_log), "cuda_kernels": kernels,
+                "versions": {"engram_numba": __version__, "numba": numba.__version__, "numba_cuda": numba_cuda,
+                             "numpy": np.__version__},
+                "token_ids": token_ids.tolist() if T <= 4096 else None}
+
+    def _run_chunk(self, hasher, token_ids, mask, highway, keep, parts, bar=None) -> None:
         """Every layer on one chunk of tokens (hash first: it extends the sequence's history)."""
         cfg = self.config
         T = int(token_ids.size)
+        step = (lambda what: bar.set_postfix_str(what, refresh=True)) if bar is not None else (lambda what: None)
+        step("hash")
         all_ids = self._impl[self.backends["hash"]].hash(hasher, token_ids, mask)   # [T, L, C]
         per_layer = isinstance(highway, Mapping)
         current = None if per_layer else highway
@@ -405,32 +432,38 @@ class Pipeline:
             layer = self._layers[lid]
             p = f"L{lid}."
             ids = self._point(p + "hash.ids", np.ascontiguousarray(all_ids[:, li, :]), keep, parts)  # [T, C]
-            if keep(p + "rows.q2k") or p + "rows.q2k" in self._hooks:
-                self._point(p + "rows.q2k", layer.reader.read(ids), keep, parts)
+            step(f"L{lid} rows")
+            raw_name = p + "rows.raw"
+            if keep(raw_name) or raw_name in self._hooks:
+                raw = layer.reader.read(ids)                                              # [T*C, row_bytes]
+                raw = self._point(raw_name, raw, keep, parts)
+                rows = self._impl[self.backends["rows"]].rows(layer, raw=raw)
             else:
-                self.fired.append(p + "rows.q2k")
-            rows = self._impl[self.backends["rows"]].rows(layer, ids)                    # [T*C, 256]
-            rows = self._point(p + "rows.bf16", rows, keep, parts)
+                self.fired.append(raw_name)
+                rows = self._impl[self.backends["rows"]].rows(layer, ids=ids)             # gathered by id
+            rows = self._point(p + "rows.bf16", rows, keep, parts)                         # [T*C, 256]
+            step(f"L{lid} proj")
             kv = self._impl[self.backends["proj"]].proj(layer, rows.reshape(T, cfg.proj_in))
             kv = self._point(p + "proj.kv", kv, keep, parts)                              # [T, N]
-            key, value = _ref.split_kv(kv, cfg.hc)
+            key, value = _proj_ref.split_kv(kv, cfg.hc)
             key = self._point(p + "gate.key", np.ascontiguousarray(key), keep, parts)
             value = self._point(p + "gate.value", np.ascontiguousarray(value), keep, parts)
             kv = np.concatenate([key.reshape(T, -1), value], axis=1)
             h_in = highway[lid] if per_layer else current
             h_in = self._point(p + "highway.in", np.ascontiguousarray(h_in, dtype=np.float32), keep, parts)
+            step(f"L{lid} gate")
             res = self._impl[self.backends["gate"]].gate(layer, h_in, kv, mask, self.residual, self.eps)
             self._point(p + "gate.dot", res.dot, keep, parts)
             self._point(p + "gate.gate", res.gate, keep, parts)
             self._point(p + "highway.out", res.highway, keep, parts)
             current = res.highway
 
-    def _check_highway(self, h, T: int) -> None:
+    def _check_highway(self, h, T: int, what: str) -> None:
         cfg = self.config
         shape = (T, cfg.hc, cfg.dim)
         if not isinstance(h, np.ndarray):
-            raise TypeError(f"highway must be a numpy array [T, hc, dim] fp32 (host), got {type(h).__name__}")
+            raise TypeError(f"{what} must be a numpy array [T, hc, dim] fp32 (host), got {type(h).__name__}")
         if h.shape != shape:
-            raise ValueError(f"highway must have shape {shape} (T, hc, dim), got {h.shape}")
+            raise ValueError(f"{what} must have shape {shape} (T, hc, dim), got {h.shape}")
         if h.dtype != np.float32:
-            raise ValueError(f"highway must be float32, got {h.dtype}")
+            raise ValueError(f"{what} must be float32, got {h.dtype}")

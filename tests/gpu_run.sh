@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# One batch on the H200 machine (shared/GPU.md): the gpu test tier, the sm_90 compile report,
+# One batch on the H200 machine (docs/gpu.md): the gpu test tier, the sm_90 compile report,
 # then the benchmark suite. Run from the repository root with the wheels of .whl/ carried:
 #   ENGRAM_COMMIT=<hash> bash tests/gpu_run.sh [pytest -k expression] [--no-bench] [--bench-only]
 # Everything lands in $OUT (the device tool's output folder) or ./gpu_out.
@@ -20,7 +20,7 @@ done
 nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.sm,clocks.mem --format=csv > "$OUT/nvidia_smi.txt" 2>&1
 python3 -c "import numpy, numba, numba.cuda as c, gguf; print('numpy', numpy.__version__, 'numba', numba.__version__, 'numba-cuda', c.implementation, 'gguf ok')"
 if [ "$TESTS" = 1 ]; then
-  ENGRAM_GPU_RESULTS="$OUT/gpu_tests.json" timeout 420 python3 -m pytest -m gpu tests -q -p no:cacheprovider \
+  ENGRAM_GPU_RESULTS="$OUT/gpu_tests.json" timeout 420 python3 -m pytest -m gpu tests engram_numba -q -p no:cacheprovider \
     --maxfail=20 ${KEXPR:+-k "$KEXPR"} 2>&1 | tail -n 60 > "$OUT/gpu_tests.log"
   tail -n 25 "$OUT/gpu_tests.log"
 fi

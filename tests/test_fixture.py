@@ -1,13 +1,14 @@
-"""The tiny model in data/: rebuilt byte-identically, hashing to SPEC's vector, and its golden
+"""The tiny model in data/: rebuilt byte-identically, hashing to the test vector of docs/math.md, and its golden
 reference captures still reproduced."""
 import numpy as np
 
 from engram_numba.cli import main as cli_main
 from engram_numba.fixtures import (TINY_GOLDEN_PATH, TINY_MASK, TINY_PATH, TINY_TOKENS, make_fixture,
                                    tiny_config)
-from engram_numba.hash import hash_tokens
-from engram_numba.model_file import load_gguf
-from engram_numba.pipeline import Capture, Pipeline
+from engram_numba.capture import Capture
+from engram_numba.formats.schema_a import load_gguf
+from engram_numba.pipeline import Pipeline
+from engram_numba.stages.hash.cpu import hash_tokens
 
 
 def test_rebuild_is_byte_identical(tmp_path):
@@ -26,7 +27,7 @@ def test_small_and_well_formed():
         rows = layer.table
         assert rows.shape == (int(model.hash_tables.table_rows[model.config.layer_index(lid)]), 84)
         # realistic content: not zeros, not constant, finite after decoding
-        from engram_numba.q2k import dequantize
+        from engram_numba.stages.rows.q2k import dequantize
         vals = dequantize(rows)
         assert np.isfinite(vals).all() and vals.std() > 1e-3 and len(np.unique(rows[:, 80:84], axis=0)) > 100
 

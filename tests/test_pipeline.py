@@ -2,11 +2,11 @@
 import numpy as np
 import pytest
 
-from engram_numba.compare import diff
+from engram_numba.analysis.diff import diff
 from engram_numba.fixtures import TINY_MASK, TINY_PATH, TINY_TOKENS
-from engram_numba.hash import EngramHasher
-from engram_numba.model_file import load_gguf
+from engram_numba.formats.schema_a import load_gguf
 from engram_numba.pipeline import POINTS, Capture, Pipeline, point_names
+from engram_numba.stages.hash.cpu import EngramHasher
 
 
 @pytest.fixture(scope="module")
@@ -40,7 +40,7 @@ def test_cpu_backend_is_bit_identical_to_reference(model, ref_capture):
 def test_capture_shapes_and_dtypes(model, ref_capture):
     cfg = model.config
     T, C = TINY_TOKENS.size, cfg.n_hash_cols
-    expect = {"hash.ids": ((T, C), np.int64), "rows.q2k": ((T * C, 84), np.uint8),
+    expect = {"hash.ids": ((T, C), np.int64), "rows.raw": ((T * C, 84), np.uint8),
               "rows.bf16": ((T * C, 256), np.uint16), "proj.kv": ((T, cfg.proj_out), np.uint16),
               "gate.key": ((T, cfg.hc, cfg.dim), np.uint16), "gate.value": ((T, cfg.dim), np.uint16),
               "highway.in": ((T, cfg.hc, cfg.dim), np.float32), "gate.dot": ((T, cfg.hc), np.float32),
@@ -76,7 +76,7 @@ def test_hook_replacement_flows_downstream_and_is_removed(model, ref_capture):
         cap = pipe.run(TINY_TOKENS, token_mask=TINY_MASK)
     assert calls == ["L1.hash.ids"]
     assert (cap["L1.hash.ids"][:, 0] == 0).all()
-    np.testing.assert_array_equal(cap["L1.rows.q2k"][0::6], np.repeat(model.layers[1].table[:1], 14, axis=0))
+    np.testing.assert_array_equal(cap["L1.rows.raw"][0::6], np.repeat(model.layers[1].table[:1], 14, axis=0))
     assert not np.array_equal(cap["L1.proj.kv"], ref_capture["L1.proj.kv"])
     # untouched columns and the other layer's ids are the same as without the hook
     np.testing.assert_array_equal(cap["L1.hash.ids"][:, 1:], ref_capture["L1.hash.ids"][:, 1:])
@@ -106,7 +106,7 @@ def test_perturbing_the_key_changes_only_the_gate_path(model, ref_capture):
 
 def test_hook_errors(model):
     pipe = Pipeline(model, "cpu")
-    with pytest.raises(KeyError, match="no hook point named 'L2.gate.dot'"):
+    with pytest.raises(KeyError, match="'L2.gate.dot' matches no capture point; did you mean 'L1.gate.dot', 'L4.gate.dot'"):
         with pipe.hooks({"L2.gate.dot": print}):
             pass
     with pipe.hooks({"L1.gate.gate": lambda a, n: a * 0}):
@@ -127,8 +127,8 @@ def test_backend_arguments_are_checked(model):
     pipe = Pipeline(model, "cpu")
     with pytest.raises(ValueError, match="highway must have shape"):
         pipe.run(TINY_TOKENS, highway=np.zeros((3, 4, 64), np.float32))
-    with pytest.raises(ValueError, match="token_mask must have shape"):
-        pipe.run(TINY_TOKENS, token_mask=[True])
+    with pytest.raises(ValueError, match="token_mask shape \\(1,\\) does not match token_ids shape \\(14,\\)"):
+        pipe.run(TINY_TOKENS, token_mask=np.array([True]))
 
 
 def test_capture_save_load_round_trip(tmp_path, ref_capture):
@@ -178,13 +178,16 @@ def test_cuda_backend_with_chosen_kernel_versions(model, ref_capture):
     ref = Pipeline(model, "reference").run(tokens, token_mask=mask)
     default = Pipeline(model, "cuda").run(tokens, token_mask=mask)
     assert diff(ref, default).all_equal  # naive kernels in the simulator: the reference's order
-    fast = Pipeline(model, "cuda", cuda_versions={"gather": 3, "gate": 2}).run(tokens, token_mask=mask)
+    fast = Pipeline(model, "cuda", cuda_versions={"rows": "q2k_v3", "gate": "gate_v2"}).run(tokens, token_mask=mask)
+    assert fast.meta["cuda_kernels"] == {"rows": "q2k_v3", "proj": "gemm_v1", "gate": "gate_v2"}
     report = diff(ref, fast)
     for lid in (1, 4):
         assert report[f"L{lid}.rows.bf16"].equal and report[f"L{lid}.proj.kv"].equal
         assert report[f"L{lid}.gate.dot"].rel_l2 < 1e-6
-    with pytest.raises(ValueError, match="cuda_versions names unknown stage"):
-        Pipeline(model, "cuda", cuda_versions={"proj": "gemv_v2"})
+    with pytest.raises(ValueError, match="chosen per cuda stage"):
+        Pipeline(model, "cuda", cuda_versions={"projection": "gemv_v2"})
+    with pytest.raises(ValueError, match="no proj kernel version 'gemv_v9'"):
+        Pipeline(model, "cuda", cuda_versions={"proj": "gemv_v9"})
 
 
 @pytest.mark.parametrize("backend", ["reference", "cpu"])
@@ -198,3 +201,139 @@ def test_chunked_run_equals_one_call(model, backend):
     assert diff(whole, chunked).all_equal
     with pytest.raises(ValueError, match="chunk_tokens must be a positive integer"):
         pipe.run(tokens, chunk_tokens=0)
+
+
+# -- hooks on the raw rows, glob names, argument checks before any work --------------------------
+
+@pytest.mark.parametrize("backend", ["reference", "cpu", "cuda"])
+def test_raw_row_replacement_flows_into_decoding(model, backend):
+    """Perturbing one Q2_K block's scale byte through a rows.raw hook changes exactly that row of
+    rows.bf16 (the replacement is decoded, not gathered again from the ids)."""
+    tokens, mask = TINY_TOKENS[:3], TINY_MASK[:3]
+    pipe = Pipeline(model, {"rows": backend})
+    base = pipe.run(tokens, token_mask=mask, names_filter=["L1.rows.raw", "L1.rows.bf16"])
+    target = 4                                           # token 0, hash column 4
+
+    def bump_scale(raw, name):
+        raw = raw.copy()
+        raw[target, 0] ^= 0x0F                           # sub-block 0's 4-bit scale
+        return raw
+
+    with pipe.hooks({"L1.rows.raw": bump_scale}):
+        cap = pipe.run(tokens, token_mask=mask, names_filter=["L1.rows.raw", "L1.rows.bf16"])
+    changed = np.flatnonzero((cap["L1.rows.bf16"] != base["L1.rows.bf16"]).any(axis=1))
+    assert changed.tolist() == [target]
+    from engram_numba.stages.rows.reference import rows_reference
+    np.testing.assert_array_equal(cap["L1.rows.bf16"][target], rows_reference(cap["L1.rows.raw"][target:target + 1])[0])
+    assert any("L1.rows.raw: " in h and "replaced" in h for h in cap.meta["hooks"])
+
+
+def test_glob_patterns_in_filters_and_hooks(model):
+    pipe = Pipeline(model, "cpu")
+    cap = pipe.run(TINY_TOKENS, names_filter="L1.gate.*")
+    assert list(cap) == ["L1.gate.key", "L1.gate.value", "L1.gate.dot", "L1.gate.gate"]
+    assert list(pipe.run(TINY_TOKENS, names_filter=["L?.gate.gate", "tokens.*"])) == \
+        ["tokens.ids", "tokens.mask", "L1.gate.gate", "L4.gate.gate"]
+    seen = []
+    with pipe.hooks({"L*.gate.dot": lambda a, n: seen.append(n)}):
+        pipe.run(TINY_TOKENS, names_filter="L1.gate.dot")
+    assert seen == ["L1.gate.dot", "L4.gate.dot"]
+    with pytest.raises(KeyError, match="'L9.gate.\\*' matches no capture point"):
+        pipe.run(TINY_TOKENS, names_filter="L9.gate.*")
+    with pytest.raises(KeyError, match="matches no capture point; did you mean 'L1.gate.gate', 'L4.gate.gate'"):
+        pipe.run(TINY_TOKENS, names_filter=["gate.gate"])
+    with pytest.raises(TypeError, match="names_filter entries must be strings"):
+        pipe.run(TINY_TOKENS, names_filter=[1])
+
+
+def test_missing_capture_name_suggests_layer_prefixed_names(ref_capture):
+    with pytest.raises(KeyError, match="did you mean 'L1.gate.gate', 'L4.gate.gate'"):
+        ref_capture["gate.gate"]
+    with pytest.raises(KeyError, match="did you mean 'L1.gate.dot'"):
+        ref_capture["L1.gate.dto"]
+
+
+def test_bad_ids_are_found_before_the_first_chunk(model):
+    pipe = Pipeline(model, "cpu")
+    hasher = EngramHasher(model.hash_tables)
+    tokens = np.arange(40) % 60
+    tokens[35] = 64                                      # outside the tiny token map, in chunk 5
+    with pytest.raises(ValueError, match="token id 64 at position 35"):
+        pipe.run(tokens, hasher=hasher, chunk_tokens=7)
+    assert hasher.position == 0                          # no chunk ran
+    with pytest.raises(ValueError, match="token_mask must be bool"):
+        pipe.run(TINY_TOKENS, token_mask=np.ones(14, np.float32), hasher=hasher)
+    assert hasher.position == 0
+
+
+@pytest.mark.parametrize("bad, match", [
+    (np.int64(3), "must be 1-D"),
+    (np.array([1, 2**63 + 5], dtype=np.uint64), "outside the token map"),
+    (np.array([1, "2"], dtype=object), "must be integers"),
+    ([1.0, 2.0], "must be integers"),
+    ([True, False], "must be integers"),
+])
+def test_ids_are_refused_as_the_hasher_refuses_them(model, bad, match):
+    with pytest.raises(ValueError, match=match):
+        Pipeline(model, "cpu").run(bad)
+    with pytest.raises(ValueError, match=match):
+        EngramHasher(model.hash_tables).hash(bad)
+
+
+@pytest.mark.parametrize("mask", [np.array(["y"] * 14), np.ones(14), [None] * 14])
+def test_masks_are_refused_not_coerced(model, mask):
+    with pytest.raises(ValueError, match="token_mask must be bool"):
+        Pipeline(model, "cpu").run(TINY_TOKENS, token_mask=mask)
+
+
+@pytest.mark.parametrize("backend", ["reference", "cpu"])
+@pytest.mark.parametrize("eps", [-1.0, float("nan"), float("inf")])
+def test_eps_is_checked_on_every_backend(model, backend, eps):
+    with pytest.raises(ValueError, match="eps must be finite and >= 0"):
+        Pipeline(model, backend, eps=eps)
+    from engram_numba.stages.gate.cpu import gate_cpu
+    from engram_numba.stages.gate.reference import gate_reference
+    fn = gate_reference if backend == "reference" else gate_cpu
+    h = np.ones((1, 4, 64), np.float32)
+    with pytest.raises(ValueError, match="eps must be finite and >= 0"):
+        fn(h, np.zeros((1, 320), np.uint16), np.ones((4, 64), np.float32), np.ones((4, 64), np.float32), eps=eps)
+
+
+def test_synthetic_highway_is_float32_per_chunk_and_said(model):
+    from engram_numba.pipeline import synthetic_highway
+    whole = synthetic_highway(0, 600, 4, 64)
+    assert whole.dtype == np.float32
+    np.testing.assert_array_equal(synthetic_highway(250, 520, 4, 64), whole[250:520])
+    cap = Pipeline(model, "cpu").run(TINY_TOKENS)
+    assert cap.meta["highway"].startswith("synthetic")
+    given = Pipeline(model, "cpu").run(TINY_TOKENS, highway=whole[:14])
+    assert given.meta["highway"] == "given"
+    np.testing.assert_array_equal(given["L1.highway.in"], cap["L1.highway.in"])
+
+
+def test_capture_meta_says_what_ran(model):
+    cap = Pipeline(model, "cpu").run(TINY_TOKENS)
+    m = cap.meta
+    assert m["model"].endswith("tiny_v41.gguf") and "schema A" in m["format"]
+    assert m["encodings"] == {"1": "q2k", "4": "q2k"}
+    assert set(m["versions"]) >= {"engram_numba", "numba", "numba_cuda", "numpy"}
+    assert m["hooks"] == [] and m["cuda_kernels"] == {}
+
+
+def test_cuda_backend_warning_points_at_the_caller(model):
+    from numba.cuda import config
+    if not config.ENABLE_CUDASIM:
+        pytest.skip("a GPU is present: no simulator warning")
+    with pytest.warns(UserWarning, match="simulator") as rec:
+        Pipeline(model, "cuda")
+    assert rec[0].filename == __file__
+
+
+def test_layer_ids_are_integers():
+    from engram_numba.config import EngramConfig
+    for bad in ((1.5, 4), (True, 4), ("1", 4)):
+        with pytest.raises(ValueError, match="must hold integers"):
+            EngramConfig(dim=64, hc=4, layer_ids=bad)
+    cfg = EngramConfig(dim=64, hc=4, layer_ids=(1, 4))
+    with pytest.raises(ValueError, match="layer id must be an integer"):
+        cfg.layer_index(1.0)

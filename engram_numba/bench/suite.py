@@ -1,0 +1,465 @@
+"""Benchmarks on the GPU: every stage against its floor and the PyTorch/cuBLAS baseline.
+
+    engram-numba bench [--out bench/results/h200.json] [--quick]
+    engram-numba bench --hash-only          (the hasher alone, on the CPU: no GPU needed)
+    engram-numba bench --smoke              (tiny shapes, runs in numba's simulator: checks the
+                                             suite itself, its figures mean nothing)
+
+Records (names kept stable across versions so results stay comparable), at the released shapes
+(dim 5120, hc 4, 24 hash columns, head_dim 256) and T in {1, 16, 128, 4096}:
+    gather_dequant  rows by id from a >= 2 GB device-resident table -> bf16 rows
+    projection      kv = bf16(x @ wkv^T): GEMV at T=1, GEMM above
+    gate            the gate and the in-place FP32 highway update
+    apply           projection + gate as `EngramV41.apply` runs them
+and the version sweep ("variants"): every kernel record of the registry at the token counts it
+competes at (`KernelRecord.sweep`), each checked against the numpy reference before it is timed.
+Method in `timing.py`; baselines (measured in the same run when torch imports) in
+`baselines.py`; checks in `validate.py`.
+
+Host side: hasher tokens/s at the released configuration, the row reader's rows/s from a GGUF on
+disk, and Python microseconds per `EngramV41.apply` call at T=1 (launched and graph-replayed).
+"""
+from __future__ import annotations
+
+import json
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import numpy as np
+
+from .baselines import torch_gate, torch_or_none, torch_q2k_dequant, torch_view
+from .report import markdown_table, plot_results, update_readme  # noqa: F401  (re-exported for scripts)
+from .timing import RELEASED, SMOKE, BenchShape, DeviceTimer, commit, device_name, make_record, measure_copy_gbps
+from .validate import gate_agrees, projection_agrees, projection_reference_rows
+
+
+def _random_table(encoding: str, n_rows: int, rng, cuda):
+    """A device table of n_rows random rows of `encoding` (finite scales), filled in chunks."""
+    from ..stages.rows.encodings import get_encoding, random_raw_rows
+    enc = get_encoding(encoding)
+    table = cuda.device_array((n_rows, enc.row_bytes), dtype=np.uint8)
+    chunk = 1 << 22
+    for r0 in range(0, n_rows, chunk):
+        blk = random_raw_rows(encoding, min(chunk, n_rows - r0), rng)
+        table[r0:r0 + blk.shape[0]].copy_to_device(blk)
+    return table
+
+
+def _sample_rows_ok(table, ids_dev, rows_dev, encoding: str, rng, k: int = 512) -> bool:
+    """Bit-exact check of k sampled gathered rows against the numpy reference."""
+    from ..stages.rows.reference import rows_reference
+    n = rows_dev.shape[0]
+    sample = np.sort(rng.choice(n, min(n, k), replace=False))
+    ids = ids_dev.copy_to_host()[sample]
+    raw = np.stack([table[int(i)].copy_to_host() for i in ids])
+    return bool(np.array_equal(rows_dev.copy_to_host()[sample], rows_reference(raw, encoding)))
+
+
+def bench_device(shape: BenchShape = RELEASED, quick: bool = False, log=print) -> dict:
+    """The stage records (gather_dequant, projection, gate, apply) with the default kernels."""
+    from numba import cuda
+
+    from ..bf16 import f32_to_bf16
+    from ..stages.gate.launch import prepare_gate
+    from ..stages.gate.reference import gate_reference
+    from ..stages.proj.launch import prepare_project
+    from ..stages.rows.launch import prepare_gather
+
+    torch = torch_or_none()
+    timer = DeviceTimer()
+    device = device_name()
+    copy_gbps = measure_copy_gbps(timer)
+    log(f"device: {device}; copy bandwidth {copy_gbps:.0f} GB/s; shapes: {shape.name}")
+    rng = np.random.default_rng(0)
+    iters = 10 if quick else 50
+    records = []
+    HC, DIM, COLS, K, N = shape.hc, shape.dim, shape.cols, shape.K, shape.N
+
+    n_rows = max(int(shape.table_gb * 1e9) // 84, 64)
+    table = _random_table("q2k", n_rows, rng, cuda)
+    wkv_h = f32_to_bf16(rng.standard_normal((N, K)).astype(np.float32) * 0.02)
+    wkv = cuda.to_device(wkv_h)
+    w_gate_h = (1 + 0.1 * rng.standard_normal((HC, DIM))).astype(np.float32)
+    w_gate = cuda.to_device(w_gate_h)
+    tw = torch_view(wkv, torch).view(torch.bfloat16) if torch else None
+    compiled_gate = None
+    if torch is not None:
+        try:
+            compiled_gate = torch.compile(lambda h, kv, w: torch_gate(torch, h, kv, w, HC, DIM))
+        except Exception as exc:  # torch.compile is optional
+            log(f"torch.compile unavailable: {exc}")
+
+    for T in shape.tokens:
+        n = T * COLS
+        # -- gather + dequant: fresh random ids every run, rotating through a pool
+        pool = [cuda.to_device(rng.integers(0, n_rows, n, dtype=np.int64)) for _ in range(8)]
+        rows = cuda.device_array((n, 256), dtype=np.uint16)
+        launches = [prepare_gather(table, p, rows) for p in pool]
+        launches[0]()
+        ok = _sample_rows_ok(table, pool[0], rows, "q2k", rng)
+        it = iter(range(10**9))
+        t_us = timer(lambda: launches[next(it) % len(launches)](), iters=iters)
+        base = {}
+        if torch is not None:
+            tt = torch_view(table, torch)
+            tpool = [torch_view(p, torch) for p in pool]
+            it2 = iter(range(10**9))
+            base["torch_index_select_dequant"] = timer(lambda: torch_q2k_dequant(torch, tt, tpool[next(it2) % len(tpool)]),
+                                                       iters=max(5, iters // 5))
+        records.append(make_record("gather_dequant", T, t_us, n * 84 + n * 512 + n * 8, 0, copy_gbps, base,
+                                   validated=bool(ok), kernel=launches[0].name, encoding="q2k"))
+        log(f"gather_dequant T={T:5d}: {t_us:9.1f} us  {launches[0].name} valid={ok}  {base}")
+
+        # -- projection (a prepared launch: the events time the kernel; Python cost is in "host")
+        x_h = f32_to_bf16(rng.standard_normal((T, K)).astype(np.float32) * 0.05)
+        x = cuda.to_device(x_h)
+        kv = cuda.device_array((T, N), dtype=np.uint16)
+        proj = prepare_project(x, wkv, kv)
+        proj()
+        sample = np.sort(rng.choice(T, min(T, 32), replace=False))
+        ok, agree = projection_agrees(kv.copy_to_host()[sample], projection_reference_rows(x_h, wkv_h, sample))
+        base = {}
+        if torch is not None:
+            tx = torch_view(x, torch).view(torch.bfloat16)
+            base["torch_cublas_matmul"] = timer(lambda: tx @ tw.T, iters=max(5, iters if T < 4096 else 10))
+        p_iters = iters if T < 4096 else max(5, iters // 10)
+        t_us = timer(proj, iters=p_iters)
+        flops = 2 * T * K * N
+        records.append(make_record("projection", T, t_us, N * K * 2 + T * K * 2 + T * N * 2, flops, copy_gbps, base,
+                                   validated=ok, kernel=proj.name, vs_reference=agree))
+        log(f"projection     T={T:5d}: {t_us:9.1f} us  {flops / t_us / 1e6:.1f} TFLOP/s  {proj.name} "
+            f"valid={ok} {agree}  {base}")
+
+        # -- gate
+        h0 = rng.standard_normal((T, HC, DIM)).astype(np.float32)
+        kvg_h = f32_to_bf16(rng.standard_normal((T, N)).astype(np.float32))
+        h, kvg = cuda.to_device(h0), cuda.to_device(kvg_h)
+        dot = cuda.device_array((T, HC), dtype=np.float32)
+        gate = cuda.device_array((T, HC), dtype=np.float32)
+        gate_launch = prepare_gate(h, kvg, w_gate, dot_out=dot, gate_out=gate)
+        gate_launch()
+        ref = gate_reference(h0[sample], kvg_h[sample], w_gate_h, np.ones_like(w_gate_h))
+        ok = gate_agrees(h0[sample], h.copy_to_host()[sample], dot.copy_to_host()[sample],
+                         gate.copy_to_host()[sample], kvg_h[sample], ref.dot)
+        base = {}
+        if torch is not None:
+            th = torch_view(h, torch)
+            tkvg = torch_view(kvg, torch).view(torch.bfloat16)
+            tw_gate = torch_view(w_gate, torch)
+            base["torch_eager"] = timer(lambda: torch_gate(torch, th, tkvg, tw_gate, HC, DIM), iters=iters)
+            if compiled_gate is not None:
+                try:
+                    base["torch_compile"] = timer(lambda: compiled_gate(th, tkvg, tw_gate), iters=iters, warmup=5)
+                except Exception as exc:
+                    log(f"torch.compile gate failed: {exc}")
+        t_us = timer(gate_launch, iters=iters)
+        gbytes = 2 * T * HC * DIM * 4 + T * HC * DIM * 2 + T * DIM * 2 + HC * DIM * 4 + 2 * T * HC * 4
+        records.append(make_record("gate", T, t_us, gbytes, 0, copy_gbps, base, validated=ok,
+                                   kernel=gate_launch.name))
+        log(f"gate           T={T:5d}: {t_us:9.1f} us  {gate_launch.name} valid={ok}  {base}")
+
+        # -- apply = projection + gate on its output, as EngramV41.apply runs them
+        gate_on_kv = prepare_gate(h, kv, w_gate, dot_out=dot, gate_out=gate)
+
+        def apply():
+            proj()
+            gate_on_kv()
+        t_us = timer(apply, iters=p_iters)
+        pb, gb = records[-2]["baselines"], records[-1]["baselines"]
+        base = {f"torch_matmul+{k}": pb["torch_cublas_matmul"] + v for k, v in gb.items() if "torch_cublas_matmul" in pb}
+        records.append(make_record("apply", T, t_us, records[-2]["bytes"] + gbytes, flops, copy_gbps, base,
+                                   kernel=f"{proj.name}+{gate_on_kv.name}"))
+        log(f"apply          T={T:5d}: {t_us:9.1f} us  {base}")
+    return {"copy_gbps": round(copy_gbps, 1), "records": records, "device": device, "shape": shape.name}
+
+
+def bench_variants(shape: BenchShape = RELEASED, quick: bool = False, log=print, stages=("rows", "proj", "gate")) -> list[dict]:
+    """Every kernel record of the registry at the token counts it competes at (`sweep`), each
+    checked against the numpy reference before it is timed (llm.c style: the naive version is the
+    baseline, the table says what each step bought)."""
+    from numba import cuda
+
+    from ..bf16 import f32_to_bf16
+    from ..stages import catalog
+    from ..stages.gate.launch import prepare_gate
+    from ..stages.gate.reference import gate_reference
+    from ..stages.proj.launch import prepare_project
+    from ..stages.rows.launch import prepare_gather
+
+    timer = DeviceTimer()
+    copy_gbps = measure_copy_gbps(timer)
+    rng = np.random.default_rng(2)
+    iters = 5 if quick else 20
+    out = []
+    HC, DIM, COLS, K, N = shape.hc, shape.dim, shape.cols, shape.K, shape.N
+    smoke = shape.name != RELEASED.name
+
+    def tokens(rec):
+        if smoke:   # the suite's own wiring, not the kernels: the naive versions at the smallest shape
+            return list(shape.tokens[:1]) if rec.name.endswith("_v1") else []
+        return [t for t in rec.sweep if t in shape.tokens]
+
+    def add(stage, T, variant, us, nbytes, flops, valid, **extra):
+        rec = make_record(stage, T, us, nbytes, flops, copy_gbps, {}, variant=variant, validated=valid, **extra)
+        out.append(rec)
+        log(f"  {stage:15s} T={T:5d} {variant:22s} {us:10.1f} us  {rec['pct_of_floor']:5.1f}% of floor"
+            + (f"  {rec['tflops']} TFLOP/s" if flops else f"  {rec['gbps']} GB/s") + f"  valid={valid}")
+
+    if "rows" in stages:
+        tables = {}
+        n_rows = max((1 << 30) // 84, 64) if not smoke else 64
+        for rec in catalog.records("rows"):
+            if rec.encoding not in tables:
+                tables[rec.encoding] = _random_table(rec.encoding, n_rows, rng, cuda)
+            table = tables[rec.encoding]
+            row_bytes = table.shape[1]
+            for T in tokens(rec):
+                n = T * COLS
+                ids = cuda.to_device(rng.integers(0, n_rows, n, dtype=np.int64))
+                got = cuda.device_array((n, 256), dtype=np.uint16)
+                try:
+                    launch = prepare_gather(table, ids, got, encoding=rec.encoding, version=rec.name)
+                except Exception as exc:
+                    log(f"  rows {rec.name}: cannot launch ({exc})")
+                    continue
+                launch()
+                valid = _sample_rows_ok(table, ids, got, rec.encoding, rng)
+                us = timer(launch, iters=iters)
+                add("gather_dequant", T, rec.name, us, n * (row_bytes + 512 + 8), 0, valid, encoding=rec.encoding)
+
+    if "proj" in stages:
+        wkv_h = f32_to_bf16(rng.standard_normal((N, K)).astype(np.float32) * 0.02)
+        wkv = cuda.to_device(wkv_h)
+        for T in sorted({t for rec in catalog.records("proj") for t in tokens(rec)}):
+            x_h = f32_to_bf16(rng.standard_normal((T, K)).astype(np.float32) * 0.05)
+            x = cuda.to_device(x_h)
+            sample = np.sort(rng.choice(T, min(T, 32), replace=False))
+            ref = projection_reference_rows(x_h, wkv_h, sample)
+            for rec in catalog.records("proj"):
+                if T not in tokens(rec) or rec.encoding != "bf16":
+                    continue
+                got = cuda.device_array((T, N), dtype=np.uint16)
+                try:
+                    launch = prepare_project(x, wkv, got, version=rec.name)
+                except Exception as exc:   # e.g. an optional dependency (cuBLAS through torch) is missing
+                    log(f"  proj {rec.name}: cannot launch ({exc})")
+                    continue
+                launch()
+                ok, agree = projection_agrees(got.copy_to_host()[sample], ref)
+                slow = rec.name.endswith("_v1")
+                us = timer(launch, iters=3 if slow or T == 4096 else iters)
+                add("projection", T, rec.name, us, N * K * 2 + T * K * 2 + T * N * 2, 2 * T * K * N, ok, **agree)
+
+    if "gate" in stages:
+        w_gate_h = (1 + 0.1 * rng.standard_normal((HC, DIM))).astype(np.float32)
+        w_gate = cuda.to_device(w_gate_h)
+        for T in sorted({t for rec in catalog.records("gate") for t in tokens(rec)}):
+            h0 = rng.standard_normal((T, HC, DIM)).astype(np.float32)
+            kvg_h = f32_to_bf16(rng.standard_normal((T, N)).astype(np.float32))
+            kvg = cuda.to_device(kvg_h)
+            ref = gate_reference(h0, kvg_h, w_gate_h, np.ones_like(w_gate_h))
+            h = cuda.to_device(h0)
+            dot, gate = cuda.device_array((T, HC), dtype=np.float32), cuda.device_array((T, HC), dtype=np.float32)
+            gbytes = 2 * T * HC * DIM * 4 + T * HC * DIM * 2 + T * DIM * 2 + HC * DIM * 4
+            for rec in catalog.records("gate"):
+                if T not in tokens(rec):
+                    continue
+                for layout in ((None,) if rec.name == "gate_v1" else ("stream", "token")):
+                    h.copy_to_device(h0)
+                    try:
+                        launch = prepare_gate(h, kvg, w_gate, dot_out=dot, gate_out=gate, version=rec.name,
+                                              layout=layout)
+                    except ValueError as exc:  # a layout that does not apply to this shape
+                        log(f"  gate {rec.name} {layout}: {exc}")
+                        continue
+                    launch()
+                    valid = gate_agrees(h0, h.copy_to_host(), dot.copy_to_host(), gate.copy_to_host(), kvg_h, ref.dot)
+                    us = timer(launch, iters=iters)
+                    add("gate", T, rec.name + (f"/{layout}" if layout else ""), us, gbytes, 0, valid)
+    return out
+
+
+def bench_hash(log=print, repeats: int = 30, n_tokens: int = 4096) -> dict:
+    """The @njit hasher (one core) on a 4096-token prefill at the released configuration
+    (2 layers x 24 columns, real multipliers and primes, ids over the whole compressed vocab).
+    Best of `repeats` after a warm-up call (which compiles). Needs no GPU."""
+    from ..config import COMPRESSED_VOCAB_SIZE, ENGRAM_VOCAB_SIZE
+    from ..stages.hash.cpu import EngramHasher
+    from ..stages.hash.tables import EngramHashTables
+
+    rng = np.random.default_rng(1)
+    tables = EngramHashTables.build((1, 14), 4, 8, ENGRAM_VOCAB_SIZE, np.arange(COMPRESSED_VOCAB_SIZE), 2)
+    hasher = EngramHasher(tables, capacity=2 * n_tokens)
+    toks = rng.integers(0, COMPRESSED_VOCAB_SIZE, n_tokens)
+    hasher.hash(toks)
+    times = []
+    for _ in range(repeats):
+        hasher.reset()
+        t0 = time.perf_counter()
+        hasher.hash(toks)
+        times.append(time.perf_counter() - t0)
+    out = {"hash_prefill_4096_ms": round(1e3 * min(times), 3),
+           "hash_prefill_4096_median_ms": round(1e3 * statistics.median(times), 3),
+           "hash_tokens_per_s": round(n_tokens / min(times))}
+    log(f"hasher: {n_tokens}-token prefill {out['hash_prefill_4096_ms']} ms best, "
+        f"{out['hash_prefill_4096_median_ms']} ms median ({out['hash_tokens_per_s']:,} tokens/s)")
+    return out
+
+
+def bench_host(log=print, n_calls: int = 500, reader_vocab: int = 100_000, smoke: bool = False) -> dict:
+    """Host-side figures: hasher, row reader, Python cost of one apply call at T=1."""
+    from numba import cuda
+
+    from ..config import EngramConfig
+    from ..engine import EngramV41
+    from ..formats.schema_a import load_gguf, write_gguf
+    from ..stages.gate.launch import run_gate
+    from ..stages.hash.tables import EngramHashTables
+    from ..stages.proj.launch import project
+
+    out = bench_hash(log, repeats=2 if smoke else 30, n_tokens=64 if smoke else 4096)
+    if smoke:
+        n_calls, reader_vocab = 2, 300
+    rng = np.random.default_rng(1)
+    # A GGUF with a released-width engram (24 columns) but tables of the configuration's real
+    # prime sums would be 30 GB: real-recipe constants from a smaller prime start instead.
+    with tempfile.TemporaryDirectory() as tmp:
+        heads = 1 if smoke else 8
+        cfg = EngramConfig(dim=16 if smoke else 64, hc=4, layer_ids=(1, 4), max_ngram_size=4, n_heads=heads)
+        small = EngramHashTables.build((1, 4), 4, heads, reader_vocab, np.arange(1000), 2)
+        layers = {}
+        for li, lid in enumerate(cfg.layer_ids):
+            rows = int(small.table_rows[li])
+            tbl = rng.integers(0, 256, (rows, 84), dtype=np.uint8)
+            tbl[:, 80:84] = np.array([0.01, 0.001], dtype=np.float16).view(np.uint8)  # finite d, dmin
+            layers[lid] = {"table": tbl, "wkv": rng.standard_normal((cfg.proj_out, cfg.proj_in)).astype(np.float32),
+                           "q_weight": np.ones((cfg.hc, cfg.dim), np.float32),
+                           "k_weight": np.ones((cfg.hc, cfg.dim), np.float32)}
+        path = Path(tmp) / "reader.gguf"
+        write_gguf(path, cfg, small, layers)
+        model = load_gguf(path)
+        reader = model.rows(1)
+        C = cfg.n_hash_cols
+        ids = rng.integers(0, reader.n_rows, 4096 * C)
+        reader.read(ids)
+        t = []
+        for _ in range(10):
+            t0 = time.perf_counter()
+            reader.read(rng.integers(0, reader.n_rows, 4096 * C))
+            t.append(time.perf_counter() - t0)
+        out["row_reader_rows_per_s"] = round(ids.size / statistics.median(t))
+        out["row_reader_table_mb"] = round(reader.n_rows * 84 / 1e6, 1)
+        log(f"row reader: {out['row_reader_rows_per_s']:,} rows/s from a {out['row_reader_table_mb']} MB table on disk")
+
+        # Python cost per apply at T=1 (device time excluded: no sync inside the loop).
+        eng = EngramV41(model, max_tokens=16)
+        h = cuda.to_device(rng.standard_normal((1, cfg.hc, cfg.dim)).astype(np.float32))
+        eng.rows_from_raw(1, reader.read(rng.integers(0, reader.n_rows, (1, C))))
+        for _ in range(min(20, n_calls)):
+            eng.apply(1, h)
+        cuda.synchronize()
+        t0 = time.perf_counter()
+        for _ in range(n_calls):
+            eng.apply(1, h)
+        out["apply_T1_host_us"] = round((time.perf_counter() - t0) / n_calls * 1e6, 1)
+        cuda.synchronize()
+        log(f"EngramV41.apply at T=1: {out['apply_T1_host_us']} us of Python per call (2 kernel launches)")
+        if not smoke:
+            # the same two launches replayed from a CUDA graph (EngramV41.capture_apply)
+            try:
+                eng_g = EngramV41(model, max_tokens=16, stream=cuda.stream())
+                h_g = cuda.to_device(rng.standard_normal((1, cfg.hc, cfg.dim)).astype(np.float32))
+                eng_g.rows_from_raw(1, reader.read(rng.integers(0, reader.n_rows, (1, C))))
+                graph = eng_g.capture_apply(1, h_g)
+                for _ in range(20):
+                    graph.replay()
+                eng_g.stream.synchronize()
+                t0 = time.perf_counter()
+                for _ in range(n_calls):
+                    graph.replay()
+                out["apply_T1_graph_replay_host_us"] = round((time.perf_counter() - t0) / n_calls * 1e6, 1)
+                eng_g.stream.synchronize()
+                log(f"captured apply (CUDA graph) at T=1: {out['apply_T1_graph_replay_host_us']} us of host time per replay")
+            except Exception as exc:  # recorded, not fatal: the rest of the suite still runs
+                out["apply_T1_graph_replay_host_us"] = f"failed: {type(exc).__name__}: {exc}"[:300]
+                log(f"captured apply failed: {exc}")
+
+            # calibration: numba's own cost of launching a kernel with three array arguments
+            @cuda.jit
+            def _touch(a, b, c):
+                if cuda.grid(1) == 0:
+                    c[0] = a[0] + b[0]
+            a = cuda.to_device(np.ones(4, np.float32))
+            _touch[1, 32](a, a, a)
+            cuda.synchronize()
+            t0 = time.perf_counter()
+            for _ in range(500):
+                _touch[1, 32](a, a, a)
+            out["numba_launch_host_us"] = round((time.perf_counter() - t0) / 500 * 1e6, 1)
+            cuda.synchronize()
+            log(f"numba launch of a 3-array kernel: {out['numba_launch_host_us']} us of Python")
+
+        # The unprepared launchers, which validate and build views on every call.
+        lw, ws = eng.layers[1], eng._ws[1]
+        x = ws.rows[:C].reshape(1, cfg.proj_in)
+        for name, call in (("project_launcher_host_us", lambda: project(x, lw.wkv, ws.kv[:1])),
+                           ("gate_launcher_host_us", lambda: run_gate(h, ws.kv[:1], lw.w_gate))):
+            for _ in range(min(10, n_calls)):
+                call()
+            cuda.synchronize()
+            t0 = time.perf_counter()
+            for _ in range(min(200, n_calls)):
+                call()
+            out[name] = round((time.perf_counter() - t0) / min(200, n_calls) * 1e6, 1)
+            cuda.synchronize()
+        log(f"unprepared launchers: project() {out['project_launcher_host_us']} us, "
+            f"run_gate() {out['gate_launcher_host_us']} us of Python per call")
+        model.close()
+    return out
+
+
+def main(args=None) -> int:
+    from numba import cuda
+    from numba.cuda import config
+    if getattr(args, "hash_only", False):
+        bench_hash()
+        return 0
+    smoke = getattr(args, "smoke", False)
+    if not smoke and (config.ENABLE_CUDASIM or not cuda.is_available()):
+        print("error: engram-numba bench needs a CUDA GPU (none found, or numba's simulator is on); run it on the "
+              "GPU machine (tests/gpu_run.sh), or use --smoke to check the suite in the simulator", file=sys.stderr)
+        return 2
+    shape = SMOKE if smoke else RELEASED
+    if getattr(args, "table_gb", None) and not smoke:
+        shape = BenchShape(table_gb=args.table_gb)
+    default_out = "bench/results/smoke.json" if smoke else "bench/results/h200.json"
+    out = Path(getattr(args, "out", None) or default_out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    result = {"commit": commit()}
+    quick = getattr(args, "quick", False) or smoke
+    if getattr(args, "variants_only", False):
+        result.update({"device": device_name(), "copy_gbps": 0.0, "records": [],
+                       "variants": bench_variants(shape, quick)})
+        out.write_text(json.dumps(result, indent=1))
+        print(f"wrote {out}")
+        return 0
+    # Host figures first: torch.compile (in bench_device) leaves worker threads that would
+    # compete with the Python being timed.
+    host = bench_host(smoke=smoke)
+    result.update(bench_device(shape, quick=quick))
+    if not getattr(args, "no_variants", False):
+        result["variants"] = bench_variants(shape, quick)
+    result["host"] = host
+    out.write_text(json.dumps(result, indent=1))
+    png = Path(getattr(args, "png", None) or out.with_suffix(".png"))
+    plot_results(result, png)
+    print(markdown_table(result))
+    print(f"\nwrote {out} and {png}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

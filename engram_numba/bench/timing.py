@@ -1,0 +1,148 @@
+"""How the benchmark measures: CUDA-event medians with L2 flushed, floors, and records.
+
+`DeviceTimer` times a callable on the device: before every run a spin kernel keeps the GPU busy
+while Python enqueues (so the events measure the device, not the launch latency), then a write
+over a buffer larger than L2 evicts the previous run's data; the median of `iters` runs after
+`warmup` calls is returned in microseconds. In numba's simulator (the smoke test) there are no
+events and no L2: host time is returned instead, and every figure it gives is meaningless.
+"""
+from __future__ import annotations
+
+import os
+import statistics
+import subprocess
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+BF16_TFLOPS = 790.0          # H200 dense bf16 matrix throughput (floor of FLOP-bound stages)
+L2_FLUSH_BYTES = 256 << 20
+
+
+@dataclass(frozen=True)
+class BenchShape:
+    """The shapes one benchmark run uses (released by default; tiny for the simulator smoke test)."""
+
+    dim: int = 5120
+    hc: int = 4
+    cols: int = 24
+    head_dim: int = 256
+    tokens: tuple = (1, 16, 128, 4096)
+    table_gb: float = 2.0
+    name: str = "released"
+
+    @property
+    def K(self) -> int:
+        return self.cols * self.head_dim
+
+    @property
+    def N(self) -> int:
+        return self.dim * (self.hc + 1)
+
+
+RELEASED = BenchShape()
+SMOKE = BenchShape(dim=16, hc=1, cols=1, tokens=(1, 2), table_gb=0.0001, name="smoke (simulator)")
+
+
+def commit() -> str:
+    if os.environ.get("ENGRAM_COMMIT"):
+        return os.environ["ENGRAM_COMMIT"]
+    try:
+        return subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True,
+                              cwd=Path(__file__).resolve().parent, timeout=10).stdout.strip() or "unknown"
+    except Exception:
+        return "unknown"
+
+
+def device_name() -> str:
+    from numba import cuda
+    from numba.cuda import config
+    if config.ENABLE_CUDASIM:
+        return "numba CUDA simulator"
+    name = getattr(cuda.get_current_device(), "name", "unknown")
+    return name.decode() if isinstance(name, bytes) else str(name)
+
+
+class DeviceTimer:
+    """Median device time of a callable in microseconds (see the module doc)."""
+
+    def __init__(self, stream=0, flush_bytes: int = L2_FLUSH_BYTES):
+        from numba import cuda
+        from numba.cuda import config
+        self.cuda = cuda
+        self.stream = stream
+        self.simulated = bool(config.ENABLE_CUDASIM)
+        self._k = 0
+        if self.simulated:
+            return
+
+        @cuda.jit
+        def spin(ns, flag):
+            # one thread sleeps ~ns nanoseconds in 1 us naps
+            if cuda.grid(1) == 0:
+                for _ in range(ns // 1000):
+                    cuda.nanosleep(1000)
+                flag[0] = 1
+
+        @cuda.jit
+        def flush(buf, value):
+            i = cuda.grid(1)
+            stride = cuda.gridsize(1)
+            while i < buf.size:
+                buf[i] = value
+                i += stride
+
+        self._spin, self._flush = spin, flush
+        self._flag = cuda.device_array(1, dtype=np.int32)
+        self._buf = cuda.device_array(flush_bytes // 4, dtype=np.uint32)
+
+    def __call__(self, fn, iters: int = 50, warmup: int = 3, spin_us: int = 1000, flush: bool = True) -> float:
+        cuda = self.cuda
+        if self.simulated:
+            fn()
+            t0 = time.perf_counter()
+            fn()
+            return (time.perf_counter() - t0) * 1e6
+        for _ in range(warmup):
+            fn()
+        cuda.synchronize()
+        pairs = []
+        for _ in range(iters):
+            self._k += 1
+            self._spin[1, 32, self.stream](spin_us * 1000, self._flag)
+            if flush:
+                self._flush[264, 512, self.stream](self._buf, np.uint32(self._k))
+            e0, e1 = cuda.event(), cuda.event()
+            e0.record(self.stream)
+            fn()
+            e1.record(self.stream)
+            pairs.append((e0, e1))
+        cuda.synchronize()
+        return statistics.median(cuda.event_elapsed_time(a, b) * 1000.0 for a, b in pairs)  # us
+
+
+def measure_copy_gbps(timer: DeviceTimer, nbytes: int = 2 << 30) -> float:
+    """Device-to-device copy bandwidth, counting bytes read plus bytes written."""
+    cuda = timer.cuda
+    if timer.simulated:
+        nbytes = 1 << 16
+    src = cuda.device_array(nbytes // 4, dtype=np.uint32)
+    dst = cuda.device_array(nbytes // 4, dtype=np.uint32)
+    us = timer(lambda: dst.copy_to_device(src, stream=timer.stream), iters=10, flush=False)
+    return 2 * nbytes / (max(us, 1e-3) * 1e-6) / 1e9
+
+
+def make_record(stage: str, T: int, time_us: float, nbytes: int, flops: int, copy_gbps: float, baselines: dict,
+                **extra) -> dict:
+    """One benchmark record: time against the floor max(bytes / copy bandwidth, FLOPs / 790 TFLOP/s)."""
+    time_us = max(float(time_us), 1e-3)
+    floor_us = max(nbytes / (copy_gbps * 1e9), flops / (BF16_TFLOPS * 1e12)) * 1e6
+    rec = {"stage": stage, "T": T, "time_us": round(time_us, 3), "floor_us": round(floor_us, 3),
+           "pct_of_floor": round(100.0 * floor_us / time_us, 1), "bytes": int(nbytes), "flops": int(flops),
+           "gbps": round(nbytes / (time_us * 1e-6) / 1e9, 1),
+           "tflops": round(flops / (time_us * 1e-6) / 1e12, 2) if flops else None,
+           "baselines": {k: round(v, 3) for k, v in baselines.items()}}
+    rec.update(extra)
+    return rec

@@ -1,0 +1,122 @@
+"""Captures: the arrays a pipeline run kept at its named points, plus what the run was.
+
+    cap = pipe.run(tokens)          # a Capture: name -> numpy array, and cap.meta
+    cap["L1.gate.gate"]             # [T, hc] fp32
+    cap.layer(1)["gate.gate"]       # the same, without the layer prefix
+    cap.save("run.npz"); Capture.load("run.npz")
+
+Names: `tokens.ids`, `tokens.mask`, then `L{layer_id}.{point}` for the points of
+`engram_numba.pipeline.POINTS`. Names (and `names_filter`s) may be glob patterns ("L1.gate.*").
+"""
+from __future__ import annotations
+
+import fnmatch
+import json
+from typing import Callable, Mapping
+
+import numpy as np
+
+INPUT_POINTS = ("tokens.ids", "tokens.mask")
+POINTS = ("hash.ids", "rows.raw", "rows.bf16", "proj.kv", "gate.key", "gate.value",
+          "highway.in", "gate.dot", "gate.gate", "highway.out")
+OBSERVE_ONLY = ("tokens.ids", "tokens.mask", "gate.dot", "gate.gate", "highway.out")
+
+
+def point_names(layer_ids) -> list[str]:
+    """Every capture point of a model, in firing order."""
+    return list(INPUT_POINTS) + [f"L{lid}.{p}" for lid in layer_ids for p in POINTS]
+
+
+def short_name(name: str) -> str:
+    """'L1.gate.gate' -> 'gate.gate' (input points are returned as they are)."""
+    return name.split(".", 1)[1] if name.startswith("L") and "." in name else name
+
+
+def suggest(name: str, known) -> str:
+    """A hint naming the points that `name` probably meant (layer-prefixed forms, near names)."""
+    known = list(known)
+    short = short_name(name)
+    same_point = [k for k in known if short_name(k) == short and k != name]
+    if same_point:
+        return f"; did you mean {', '.join(repr(k) for k in same_point)}?"
+    import difflib
+    close = difflib.get_close_matches(name, known, n=3, cutoff=0.6)
+    if close:
+        return f"; did you mean {', '.join(repr(k) for k in close)}?"
+    return f"; points are e.g. {known[:len(POINTS) + 2]}"
+
+
+def is_pattern(name: str) -> bool:
+    return any(c in name for c in "*?[")
+
+
+def match_names(spec, known, what: str = "names_filter") -> Callable[[str], bool]:
+    """A predicate from a names filter: None (everything), a name or glob pattern, a list of them,
+    or a predicate. A name or pattern that matches no point of `known` is an error (a typo would
+    otherwise capture nothing, silently)."""
+    if spec is None:
+        return lambda name: True
+    if callable(spec):
+        return spec
+    if isinstance(spec, str):
+        patterns = [spec]
+    else:
+        try:
+            patterns = list(spec)
+        except TypeError:
+            raise TypeError(f"{what} must be a name, a glob pattern, a list of them or a predicate, "
+                            f"got {type(spec).__name__}") from None
+    known = list(known)
+    for p in patterns:
+        if not isinstance(p, str):
+            raise TypeError(f"{what} entries must be strings, got {type(p).__name__} {p!r}")
+        if not any(fnmatch.fnmatchcase(k, p) for k in known):
+            raise KeyError(f"{what} {p!r} matches no capture point{suggest(p, known)}")
+    return lambda name: any(fnmatch.fnmatchcase(name, p) for p in patterns)
+
+
+class Capture(Mapping):
+    """Arrays captured at named points of one run, plus what the run was (`meta`)."""
+
+    def __init__(self, arrays: dict | None = None, meta: dict | None = None):
+        self._arrays: dict[str, np.ndarray] = dict(arrays or {})
+        self.meta: dict = dict(meta or {})
+
+    def __getitem__(self, name: str) -> np.ndarray:
+        try:
+            return self._arrays[name]
+        except KeyError:
+            raise KeyError(f"no capture named {name!r}{suggest(name, self._arrays) if self._arrays else ''} "
+                           f"(captured: {len(self._arrays)} points)") from None
+
+    def __iter__(self):
+        return iter(self._arrays)
+
+    def __len__(self) -> int:
+        return len(self._arrays)
+
+    def __repr__(self) -> str:
+        head = ", ".join(f"{k} {v.dtype}{list(v.shape)}" for k, v in list(self._arrays.items())[:4])
+        more = f", ... ({len(self) - 4} more)" if len(self) > 4 else ""
+        return f"Capture({head}{more}; meta keys {sorted(self.meta)})"
+
+    def select(self, names_filter) -> "Capture":
+        """A Capture of the points matching `names_filter` (a name, glob, list or predicate)."""
+        keep = match_names(names_filter, self._arrays)
+        return Capture({k: v for k, v in self._arrays.items() if keep(k)}, self.meta)
+
+    def save(self, path) -> None:
+        """Write every array and the meta to one .npz file."""
+        arrays = {k: np.ascontiguousarray(v) for k, v in self._arrays.items()}
+        np.savez_compressed(path, __meta__=np.array(json.dumps(self.meta, default=str)), **arrays)
+
+    @classmethod
+    def load(cls, path) -> "Capture":
+        with np.load(path, allow_pickle=False) as f:
+            meta = json.loads(str(f["__meta__"])) if "__meta__" in f.files else {}
+            return cls({k: f[k] for k in f.files if k != "__meta__"}, meta)
+
+    def layer(self, layer_id: int) -> dict[str, np.ndarray]:
+        """This layer's captures, keyed by point name without the layer prefix."""
+        prefix = f"L{layer_id}."
+        return {k[len(prefix):]: v for k, v in self._arrays.items() if k.startswith(prefix)}

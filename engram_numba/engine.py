@@ -1,0 +1,405 @@
+"""`EngramV41`: the Engram path on the GPU, with device-resident weights and fixed workspaces.
+
+    engine = EngramV41(model, max_tokens=4096, device_tables=True)
+    hasher = EngramHasher(model.hash_tables)
+    engine.step(prompt_ids, d_highway, hasher)      # hash -> rows -> projection -> gate, all layers
+    engine.step([next_id], d_highway, hasher)       # decode: one token, same workspaces
+
+Or stage by stage, for one layer:
+    engine.rows_from_ids(1, row_ids)        # [T, C] ids -> gather + decode from the device table
+    engine.rows_from_raw(1, raw)            # or raw rows from the host (mmap'd file), decoded here
+    engine.rows_from_bf16(1, rows)          # or bf16 rows you made yourself
+    engine.apply(1, d_highway, token_mask)  # projection, then gate, in place on [T, hc, dim] fp32
+
+Every method checks its arguments (layer id, dtype, shape, token counts against `max_tokens` and
+against the rows loaded for that layer, host vs device arrays) before any copy or launch, so a
+refused call leaves device memory exactly as it was. Device arrays from numba, CuPy, PyTorch or
+JAX are taken without copies through `__cuda_array_interface__` (or DLPack, via CuPy).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+from numba import cuda
+
+from .config import MAX_HC, check_layer_id
+from .device.devarray import as_device_array, data_address, is_device_like
+from .device.graphs import CapturedGraph
+from .stages import registry
+from .stages.gate.launch import prepare_gate
+from .stages.gate.reference import RESIDUALS
+from .stages.hash.cpu import EngramHasher
+from .stages.proj.launch import prepare_project
+from .stages.rows.encodings import get_encoding
+from .stages.rows.launch import prepare_decode, prepare_gather
+
+ROW_VALUES = 256
+
+
+def check_versions(versions) -> dict:
+    """{stage: record name} for the cuda stages, checked against the kernel registry."""
+    versions = dict(versions or {})
+    for stage, name in versions.items():
+        if stage not in ("rows", "proj", "gate"):
+            raise ValueError(f"kernel versions are chosen per cuda stage (rows, proj, gate), got stage {stage!r}")
+        if name is not None:
+            registry.get(stage, name)
+    return versions
+
+
+@dataclass
+class EngramLayerWeights:
+    """One engram layer's weights on the device."""
+
+    layer_id: int
+    wkv: object          # [N, K] uint16 bf16 words, N = dim*(hc+1), K = n_hash_cols*256
+    w_gate: object       # [hc, dim] fp32, q_weight * k_weight (the gate's per-stream weight)
+    n_rows: int          # rows of this layer's table
+    encoding: str = "q2k"  # the table's row encoding (engram_numba.stages.rows.encodings)
+    row_bytes: int = 84    # bytes of one raw row in that encoding
+    table: object = None  # [rows, row_bytes] uint8 raw rows, when device_tables=True
+
+    @property
+    def nbytes(self) -> int:
+        return sum(int(a.nbytes) for a in (self.wkv, self.w_gate, self.table) if a is not None)
+
+
+class _LayerWorkspace:
+    def __init__(self, max_tokens: int, cfg, row_bytes: int):
+        C = cfg.n_hash_cols
+        self.raw = cuda.device_array((max_tokens * C, row_bytes), dtype=np.uint8)          # staging
+        self.ids = cuda.device_array(max_tokens * C, dtype=np.int64)                       # staging
+        self.rows = cuda.device_array((max_tokens * C, ROW_VALUES), dtype=np.uint16)       # [T*C, 256]
+        self.kv = cuda.device_array((max_tokens, cfg.proj_out), dtype=np.uint16)           # [T, N]
+        self.dot = cuda.device_array((max_tokens, cfg.hc), dtype=np.float32)               # [T, hc]
+        self.gate = cuda.device_array((max_tokens, cfg.hc), dtype=np.float32)              # [T, hc]
+        self.rows_tokens = 0      # tokens whose rows are loaded (0 = none)
+        self.kv_tokens = 0        # tokens whose kv is current
+        self.gate_tokens = 0
+
+
+class EngramV41:
+    """Device weights, max_tokens workspaces, and the stage methods of the Engram path.
+
+    model: a model from `engram_numba.load_gguf` / `load_model`, or anything with `.config`,
+        `.layers` {layer_id: layer} where a layer has `wkv_bf16()`, `q_weight`, `k_weight`,
+        `table` (raw rows [rows, row_bytes] uint8) and `table_encoding`, and `.rows(layer_id)`
+        for host row reads.
+    max_tokens: the most tokens one call may carry; workspaces are sized for it once.
+    device_tables: upload each layer's table (30 GiB a layer in Q2_K at the released size), so
+        rows are gathered on the GPU and never cross PCIe.
+    residual: default residual precision, "fp32" (engine) or "bf16" (DeepSeek's reference).
+    versions: kernel version per stage by record name, {"rows": "q2k_v4", "proj": "gemm_v2",
+        "gate": "gate_v2"} (see `engram_numba.stages.catalog`); a stage not named takes its default.
+    """
+
+    def __init__(self, model, max_tokens: int, *, device_tables: bool = False, residual: str = "fp32",
+                 stream=0, versions: dict | None = None):
+        cfg = model.config
+        if not 1 <= cfg.hc <= MAX_HC:
+            raise ValueError(f"EngramV41 supports hc in 1..={MAX_HC}, the model has hc = {cfg.hc}")
+        if isinstance(max_tokens, bool) or not isinstance(max_tokens, (int, np.integer)) or max_tokens < 1:
+            raise ValueError(f"max_tokens must be a positive integer, got {max_tokens!r}")
+        if residual not in RESIDUALS:
+            raise ValueError(f"residual must be one of {RESIDUALS}, got {residual!r}")
+        self.model = model
+        self.config = cfg
+        self.max_tokens = int(max_tokens)
+        self.residual = residual
+        self.stream = stream
+        self.versions = check_versions(versions)  # stage -> kernel record name
+        self.layers: dict[int, EngramLayerWeights] = {}
+        for lid in cfg.layer_ids:
+            lf = model.layers[lid]
+            w_gate = (np.asarray(lf.q_weight, np.float32) * np.asarray(lf.k_weight, np.float32)).astype(np.float32)
+            table = lf.table
+            enc = get_encoding(getattr(lf, "table_encoding", "q2k"))
+            if table.shape[1] != enc.row_bytes:
+                raise ValueError(f"layer {lid}: its {enc.name} table has {table.shape[1]} bytes a row, "
+                                 f"expected {enc.row_bytes}")
+            self.layers[lid] = EngramLayerWeights(
+                layer_id=lid,
+                wkv=cuda.to_device(np.ascontiguousarray(lf.wkv_bf16(), dtype=np.uint16)),
+                w_gate=cuda.to_device(np.ascontiguousarray(w_gate)),
+                n_rows=int(table.shape[0]), encoding=enc.name, row_bytes=enc.row_bytes,
+                table=cuda.to_device(np.ascontiguousarray(table)) if device_tables else None,
+            )
+        self._ws = {lid: _LayerWorkspace(self.max_tokens, cfg, self.layers[lid].row_bytes) for lid in cfg.layer_ids}
+        self._mask = cuda.device_array(self.max_tokens, dtype=np.uint8)
+        # Prepared launches (validated arguments, views, kernel and grid), reused by calls with
+        # the same layer, token count and arrays: Python work per decode step stays small.
+        self._plans: dict = {}
+        self._last_launch: dict = {}   # (stage, layer id) -> the launch last made
+
+    # -- checks ---------------------------------------------------------------------------------
+    def _layer(self, layer_id) -> tuple[EngramLayerWeights, _LayerWorkspace]:
+        lid = check_layer_id(layer_id, "layer_id")
+        if lid not in self.layers:
+            raise ValueError(f"layer id {layer_id} is not an engram layer of this model "
+                             f"(engram layers: {list(self.config.layer_ids)})")
+        return self.layers[lid], self._ws[lid]
+
+    def _check_tokens(self, n_tokens: int, what: str) -> None:
+        if n_tokens > self.max_tokens:
+            raise ValueError(f"{what}: {n_tokens} tokens exceed this engine's max_tokens = {self.max_tokens} "
+                             f"workspace (build EngramV41 with a larger max_tokens)")
+        if n_tokens < 1:
+            raise ValueError(f"{what}: needs at least one token, got {n_tokens}")
+
+    def _check_rows_shape(self, arr, width: int, dtype, what: str) -> int:
+        """[T*C, width] or [T, C, width] -> T (tokens)."""
+        C = self.config.n_hash_cols
+        shape = tuple(arr.shape)
+        if np.dtype(arr.dtype) != np.dtype(dtype):
+            raise ValueError(f"{what} must be {np.dtype(dtype)}, got {arr.dtype}")
+        if len(shape) == 3 and shape[1:] == (C, width):
+            n = shape[0] * C
+        elif len(shape) == 2 and shape[1] == width:
+            n = shape[0]
+        else:
+            raise ValueError(f"{what} must be [T*{C}, {width}] or [T, {C}, {width}], got {list(shape)}")
+        if n % C:
+            raise ValueError(f"{what}: {n} rows is not a whole number of tokens ({C} hash columns each)")
+        T = n // C
+        self._check_tokens(T, what)
+        return T
+
+    # -- rows -------------------------------------------------------------------------------------
+    def rows_from_raw(self, layer_id, raw) -> None:
+        """Raw rows [T*C, row_bytes] in this layer's table encoding (host, e.g. from the model's
+        row reader, or device) -> decoded bf16 rows in this layer's workspace."""
+        lw, ws = self._layer(layer_id)
+        dev = is_device_like(raw)
+        arr = as_device_array(raw, "raw") if dev else np.asarray(raw)
+        width = lw.row_bytes
+        T = self._check_rows_shape(arr, width, np.uint8, f"rows_from_raw raw ({lw.encoding} rows)")
+        n = T * self.config.n_hash_cols
+        if dev:
+            src = arr.reshape(n, width) if arr.ndim == 3 else arr
+        else:
+            src = ws.raw[:n]
+            src.copy_to_device(np.ascontiguousarray(arr.reshape(n, width)), stream=self.stream)
+        launch = self._plan(("decode", lw.layer_id, n, data_address(src)), lambda: prepare_decode(
+            src, ws.rows[:n], encoding=lw.encoding, stream=self.stream, version=self.versions.get("rows")))
+        self._last_launch[("rows", lw.layer_id)] = launch
+        launch()
+        self._loaded(ws, T)
+
+    def rows_from_bf16(self, layer_id, rows) -> None:
+        """bf16 rows [T*C, 256] (uint16 words; host or device) -> this layer's workspace."""
+        lw, ws = self._layer(layer_id)
+        dev = is_device_like(rows)
+        arr = as_device_array(rows, "rows") if dev else np.asarray(rows)
+        if not dev and arr.dtype.name == "bfloat16":
+            arr = arr.view(np.uint16)
+        T = self._check_rows_shape(arr, ROW_VALUES, np.uint16, "rows_from_bf16 rows")
+        n = T * self.config.n_hash_cols
+        if dev:
+            src = arr.reshape(n, ROW_VALUES) if arr.ndim == 3 else arr
+            ws.rows[:n].copy_to_device(src, stream=self.stream)
+        else:
+            ws.rows[:n].copy_to_device(np.ascontiguousarray(arr.reshape(n, ROW_VALUES)), stream=self.stream)
+        self._loaded(ws, T)
+
+    def rows_from_ids(self, layer_id, row_ids) -> None:
+        """Row ids [T, C] (host ints, as `EngramHasher.hash(...)[:, layer_index]` gives) ->
+        gather + dequant from the device-resident table. Ids are range-checked on the host first."""
+        lw, ws = self._layer(layer_id)
+        if lw.table is None:
+            raise ValueError("rows_from_ids needs the Q2_K tables on the device: build EngramV41(..., device_tables=True)")
+        if is_device_like(row_ids):
+            raise TypeError("rows_from_ids takes host row ids (they are range-checked before upload)")
+        ids = np.asarray(row_ids)
+        if not np.issubdtype(ids.dtype, np.integer):
+            raise ValueError(f"row_ids must be integers, got {ids.dtype}")
+        C = self.config.n_hash_cols
+        if ids.ndim != 2 or ids.shape[1] != C:
+            raise ValueError(f"row_ids must be [T, {C}], got {list(ids.shape)}")
+        T = ids.shape[0]
+        self._check_tokens(T, "rows_from_ids")
+        flat = ids.reshape(-1).astype(np.int64, copy=False)
+        bad = (flat < 0) | (flat >= lw.n_rows)
+        if bad.any():
+            i = int(np.argmax(bad))
+            raise ValueError(f"row id {int(flat[i])} (token {i // C}, column {i % C}) is outside layer "
+                             f"{lw.layer_id}'s table of {lw.n_rows} rows")
+        n = T * C
+        ws.ids[:n].copy_to_device(np.ascontiguousarray(flat), stream=self.stream)
+        launch = self._plan(("gather", lw.layer_id, n), lambda: prepare_gather(
+            lw.table, ws.ids[:n], ws.rows[:n], encoding=lw.encoding, stream=self.stream,
+            version=self.versions.get("rows")))
+        self._last_launch[("rows", lw.layer_id)] = launch
+        launch()
+        self._loaded(ws, T)
+
+    def _plan(self, key, make):
+        plan = self._plans.get(key)
+        if plan is None:
+            if len(self._plans) >= 256:          # many distinct highways: forget the oldest
+                self._plans.pop(next(iter(self._plans)))
+            plan = self._plans[key] = make()
+        return plan
+
+    @staticmethod
+    def _loaded(ws: _LayerWorkspace, T: int) -> None:
+        ws.rows_tokens, ws.kv_tokens, ws.gate_tokens = T, 0, 0
+
+    # -- projection and gate --------------------------------------------------------------------
+    def project(self, layer_id):
+        """kv = bf16(rows @ wkv^T) for the loaded rows -> device view [T, (hc+1)*dim] uint16."""
+        lw, ws = self._layer(layer_id)
+        T = ws.rows_tokens
+        if T == 0:
+            raise ValueError(f"layer {lw.layer_id}: no rows loaded (call rows_from_ids / rows_from_raw / rows_from_bf16 first)")
+        plan = self._plan(("proj", lw.layer_id, T), lambda: prepare_project(
+            ws.rows[: T * self.config.n_hash_cols].reshape(T, self.config.proj_in), lw.wkv, ws.kv[:T],
+            stream=self.stream, version=self.versions.get("proj")))
+        ws.kv_tokens = T
+        self._last_launch[("proj", lw.layer_id)] = plan
+        return plan()
+
+    def gate(self, layer_id, highway, token_mask=None, *, residual: str | None = None, eps: float | None = None,
+             kv=None):
+        """The gate and highway update in place on `highway` [T, hc, dim] fp32 (device), using
+        this layer's projected kv (or `kv` [T, (hc+1)*dim] bf16 words, device, if given)."""
+        lw, ws = self._layer(layer_id)
+        cfg = self.config
+        residual = self.residual if residual is None else residual
+        if residual not in RESIDUALS:
+            raise ValueError(f"residual must be one of {RESIDUALS}, got {residual!r}")
+        h = as_device_array(highway, "highway")
+        if h.dtype != np.float32:
+            raise ValueError(f"highway must be float32, got {h.dtype}")
+        if h.ndim != 3 or tuple(h.shape[1:]) != (cfg.hc, cfg.dim):
+            raise ValueError(f"highway must be [T, hc={cfg.hc}, dim={cfg.dim}], got {list(h.shape)}")
+        T = int(h.shape[0])
+        self._check_tokens(T, "gate highway")
+        if kv is None:
+            if ws.kv_tokens != T:
+                have = ws.kv_tokens or ws.rows_tokens
+                raise ValueError(f"layer {lw.layer_id}: highway has {T} tokens but the rows loaded for this "
+                                 f"layer cover {have} tokens")
+            kv_dev = ws.kv[:T]
+        else:
+            kv_dev = as_device_array(kv, "kv")
+            if kv_dev.dtype != np.uint16 or tuple(kv_dev.shape) != (T, cfg.proj_out):
+                raise ValueError(f"kv must be uint16 [T={T}, {cfg.proj_out}], got {kv_dev.dtype}{list(kv_dev.shape)}")
+        mask_dev = None
+        if token_mask is not None:
+            if is_device_like(token_mask):
+                mask_dev = as_device_array(token_mask, "token_mask")
+                if tuple(mask_dev.shape) != (T,) or mask_dev.dtype not in (np.uint8, np.bool_):
+                    raise ValueError(f"token_mask must be uint8/bool [{T}], got {mask_dev.dtype}{list(mask_dev.shape)}")
+            else:
+                m = np.asarray(token_mask)
+                if m.shape != (T,):
+                    raise ValueError(f"token_mask must have shape ({T},), got {m.shape}")
+                if m.dtype != np.bool_:
+                    raise ValueError(f"token_mask must be bool (True = live token), got {m.dtype}")
+                mask_dev = self._mask[:T]
+                mask_dev.copy_to_device(m.astype(np.uint8), stream=self.stream)
+        eps = cfg.eps if eps is None else float(eps)
+        key = ("gate", lw.layer_id, T, data_address(h), tuple(h.strides),
+               None if kv is None else (data_address(kv_dev), tuple(kv_dev.strides)),
+               None if mask_dev is None else (data_address(mask_dev), tuple(mask_dev.strides), str(mask_dev.dtype)),
+               residual, eps)
+        plan = self._plan(key, lambda: prepare_gate(
+            h, kv_dev, lw.w_gate, token_mask=mask_dev, residual=residual, eps=eps, dot_out=ws.dot[:T],
+            gate_out=ws.gate[:T], stream=self.stream, version=self.versions.get("gate")))
+        self._last_launch[("gate", lw.layer_id)] = plan
+        plan()
+        ws.gate_tokens = T
+        return highway
+
+    def apply(self, layer_id, highway, token_mask=None, *, residual: str | None = None):
+        """Projection, then gate, in place on the device highway [T, hc, dim] fp32."""
+        lw, ws = self._layer(layer_id)
+        h = as_device_array(highway, "highway")
+        T = int(h.shape[0]) if h.ndim >= 1 else -1
+        if ws.rows_tokens == 0:
+            raise ValueError(f"layer {lw.layer_id}: no rows loaded (call rows_from_ids / rows_from_raw / rows_from_bf16 first)")
+        if T != ws.rows_tokens:
+            raise ValueError(f"layer {lw.layer_id}: highway has {T} tokens but the rows loaded for this layer "
+                             f"cover {ws.rows_tokens} tokens")
+        self._check_tokens(T, "apply highway")
+        # Validate the gate's arguments before the projection writes anything.
+        if h.dtype != np.float32 or h.ndim != 3 or tuple(h.shape[1:]) != (self.config.hc, self.config.dim):
+            raise ValueError(f"highway must be float32 [T, hc={self.config.hc}, dim={self.config.dim}], "
+                             f"got {h.dtype}{list(h.shape)}")
+        if token_mask is not None and not is_device_like(token_mask):
+            m = np.asarray(token_mask)
+            if m.shape != (T,) or m.dtype != np.bool_:
+                raise ValueError(f"token_mask must be bool of shape ({T},), got {m.dtype}{list(m.shape)}")
+        self.project(layer_id)
+        return self.gate(layer_id, h, token_mask, residual=residual)
+
+    def capture_apply(self, layer_id, highway, token_mask=None, *, residual: str | None = None) -> CapturedGraph:
+        """Record this layer's projection + gate on `highway` into a CUDA graph (one-token decode).
+
+        Runs `apply` once (which also warms the kernels), then captures the same two launches on
+        the engine's stream; `replay()` relaunches them for ~one graph launch of host time instead
+        of two numba launches. The graph reads whatever rows are loaded in this layer's
+        workspace when it replays (load the next token's rows with rows_from_* first, same token
+        count) and updates the same `highway` memory. A host token_mask cannot be captured (its
+        upload is a copy): pass None or a device mask whose contents you update.
+        Needs a real GPU and a non-default stream: EngramV41(..., stream=numba.cuda.stream()).
+        """
+        from numba.cuda import config
+        if config.ENABLE_CUDASIM:
+            raise RuntimeError("CUDA graphs need a real GPU (numba's simulator has none)")
+        if not self.stream or not int(getattr(self.stream, "handle", 0) or 0):
+            raise ValueError("capture_apply needs a non-default stream: EngramV41(..., stream=numba.cuda.stream())")
+        if token_mask is not None and not is_device_like(token_mask):
+            raise ValueError("capture_apply takes token_mask=None or a device mask (a host mask's upload "
+                             "cannot be replayed)")
+        lw, _ = self._layer(layer_id)
+        self.apply(layer_id, highway, token_mask, residual=residual)
+        self.stream.synchronize()
+        launches = (self._last_launch[("proj", lw.layer_id)], self._last_launch[("gate", lw.layer_id)])
+        return CapturedGraph(self.stream, launches, n_tokens=self._ws[lw.layer_id].rows_tokens)
+
+    def step(self, token_ids, highway, hasher: EngramHasher, token_mask=None, *, residual: str | None = None):
+        """hash -> rows -> projection -> gate for every engram layer, in model order, in place."""
+        h = as_device_array(highway, "highway")
+        T = len(token_ids)
+        self._check_tokens(T, "step")
+        if h.ndim != 3 or int(h.shape[0]) != T:
+            raise ValueError(f"highway must be [T={T}, hc, dim], got {list(h.shape)}")
+        ids = hasher.hash(token_ids, token_mask)             # [T, L, C] (checks the token ids)
+        for li, lid in enumerate(self.config.layer_ids):
+            lw = self.layers[lid]
+            if lw.table is not None:
+                self.rows_from_ids(lid, ids[:, li, :])
+            else:
+                self.rows_from_raw(lid, self.model.rows(lid).read(ids[:, li, :]))
+            self.apply(lid, h, token_mask, residual=residual)
+        return highway
+
+    # -- what the last calls produced -----------------------------------------------------------
+    def last_kernels(self) -> dict:
+        """{stage: kernel record name} of the launches last made (any layer)."""
+        out = {}
+        for (stage, _), launch in self._last_launch.items():
+            out[stage] = launch.name
+        return out
+
+    def rows_bf16(self, layer_id):
+        """Device view of the loaded rows [T*C, 256] uint16."""
+        lw, ws = self._layer(layer_id)
+        return ws.rows[: ws.rows_tokens * self.config.n_hash_cols]
+
+    def kv(self, layer_id):
+        """Device view of the last projection [T, N] uint16."""
+        lw, ws = self._layer(layer_id)
+        return ws.kv[: ws.kv_tokens]
+
+    def last_gate(self, layer_id):
+        """Device views (dot [T, hc], gate [T, hc]) fp32 of the last gate call."""
+        lw, ws = self._layer(layer_id)
+        return ws.dot[: ws.gate_tokens], ws.gate[: ws.gate_tokens]
+
+    @property
+    def device_bytes(self) -> int:
+        ws = sum(sum(int(a.nbytes) for a in (w.raw, w.ids, w.rows, w.kv, w.dot, w.gate)) for w in self._ws.values())
+        return ws + sum(lw.nbytes for lw in self.layers.values()) + int(self._mask.nbytes)

@@ -1,0 +1,622 @@
+"""Gate and highway update (docs/math.md, section 6) on the GPU: the last stage of an Engram layer.
+
+For token t and stream c, over d in 0..dim-1, all in fp32:
+
+    h = highway[t, c, :]    k = key[t, c, :]    w = q_weight[c, :] * k_weight[c, :]
+    dot  = sum(h*w*k) * rsqrt(mean(h*h) + eps) * rsqrt(mean(k*k) + eps) / sqrt(dim)
+    gate = sigmoid(copysign(sqrt(max(|dot|, 1e-6)), dot))        (0 for a masked token)
+    highway[t, c, :] = h + gate * value[t, :]                     (in place)
+
+Data (T tokens):
+    highway   [T, hc, dim] fp32, C-contiguous, updated in place
+    kv        [T, (hc+1)*dim] bf16 words (uint16): key of stream c at columns c*dim..(c+1)*dim,
+              the value shared by all streams at hc*dim..(hc+1)*dim (the projection's output)
+    w         [hc, dim] fp32, q_weight * k_weight, multiplied once by the caller
+    token_mask [T] uint8 (or bool), optional: 0 = masked token, its streams are not written
+    dot_out, gate_out [T, hc] fp32, optional: the normalised dot and the gate of every (t, c)
+
+Everything except the three reductions follows `engram_numba.stages.gate.reference.gate_reference`
+operation by operation (`(h*w)*k`, `1/sqrt(mean + eps)`, `((hk*inv_h)*inv_k)/sqrt(dim)`, the
+sigmoid in float64 rounded once, and an unfused `h + (gate*v)`), so the only difference from
+the reference is the order of the three fp32 sums: v1, which sums in the reference's order,
+is bit-identical to it (dot, gate and highway).
+
+The stage is pure bandwidth: at T=4096, dim 5120, hc 4 it moves 880 MB (highway read and
+written, 2 x 335 MB; keys 168 MB; value 42 MB) for ~130 MFLOP, so the floor is ~210 us at the
+H200's ~4.2 TB/s.
+
+Kernel versions (never delete v1):
+    v1  naive: one thread per (t, c), sequential loops over d with unfused fp32 ops; bit-exact
+        with the numpy reference (the same summation order): a second reference.
+    v2  one block per token (all hc streams, the value row read once per token) or per (t, c);
+        the three sums in one pass of 16-byte loads (fp32 highway as uint32x4, keys as 8 bf16
+        in one uint32x4), warp shuffles then one shared-memory step, then an update pass that
+        re-reads h (L1/L2 hits) and writes with 16-byte stores.
+    v3  v2 with each thread's h values held in registers between the two passes (the kernel is
+        specialised on the nch chunks each thread owns and written out unrolled), so h is read
+        once; every load (h, w, key and value) is issued before the block reduction, in
+        straight-line code. One block per (t, c) by default.
+
+v2 and v3 are compiled per residual (the fp32 path carries no rounding code), v3 also per nch.
+
+The launcher is `launch.prepare_gate` / `launch.run_gate` (the highway is updated in place); the
+default rules are in records.py; `launch_config` says what a launch will use.
+"""
+from __future__ import annotations
+
+import math
+
+import numpy as np
+from numba import cuda, types
+
+from ...config import GATE_CLAMP, MAX_HC, NORM_EPS
+from ...device.devarray import data_address
+from ...device.intrinsics import (add_rn, bf16_bits_to_f32, bf16x2_hi, bf16x2_lo, device_function, f32_as_u32, load_u32x4,
+                                mul_rn, round_to_bf16, store_u32x4, u32_as_f32, warp_sum)
+from ...device.launch import NoLaunch, PreparedLaunch
+from ..registry import CompileTarget
+
+LAYOUTS = ("token", "stream")   # one block per token (all hc streams) / one block per (t, c)
+
+MAX_THREADS = 512               # the fast kernels' largest block
+MAX_WARPS = MAX_THREADS // 32
+V1_THREADS = 128
+V3_MAX_CHUNKS = 8               # more chunks per thread than this would not fit in registers
+
+_CLAMP = np.float32(GATE_CLAMP)
+_NEG_ZERO = np.float32(-0.0)    # the identity of IEEE addition: -0 + x == x, even for x = -0
+_ONE = np.float32(1.0)
+
+
+# ---- device helpers shared by every version ------------------------------------------------
+
+@device_function
+def _gate_scalars(hk, hh, kk, dim, eps, live):
+    """dot and gate of one (t, c) from its three sums, in the reference's operation order.
+
+    math.sqrt compiles to sqrt.rn and `/` to div.rn (no fastmath), both correctly rounded like
+    numpy; the simulator's math.* run in float64 and are rounded back to fp32 at once. The
+    sigmoid runs in float64 and is rounded once, as the reference does: that is the correctly
+    rounded fp32 sigmoid (but for a ~2^-29 chance), so the gate does not carry libdevice expf's
+    ulps. One double exp per (t, c) costs nothing here."""
+    f32 = np.float32
+    dim32 = f32(dim)
+    inv_h = _ONE / f32(math.sqrt(f32(f32(hh / dim32) + eps)))
+    inv_k = _ONE / f32(math.sqrt(f32(f32(kk / dim32) + eps)))
+    dot = f32(mul_rn(mul_rn(hk, inv_h), inv_k) / f32(math.sqrt(dim32)))
+    a = abs(dot)
+    if a < _CLAMP:          # max(|dot|, 1e-6) that keeps a NaN, like np.maximum
+        a = _CLAMP
+    g = f32(math.copysign(f32(math.sqrt(a)), dot))
+    gate = f32(1.0 / (1.0 + math.exp(-np.float64(g))))
+    if not live:
+        gate = f32(0.0)
+    return dot, gate
+
+
+@device_function
+def _h_value(word, residual_bf16):
+    """h from its fp32 bits; for the bf16 residual, first rounded to bf16 (a select, no branch;
+    the fast kernels pass a compile-time constant, so the fp32 path carries no rounding code)."""
+    x = u32_as_f32(word)
+    return round_to_bf16(x) if residual_bf16 else x
+
+
+@device_function
+def _new_h_word(h, gate, v, residual_bf16):
+    """h + gate*v as the reference rounds it (product, then sum; optional bf16), as a word."""
+    y = add_rn(h, mul_rn(gate, v))
+    if residual_bf16:
+        y = round_to_bf16(y)
+    return f32_as_u32(y)
+
+
+@device_function
+def _chunk_sums(h0, h1, h2, h3, h4, h5, h6, h7, wa, wb, kq):
+    """Partial sums (h*w)*k, h*h, k*k over one chunk of 8 elements.
+
+    h0..h7: fp32 values of h (already bf16-rounded for that residual); wa, wb: two uint32x4
+    tuples with the bits of w; kq: one uint32x4 tuple of 4 bf16x2 words of the key. The adds
+    may fuse with the multiplies (FMA): the sums' order differs from the reference anyway."""
+    k0 = bf16x2_lo(kq[0])
+    k1 = bf16x2_hi(kq[0])
+    k2 = bf16x2_lo(kq[1])
+    k3 = bf16x2_hi(kq[1])
+    k4 = bf16x2_lo(kq[2])
+    k5 = bf16x2_hi(kq[2])
+    k6 = bf16x2_lo(kq[3])
+    k7 = bf16x2_hi(kq[3])
+    hk = (h0 * u32_as_f32(wa[0])) * k0
+    hk += (h1 * u32_as_f32(wa[1])) * k1
+    hk += (h2 * u32_as_f32(wa[2])) * k2
+    hk += (h3 * u32_as_f32(wa[3])) * k3
+    hk += (h4 * u32_as_f32(wb[0])) * k4
+    hk += (h5 * u32_as_f32(wb[1])) * k5
+    hk += (h6 * u32_as_f32(wb[2])) * k6
+    hk += (h7 * u32_as_f32(wb[3])) * k7
+    hh = h0 * h0
+    hh += h1 * h1
+    hh += h2 * h2
+    hh += h3 * h3
+    hh += h4 * h4
+    hh += h5 * h5
+    hh += h6 * h6
+    hh += h7 * h7
+    kk = k0 * k0
+    kk += k1 * k1
+    kk += k2 * k2
+    kk += k3 * k3
+    kk += k4 * k4
+    kk += k5 * k5
+    kk += k6 * k6
+    kk += k7 * k7
+    return hk, hh, kk
+
+
+@device_function
+def _block_sums(s_hk, s_hh, s_kk, scratch, partial, tid, tps):
+    """Sum each thread's partials over the tps threads of its stream (tps a multiple of 32).
+
+    Every thread of the block must call this together. Returns the three totals to every
+    thread of the stream, summed over its warps in a fixed order."""
+    r_hk = warp_sum(s_hk, scratch)
+    r_hh = warp_sum(s_hh, scratch)
+    r_kk = warp_sum(s_kk, scratch)
+    warp = tid // 32
+    if tid % 32 == 0:
+        partial[warp, 0] = r_hk
+        partial[warp, 1] = r_hh
+        partial[warp, 2] = r_kk
+    cuda.syncthreads()
+    wps = tps // 32
+    w0 = (tid // tps) * wps
+    hk = partial[w0, 0]
+    hh = partial[w0, 1]
+    kk = partial[w0, 2]
+    for i in range(1, wps):
+        hk += partial[w0 + i, 0]
+        hh += partial[w0 + i, 1]
+        kk += partial[w0 + i, 2]
+    return hk, hh, kk
+
+
+# ---- v1: naive, one thread per (t, c) ----------------------------------------------------------
+
+@cuda.jit
+def gate_v1(highway, kv, w, mask, dot_out, gate_out, has_mask, residual_bf16, has_dot, has_gate, eps):
+    # highway [T, hc, dim] f32 (in place); kv [T, (hc+1)*dim] u16; w [hc, dim] f32; mask [T] u8
+    # dot_out, gate_out [T, hc] f32 (or [1, 1] stand-ins when not wanted)
+    T, hc, dim = highway.shape
+    i = cuda.grid(1)
+    if i >= T * hc:
+        return
+    t = i // hc
+    c = i - t * hc
+    live = True
+    if has_mask != 0:
+        live = mask[t] != 0
+    if not live and has_dot == 0:
+        if has_gate != 0:
+            gate_out[t, c] = np.float32(0.0)
+        return
+    rb = residual_bf16 != 0
+    # np.cumsum's order: start from element 0 (not from +0, which would lose a -0 sum), then
+    # add left to right, every product and sum rounded on its own.
+    h = _h_value(f32_as_u32(highway[t, c, 0]), rb)
+    k = bf16_bits_to_f32(kv[t, c * dim])
+    hk = mul_rn(mul_rn(h, w[c, 0]), k)
+    hh = mul_rn(h, h)
+    kk = mul_rn(k, k)
+    for d in range(1, dim):
+        h = _h_value(f32_as_u32(highway[t, c, d]), rb)
+        k = bf16_bits_to_f32(kv[t, c * dim + d])
+        hk = add_rn(hk, mul_rn(mul_rn(h, w[c, d]), k))
+        hh = add_rn(hh, mul_rn(h, h))
+        kk = add_rn(kk, mul_rn(k, k))
+    dot, gate = _gate_scalars(hk, hh, kk, dim, eps, live)
+    if has_dot != 0:
+        dot_out[t, c] = dot
+    if has_gate != 0:
+        gate_out[t, c] = gate
+    if not live:
+        return
+    vbase = hc * dim
+    for d in range(dim):
+        h = _h_value(f32_as_u32(highway[t, c, d]), rb)
+        highway[t, c, d] = u32_as_f32(_new_h_word(h, gate, bf16_bits_to_f32(kv[t, vbase + d]), rb))
+
+
+# ---- v2: block-wide reductions with 16-byte loads, h re-read in the update pass ---------------
+
+def _make_v2(residual_bf16: bool):
+    RB = bool(residual_bf16)    # frozen into the kernel as a constant
+
+    def gate_v2(hw, kvw, ww, mask, dot_out, gate_out, hc, dim, tps, has_mask, has_dot, has_gate, eps):
+        # hw  [T*hc*dim] u32: the fp32 highway's bits, updated in place
+        # kvw [T*(hc+1)*dim/2] u32: bf16x2 words of kv;  ww [hc*dim] u32: the bits of w
+        # Block b covers token t = b // (hc/spb) and spb streams (spb = blockDim/tps: hc or 1);
+        # tps threads per stream walk its dim/8 chunks of 8 elements with stride tps.
+        scratch = cuda.shared.array(MAX_THREADS, np.float32)    # warp_sum's simulator twin only
+        partial = cuda.shared.array((MAX_WARPS, 3), np.float32)
+        tid = cuda.threadIdx.x
+        spb = cuda.blockDim.x // tps
+        nsb = hc // spb
+        t = cuda.blockIdx.x // nsb
+        c = (cuda.blockIdx.x - t * nsb) * spb + tid // tps
+        ls = tid % tps
+        live = True
+        if has_mask != 0:
+            live = mask[t] != 0
+        if not live and has_dot == 0:
+            if ls == 0 and has_gate != 0:
+                gate_out[t, c] = np.float32(0.0)
+            return              # the whole block returns: no barrier is left waiting
+        chunks = dim // 8
+        h16 = (t * hc + c) * (dim // 4)           # uint32x4 index of h's first 4 values
+        k16 = (t * (hc + 1) + c) * (dim // 8)     # uint32x4 index of the key's first 8 values
+        w16 = c * (dim // 4)
+        s_hk = _NEG_ZERO
+        s_hh = _NEG_ZERO
+        s_kk = _NEG_ZERO
+        j = ls
+        while j < chunks:
+            ha = load_u32x4(hw, h16 + 2 * j)
+            hb = load_u32x4(hw, h16 + 2 * j + 1)
+            wa = load_u32x4(ww, w16 + 2 * j)
+            wb = load_u32x4(ww, w16 + 2 * j + 1)
+            kq = load_u32x4(kvw, k16 + j)
+            p_hk, p_hh, p_kk = _chunk_sums(
+                _h_value(ha[0], RB), _h_value(ha[1], RB), _h_value(ha[2], RB), _h_value(ha[3], RB),
+                _h_value(hb[0], RB), _h_value(hb[1], RB), _h_value(hb[2], RB), _h_value(hb[3], RB),
+                wa, wb, kq)
+            s_hk += p_hk
+            s_hh += p_hh
+            s_kk += p_kk
+            j += tps
+        hk, hh, kk = _block_sums(s_hk, s_hh, s_kk, scratch, partial, tid, tps)
+        dot, gate = _gate_scalars(hk, hh, kk, dim, eps, live)
+        if ls == 0:
+            if has_dot != 0:
+                dot_out[t, c] = dot
+            if has_gate != 0:
+                gate_out[t, c] = gate
+        if not live:
+            return
+        v16 = (t * (hc + 1) + hc) * (dim // 8)
+        j = ls
+        while j < chunks:
+            vq = load_u32x4(kvw, v16 + j)
+            ha = load_u32x4(hw, h16 + 2 * j)
+            hb = load_u32x4(hw, h16 + 2 * j + 1)
+            store_u32x4(hw, h16 + 2 * j,
+                        _new_h_word(_h_value(ha[0], RB), gate, bf16x2_lo(vq[0]), RB),
+                        _new_h_word(_h_value(ha[1], RB), gate, bf16x2_hi(vq[0]), RB),
+                        _new_h_word(_h_value(ha[2], RB), gate, bf16x2_lo(vq[1]), RB),
+                        _new_h_word(_h_value(ha[3], RB), gate, bf16x2_hi(vq[1]), RB))
+            store_u32x4(hw, h16 + 2 * j + 1,
+                        _new_h_word(_h_value(hb[0], RB), gate, bf16x2_lo(vq[2]), RB),
+                        _new_h_word(_h_value(hb[1], RB), gate, bf16x2_hi(vq[2]), RB),
+                        _new_h_word(_h_value(hb[2], RB), gate, bf16x2_lo(vq[3]), RB),
+                        _new_h_word(_h_value(hb[3], RB), gate, bf16x2_hi(vq[3]), RB))
+            j += tps
+
+    name = f"gate_v2_{'bf16' if RB else 'fp32'}"
+    gate_v2.__name__ = gate_v2.__qualname__ = name
+    return cuda.jit(gate_v2)
+
+
+# ---- v3: v2 with h kept in registers (specialised on chunks per thread) ----------------------
+#
+# A thread owns chunks ls + i*tps for i < NCH. Its 8*NCH h values must live in registers across
+# the block reduction, which needs every index known at compile time: a loop over i with a
+# local array did not unroll for NCH = 5 (ptxas: 160-byte stack, local loads). So each chunk's
+# loads and partial sums are one device function returning its values as a tuple (SSA values,
+# registers), the kernel calls it once per chunk under `if NCH > i` (NCH is a constant of the
+# closure: numba prunes the dead branches), and the stores follow the same pattern. Loads use a
+# clamped chunk index (always in bounds) and out-of-range chunks add -0 (a select, not a
+# branch), so the first pass is straight-line code and all its loads can be in flight at once;
+# only the stores are guarded. The value is loaded with h and k, before the block reduction: it
+# does not depend on the gate, and issuing it early takes a DRAM round trip off the critical
+# path (a store to hw might alias kvw as far as the compiler knows, so it would not hoist it
+# past the stores itself).
+
+@device_function
+def _v3_load(hw, ww, kvw, h16, k16, w16, v16, j, chunks, residual_bf16):
+    """Chunk j's loads and partial sums -> (in range, clamped index, its 8 h values, its value
+    words, hk, hh, kk); the partial sums are -0 for a chunk past the end."""
+    ok = j < chunks
+    jj = min(j, chunks - 1)
+    ha = load_u32x4(hw, h16 + 2 * jj)
+    hb = load_u32x4(hw, h16 + 2 * jj + 1)
+    wa = load_u32x4(ww, w16 + 2 * jj)
+    wb = load_u32x4(ww, w16 + 2 * jj + 1)
+    kq = load_u32x4(kvw, k16 + jj)
+    vq = load_u32x4(kvw, v16 + jj)
+    h = (_h_value(ha[0], residual_bf16), _h_value(ha[1], residual_bf16), _h_value(ha[2], residual_bf16),
+         _h_value(ha[3], residual_bf16), _h_value(hb[0], residual_bf16), _h_value(hb[1], residual_bf16),
+         _h_value(hb[2], residual_bf16), _h_value(hb[3], residual_bf16))
+    p_hk, p_hh, p_kk = _chunk_sums(h[0], h[1], h[2], h[3], h[4], h[5], h[6], h[7], wa, wb, kq)
+    if not ok:
+        p_hk = _NEG_ZERO
+        p_hh = _NEG_ZERO
+        p_kk = _NEG_ZERO
+    return ok, jj, h, vq, p_hk, p_hh, p_kk
+
+
+@device_function
+def _v3_store(hw, h16, ok, jj, h, vq, gate, residual_bf16):
+    """The updated 8 values of one chunk (h + gate * v), when the chunk is in range."""
+    if ok:
+        store_u32x4(hw, h16 + 2 * jj,
+                    _new_h_word(h[0], gate, bf16x2_lo(vq[0]), residual_bf16),
+                    _new_h_word(h[1], gate, bf16x2_hi(vq[0]), residual_bf16),
+                    _new_h_word(h[2], gate, bf16x2_lo(vq[1]), residual_bf16),
+                    _new_h_word(h[3], gate, bf16x2_hi(vq[1]), residual_bf16))
+        store_u32x4(hw, h16 + 2 * jj + 1,
+                    _new_h_word(h[4], gate, bf16x2_lo(vq[2]), residual_bf16),
+                    _new_h_word(h[5], gate, bf16x2_hi(vq[2]), residual_bf16),
+                    _new_h_word(h[6], gate, bf16x2_lo(vq[3]), residual_bf16),
+                    _new_h_word(h[7], gate, bf16x2_hi(vq[3]), residual_bf16))
+
+
+def _make_v3(nch: int, residual_bf16: bool):
+    """gate_v3 for NCH = nch chunks a thread (1..V3_MAX_CHUNKS) and one residual."""
+    NCH = int(nch)
+    RB = bool(residual_bf16)
+    assert 1 <= NCH <= V3_MAX_CHUNKS == 8
+
+    def gate_v3(hw, kvw, ww, mask, dot_out, gate_out, hc, dim, tps, has_mask, has_dot, has_gate, eps):
+        # same arguments and block mapping as gate_v2
+        scratch = cuda.shared.array(MAX_THREADS, np.float32)    # warp_sum's simulator twin only
+        partial = cuda.shared.array((MAX_WARPS, 3), np.float32)
+        tid = cuda.threadIdx.x
+        spb = cuda.blockDim.x // tps
+        nsb = hc // spb
+        t = cuda.blockIdx.x // nsb
+        c = (cuda.blockIdx.x - t * nsb) * spb + tid // tps
+        ls = tid % tps
+        live = True
+        if has_mask != 0:
+            live = mask[t] != 0
+        if not live and has_dot == 0:
+            if ls == 0 and has_gate != 0:
+                gate_out[t, c] = np.float32(0.0)
+            return              # the whole block returns: no barrier is left waiting
+        chunks = dim // 8
+        h16 = (t * hc + c) * (dim // 4)
+        k16 = (t * (hc + 1) + c) * (dim // 8)
+        w16 = c * (dim // 4)
+        v16 = (t * (hc + 1) + hc) * (dim // 8)
+        s_hk = _NEG_ZERO
+        s_hh = _NEG_ZERO
+        s_kk = _NEG_ZERO
+        ok0, j0, h0, v0, a, b, d = _v3_load(hw, ww, kvw, h16, k16, w16, v16, ls, chunks, RB)
+        s_hk += a
+        s_hh += b
+        s_kk += d
+        if NCH > 1:
+            ok1, j1, h1, v1, a, b, d = _v3_load(hw, ww, kvw, h16, k16, w16, v16, ls + tps, chunks, RB)
+            s_hk += a
+            s_hh += b
+            s_kk += d
+        if NCH > 2:
+            ok2, j2, h2, v2, a, b, d = _v3_load(hw, ww, kvw, h16, k16, w16, v16, ls + 2 * tps, chunks, RB)
+            s_hk += a
+            s_hh += b
+            s_kk += d
+        if NCH > 3:
+            ok3, j3, h3, v3, a, b, d = _v3_load(hw, ww, kvw, h16, k16, w16, v16, ls + 3 * tps, chunks, RB)
+            s_hk += a
+            s_hh += b
+            s_kk += d
+        if NCH > 4:
+            ok4, j4, h4, v4, a, b, d = _v3_load(hw, ww, kvw, h16, k16, w16, v16, ls + 4 * tps, chunks, RB)
+            s_hk += a
+            s_hh += b
+            s_kk += d
+        if NCH > 5:
+            ok5, j5, h5, v5, a, b, d = _v3_load(hw, ww, kvw, h16, k16, w16, v16, ls + 5 * tps, chunks, RB)
+            s_hk += a
+            s_hh += b
+            s_kk += d
+        if NCH > 6:
+            ok6, j6, h6, v6, a, b, d = _v3_load(hw, ww, kvw, h16, k16, w16, v16, ls + 6 * tps, chunks, RB)
+            s_hk += a
+            s_hh += b
+            s_kk += d
+        if NCH > 7:
+            ok7, j7, h7, v7, a, b, d = _v3_load(hw, ww, kvw, h16, k16, w16, v16, ls + 7 * tps, chunks, RB)
+            s_hk += a
+            s_hh += b
+            s_kk += d
+        hk, hh, kk = _block_sums(s_hk, s_hh, s_kk, scratch, partial, tid, tps)
+        dot, gate = _gate_scalars(hk, hh, kk, dim, eps, live)
+        if ls == 0:
+            if has_dot != 0:
+                dot_out[t, c] = dot
+            if has_gate != 0:
+                gate_out[t, c] = gate
+        if not live:
+            return
+        _v3_store(hw, h16, ok0, j0, h0, v0, gate, RB)
+        if NCH > 1:
+            _v3_store(hw, h16, ok1, j1, h1, v1, gate, RB)
+        if NCH > 2:
+            _v3_store(hw, h16, ok2, j2, h2, v2, gate, RB)
+        if NCH > 3:
+            _v3_store(hw, h16, ok3, j3, h3, v3, gate, RB)
+        if NCH > 4:
+            _v3_store(hw, h16, ok4, j4, h4, v4, gate, RB)
+        if NCH > 5:
+            _v3_store(hw, h16, ok5, j5, h5, v5, gate, RB)
+        if NCH > 6:
+            _v3_store(hw, h16, ok6, j6, h6, v6, gate, RB)
+        if NCH > 7:
+            _v3_store(hw, h16, ok7, j7, h7, v7, gate, RB)
+
+    gate_v3.__name__ = gate_v3.__qualname__ = f"gate_v3_nch{NCH}_{'bf16' if RB else 'fp32'}"
+    return cuda.jit(gate_v3)
+
+
+_KERNELS: dict = {}
+
+
+def gate_v2(residual_bf16: bool = False):
+    """The v2 kernel for one residual (built once, then cached)."""
+    key = (2, bool(residual_bf16))
+    if key not in _KERNELS:
+        _KERNELS[key] = _make_v2(bool(residual_bf16))
+    return _KERNELS[key]
+
+
+def gate_v3(nch: int, residual_bf16: bool = False):
+    """The v3 kernel for `nch` chunks per thread and one residual (built once, then cached)."""
+    if not 1 <= nch <= V3_MAX_CHUNKS:
+        raise ValueError(f"v3 handles 1..{V3_MAX_CHUNKS} chunks per thread, got {nch}")
+    key = (3, int(nch), bool(residual_bf16))
+    if key not in _KERNELS:
+        _KERNELS[key] = _make_v3(int(nch), bool(residual_bf16))
+    return _KERNELS[key]
+
+
+# ---- launch configuration ---------------------------------------------------------------------
+
+def _round_up(x: int, m: int) -> int:
+    return -(-x // m) * m
+
+
+def launch_config(T: int, hc: int, dim: int, version: int, layout: str | None = None,
+                  tps: int | None = None) -> dict:
+    """Grid, block, threads per stream (tps) and chunks per thread (nch) of one launch.
+
+    A stream's dim/8 chunks of 8 elements are spread over tps threads (a multiple of 32), each
+    taking nch = ceil(chunks / tps) of them; tps is the smallest multiple of 32 that covers the
+    chunks in that many steps, so few threads idle (dim 5120: 640 chunks = 5 x 128, 3 x 224,
+    2 x 320).
+    token layout: one block per token, all hc streams (block tps*hc <= 512 threads); the value
+        row of a token is read once, by one block.
+    stream layout: one block per (t, c), numbered token-major so a token's blocks run together
+        and its value row is an L2 hit after the first read; tps <= 256, or <= 512 when there
+        are fewer than 512 blocks (small T: shorter per-block latency).
+    Default layout: stream (H200, T=4096, dim 5120, hc 4: v2 stream 251 us, v2 token 268 us,
+    v3 stream 296 us, v3 token 307 us; bench/results/h200.json). v3 defaults to stream: its
+    registers grow with nch (~30 a chunk, see COMPILE_TARGETS), and at nch = 5 a 512-thread
+    token block would fill an SM alone, with no second block to overlap its barrier.
+    `tps` overrides the choice (for tuning on the GPU).
+    """
+    chunks = dim // 8
+    if version == 1:
+        return {"version": 1, "grid": -(-(T * hc) // V1_THREADS), "block": V1_THREADS}
+    if layout is None:
+        layout = "stream"
+    spb = hc if layout == "token" else 1
+    if tps is None:
+        if layout == "token":
+            cap = MAX_THREADS // hc
+        else:
+            cap = 512 if T * hc < 512 else 256
+        cap = max(32, cap - cap % 32)
+        nch = -(-chunks // cap)
+        tps = _round_up(-(-chunks // nch), 32)
+    elif not (isinstance(tps, (int, np.integer)) and tps % 32 == 0 and 32 <= tps and tps * spb <= MAX_THREADS):
+        raise ValueError(f"tps must be a multiple of 32 with tps * {spb} streams per block <= {MAX_THREADS}, "
+                         f"got {tps!r}")
+    tps = int(tps)
+    return {"version": version, "layout": layout, "grid": T * (hc // spb), "block": tps * spb, "tps": tps,
+            "nch": -(-chunks // tps)}
+
+
+def _v3_applies(T: int, hc: int, dim: int, layout: str | None, tps: int | None = None) -> bool:
+    return launch_config(T, hc, dim, 3, layout, tps)["nch"] <= V3_MAX_CHUNKS
+
+
+# ---- prepared launches (arguments are checked by launch.prepare_gate) -------------------------
+
+_DUMMIES: dict = {}
+
+
+def dummy(kind: str):
+    """1-element stand-ins for absent optional arrays (the kernels take one signature); made
+    with device_array, so no copy is queued (safe under stream capture after the first call)."""
+    if kind not in _DUMMIES:
+        _DUMMIES[kind] = (cuda.device_array(1, dtype=np.uint8) if kind == "mask"
+                          else cuda.device_array((1, 1), dtype=np.float32))
+    return _DUMMIES[kind]
+
+
+def make_prepare(version: int):
+    """prepare(highway, kv, w, *, mask, dot_out, gate_out, residual_bf16, eps, layout, tps, stream)
+    -> PreparedLaunch of gate_v{version}. mask/dot_out/gate_out may be None."""
+    name = f"gate_v{version}"
+
+    def prepare(highway, kv, w, *, mask=None, dot_out=None, gate_out=None, residual_bf16=False, eps=NORM_EPS,
+                layout=None, tps=None, stream=0):
+        T, hc, dim = (int(s) for s in highway.shape)
+        if version != 1:
+            for what, arr in (("highway", highway), ("kv", kv), ("w", w)):
+                if data_address(arr) % 16:
+                    raise ValueError(f"{what}'s data must be 16-byte aligned for {name} (a sliced view?); "
+                                     "use version='gate_v1' or an aligned copy")
+        if version == 3 and not _v3_applies(max(T, 1), hc, dim, layout, tps):
+            raise ValueError(f"gate_v3 keeps at most {V3_MAX_CHUNKS} chunks of 8 per thread; dim {dim} "
+                             f"with layout {layout!r} and tps {tps!r} needs more: use gate_v2, "
+                             f"layout='stream' or a larger tps")
+        if T == 0:
+            return NoLaunch(name)
+        flags = (int(mask is not None), int(dot_out is not None), int(gate_out is not None))
+        mask = mask if mask is not None else dummy("mask")
+        dot_out = dot_out if dot_out is not None else dummy("out")
+        gate_out = gate_out if gate_out is not None else dummy("out")
+        eps32 = np.float32(eps)
+        cfg = launch_config(T, hc, dim, version, layout, tps)
+        if version == 1:
+            return PreparedLaunch(name, gate_v1, cfg["grid"], cfg["block"], stream,
+                                  (highway, kv, w, mask, dot_out, gate_out, flags[0], int(residual_bf16), flags[1],
+                                   flags[2], eps32))
+        hw = highway.reshape(T * hc * dim).view(np.uint32)
+        kvw = kv.reshape(T * (hc + 1) * dim).view(np.uint32)
+        ww = w.reshape(hc * dim).view(np.uint32)
+        kern = gate_v2(residual_bf16) if version == 2 else gate_v3(cfg["nch"], residual_bf16)
+        return PreparedLaunch(name, kern, cfg["grid"], cfg["block"], stream,
+                              (hw, kvw, ww, mask, dot_out, gate_out, hc, dim, cfg["tps"], flags[0], flags[1], flags[2],
+                               eps32))
+
+    prepare.__name__ = f"prepare_{name}"
+    return prepare
+
+
+# ---- compile-only targets (sm_90) ---------------------------------------------------------------
+
+_F32_2D = types.float32[:, ::1]
+_V1_ARGS = (types.float32[:, :, ::1], types.uint16[:, ::1], _F32_2D, types.uint8[::1], _F32_2D, _F32_2D,
+            types.int64, types.int64, types.int64, types.int64, types.float32)
+_FAST_ARGS = (types.uint32[::1], types.uint32[::1], types.uint32[::1], types.uint8[::1], _F32_2D, _F32_2D,
+              types.int64, types.int64, types.int64,
+              types.int64, types.int64, types.int64, types.float32)
+
+
+def _v3_target_nchs() -> list[int]:
+    """The nch values the launcher picks for the released and tiny shapes."""
+    seen = set()
+    for T in (1, 7, 128, 4096):
+        for hc in range(1, MAX_HC + 1):
+            for dim in (64, 128, 5120):
+                for layout in LAYOUTS:
+                    nch = launch_config(T, hc, dim, 3, layout)["nch"]
+                    if nch <= V3_MAX_CHUNKS:
+                        seen.add(nch)
+    return sorted(seen)
+
+
+def _residual_name(rb: bool) -> str:
+    return "bf16" if rb else "fp32"
+
+
+def compile_targets(version: int) -> list:
+    if version == 1:
+        return [CompileTarget("gate.gate_v1", gate_v1, _V1_ARGS, spill_free=False)]
+    if version == 2:
+        return [CompileTarget(f"gate.gate_v2[{_residual_name(rb)}]", gate_v2(rb), _FAST_ARGS, vector_io=True)
+                for rb in (False, True)]
+    return [CompileTarget(f"gate.gate_v3[nch={n},{_residual_name(rb)}]", gate_v3(n, rb), _FAST_ARGS, vector_io=True)
+            for n in _v3_target_nchs() for rb in (False, True)]

@@ -1,0 +1,102 @@
+"""Launchers of the gate and highway update on the GPU (docs/math.md, "Gate").
+
+    prepare_gate(highway, kv, w, *, token_mask=None, residual="fp32", eps=1e-20, dot_out=None,
+                 gate_out=None, stream=0, version=None, layout=None, tps=None) -> PreparedLaunch
+    run_gate(...same...) -> None          (the highway is updated in place)
+
+highway  [T, hc, dim] fp32 device array, C-contiguous, updated in place (hc 1..4, dim % 8 == 0)
+kv       [T, (hc+1)*dim] uint16 bf16 words: hc keys, then the shared value
+w        [hc, dim] fp32: q_weight * k_weight (multiplied in fp32 by the caller)
+token_mask [T] uint8/bool, optional: 0 = masked token (gate 0, its streams not written)
+residual "fp32" (no rounding) or "bf16" (h rounded to bf16 first, the result rounded to bf16)
+eps      RMS epsilon (1e-20 in the release), finite and >= 0
+dot_out, gate_out  [T, hc] fp32, optional: written for every (t, c), masked tokens included
+version  a record name of the gate stage ("gate_v1", "gate_v2", "gate_v3"); None: the default
+layout   "token" / "stream" for v2 and v3 (see `cuda.launch_config`); tps threads per stream
+
+Every argument is checked before anything runs: a bad one raises TypeError/ValueError naming it
+and leaves the highway untouched.
+"""
+from __future__ import annotations
+
+import numpy as np
+
+from ...config import MAX_HC, NORM_EPS
+from ...device.devarray import as_device_array, data_address
+from ...device.intrinsics import SIMULATOR
+from .. import registry
+from . import records  # noqa: F401  (registers the gate kernels)
+from .cuda import LAYOUTS, launch_config
+from .reference import RESIDUALS, check_eps
+
+
+def _check(name: str, a, dtype, ndim: int, shape=None):
+    if a.dtype != np.dtype(dtype):
+        raise TypeError(f"{name} must be {np.dtype(dtype).name}, got {a.dtype}")
+    if a.ndim != ndim:
+        raise ValueError(f"{name} must be {ndim}-D, got shape {tuple(a.shape)}")
+    if shape is not None and tuple(a.shape) != tuple(shape):
+        raise ValueError(f"{name} must have shape {tuple(shape)}, got {tuple(a.shape)}")
+    if not a.is_c_contiguous():
+        raise ValueError(f"{name} must be C-contiguous")
+
+
+def context(T: int, hc: int, dim: int, aligned: bool, layout=None, tps=None) -> dict:
+    return {"T": int(T), "hc": int(hc), "dim": int(dim), "aligned": bool(aligned), "simulator": SIMULATOR,
+            "layout": layout, "tps": tps}
+
+
+def prepare_gate(highway, kv, w, *, token_mask=None, residual: str = "fp32", eps: float = NORM_EPS,
+                 dot_out=None, gate_out=None, stream=0, version: str | None = None,
+                 layout: str | None = None, tps: int | None = None):
+    """Validate the gate's arguments once; returns a PreparedLaunch (see the module doc)."""
+    if residual not in RESIDUALS:
+        raise ValueError(f"residual must be one of {RESIDUALS}, got {residual!r}")
+    if version is not None:
+        registry.get("gate", version)
+    if layout is not None and layout not in LAYOUTS:
+        raise ValueError(f"layout must be one of {LAYOUTS} or None, got {layout!r}")
+    eps = check_eps(eps)
+
+    highway = as_device_array(highway, "highway")
+    if highway.dtype != np.float32:
+        raise TypeError(f"highway must be float32, got {highway.dtype}")
+    if highway.ndim != 3:
+        raise ValueError(f"highway must be 3-D [T, hc, dim], got shape {tuple(highway.shape)}")
+    T, hc, dim = (int(s) for s in highway.shape)
+    if not 1 <= hc <= MAX_HC:
+        raise ValueError(f"highway's hc (axis 1) must be in 1..{MAX_HC}, got {hc}")
+    if dim <= 0 or dim % 8:
+        raise ValueError(f"highway's dim (axis 2) must be a positive multiple of 8, got {dim}")
+    _check("highway", highway, np.float32, 3)
+
+    kv = as_device_array(kv, "kv")
+    if kv.dtype != np.uint16:
+        raise TypeError(f"kv must be uint16 (bf16 words), got {kv.dtype}")
+    _check("kv", kv, np.uint16, 2, (T, (hc + 1) * dim))
+    w = as_device_array(w, "w")
+    _check("w", w, np.float32, 2, (hc, dim))
+    mask = as_device_array(token_mask, "token_mask", optional=True)
+    if mask is not None:
+        if mask.dtype == np.bool_:
+            mask = mask.view(np.uint8)
+        _check("token_mask", mask, np.uint8, 1, (T,))
+    outs = {}
+    for name, arr in (("dot_out", dot_out), ("gate_out", gate_out)):
+        arr = as_device_array(arr, name, optional=True)
+        if arr is not None:
+            _check(name, arr, np.float32, 2, (T, hc))
+        outs[name] = arr
+
+    launch_config(max(T, 1), hc, dim, 2, layout, tps)   # checks tps
+    aligned = all(data_address(a) % 16 == 0 for a in (highway, kv, w))
+    rec = (registry.get("gate", version) if version is not None
+           else registry.default("gate", context(max(T, 1), hc, dim, aligned, layout, tps)))
+    return rec.prepare(highway, kv, w, mask=mask, dot_out=outs["dot_out"], gate_out=outs["gate_out"],
+                       residual_bf16=residual == "bf16", eps=eps, layout=layout, tps=tps, stream=stream)
+
+
+def run_gate(highway, kv, w, **kwargs) -> None:
+    """Apply the gate and highway update in place; returns None (arguments as `prepare_gate`)."""
+    prepare_gate(highway, kv, w, **kwargs)()
+    return None

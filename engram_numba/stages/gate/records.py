@@ -1,0 +1,42 @@
+"""Kernel records of the gate stage (see `engram_numba.stages.registry`).
+
+Default rules, over ctx = {"T", "hc", "dim", "aligned", "simulator", "layout", "tps"}: numba's
+simulator or unaligned data -> gate_v1 (its plain loops are the cheap ones to simulate); on a GPU
+gate_v2 from V2_MIN_T tokens on and wherever v3's registers would not hold a thread's chunks,
+gate_v3 below V2_MIN_T. Timings quoted are from the H200 run at f7da6aa (dim 5120, hc 4).
+"""
+from __future__ import annotations
+
+from ..registry import KernelRecord, register
+from . import cuda
+
+V2_MIN_T = 256      # from here on gate_v2 is the default (T=4096: v2 249.6 us, v3 290.7 us)
+
+
+def _naive(ctx) -> bool:
+    return bool(ctx["simulator"] or not ctx["aligned"])
+
+
+def _v3_fits(ctx) -> bool:
+    return cuda._v3_applies(ctx["T"], ctx["hc"], ctx["dim"], ctx.get("layout"), ctx.get("tps"))
+
+
+_RECORDS = [
+    (1, True, "naive: one thread per (t, c), sequential fp32 loops in the reference's order (bit-exact; "
+              "2225 us at T=4096)",
+     "numba's simulator or unaligned data", _naive),
+    (2, False, "one block per token or per (t, c), the three sums in one pass of 16-byte loads, warp shuffles, "
+               "h re-read in the update pass (T=4096: 249.6 us, 83% of the floor; torch.compile 257 us)",
+     f"GPU, aligned, T >= {V2_MIN_T} or dim too large for gate_v3",
+     lambda c: not _naive(c) and (c["T"] >= V2_MIN_T or not _v3_fits(c))),
+    (3, False, "v2 with each thread's h values held in registers between the passes, every load issued before "
+               "the block reduction (T=4096: 290.7 us; small T not yet measured)",
+     f"GPU, aligned, T < {V2_MIN_T} and at most {cuda.V3_MAX_CHUNKS} chunks a thread",
+     lambda c: not _naive(c) and c["T"] < V2_MIN_T and _v3_fits(c)),
+]
+
+for _v, _exact, _log, _when, _rule in _RECORDS:
+    register(KernelRecord(
+        stage="gate", name=f"gate_v{_v}", changelog=_log, prepare=cuda.make_prepare(_v),
+        compile_targets=(lambda v=_v: cuda.compile_targets(v)), bit_exact=_exact, default_when=_when,
+        default_rule=_rule, sweep=(1, 16, 128, 4096)))

@@ -1,0 +1,132 @@
+"""The @njit hasher (the hash stage's cpu backend; the hash has no GPU version, by design).
+
+Token ids become compressed ids through `token_map`; every position's n-gram window (the
+current token and up to max_ngram_size-1 tokens before it) is folded with XOR of per-shift
+multiplier products, and each prefix of the fold (the 2-gram, 3-gram, ...) is reduced modulo
+one prime per hash head. The result indexes that layer's table (docs/math.md, "Hash").
+
+`EngramHasher` hashes one sequence, keeping its history so that decode steps look back into the
+prefill. The loop is `@njit`; `reference.hash_reference` is the readable version it is tested
+against.
+"""
+from __future__ import annotations
+
+import numpy as np
+from numba import njit
+
+from .tables import EngramHashTables
+
+DEAD = -1  # compressed id of a masked (dead) position in the history
+
+
+# The hasher ----------------------------------------------------------------------------------
+
+@njit(cache=True, nogil=True)
+def _hash_positions(history, start, count, multipliers, primes, offsets, pad, out):  # pragma: no cover - jitted
+    """Hash positions start..start+count-1 of `history` (compressed ids, DEAD for masked) into
+    out[0:count, layers, cols]."""
+    n_layers, M = multipliers.shape
+    heads = primes.shape[2]
+    tok = np.empty(M, dtype=np.int64)
+    for t in range(count):
+        p = start + t
+        blocked = False
+        for s in range(M):
+            if not blocked:
+                if p < s or history[p - s] == DEAD:
+                    blocked = True
+            tok[s] = pad if blocked else history[p - s]
+        for li in range(n_layers):
+            rolling = tok[0] * multipliers[li, 0]
+            for i in range(1, M):
+                rolling = rolling ^ (tok[i] * multipliers[li, i])
+                for h in range(heads):
+                    col = (i - 1) * heads + h
+                    out[t, li, col] = rolling % primes[li, i - 1, h] + offsets[li, col]
+
+
+def check_token_ids(token_ids, token_mask, vocab_size: int, first_position: int = 0):
+    """Validate one call's ids and mask; returns (ids int64 [T], mask bool [T] or None).
+
+    Raises ValueError naming the first bad token's position and value."""
+    ids = np.asarray(token_ids)
+    if ids.ndim != 1:
+        raise ValueError(f"token_ids must be 1-D (one sequence), got shape {ids.shape}")
+    if ids.size and not np.issubdtype(ids.dtype, np.integer):
+        raise ValueError(f"token_ids must be integers, got dtype {ids.dtype}")
+    # Range-check in the caller's dtype: casting first would wrap a huge uint64 to a negative.
+    bad = (ids >= vocab_size) if ids.dtype.kind == "u" else ((ids < 0) | (ids >= vocab_size))
+    if bad.any():
+        i = int(np.argmax(bad))
+        raise ValueError(
+            f"token id {int(ids[i])} at position {first_position + i} (index {i} of this call) is outside "
+            f"the token map's range [0, {vocab_size})")
+    ids = ids.astype(np.int64, copy=False)
+    mask = None
+    if token_mask is not None:
+        mask = np.asarray(token_mask)
+        if mask.shape != ids.shape:
+            raise ValueError(f"token_mask shape {mask.shape} does not match token_ids shape {ids.shape}")
+        if mask.dtype != np.bool_:
+            raise ValueError(f"token_mask must be bool (True = live token), got dtype {mask.dtype}")
+    return ids, mask
+
+
+class EngramHasher:
+    """Hashes one sequence into row ids, keeping its history of compressed ids.
+
+    >>> hasher = EngramHasher(tables)
+    >>> ids = hasher.hash(prompt)          # [T, n_layers, n_hash_cols] int64
+    >>> step = hasher.hash([next_token])   # looks back into the prompt
+
+    Prefill in one call, in chunks, or followed by one-token decode steps gives identical ids.
+    """
+
+    def __init__(self, tables: EngramHashTables, capacity: int = 1024):
+        self.tables = tables
+        self._history = np.empty(max(int(capacity), 16), dtype=np.int64)
+        self._len = 0
+
+    @property
+    def position(self) -> int:
+        """Tokens hashed so far in this sequence (the next token's position)."""
+        return self._len
+
+    @property
+    def history(self) -> np.ndarray:
+        """Compressed ids seen so far (DEAD = -1 for masked positions); a read-only view."""
+        view = self._history[: self._len]
+        view.setflags(write=False)
+        return view
+
+    def reset(self) -> None:
+        """Start a new sequence."""
+        self._len = 0
+
+    def hash(self, token_ids, token_mask=None) -> np.ndarray:
+        """Row ids [T, n_layers, n_hash_cols] int64 for the next T tokens of this sequence.
+
+        token_mask: optional bool [T], False marks a dead token (its own ids are all pad-hashed
+        and no later n-gram reaches across it). Bad ids raise before the history changes.
+        """
+        t = self.tables
+        ids, mask = check_token_ids(token_ids, token_mask, t.token_map.size, self._len)
+        T = ids.size
+        compressed = t.token_map[ids]
+        if mask is not None:
+            compressed = np.where(mask, compressed, DEAD)
+        need = self._len + T
+        if need > self._history.size:
+            grown = np.empty(max(need, 2 * self._history.size), dtype=np.int64)
+            grown[: self._len] = self._history[: self._len]
+            self._history = grown
+        self._history[self._len: need] = compressed
+        out = np.empty((T, t.n_layers, t.n_hash_cols), dtype=np.int64)
+        _hash_positions(self._history, self._len, T, t.multipliers, t.primes, t.offsets, t.pad_id, out)
+        self._len = need
+        return out
+
+
+def hash_tokens(tables: EngramHashTables, token_ids, token_mask=None) -> np.ndarray:
+    """Row ids of a whole sequence in one call (a fresh `EngramHasher`)."""
+    return EngramHasher(tables, capacity=len(token_ids)).hash(token_ids, token_mask)

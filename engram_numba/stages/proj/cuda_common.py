@@ -1,0 +1,55 @@
+"""What the projection kernels share: launch-bound options, simulator switches, flat views.
+
+Every projection kernel computes kv = bf16(x @ wkv^T) with fp32 accumulation (docs/math.md):
+x bf16 words uint16 [T, K] (K = n_hash_cols * 256), wkv bf16 words uint16 [N, K] row-major
+(K contiguous: an "NT" product), kv uint16 [T, N] (N = dim * (hc + 1)). The fast versions read
+x and wkv as flat uint32 views with 16-byte loads and take (x32, w32, out, T, K).
+"""
+from __future__ import annotations
+
+import numpy as np
+from numba import types
+
+from ...device.devarray import data_address
+from ...device.intrinsics import SIMULATOR
+from ...device.launch import PreparedLaunch
+
+# 16-byte vector access to shared memory needs a 16-byte aligned array; the simulator refuses any
+# alignment argument (and needs none).
+ALIGN = None if SIMULATOR else 16
+
+# Device helpers whose array indices must fold to constants are force-inlined (an out-of-line call
+# would pass the register arrays through local memory); the simulator's jit has no such option.
+INLINE = {} if SIMULATOR else {"forceinline": True}
+
+# warp_sum's scratch: one slot a thread in the simulator, unused (1 slot) on the GPU
+WARP_SCRATCH = 256 if SIMULATOR else 1
+
+U16_2D = types.uint16[:, ::1]
+FAST_ARGS = (types.uint32[::1], types.uint32[::1], U16_2D, types.int64, types.int64)   # x32, w32, out, T, K
+NAIVE_ARGS = (U16_2D, U16_2D, U16_2D)                                                  # x, wkv, out
+
+
+def bounds(threads: int, blocks_per_sm: int) -> dict:
+    """cuda.jit options capping registers so `blocks_per_sm` blocks fit an SM (65536 registers);
+    the simulator's jit takes no launch bounds."""
+    return {} if SIMULATOR else {"launch_bounds": (threads, blocks_per_sm)}
+
+
+def cdiv(a: int, b: int) -> int:
+    return (a + b - 1) // b
+
+
+def flat_u32(a):
+    """uint16 [R, K] C-contiguous -> uint32 [R*K/2], zero-copy (bf16 pairs, low index in the low half)."""
+    rows, k = a.shape
+    return a.view(np.uint32).reshape(rows * (k // 2))
+
+
+def fast_launch(name: str, kernel, grid, block, x, wkv, out, stream) -> PreparedLaunch:
+    """A launch of a fast kernel on (x32, w32, out, T, K); x and wkv must be 16-byte aligned."""
+    if data_address(x) % 16 or data_address(wkv) % 16:
+        raise ValueError(f"{name} reads x and wkv as 16-byte chunks; their data must be 16-byte aligned "
+                         "(use a naive version or an aligned copy)")
+    T, K = x.shape
+    return PreparedLaunch(name, kernel, grid, block, stream, (flat_u32(x), flat_u32(wkv), out, T, K), out)

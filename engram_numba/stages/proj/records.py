@@ -1,0 +1,56 @@
+"""Kernel records of the projection stage (see `engram_numba.stages.registry`).
+
+Default rules, over ctx = {"T", "K", "N", "aligned", "simulator", "weight"}:
+numba's simulator, or x/wkv data not 16-byte aligned -> the naive kernels (gemv_v1 at T = 1,
+gemm_v1 above: plain loops are the cheap ones to simulate); on a GPU gemv_v3 at T = 1, gemv_v4
+for 2..GEMV_MAX_TOKENS tokens, gemm_v3 above. Timings quoted are from the H200 run at f7da6aa
+(bench/results/h200.json): K = 6144, N = 25600.
+"""
+from __future__ import annotations
+
+from ..registry import KernelRecord, register
+from . import cuda_gemm, cuda_gemv
+
+GEMV_MAX_TOKENS = 32    # 2 passes of gemv_v4 (~2 x 100 us) beat gemm_v3's latency-bound ~280 us at T <= 128
+
+
+def _naive(ctx) -> bool:
+    return bool(ctx["simulator"] or not ctx["aligned"])
+
+
+def _fast(ctx) -> bool:
+    return not _naive(ctx)
+
+
+SWEEP = {"gemv_v1": (1,), "gemv_v2": (1, 16), "gemv_v3": (1, 16), "gemv_v4": (1, 16, 128),
+         "gemm_v1": (128,), "gemm_v2": (16, 128, 4096), "gemm_v3": (16, 128, 4096)}   # where each competes
+
+_RECORDS = [
+    ("gemv_v1", cuda_gemv, True, "naive: one thread per output column, k in order (bit-exact; 922 us at T=1)",
+     "numba's simulator or unaligned data, T = 1", lambda c: _naive(c) and c["T"] <= 1),
+    ("gemv_v2", cuda_gemv, False, "weight rows streamed by warps with 16-byte loads, x staged in shared memory as "
+     "fp32, shuffle reductions (101 us at T=1, 72% of the copy floor)", "never (pick it by name)", None),
+    ("gemv_v3", cuda_gemv, False, "K split over the whole block, 4 rows a block: 6400 short blocks keep the machine "
+     "full to the end (83.6 us at T=1, 88% of the copy floor; cuBLAS 94 us)",
+     "GPU, aligned, T = 1", lambda c: _fast(c) and c["T"] <= 1),
+    ("gemv_v4", cuda_gemv, False, "tensor-core GEMV: mma m16n8k16 with up to 16 tokens as M, one weight pass per "
+     "16 tokens (100.7 us at T=16, cuBLAS 94.5 us)",
+     f"GPU, aligned, 2 <= T <= {GEMV_MAX_TOKENS}", lambda c: _fast(c) and 2 <= c["T"] <= GEMV_MAX_TOKENS),
+    ("gemm_v1", cuda_gemm, True, "naive: one thread per output (t, n), k in order (bit-exact; 81.6 ms at T=128)",
+     "numba's simulator or unaligned data, T > 1", lambda c: _naive(c) and c["T"] > 1),
+    ("gemm_v2", cuda_gemm, True, "tiled SIMT GEMM, 128x128 tiles, 8x8 register micro-tiles, double-buffered "
+     "shared memory, k in order (bit-exact; 42 TFLOP/s at T=4096)", "never (pick it by name)", None),
+    ("gemm_v3", cuda_gemm, False, "gemm_v2's tiling on the tensor cores: inline-PTX mma.sync m16n8k16 bf16 -> fp32 "
+     "(202 TFLOP/s at T=4096, a quarter of cuBLAS; 276 us at T=128 against cuBLAS's 91)",
+     f"GPU, aligned, T > {GEMV_MAX_TOKENS}", lambda c: _fast(c) and c["T"] > GEMV_MAX_TOKENS),
+]
+
+for _name, _mod, _exact, _log, _when, _rule in _RECORDS:
+    register(KernelRecord(
+        stage="proj", name=_name, encoding="bf16", changelog=_log, prepare=_mod.make_prepare(_name),
+        compile_targets=(lambda m=_mod, n=_name: m.compile_targets(n)), bit_exact=_exact,
+        default_when=_when, default_rule=_rule, sweep=SWEEP[_name],
+        # the fast kernels' barriers, shuffles and mma twins cost 10-100x more in the simulator;
+        # the tests run them on the smallest shapes only
+        simulate=True,
+    ))

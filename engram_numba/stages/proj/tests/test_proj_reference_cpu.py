@@ -1,0 +1,39 @@
+"""The projection's numpy reference against order-free float64 math, and its @njit backend against
+the reference (moved here from tests/test_reference_cpu.py)."""
+import numpy as np
+import pytest
+from hypothesis import given, settings, strategies as st
+
+from engram_numba.bf16 import bf16_ulp_distance, f32_to_bf16
+from engram_numba.stages.proj.cpu import projection_cpu
+from engram_numba.stages.proj.reference import projection_exact, projection_reference
+
+
+def _bf16(rng, shape, scale=1.0):
+    return f32_to_bf16(rng.standard_normal(shape) * scale)
+
+
+@settings(max_examples=25, deadline=None)
+@given(T=st.integers(1, 6), N=st.integers(1, 40), K=st.integers(1, 96), seed=st.integers(0, 2**32 - 1),
+       scale=st.sampled_from([1e-3, 0.02, 1.0, 30.0]))
+def test_projection_reference_within_one_ulp_of_exact_and_cpu_identical(T, N, K, seed, scale):
+    rng = np.random.default_rng(seed)
+    x, w = _bf16(rng, (T, K)), _bf16(rng, (N, K), scale)
+    ref = projection_reference(x, w)
+    assert ref.shape == (T, N) and ref.dtype == np.uint16
+    assert bf16_ulp_distance(ref, projection_exact(x, w)).max() <= 1
+    np.testing.assert_array_equal(projection_cpu(x, w), ref)  # same order: bit-identical
+
+
+def test_projection_tiny_model_shape_cpu_identical(rng):
+    x, w = _bf16(rng, (14, 1536)), _bf16(rng, (320, 1536), 0.02)
+    ref = projection_reference(x, w)
+    np.testing.assert_array_equal(projection_cpu(x, w), ref)
+    assert bf16_ulp_distance(ref, projection_exact(x, w)).max() <= 1
+
+
+def test_projection_rejects_mismatched_k(rng):
+    with pytest.raises(ValueError, match="x \\[T, K\\] and wkv \\[N, K\\]"):
+        projection_reference(_bf16(rng, (2, 8)), _bf16(rng, (3, 9)))
+    with pytest.raises(ValueError, match="x \\[T, K\\] and wkv \\[N, K\\]"):
+        projection_cpu(_bf16(rng, (2, 8)), _bf16(rng, (3, 9)))

@@ -1,0 +1,184 @@
+"""Launchers of the rows stage on the GPU: decode raw rows in order, or gather rows of a device
+table by id, in any encoding the registry has kernels for.
+
+    decode_rows(raw, out=None, *, encoding="q2k", stream=0, version=None)       -> out
+    gather_rows(table, row_ids, out=None, *, encoding="q2k", stream=0, version=None,
+                check=True, bad_count=None)                                     -> out
+    prepare_decode / prepare_gather                                             -> PreparedLaunch
+
+raw / table: device uint8 [n, row_bytes] (C-contiguous); out: device uint16 [n, 256] bf16 words.
+`version` names a record of the rows stage ("q2k_v3"); None takes the record whose default rule
+holds (the fast kernels need 4-byte aligned input and 16-byte aligned output; an unaligned view
+falls back to the naive kernel, while asking for a fast one by name is refused).
+"""
+from __future__ import annotations
+
+import numpy as np
+from numba import cuda
+
+from ...device.devarray import as_device_array, data_address
+from ...device.intrinsics import SIMULATOR
+from ...device.launch import NoLaunch
+from .. import registry
+from . import records  # noqa: F401  (registers the rows kernels)
+from .encodings import ROW_VALUES, get_encoding
+
+
+def _check_array(a, name: str, dtype, ndim: int, width=None):
+    if a.dtype != np.dtype(dtype):
+        raise ValueError(f"{name} must be {np.dtype(dtype)}, got {a.dtype}")
+    if a.ndim != ndim or (width is not None and a.shape[1] != width):
+        want = f"[n, {width}]" if width is not None else "[n]"
+        raise ValueError(f"{name} must be {np.dtype(dtype)} {want}, got shape {tuple(a.shape)}")
+    if not a.is_c_contiguous():
+        raise ValueError(f"{name} must be C-contiguous")
+
+
+def _output(out, n: int, stream):
+    if out is None:
+        return cuda.device_array((n, ROW_VALUES), dtype=np.uint16, stream=stream)
+    out = as_device_array(out, "out")
+    _check_array(out, "out", np.uint16, 2, ROW_VALUES)
+    if out.shape[0] != n:
+        raise ValueError(f"out has {out.shape[0]} rows, the input gives {n}")
+    return out
+
+
+def pick(encoding: str, version, src=None, out=None) -> registry.KernelRecord:
+    """The record to run: `version` by name (it must decode `encoding`), or the default."""
+    if version is not None:
+        rec = registry.get("rows", version)
+        if rec.encoding != encoding:
+            raise ValueError(f"rows kernel {version!r} decodes {rec.encoding!r} rows, not {encoding!r}; "
+                             f"{encoding} versions are {registry.names('rows', encoding)}")
+        return rec
+    aligned = src is None or (data_address(src) % 4 == 0 and data_address(out) % 16 == 0)
+    return registry.default("rows", {"encoding": encoding, "aligned": aligned, "simulator": SIMULATOR})
+
+
+def prepare_decode(raw, out=None, *, encoding: str = "q2k", stream=0, version=None):
+    """Validate once; returns a PreparedLaunch that decodes raw rows [n, row_bytes] into out."""
+    enc = get_encoding(encoding)
+    raw = as_device_array(raw, "raw")
+    _check_array(raw, "raw", np.uint8, 2, enc.row_bytes)
+    n = raw.shape[0]
+    rec = pick(encoding, version)                  # a bad version name fails before any allocation
+    out = _output(out, n, stream)
+    rec = pick(encoding, version, raw, out)
+    if n == 0:
+        return NoLaunch(rec.name, out)
+    return rec.prepare(raw, out, stream=stream)
+
+
+def decode_rows(raw, out=None, *, encoding: str = "q2k", stream=0, version=None):
+    """Raw rows [n, row_bytes] (device uint8) -> bf16 rows [n, 256] (device uint16), bit-identical
+    to the reference. Returns out (allocated on `stream` when not given)."""
+    return prepare_decode(raw, out, encoding=encoding, stream=stream, version=version)()
+
+
+def _first_bad(ids: np.ndarray, n_rows: int):
+    bad = (ids < 0) | (ids >= n_rows)
+    if not bad.any():
+        return None
+    i = int(np.argmax(bad))
+    return i, int(ids[i]), int(bad.sum())
+
+
+def _bad_id_error(found, n_rows: int) -> ValueError:
+    i, rid, count = found
+    return ValueError(f"row id {rid} at index {i} is outside the table's [0, {n_rows}) rows "
+                      f"({count} out-of-range id{'s' if count != 1 else ''})")
+
+
+_SCRATCH: dict = {}
+
+
+def _scratch_counter():
+    """A device uint32 [1] that unchecked launches add their bad-id counts to (never read)."""
+    ctx = cuda.current_context() if not SIMULATOR else None
+    key = id(ctx)
+    if key not in _SCRATCH:
+        _SCRATCH[key] = cuda.to_device(np.zeros(1, np.uint32))
+    return _SCRATCH[key]
+
+
+def _sync(stream):
+    if stream:
+        stream.synchronize()
+    else:
+        cuda.synchronize()
+
+
+def prepare_gather(table, row_ids, out=None, *, encoding: str = "q2k", stream=0, version=None, bad_count=None):
+    """Validate once; a PreparedLaunch that gathers rows `row_ids` (device int32/int64 [n]) of the
+    device table [rows, row_bytes] into out, adding out-of-range ids to `bad_count` (device uint32
+    [1]; a shared scratch counter when None). Nothing is synchronised: safe in a graph capture."""
+    enc = get_encoding(encoding)
+    table = as_device_array(table, "table")
+    _check_array(table, "table", np.uint8, 2, enc.row_bytes)
+    row_ids = as_device_array(row_ids, "row_ids")
+    if row_ids.dtype not in (np.dtype(np.int32), np.dtype(np.int64)):
+        raise ValueError(f"row_ids must be int32 or int64, got {row_ids.dtype}")
+    _check_array(row_ids, "row_ids", row_ids.dtype, 1)
+    if bad_count is not None:
+        bad_count = as_device_array(bad_count, "bad_count")
+        _check_array(bad_count, "bad_count", np.uint32, 1)
+        if bad_count.shape[0] != 1:
+            raise ValueError(f"bad_count must be uint32 [1], got shape {tuple(bad_count.shape)}")
+    n = row_ids.shape[0]
+    pick(encoding, version)
+    out = _output(out, n, stream)
+    rec = pick(encoding, version, table, out)
+    if n == 0:
+        return NoLaunch(rec.name, out)
+    return rec.prepare(table, out, ids=row_ids, bad_count=bad_count if bad_count is not None else _scratch_counter(),
+                       stream=stream)
+
+
+def gather_rows(table, row_ids, out=None, *, encoding: str = "q2k", stream=0, version=None, check=True,
+                bad_count=None):
+    """Rows `row_ids` of a device-resident table -> bf16 rows on the device.
+
+    table: device uint8 [rows, row_bytes], C-contiguous (any size: addresses are 64-bit).
+    row_ids: int32/int64 [n] device array, or a host numpy integer array [n], which is range-checked
+      on the host (ValueError naming the first bad id, before any copy or launch) and then copied.
+    out: optional device uint16 [n, 256]. Returns out.
+    An out-of-range device id reads nothing; its row is written as NaN (0x7FC0) and counted. With
+    check=True the launcher synchronizes the stream after the launch and raises ValueError naming
+    the first bad index and id. bad_count: an optional device uint32 [1] counter the kernel adds the
+    bad ids to; when given, the launcher neither zeroes nor reads it and never synchronizes (safe
+    inside a CUDA graph capture): the caller owns the check.
+    """
+    enc = get_encoding(encoding)
+    table = as_device_array(table, "table")
+    _check_array(table, "table", np.uint8, 2, enc.row_bytes)
+    n_rows = table.shape[0]
+    host_ids = isinstance(row_ids, np.ndarray)
+    if host_ids:
+        if row_ids.ndim != 1:
+            raise ValueError(f"row_ids must be 1-D [n], got shape {row_ids.shape} (reshape(-1) it)")
+        if not np.issubdtype(row_ids.dtype, np.integer):
+            raise TypeError(f"row_ids must be an integer array, got {row_ids.dtype}")
+        pick(encoding, version)
+        if out is not None:
+            _output(out, row_ids.shape[0], stream)   # argument errors first, then the ids' range
+        found = _first_bad(row_ids, n_rows)
+        if found is not None:
+            raise _bad_id_error(found, n_rows)
+        dtype = np.int32 if row_ids.dtype == np.int32 else np.int64
+        row_ids = cuda.to_device(np.ascontiguousarray(row_ids, dtype=dtype), stream=stream)
+    own_counter = bad_count is None
+    if own_counter and check and not host_ids:
+        bad_count = cuda.to_device(np.zeros(1, np.uint32), stream=stream)  # read back below
+    launch = prepare_gather(table, row_ids, out, encoding=encoding, stream=stream, version=version,
+                            bad_count=bad_count)
+    out = launch()
+    if own_counter and check and not host_ids and row_ids.shape[0]:
+        count = bad_count.copy_to_host(stream=stream)
+        _sync(stream)
+        if count[0]:
+            ids = row_ids.copy_to_host(stream=stream)
+            _sync(stream)
+            found = _first_bad(ids, n_rows)
+            raise _bad_id_error(found if found is not None else (-1, -1, int(count[0])), n_rows)
+    return out

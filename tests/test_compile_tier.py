@@ -1,0 +1,84 @@
+"""Compile-only tier: every kernel compiles for sm_90, and the fast paths do not spill.
+
+The simulator does no type checking, so this is what catches a kernel that runs there but would
+not compile for the GPU. It runs `engram_numba.device.compile_check` in a subprocess with the
+simulator off (numba reads NUMBA_ENABLE_CUDASIM once, at import), no GPU needed. What it compiles
+is every kernel record's `compile_targets()` (`engram_numba.stages.catalog`).
+"""
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+from engram_numba.stages import catalog, registry
+
+CUDA_STAGES = ("rows", "proj", "gate")
+
+
+@pytest.fixture(scope="module")
+def report():
+    env = {k: v for k, v in os.environ.items() if k != "NUMBA_ENABLE_CUDASIM"}
+    env["NUMBA_ENABLE_CUDASIM"] = "0"
+    proc = subprocess.run([sys.executable, "-m", "engram_numba.device.compile_check", "--json"],
+                          capture_output=True, text=True, env=env, timeout=900)
+    lines = [ln for ln in proc.stdout.splitlines() if ln.startswith("[")]
+    assert lines, f"compile_check printed no report:\n{proc.stdout[-3000:]}\n{proc.stderr[-3000:]}"
+    return json.loads(lines[-1])
+
+
+def _of_record(target_name: str, stage: str, name: str) -> bool:
+    """Target names are "stage.name" then "[variant]" or ".form[variant]" (or nothing)."""
+    prefix = f"{stage}.{name}"
+    return target_name == prefix or target_name[len(prefix):len(prefix) + 1] in ("[", ".") \
+        and target_name.startswith(prefix)
+
+
+def test_every_module_has_targets(report):
+    stages = {r["name"].split(".")[0] for r in report}
+    assert set(CUDA_STAGES) <= stages, stages
+
+
+def test_every_record_has_targets(report):
+    """Each kernel record of rows/proj/gate contributes at least one target to the report, and
+    every target in the report belongs to a record."""
+    names = [r["name"] for r in report]
+    records = [(rec.stage, rec.name) for stage in CUDA_STAGES for rec in catalog.records(stage)]
+    assert records
+    missing = [f"{s}.{n}" for s, n in records if not any(_of_record(t, s, n) for t in names)]
+    assert not missing, missing
+    orphans = [t for t in names if not any(_of_record(t, s, n) for s, n in records)]
+    assert not orphans, orphans
+    assert len(set(names)) == len(names), "two targets share a name"
+
+
+def test_every_kernel_compiles_for_sm90(report):
+    failed = [(r["name"], r["error"]) for r in report if not r["ok"]]
+    assert not failed, failed
+
+
+def test_fast_kernels_do_not_spill(report):
+    spilling = [(r["name"], r["spill_stores"], r["spill_loads"], r["stack_bytes"])
+                for r in report if r["ok"] and r["spill_free_required"]
+                and (r["spill_stores"] != 0 or r["spill_loads"] != 0)]
+    assert not spilling, spilling
+
+
+def test_vector_memory_ops_present_where_promised(report):
+    # The fast paths were written around 16-byte loads/stores; a refactor that silently
+    # drops them to scalar accesses costs bandwidth, so pin it.
+    promised = [r for r in report if r["vector_io"]]
+    assert promised, "no target is marked vector_io"
+    for r in promised:
+        if r["ok"]:
+            i = r["instructions"]
+            assert i["ld.global.v4"] + i["st.global.v4"] > 0, r["name"]
+
+
+def test_report_flags_match_the_records(report):
+    """vector_io and spill_free in the report are what the records' CompileTargets say."""
+    want = {t.name: t for stage in CUDA_STAGES for rec in registry.records(stage) for t in rec.compile_targets()}
+    for r in report:
+        t = want[r["name"]]
+        assert (r["vector_io"], r["spill_free_required"]) == (t.vector_io, t.spill_free), r["name"]
