@@ -327,10 +327,18 @@ class EngramV41:
         if h.dtype != np.float32 or h.ndim != 3 or tuple(h.shape[1:]) != (self.config.hc, self.config.dim):
             raise ValueError(f"highway must be float32 [T, hc={self.config.hc}, dim={self.config.dim}], "
                              f"got {h.dtype}{list(h.shape)}")
-        if token_mask is not None and not is_device_like(token_mask):
-            m = np.asarray(token_mask)
-            if m.shape != (T,) or m.dtype != np.bool_:
-                raise ValueError(f"token_mask must be bool of shape ({T},), got {m.dtype}{list(m.shape)}")
+        if token_mask is not None:
+            if is_device_like(token_mask):
+                m = as_device_array(token_mask, "token_mask")
+                if tuple(m.shape) != (T,) or m.dtype not in (np.uint8, np.bool_):
+                    raise ValueError(f"token_mask must be uint8/bool [{T}], got {m.dtype}{list(m.shape)}")
+            else:
+                m = np.asarray(token_mask)
+                if m.shape != (T,) or m.dtype != np.bool_:
+                    raise ValueError(f"token_mask must be bool of shape ({T},), got {m.dtype}{list(m.shape)}")
+        residual = self.residual if residual is None else residual
+        if residual not in RESIDUALS:
+            raise ValueError(f"residual must be one of {RESIDUALS}, got {residual!r}")
         self.project(layer_id)
         return self.gate(layer_id, h, token_mask, residual=residual)
 

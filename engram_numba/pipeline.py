@@ -414,6 +414,7 @@ class Pipeline:
                 "model": str(getattr(self.model, "path", "")), "format": str(getattr(self.model, "format", "")),
                 "encodings": {str(lid): v.encoding for lid, v in self._layers.items()},
                 "highway": "given" if highway is not None else "synthetic (N(0,1), seed 0, no transformer blocks)",
+                "synthetic_model": bool(getattr(self.model, "synthetic", False)),
                 "hooks": list(self._hook_log), "cuda_kernels": kernels,
                 "versions": {"engram_numba": __version__, "numba": numba.__version__, "numba_cuda": numba_cuda,
                              "numpy": np.__version__},

@@ -141,10 +141,10 @@ for version in fast:
 
 # %%
 report_fast = en.diff(ref_step, fast["gate_v3"], label_a="reference", label_b="gemv_v2 + gate_v3")
-fig, axes = plt.subplots(1, 2, figsize=(13, 3.8), layout="constrained")
-report_fast.plot(ax=axes[0])
-report_fast.plot(ax=axes[1], metric="max_ulp")
-axes[1].set_ylabel("max ulp (bf16 for kv, fp32 after)")
+fig, axes = plt.subplots(2, 2, figsize=(13, 5.6), layout="constrained", sharex="col", height_ratios=(2, 1))
+report_fast.plot(ax=axes[:, 0])
+report_fast.plot(ax=axes[:, 1], metric="max_ulp")
+axes[0, 1].set_ylabel("max ulp (bf16 for kv, fp32 after)")
 fig.suptitle("fast kernels against the reference, one decode step of the synthetic tiny model", fontsize=11)
 plt.show()
 
@@ -370,6 +370,6 @@ plt.show()
 # stages, per layer (both layers see the same kind of rows, so they look alike):
 
 # %%
-ax = report_q.plot()
-ax.set_title(ax.get_title() + "\nsynthetic tiny model, 1,000 random tokens", fontsize=10)
+top, bottom = report_q.plot()
+top.set_title(top.get_title() + "\nsynthetic tiny model, 1,000 random tokens", fontsize=9)
 plt.show()

@@ -110,17 +110,13 @@ st
 # %%
 dead_start = int(np.flatnonzero(~mask)[0])
 a, z = max(0, dead_start - 24), max(0, dead_start - 24) + 48            # a 48-token window
-window = {"tokens.ids": cap["tokens.ids"][a:z], "tokens.mask": cap["tokens.mask"][a:z]}
-for lid in cfg.layer_ids:
-    for p in ("gate.gate", "gate.dot"):
-        window[f"L{lid}.{p}"] = cap[f"L{lid}.{p}"][a:z]
-fig = en.gate_heatmap(window)
-fig.suptitle(f"synthetic tiny model, synthetic stream: tokens {a}..{z - 1} (labels: token ids)", fontsize=10)
+fig = en.gate_heatmap(cap, window=(a, z))       # the title says: synthetic model, synthetic highway
+plt.show()
+fig = en.gate_heatmap(cap, rolling=32, stride=8)   # the whole run, smoothed: a long capture's overview
 plt.show()
 
 # %%
 fig = en.gate_histogram(cap, bins=40)
-fig.suptitle("gate per stream over the live tokens (synthetic tiny model, synthetic stream)", fontsize=10)
 plt.show()
 
 # %% [markdown]
@@ -137,11 +133,9 @@ plt.show()
 # axis, linear inside |dot| < 1e-6, so the clamp region appears at its true place.
 
 # %%
-fig = en.gate_vs_dot(cap)
-fig.suptitle("gate against dot (synthetic tiny model)", fontsize=10)
+fig = en.gate_vs_dot(cap)                       # one panel per layer and stream
 plt.show()
 fig = en.gate_vs_dot(cap, xscale="symlog")
-fig.suptitle("gate against dot, symmetric-log axis (synthetic tiny model)", fontsize=10)
 plt.show()
 
 # %% [markdown]

@@ -141,8 +141,8 @@ def test_without_mask_or_dot_points(rng):
     assert row.split()[-2:] == ["-", "-"]                   # mean|dot| and clamp% unknown
     with pytest.raises(KeyError, match="gate.dot"):
         st.per_token(1, "dot")
-    fig = plots.gate_vs_dot(arrays)                         # the panel says the dot is missing
-    assert isinstance(fig, Figure) and len(fig.axes) == 2
+    fig = plots.gate_vs_dot(arrays)                         # the panels say the dot is missing
+    assert isinstance(fig, Figure) and len(fig.axes) == 2 * arrays["L1.gate.gate"].shape[1]
 
 
 def test_gate_stats_errors_and_layer_selection(rng):
@@ -320,8 +320,9 @@ def test_gate_histogram_gate_vs_dot_and_reuse_plot(rng):
     st = stats.gate_stats(cap)
     assert isinstance(plots.gate_histogram(st), Figure)
     fig = plots.gate_vs_dot(cap)
-    assert isinstance(fig, Figure) and len(fig.axes) == 2
-    assert any("clamped |dot| < 1e-6" in t.get_text() for t in fig.axes[0].get_legend().get_texts())
+    assert isinstance(fig, Figure) and len(fig.axes) == 2 * 4          # one panel per layer and stream
+    assert [a.get_title(loc="left") for a in fig.axes[:2]] == ["L1 stream 0", "L1 stream 1"]
+    assert any(t.get_text().startswith("clamped: ") for t in fig.axes[0].get_legend().get_texts())
     assert isinstance(plots.gate_vs_dot(cap, xscale="symlog"), Figure)
     with pytest.raises(ValueError, match="xscale"):
         plots.gate_vs_dot(cap, xscale="log")
@@ -364,3 +365,27 @@ def test_stats_and_plots_on_the_tiny_model_capture():
     for fn in (plots.gate_histogram, plots.gate_vs_dot):
         assert isinstance(fn(cap), Figure)
     assert isinstance(plots.row_id_reuse_plot(cap, tables=model.hash_tables), Figure)
+
+
+def test_heatmap_window_stride_rolling_and_synthetic_titles(rng):
+    cap = synthetic_capture(rng, T=120)
+    cap = Capture(dict(cap), {"synthetic_model": True, "highway": "synthetic (N(0,1))"})
+    fig = plots.gate_heatmap(cap, window=(10, 50))
+    assert "tokens 10..49" in fig.axes[0].get_title(loc="left")
+    assert "synthetic model, synthetic highway" in fig._suptitle.get_text()
+    im = fig.axes[0].get_images()[0]
+    assert im.get_array().shape[1] == 40
+    fig = plots.gate_heatmap(cap, rolling=8, stride=4)
+    assert fig.axes[0].get_images()[0].get_array().shape[1] == 30
+    assert "rolling mean over 8" in fig.axes[0].get_title(loc="left")
+    # the rolling mean of live tokens: a hand check at one position
+    st = stats.gate_stats(cap)
+    g = st.per_token(1)[:, 0]
+    want = np.nanmean(g[1:9])
+    got = fig.axes[0].get_images()[0].get_array()[0, 2]      # shown position 8 = mean of tokens 1..8
+    np.testing.assert_allclose(got, want, rtol=1e-6)
+    for bad in ({"window": (5, 5)}, {"window": (0, 999)}, {"stride": 0}, {"rolling": 1.5}):
+        with pytest.raises(ValueError):
+            plots.gate_heatmap(cap, **bad)
+    plain = Capture(dict(cap), {"highway": "given"})
+    assert plots.gate_heatmap(plain)._suptitle is None

@@ -135,6 +135,11 @@ def test_refuses_bad_arguments_without_touching_memory(model, engine, rng):
         engine.apply(2, cuda.to_device(h))
     with pytest.raises(ValueError, match="token_mask must be bool"):
         engine.apply(1, cuda.to_device(h), token_mask=np.array([1, 0]))
+    # a device mask of the wrong length is refused before the projection writes the kv workspace
+    with pytest.raises(ValueError, match=r"token_mask must be uint8/bool \[2\]"):
+        engine.apply(1, cuda.to_device(h), token_mask=cuda.to_device(np.ones(3, np.uint8)))
+    with pytest.raises(ValueError, match="residual must be one of"):
+        engine.apply(1, cuda.to_device(h), residual="fp16")
     bad = ids.copy()
     bad[1, 3] = 462
     with pytest.raises(ValueError, match=r"row id 462 \(token 1, column 3\) is outside layer 1's table of 462 rows"):

@@ -167,8 +167,11 @@ def test_diff_report_renders(model, ref_capture):
     assert "<table>" in report._repr_html_()
     import matplotlib
     matplotlib.use("Agg")
-    ax = report.plot()
-    assert ax.get_yscale() == "log"
+    top, bottom = report.plot()
+    assert top.get_yscale() == "log"
+    # the integer points are drawn too (share of elements that differ), one bar per layer and point
+    labels = [t.get_text() for t in bottom.get_xticklabels()]
+    assert "hash.ids" in labels and "rows.raw" in labels and bottom.get_ylim()[1] <= 1.05
 
 
 def test_cuda_backend_with_chosen_kernel_versions(model, ref_capture):

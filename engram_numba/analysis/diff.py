@@ -159,27 +159,72 @@ class DiffReport:
         return f"<table>{cap}<thead><tr>{head}</tr></thead><tbody>{''.join(body)}</tbody></table>"
 
     def plot(self, ax=None, metric: str = "rel_l2"):
-        """Error growth along the stages: `metric` per point, one line per engram layer."""
+        """Where two runs part, along the stages: two panels sharing the x axis (the points in
+        firing order, without the layer prefix), one line per engram layer.
+
+        top:    `metric` of the float points on a log axis. A point equal in both runs has no
+                error to draw: it is marked with a hollow marker on the panel's bottom edge and the
+                line is broken there (no invented floor, no V shapes through exact points).
+        bottom: the share of elements that differ, for every point, integer ones included (a
+                changed row id or raw byte shows up here).
+        ax: two Axes (top, bottom), or None for a new figure. Returns the (top, bottom) Axes.
+        """
         import matplotlib.pyplot as plt
+        from matplotlib.transforms import blended_transform_factory
         if ax is None:
-            _, ax = plt.subplots(figsize=(8, 3.5))
+            _, ax = plt.subplots(2, 1, figsize=(9, 5.2), sharex=True, height_ratios=(2, 1),
+                                 layout="constrained")
+        top, bottom = ax
         layers: dict[str, list[DiffRow]] = {}
         for r in self.rows:
-            layers.setdefault(r.name.split(".", 1)[0], []).append(r)
-        floor = 1e-12  # exact points drawn at the floor of the log axis
-        for layer, rows in layers.items():
-            rows = [r for r in rows if r.kind != "int" and r.n > 0]
-            if not rows:  # e.g. the "tokens" inputs: integers only
-                continue
-            ys = [max(getattr(r, metric), floor) for r in rows]
-            ax.plot([r.name.split(".", 1)[1] for r in rows], ys, marker="o", label=layer)
-        ax.set_yscale("log")
-        ax.set_ylabel(metric.replace("_", " "))
-        ax.set_title(f"{self.label_a} vs {self.label_b}: error along the stages (exact = {floor:g})")
-        ax.tick_params(axis="x", rotation=30)
-        ax.legend()
-        ax.grid(True, which="both", alpha=0.3)
-        return ax
+            layers.setdefault(r.name.split(".", 1)[0] if r.name.startswith("L") else "inputs", []).append(r)
+        order: list[str] = []
+        for rows in layers.values():
+            for r in rows:
+                short = r.name.split(".", 1)[1] if r.name.startswith("L") else r.name
+                if short not in order:
+                    order.append(short)
+        xpos = {name: i for i, name in enumerate(order)}
+        edge = blended_transform_factory(top.transData, top.transAxes)
+        width = 0.8 / max(len(layers), 1)
+        for k, (layer, rows) in enumerate(layers.items()):
+            colour = f"C{k}"
+            xs, ys, exact_x = [], [], []
+            for r in rows:
+                short = r.name.split(".", 1)[1] if r.name.startswith("L") else r.name
+                x = xpos[short]
+                if r.n and r.kind != "int":
+                    v = float(getattr(r, metric))
+                    if r.equal or v == 0.0:
+                        exact_x.append(x)
+                        xs.append(x)
+                        ys.append(np.nan)          # breaks the line: nothing to draw for an exact point
+                    else:
+                        xs.append(x)
+                        ys.append(v)
+                frac = 1.0 - r.n_equal / r.n if r.n else 1.0
+                bottom.bar(x - 0.4 + width * (k + 0.5), frac, width=width, color=colour,
+                           label=layer if k < 10 and x == xpos[order[0]] else None)
+            if xs:
+                top.plot(xs, ys, marker="o", color=colour, label=layer)
+            if exact_x:
+                top.scatter(exact_x, [0.0] * len(exact_x), transform=edge, marker="o", s=36, facecolors="none",
+                            edgecolors=colour, clip_on=False, zorder=3)
+        if not any(np.isfinite(line.get_ydata()).any() for line in top.get_lines()):
+            top.text(0.5, 0.5, "every float point is bit-identical in both runs", transform=top.transAxes,
+                     ha="center", va="center")
+        else:
+            top.set_yscale("log")
+        top.set_ylabel(metric.replace("_", " "))
+        top.set_title(f"{self.label_a} vs {self.label_b}: where the runs part (hollow marker on the axis = "
+                      "bit-identical)", fontsize=10)
+        top.legend(fontsize=8)
+        top.grid(True, which="both", alpha=0.3)
+        bottom.set_ylim(0.0, 1.05)
+        bottom.set_ylabel("share of elements\nthat differ")
+        bottom.set_xticks(range(len(order)), order, rotation=30, ha="right")
+        bottom.grid(True, axis="y", alpha=0.3)
+        return top, bottom
 
 
 def diff(a: Mapping, b: Mapping, names=None, label_a: str | None = None, label_b: str | None = None) -> DiffReport:

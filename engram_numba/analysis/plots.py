@@ -54,6 +54,24 @@ def _pick_layers(st: GateStats, layer_ids) -> list[int]:
     return layer_ids
 
 
+def synthetic_note(capture) -> str:
+    """' (synthetic model, synthetic highway)' or the part that applies, from a capture's meta: a
+    figure made from the tiny fixture model or a random highway says so in its title."""
+    meta = getattr(capture, "meta", None) or {}
+    parts = []
+    if meta.get("synthetic_model"):
+        parts.append("synthetic model")
+    if str(meta.get("highway", "")).startswith("synthetic"):
+        parts.append("synthetic highway")
+    return f" ({', '.join(parts)})" if parts else ""
+
+
+def _suptitle(fig, what: str, capture) -> None:
+    note = synthetic_note(capture)
+    if note:
+        fig.suptitle(what + note, fontsize=10)
+
+
 def _runs(flags: np.ndarray) -> list[tuple[int, int]]:
     """[(start, stop)] of the runs of True in a 1-D bool array."""
     d = np.diff(np.concatenate([[0], flags.astype(np.int8), [0]]))
@@ -72,33 +90,78 @@ def _nice_step(at_least: float) -> int:
 
 # Gate per token --------------------------------------------------------------------------------
 
+def _window_gates(st: GateStats, layers, window, stride: int, rolling: int):
+    """Per layer the [T', hc] gate (NaN at masked tokens) of the tokens shown, the shown tokens'
+    positions and their mask, after a window (t0, t1), a trailing rolling mean over `rolling`
+    positions (masked tokens left out of each mean; a window of only masked tokens stays NaN) and
+    a stride."""
+    T = st.n_tokens
+    t0, t1 = (0, T) if window is None else (int(window[0]), int(window[1]))
+    if not 0 <= t0 < t1 <= T:
+        raise ValueError(f"window must be (t0, t1) with 0 <= t0 < t1 <= {T} tokens, got {window!r}")
+    for name, v in (("stride", stride), ("rolling", rolling)):
+        if isinstance(v, bool) or not isinstance(v, (int, np.integer)) or v < 1:
+            raise ValueError(f"{name} must be a positive integer, got {v!r}")
+    pos = np.arange(t0, t1)
+    out = {}
+    for lid in layers:
+        g = st.per_token(lid)[t0:t1]                         # [t1-t0, hc], NaN at masked tokens
+        if rolling > 1:
+            live = np.isfinite(g)
+            csum = np.cumsum(np.where(live, g, 0.0), axis=0, dtype=np.float64)
+            ccnt = np.cumsum(live, axis=0)
+            lo = np.maximum(np.arange(len(g)) - rolling + 1, 0)
+            prev = lambda a: np.where(lo[:, None] > 0, a[np.maximum(lo - 1, 0)], 0)   # noqa: E731
+            n = ccnt - prev(ccnt)
+            with np.errstate(invalid="ignore", divide="ignore"):
+                g = ((csum - prev(csum)) / n).astype(np.float32)
+            g[n == 0] = np.nan
+        out[lid] = g[::stride]
+    mask = st.mask[t0:t1]
+    if rolling > 1:
+        mask = np.ones_like(mask)                            # a rolling mean is a measurement at every position
+    return out, pos[::stride], mask[::stride]
+
+
 def gate_heatmap(capture, layer_ids=None, token_labels=None, cmap: str = "viridis", annotate: bool | None = None,
-                 max_labels: int = 64, ax=None, fig=None):
+                 max_labels: int = 64, window=None, stride: int = 1, rolling: int = 1, ax=None, fig=None):
     """The gate of every token and stream: one panel per engram layer, streams down, tokens across.
 
     token_labels: one string per token (e.g. decoded text) for the x axis; by default the token
                   ids. Every token is labelled up to `max_labels` tokens, beyond that a subset.
-    annotate:     write each gate value in its cell (default: when there are <= 16 tokens).
+    annotate:     write each gate value in its cell (default: when there are <= 16 tokens shown).
+    window, stride, rolling: for long captures: show tokens window = (t0, t1) only, every
+                  `stride`-th token, and/or a trailing rolling mean over `rolling` tokens (masked
+                  ones left out of each mean; the title says which).
     Masked tokens are greyed and hatched (their gate is 0 by definition, not a measurement) and
-    their labels are red.
+    their labels are red. A figure of a synthetic model or highway says so in its title.
     """
     import matplotlib.patches as mpatches
     import matplotlib.pyplot as plt
 
     st = _stats_of(capture)
     layers = _pick_layers(st, layer_ids)
-    T, mask = st.n_tokens, st.mask
+    gates, shown, mask = _window_gates(st, layers, window, stride, rolling)
+    T = len(shown)
     if token_labels is None:
         ids = capture["tokens.ids"] if not isinstance(capture, GateStats) and "tokens.ids" in capture else None
-        if ids is not None and T <= max_labels:
-            token_labels, xlabel = [str(int(i)) for i in ids], "token id"
+        if ids is not None and T <= max_labels and stride == 1 and rolling == 1:
+            token_labels, xlabel = [str(int(ids[t])) for t in shown], "token id"
         else:  # a sparse row of ids says nothing; positions do
-            token_labels, xlabel = [str(t) for t in range(T)], "token position"
+            token_labels, xlabel = [str(t) for t in shown], "token position"
     else:
         token_labels = [str(x) for x in token_labels]
-        if len(token_labels) != T:
-            raise ValueError(f"token_labels has {len(token_labels)} labels for {T} tokens")
+        if len(token_labels) != st.n_tokens:
+            raise ValueError(f"token_labels has {len(token_labels)} labels for {st.n_tokens} tokens")
+        token_labels = [token_labels[t] for t in shown]
         xlabel = "token"
+    how = []
+    if window is not None:
+        how.append(f"tokens {shown[0]}..{int(window[1]) - 1}")
+    if rolling > 1:
+        how.append(f"rolling mean over {rolling} tokens")
+    if stride > 1:
+        how.append(f"every {stride}th token")
     if annotate is None:
         annotate = T <= 16
     hc_max = max(st.streams(lid) for lid in layers)
@@ -109,7 +172,7 @@ def gate_heatmap(capture, layer_ids=None, token_labels=None, cmap: str = "viridi
     cm = plt.get_cmap(cmap).with_extremes(bad=_MASK_GREY)  # masked tokens are NaN in per_token
     im = None
     for a, lid in zip(axes, layers):
-        g = st.per_token(lid)                                # [T, hc], NaN at masked tokens
+        g = gates[lid]                                       # [T shown, hc], NaN at masked tokens
         hc = g.shape[1]
         im = a.imshow(np.ma.masked_invalid(g.T), cmap=cm, vmin=0.0, vmax=1.0, aspect="auto",
                       interpolation="nearest", extent=(-0.5, T - 0.5, hc - 0.5, -0.5))
@@ -123,8 +186,8 @@ def gate_heatmap(capture, layer_ids=None, token_labels=None, cmap: str = "viridi
                     a.text(t, c, f"{v:.2f}", ha="center", va="center", fontsize=7,
                            color="black" if v > 0.6 else "white")
         a.set_yticks(range(hc), [f"stream {c}" for c in range(hc)], fontsize=8)
-        a.set_title(f"L{lid} gate" + (f"  ({int((~mask).sum())} masked token(s), hatched)" if (~mask).any() else ""),
-                    fontsize=10, loc="left")
+        a.set_title(f"L{lid} gate" + (f"  ({int((~mask).sum())} masked token(s), hatched)" if (~mask).any() else "")
+                    + (f"  [{'; '.join(how)}]" if how else ""), fontsize=10, loc="left")
 
     bottom = axes[-1]
     step = 1 if T <= max_labels else _nice_step(T / max_labels)
@@ -143,6 +206,7 @@ def gate_heatmap(capture, layer_ids=None, token_labels=None, cmap: str = "viridi
         axes[0].legend(handles=[mpatches.Patch(facecolor=_MASK_GREY, edgecolor=_MASK_EDGE, hatch="///",
                                                label="masked (gate = 0, excluded)")],
                        loc="lower right", bbox_to_anchor=(1.0, 1.0), fontsize=8, frameon=False, borderaxespad=0.1)
+    _suptitle(fig, "gate per token and stream", capture)
     return fig
 
 
@@ -175,6 +239,7 @@ def gate_histogram(capture, bins: int = 40, layer_ids=None, density: bool = Fals
     if not density:
         from matplotlib.ticker import MaxNLocator
         axes[0].yaxis.set_major_locator(MaxNLocator(integer=True))
+    _suptitle(fig, "gate distribution", capture)
     return fig
 
 
@@ -187,61 +252,68 @@ def _gate_curve(x: np.ndarray) -> np.ndarray:
 
 
 def gate_vs_dot(capture, layer_ids=None, xscale: str = "linear", ax=None, fig=None):
-    """Every live token's gate against its dot, one panel per engram layer, a colour per stream,
-    over the curve sigmoid(copysign(sqrt(max(|dot|, 1e-6)), dot)) that the gate must lie on.
+    """Every live token's gate against its dot, one panel per engram layer and stream (layers down,
+    streams across), over the curve sigmoid(copysign(sqrt(max(|dot|, 1e-6)), dot)) that the gate
+    must lie on.
 
     The clamp region |dot| < 1e-6 is shaded; on a linear axis it is far too narrow to see, so
     points inside it are also ringed in red and counted in the legend. xscale="symlog" (linear
-    within +-1e-6) shows the region at its true place.
+    within +-1e-6) shows the region at its true place. `ax`: layers x streams Axes.
     """
+    if xscale not in ("linear", "symlog"):
+        raise ValueError(f"xscale must be 'linear' or 'symlog', got {xscale!r}")
     st = _stats_of(capture)
     layers = _pick_layers(st, layer_ids)
-    fig, axes = _panels(len(layers), ax, fig, nrows=1, ncols=len(layers), figsize=(4.8 * len(layers) + 0.6, 3.9),
-                        sharey=True)
-    for a, lid in zip(axes, layers):
+    hc = max(st.streams(lid) for lid in layers)
+    fig, axes = _panels(len(layers) * hc, ax, fig, nrows=len(layers), ncols=hc,
+                        figsize=(3.4 * hc + 0.6, 3.0 * len(layers) + 0.6), sharey=True)
+    for li, lid in enumerate(layers):
         g = st.per_token(lid)                                # [T, hc] NaN at masked tokens
         try:
             d = st.per_token(lid, "dot")
         except KeyError:
-            a.text(0.5, 0.5, f"L{lid}.gate.dot was not captured", ha="center", va="center", transform=a.transAxes)
-            a.set_title(f"L{lid}", fontsize=10, loc="left")
-            continue
-        live = np.isfinite(d) & np.isfinite(g)
-        lo, hi = (float(d[live].min()), float(d[live].max())) if live.any() else (-1.0, 1.0)
-        span = max(hi - lo, 1e-3)
-        lo, hi = min(lo - 0.05 * span, -1e-3), max(hi + 0.05 * span, 1e-3)
-        # dense near 0, where the curve is steepest (slope ~ 1/sqrt|x|), plus the clamp corners
-        near = np.geomspace(1e-9, max(-lo, hi), 400)
-        xs = np.unique(np.concatenate([np.linspace(lo, hi, 801), near, -near, [0.0, GATE_CLAMP, -GATE_CLAMP]]))
-        xs = xs[(xs >= lo) & (xs <= hi)]
-        a.plot(xs, _gate_curve(xs), color="black", linewidth=1.0, zorder=1,
-               label="sigmoid(sign·sqrt(max(|dot|, 1e-6)))")
-        a.axvspan(-GATE_CLAMP, GATE_CLAMP, color="tab:red", alpha=0.25, zorder=0, label="clamp region |dot| < 1e-6")
-        a.axvline(0.0, color="tab:red", linewidth=0.6, linestyle=":", zorder=0)
-        for c in range(g.shape[1]):
-            m = live[:, c]
-            a.scatter(d[m, c], g[m, c], s=14, alpha=0.75, zorder=2, label=f"stream {c}")
-        clamped = live & (np.abs(d) < GATE_CLAMP)
-        a.scatter(d[clamped], g[clamped], s=60, facecolors="none", edgecolors="tab:red", linewidths=1.2, zorder=3,
-                  label=f"clamped |dot| < 1e-6: {int(clamped.sum())}")
-        if xscale == "symlog":
-            a.set_xscale("symlog", linthresh=GATE_CLAMP)
-            # every third decade: matplotlib's default labels every decade and they overlap
-            big = max(-lo, hi)
-            decades = [10.0 ** e for e in range(-6, int(np.ceil(np.log10(big))) + 1, 3)]
-            ticks = sorted([-x for x in decades if x <= -lo] + [0.0] + [x for x in decades if x <= hi])
-            a.set_xticks(ticks, ["0" if t == 0 else f"{'-' if t < 0 else ''}1e{int(round(np.log10(abs(t))))}"
-                                 for t in ticks])
-        elif xscale != "linear":
-            raise ValueError(f"xscale must be 'linear' or 'symlog', got {xscale!r}")
-        a.set_xlim(lo, hi)
-        a.set_ylim(0.0, 1.0)
-        a.set_xlabel("dot (normalised, before the signed square root)")
-        a.set_title(f"L{lid}" + (f"  ({st.n_masked} masked token(s) excluded)" if st.n_masked else ""),
-                    fontsize=10, loc="left")
-        a.legend(fontsize=7, loc="upper left")
-        a.grid(True, alpha=0.3)
-    axes[0].set_ylabel("gate")
+            d = None
+        for c in range(hc):
+            a = axes[li * hc + c]
+            a.set_title(f"L{lid} stream {c}", fontsize=9, loc="left")
+            if d is None or c >= g.shape[1]:
+                a.text(0.5, 0.5, f"L{lid}.gate.dot was not captured" if d is None else "no such stream",
+                       ha="center", va="center", transform=a.transAxes, fontsize=8)
+                continue
+            live = np.isfinite(d[:, c]) & np.isfinite(g[:, c])
+            x, y = d[live, c], g[live, c]
+            lo, hi = (float(x.min()), float(x.max())) if x.size else (-1.0, 1.0)
+            span = max(hi - lo, 1e-3)
+            lo, hi = min(lo - 0.05 * span, -1e-3), max(hi + 0.05 * span, 1e-3)
+            # dense near 0, where the curve is steepest (slope ~ 1/sqrt|x|), plus the clamp corners
+            near = np.geomspace(1e-9, max(-lo, hi), 400)
+            xs = np.unique(np.concatenate([np.linspace(lo, hi, 801), near, -near, [0.0, GATE_CLAMP, -GATE_CLAMP]]))
+            xs = xs[(xs >= lo) & (xs <= hi)]
+            a.plot(xs, _gate_curve(xs), color="black", linewidth=1.0, zorder=1,
+                   label="sigmoid(sign·sqrt(max(|dot|, 1e-6)))")
+            a.axvspan(-GATE_CLAMP, GATE_CLAMP, color="tab:red", alpha=0.25, zorder=0, label="clamp |dot| < 1e-6")
+            a.axvline(0.0, color="tab:red", linewidth=0.6, linestyle=":", zorder=0)
+            a.scatter(x, y, s=14, alpha=0.75, zorder=2, color=f"C{c}", label=f"{x.size} live tokens")
+            clamped = np.abs(x) < GATE_CLAMP
+            a.scatter(x[clamped], y[clamped], s=60, facecolors="none", edgecolors="tab:red", linewidths=1.2,
+                      zorder=3, label=f"clamped: {int(clamped.sum())}")
+            if xscale == "symlog":
+                a.set_xscale("symlog", linthresh=GATE_CLAMP)
+                # every third decade: matplotlib's default labels every decade and they overlap
+                big = max(-lo, hi)
+                decades = [10.0 ** e for e in range(-6, int(np.ceil(np.log10(big))) + 1, 3)]
+                ticks = sorted([-v for v in decades if v <= -lo] + [0.0] + [v for v in decades if v <= hi])
+                a.set_xticks(ticks, ["0" if t == 0 else f"{'-' if t < 0 else ''}1e{int(round(np.log10(abs(t))))}"
+                                     for t in ticks])
+            a.set_xlim(lo, hi)
+            a.set_ylim(0.0, 1.0)
+            a.legend(fontsize=6, loc="upper left")
+            a.grid(True, alpha=0.3)
+        axes[li * hc].set_ylabel("gate")
+    for a in axes[(len(layers) - 1) * hc:]:
+        a.set_xlabel("dot (before the signed sqrt)")
+    _suptitle(fig, "gate against dot" + (f" ({st.n_masked} masked token(s) excluded)" if st.n_masked else ""),
+              capture)
     return fig
 
 
@@ -296,4 +368,6 @@ def row_id_reuse_plot(capture, ax=None, fig=None, **reuse_kwargs):
     bottom.set_xlabel("hash column (head within its n-gram order)")
     for a in axes[:-1]:
         a.tick_params(axis="x", labelbottom=False)
+    if not isinstance(capture, RowIdReuse):
+        _suptitle(fig, "hash-table row use", capture)
     return fig

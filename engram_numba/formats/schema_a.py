@@ -206,6 +206,7 @@ class EngramModel:
     def __init__(self, path, *, key_prefix: str = KEY_PREFIX, validate: bool = True):
         self.path = str(path)
         self.format = "gguf (schema A, q2k tables)"   # what `load_model` opened: file format and table encoding
+        self.synthetic = False                         # True for the toolkit's own tiny fixture (set below)
         self.key_prefix = key_prefix
         self.problems: list[str] = []  # what validate=False let through
         self._validate = validate
@@ -223,6 +224,7 @@ class EngramModel:
         (self.version, self.kv, self.kv_types, self.tensors, self.data_offset,
          self.alignment) = _parse_header(buf, self.path)
         self.config, self.hash_tables = self._read_engram()
+        self.synthetic = str(self.kv.get("general.name", "")).startswith("engram-numba tiny")
         self.layers = {lid: EngramLayerFile(self, lid, i) for i, lid in enumerate(self.config.layer_ids)}
         self._readers: dict[int, EngramRowReader] = {}
 
