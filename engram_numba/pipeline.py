@@ -331,7 +331,7 @@ class Pipeline:
         return synthetic_highway(0, n_tokens, self.config.hc, self.config.dim, seed)
 
     def run(self, token_ids, highway=None, token_mask=None, names_filter=None,
-            hasher: EngramHasher | None = None, progress: bool = False,
+            hasher: EngramHasher | None = None, progress: bool | None = None,
             chunk_tokens: int | None = None) -> Capture:
         """Run every engram layer on one sequence; returns the captures that `names_filter` keeps.
 
@@ -342,7 +342,9 @@ class Pipeline:
         chunk_tokens: run the stages on this many tokens at a time (ids are the same: the hasher
                  keeps the sequence's history; every stage is per token). Captures are joined
                  along the token axis; hooks see one chunk at a time. progress=True shows a bar
-                 (and runs in chunks of 512 tokens when no chunk size is given).
+                 with the stage and layer being run (and runs in chunks of 512 tokens when no chunk
+                 size is given); None (default) shows it when the cuda backend runs in numba's
+                 simulator, where a stage can take minutes.
         Every argument is checked before the first chunk runs, so a bad token late in a long
         sequence leaves the hasher and the caller's data untouched.
         """
@@ -363,6 +365,9 @@ class Pipeline:
                 self._check_highway(highway[lid], T, f"highway[{lid}]")
         elif highway is not None:
             self._check_highway(highway, T, "highway")
+        if progress is None:
+            from numba.cuda import config
+            progress = bool(config.ENABLE_CUDASIM and "cuda" in self.backends.values())
         if chunk_tokens is None:
             chunk_tokens = 512 if progress and T > 512 else max(T, 1)
         if isinstance(chunk_tokens, bool) or not isinstance(chunk_tokens, (int, np.integer)) or chunk_tokens < 1:

@@ -602,7 +602,8 @@ def describe_dict(model: EngramModel) -> dict:
         "metadata": {k: {"type": model.kv_types[k], "value": _json_value(v)} for k, v in model.kv.items()},
         "tensors": [{"name": n, "type": i.type_name, "shape": list(i.shape), "ne": list(i.ne), "offset": i.offset,
                      "bytes": i.nbytes} for n, i in model.tensors.items()],
-        "checks": checks, "problems": list(model.problems),
+        "checks": checks + [{"check": "cuda gate kernels need dim % 8 == 0", "ok": c.dim % 8 == 0}],
+        "problems": list(model.problems),
     }
 
 
@@ -625,6 +626,8 @@ def describe(model: EngramModel) -> str:
     for name, info in model.tensors.items():
         lines.append(f"  {name:<{w}}  {info.type_name:<5} numpy {str(list(info.shape)):<14} "
                      f"ne {str(list(info.ne)):<14} {human_bytes(info.nbytes)}")
+    lines += ["", "cuda backend: the gate kernels need dim % 8 == 0: "
+              + ("met" if c.dim % 8 == 0 else f"NOT met (dim {c.dim}): use the reference or cpu backend for the gate")]
     lines += ["", "primes vs table rows"]
     for li, lid in enumerate(c.layer_ids):
         want = int(t.table_rows[li])
