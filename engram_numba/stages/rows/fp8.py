@@ -4,7 +4,7 @@ DeepSeek's checkpoint stores the engram tables this way (codes [rows, 256] and s
 as two tensors); ds4 GGUFs keep the same bytes as one 264-byte row, codes first. The rows stage's
 raw row of encoding "fp8" is always the 264-byte layout (`assemble_rows_fp8` builds it).
 
-Values (docs/math.md section 4.4), from the bit layout:
+Values (docs/math.md section 4.5), from the bit layout:
     e4m3 code b: sign = bit 7, E = bits 6..3, M = bits 2..0
         E > 0: (8 + M) * 2^(E - 10)      E = 0: M * 2^-9      0x7F, 0xFF: NaN (no infinity)
     e8m0 byte e: 2^(e - 127); 255 is NaN

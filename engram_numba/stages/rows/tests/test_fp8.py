@@ -75,7 +75,7 @@ def test_every_code_times_every_scale():
 def test_exact_in_bf16_for_scale_bytes_3_to_246():
     """Inside 3..246 every value survives the bf16 rounding unchanged; bytes 0..2 round the
     smallest codes (below bf16's subnormal step 2^-133), bytes 247..254 overflow the largest codes
-    to +-inf, as docs/math.md section 4.4 says."""
+    to +-inf, as docs/math.md section 4.5 says."""
     rows = every_code_and_scale()
     vals = fp8.decode_fp8_reference(rows)                          # [2048, 256]
     scale_byte = rows[:, 256]
