@@ -12,6 +12,7 @@ import numpy as np
 import pytest
 
 from engram_numba.analysis.diff import diff
+from engram_numba.bf16 import bf16_to_f32
 from engram_numba.fixtures import TINY_MASK, TINY_TOKENS, quantize_matrix, tiny_config, tiny_float_weights, tiny_hash_tables
 from engram_numba.pipeline import Pipeline
 from engram_numba.stages.proj.weights import encode_wkv_fp8, wkv_to_bf16
@@ -87,7 +88,8 @@ class ArrayModel:
 VARIANTS = ("q2k", "q3_k", "q4_k", "q8_0", "fp8", "fp8-separate-scales")
 
 
-def build_model(variant: str) -> ArrayModel:
+def build_model(variant: str, wkv_encoding: str | None = None) -> ArrayModel:
+    """The tiny model with `variant`'s tables; wkv in `wkv_encoding` (default: per variant)."""
     cfg = tiny_config()
     weights = tiny_float_weights(cfg, tiny_hash_tables())
     rng = np.random.default_rng(11)
@@ -107,16 +109,18 @@ def build_model(variant: str) -> ArrayModel:
             scales = scales if variant.endswith("separate-scales") else None
         else:
             table = random_raw_rows(encoding, rows.shape[0], rng)
-        wkv_encoding = {"q2k": "bf16", "q3_k": "f16", "q4_k": "bf16", "q8_0": "q8_0", "fp8": "fp8"}[encoding]
-        if wkv_encoding == "fp8":
+        wkv_enc = wkv_encoding or {"q2k": "bf16", "q3_k": "f16", "q4_k": "bf16", "q8_0": "q8_0", "fp8": "fp8"}[encoding]
+        if wkv_enc == "fp8":
             wkv_raw, wkv_scales = encode_wkv_fp8(w["wkv"])
-        elif wkv_encoding == "q8_0":
+        elif wkv_enc == "q8_0":
             wkv_raw = quantize_q8_0(w["wkv"])
-        elif wkv_encoding == "f16":
+        elif wkv_enc == "q2k":
+            wkv_raw = quantize_matrix(w["wkv"])
+        elif wkv_enc == "f16":
             wkv_raw = w["wkv"].astype(np.float16)
         else:
             wkv_raw = wkv_to_bf16(w["wkv"], "f32")
-        layers[lid] = ArrayLayer(lid, table, encoding, wkv_raw, wkv_encoding, w["q_weight"], w["k_weight"],
+        layers[lid] = ArrayLayer(lid, table, encoding, wkv_raw, wkv_enc, w["q_weight"], w["k_weight"],
                                  table_scales=scales, wkv_scales=wkv_scales)
     return ArrayModel(layers, encoding)
 
@@ -192,3 +196,39 @@ def test_engine_refuses_inconsistent_tables():
     model.layers[4].table = model.layers[4].table[:, :270]
     with pytest.raises(ValueError, match="layer 4: its q8_0 table has 270 bytes a row, expected 272"):
         EngramV41(model, max_tokens=2)
+
+
+def test_what_quantisation_costs_at_the_gate():
+    """The same 256 tokens through the tiny model stored three ways from the same float weights:
+    FP8 (tables and wkv, as DeepSeek's checkpoint), Q8_0 and Q2_K (tables and wkv; the Q2_K one is
+    data/tiny_v41.gguf's). The FP8 run is the reference; printed: relative L2 along the stages and
+    the dots that change sign (the gate on the other side of 0.5)."""
+    import engram_numba as en
+    from engram_numba.analysis.quant_cost import gate_cost
+    tokens = np.random.default_rng(5).integers(0, 64, 256)
+    mask = np.ones(256, bool)
+    mask[::17] = False
+    runs = {}
+    with en.load_gguf(en.tiny_model_path()) as q2k_file:
+        for label, model in (("fp8", build_model("fp8")), ("q8_0", build_model("q8_0", "q8_0")),
+                             ("q2k", q2k_file)):
+            runs[label] = Pipeline(model, "reference").run(tokens, token_mask=mask)
+    cost = {label: gate_cost(runs["fp8"], runs[label], "fp8", label) for label in ("q8_0", "q2k")}
+    for c in cost.values():
+        print("\n" + str(c))
+    floats = tiny_float_weights(tiny_config(), tiny_hash_tables())
+    for lid in (1, 4):                     # each encoding's own error: rows against the float rows
+        exact = floats[lid]["table_rows"][runs["fp8"][f"L{lid}.hash.ids"].reshape(-1)].astype(np.float64)
+        errs = {label: np.linalg.norm(bf16_to_f32(cap[f"L{lid}.rows.bf16"]) - exact) / np.linalg.norm(exact)
+                for label, cap in runs.items()}
+        print(f"layer {lid} rows against the float weights (relative L2): "
+              + ", ".join(f"{k} {v:.4f}" for k, v in errs.items()))
+        assert errs["q8_0"] < errs["fp8"] < errs["q2k"]
+    assert gate_cost(runs["fp8"], runs["fp8"])[1].sign_flips == 0
+    for lid in (1, 4):
+        q8, q2 = cost["q8_0"][lid], cost["q2k"][lid]
+        assert q8.live == q2.live == 4 * int(mask.sum())
+        for point in ("rows.bf16", "proj.kv", "gate.dot"):
+            assert 0 < q8.rel_l2[point] < q2.rel_l2[point], (lid, point)
+        assert q8.rel_l2["rows.bf16"] < 0.05 < q2.rel_l2["rows.bf16"] < 0.5
+        assert q8.sign_flips <= q2.sign_flips and q8.gate_mean_abs < q2.gate_mean_abs
