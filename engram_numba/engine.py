@@ -59,10 +59,11 @@ class EngramLayerWeights:
     encoding: str = "q2k"  # the table's row encoding (engram_numba.stages.rows.encodings)
     row_bytes: int = 84    # bytes of one raw row in that encoding
     table: object = None  # [rows, row_bytes] uint8 raw rows, when device_tables=True
+    table_scales: object = None  # fp8 with separate scales: table is codes [rows, 256], these [rows, 8]
 
     @property
     def nbytes(self) -> int:
-        return sum(int(a.nbytes) for a in (self.wkv, self.w_gate, self.table) if a is not None)
+        return sum(int(a.nbytes) for a in (self.wkv, self.w_gate, self.table, self.table_scales) if a is not None)
 
 
 class _LayerWorkspace:
@@ -84,7 +85,8 @@ class EngramV41:
 
     model: a model from `engram_numba.load_gguf` / `load_model`, or anything with `.config`,
         `.layers` {layer_id: layer} where a layer has `wkv_bf16()`, `q_weight`, `k_weight`,
-        `table` (raw rows [rows, row_bytes] uint8) and `table_encoding`, and `.rows(layer_id)`
+        `table` (raw rows [rows, row_bytes] uint8) and `table_encoding` (and `table_scales`
+        [rows, 8] for fp8 codes [rows, 256] stored apart from their scales), and `.rows(layer_id)`
         for host row reads.
     max_tokens: the most tokens one call may carry; workspaces are sized for it once.
     device_tables: upload each layer's table (30 GiB a layer in Q2_K at the released size), so
@@ -115,15 +117,21 @@ class EngramV41:
             w_gate = (np.asarray(lf.q_weight, np.float32) * np.asarray(lf.k_weight, np.float32)).astype(np.float32)
             table = lf.table
             enc = get_encoding(getattr(lf, "table_encoding", "q2k"))
-            if table.shape[1] != enc.row_bytes:
+            scales = getattr(lf, "table_scales", None)
+            if scales is not None and (enc.name != "fp8" or tuple(scales.shape) != (table.shape[0], 8)):
+                raise ValueError(f"layer {lid}: table_scales {list(scales.shape)} needs an fp8 table of codes "
+                                 f"[rows, 256] and scales [rows, 8] (encoding {enc.name}, table {list(table.shape)})")
+            width = enc.row_bytes if scales is None else 256
+            if table.shape[1] != width:
                 raise ValueError(f"layer {lid}: its {enc.name} table has {table.shape[1]} bytes a row, "
-                                 f"expected {enc.row_bytes}")
+                                 f"expected {width}")
             self.layers[lid] = EngramLayerWeights(
                 layer_id=lid,
                 wkv=cuda.to_device(np.ascontiguousarray(lf.wkv_bf16(), dtype=np.uint16)),
                 w_gate=cuda.to_device(np.ascontiguousarray(w_gate)),
                 n_rows=int(table.shape[0]), encoding=enc.name, row_bytes=enc.row_bytes,
                 table=cuda.to_device(np.ascontiguousarray(table)) if device_tables else None,
+                table_scales=cuda.to_device(np.ascontiguousarray(scales)) if device_tables and scales is not None else None,
             )
         self._ws = {lid: _LayerWorkspace(self.max_tokens, cfg, self.layers[lid].row_bytes) for lid in cfg.layer_ids}
         self._mask = cuda.device_array(self.max_tokens, dtype=np.uint8)
@@ -207,7 +215,7 @@ class EngramV41:
         gather + dequant from the device-resident table. Ids are range-checked on the host first."""
         lw, ws = self._layer(layer_id)
         if lw.table is None:
-            raise ValueError("rows_from_ids needs the Q2_K tables on the device: build EngramV41(..., device_tables=True)")
+            raise ValueError("rows_from_ids needs the tables on the device: build EngramV41(..., device_tables=True)")
         if is_device_like(row_ids):
             raise TypeError("rows_from_ids takes host row ids (they are range-checked before upload)")
         ids = np.asarray(row_ids)
@@ -228,7 +236,7 @@ class EngramV41:
         ws.ids[:n].copy_to_device(np.ascontiguousarray(flat), stream=self.stream)
         launch = self._plan(("gather", lw.layer_id, n), lambda: prepare_gather(
             lw.table, ws.ids[:n], ws.rows[:n], encoding=lw.encoding, stream=self.stream,
-            version=self.versions.get("rows")))
+            version=self.versions.get("rows"), scales=lw.table_scales))
         self._last_launch[("rows", lw.layer_id)] = launch
         launch()
         self._loaded(ws, T)

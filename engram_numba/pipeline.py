@@ -56,6 +56,7 @@ from .stages.proj import reference as _proj_ref
 from .stages.registry import BACKENDS, STAGES
 from .stages.rows import cpu as _rows_cpu
 from .stages.rows import reference as _rows_ref
+from .stages.rows.fp8 import assemble_rows_fp8
 
 __all__ = ["Pipeline", "Capture", "POINTS", "INPUT_POINTS", "point_names", "synthetic_highway", "STAGES",
            "BACKENDS"]
@@ -120,6 +121,8 @@ class _ReferenceBackend(_HostBackend):
     def rows(self, layer, raw=None, ids=None):
         if raw is None:
             raw = _rows_ref.gather_reference(layer.table, ids)
+            if layer.table_scales is not None:      # fp8 codes with separate scales: 264-byte rows
+                raw = assemble_rows_fp8(raw, _rows_ref.gather_reference(layer.table_scales, ids))
         return _rows_ref.rows_reference(raw, layer.encoding)
 
     def proj(self, layer, x_bf16):
@@ -218,6 +221,7 @@ class _LayerView:
         self.layer_id = layer_id
         self.table = lf.table
         self.encoding = getattr(lf, "table_encoding", "q2k")
+        self.table_scales = getattr(lf, "table_scales", None)
         self.reader = model.rows(layer_id)
         self.q_weight = lf.q_weight
         self.k_weight = lf.k_weight

@@ -187,6 +187,7 @@ def bench_variants(shape: BenchShape = RELEASED, quick: bool = False, log=print,
     from ..stages.gate.launch import prepare_gate
     from ..stages.gate.reference import gate_reference
     from ..stages.proj.launch import prepare_project
+    from ..stages.rows.encodings import get_encoding
     from ..stages.rows.launch import prepare_gather
 
     timer = DeviceTimer()
@@ -210,12 +211,13 @@ def bench_variants(shape: BenchShape = RELEASED, quick: bool = False, log=print,
 
     if "rows" in stages:
         tables = {}
-        n_rows = max((1 << 30) // 84, 64) if not smoke else 64
         for rec in catalog.records("rows"):
             if rec.encoding not in tables:
-                tables[rec.encoding] = _random_table(rec.encoding, n_rows, rng, cuda)
+                # 1 GiB of rows whatever the encoding (Q2_K: 12.8M rows, FP8: 4.1M)
+                rows_of = max((1 << 30) // get_encoding(rec.encoding).row_bytes, 64) if not smoke else 64
+                tables[rec.encoding] = _random_table(rec.encoding, rows_of, rng, cuda)
             table = tables[rec.encoding]
-            row_bytes = table.shape[1]
+            n_rows, row_bytes = table.shape
             for T in tokens(rec):
                 n = T * COLS
                 ids = cuda.to_device(rng.integers(0, n_rows, n, dtype=np.int64))

@@ -21,10 +21,10 @@ import pathlib
 import numpy as np
 from numba import njit
 
-from ..bf16 import f32_to_bf16
 from ..config import EngramConfig, check_layer_id
 from ..stages.hash.tables import EngramHashTables
-from ..stages.rows.q2k import ENGRAM_ROW_BYTES, dequantize_cpu
+from ..stages.proj.weights import WKV_ENCODING_OF_GGML_TYPE, wkv_to_bf16
+from ..stages.rows.q2k import ENGRAM_ROW_BYTES
 from .errors import (BadMagicError, BadMetadataError, BadTensorError, EngramFileError, HashConstantsError,
                      MissingKeyError, MissingTensorError, RowCountMismatchError, TruncatedFileError,
                      UnsupportedQuantError, UnsupportedVersionError)
@@ -153,21 +153,9 @@ class EngramLayerFile:
         return self._model._tensor_view(self.wkv_info)
 
     def wkv_bf16(self, chunk_rows: int = 1024) -> np.ndarray:
-        """The projection as the GEMM uses it: uint16 bf16 words [N, K] (zero-copy for BF16)."""
-        raw = self.wkv_raw
-        if self.wkv_type == "BF16":
-            return raw
-        N, K = self.wkv_info.shape
-        out = np.empty((N, K), dtype=np.uint16)  # [N, K] bf16 words
-        # Row blocks keep the fp32 temporaries small next to a 25600 x 6144 matrix.
-        for r0 in range(0, N, chunk_rows):
-            r1 = min(N, r0 + chunk_rows)
-            if self.wkv_type == "Q2_K":
-                f32 = dequantize_cpu(raw[r0:r1].reshape(-1, ENGRAM_ROW_BYTES))  # [(r1-r0)*K/256, 256]
-                out[r0:r1] = f32_to_bf16(f32).reshape(r1 - r0, K)
-            else:
-                out[r0:r1] = f32_to_bf16(np.asarray(raw[r0:r1], dtype=np.float32))
-        return out
+        """The projection as the GEMM uses it: uint16 bf16 words [N, K] (zero-copy for BF16; F16
+        and F32 rounded to bf16; Q2_K decoded), `chunk_rows` rows at a time (stages/proj/weights.py)."""
+        return wkv_to_bf16(self.wkv_raw, WKV_ENCODING_OF_GGML_TYPE[self.wkv_type], chunk_rows=chunk_rows)
 
     def _gate(self, info: TensorInfo) -> np.ndarray:
         raw = self._model._tensor_view(info).reshape(self._model.config.hc, self._model.config.dim)

@@ -3,13 +3,17 @@ table by id, in any encoding the registry has kernels for.
 
     decode_rows(raw, out=None, *, encoding="q2k", stream=0, version=None)       -> out
     gather_rows(table, row_ids, out=None, *, encoding="q2k", stream=0, version=None,
-                check=True, bad_count=None)                                     -> out
+                check=True, bad_count=None, scales=None)                        -> out
     prepare_decode / prepare_gather                                             -> PreparedLaunch
 
 raw / table: device uint8 [n, row_bytes] (C-contiguous); out: device uint16 [n, 256] bf16 words.
+FP8 tables whose e8m0 scales are a separate tensor (DeepSeek's checkpoint) are gathered from
+table = the codes [rows, 256] and scales = the scale bytes [rows, 8]; scales=None reads them from
+bytes 256..263 of a [rows, 264] table.
 `version` names a record of the rows stage ("q2k_v3"); None takes the record whose default rule
-holds (the fast kernels need 4-byte aligned input and 16-byte aligned output; an unaligned view
-falls back to the naive kernel, while asking for a fast one by name is refused).
+holds (the fast kernels need aligned input, `RowEncoding.fast_align` bytes: 4 for most, 2 for
+q3_k, 16 for q4_k, and 16-byte aligned output; an unaligned view falls back to the naive
+kernel, while asking for a fast one by name is refused).
 """
 from __future__ import annotations
 
@@ -44,7 +48,7 @@ def _output(out, n: int, stream):
     return out
 
 
-def pick(encoding: str, version, src=None, out=None) -> registry.KernelRecord:
+def pick(encoding: str, version, src=None, out=None, scales=None) -> registry.KernelRecord:
     """The record to run: `version` by name (it must decode `encoding`), or the default."""
     if version is not None:
         rec = registry.get("rows", version)
@@ -52,7 +56,9 @@ def pick(encoding: str, version, src=None, out=None) -> registry.KernelRecord:
             raise ValueError(f"rows kernel {version!r} decodes {rec.encoding!r} rows, not {encoding!r}; "
                              f"{encoding} versions are {registry.names('rows', encoding)}")
         return rec
-    aligned = src is None or (data_address(src) % 4 == 0 and data_address(out) % 16 == 0)
+    align = get_encoding(encoding).fast_align
+    aligned = src is None or (data_address(src) % align == 0 and data_address(out) % 16 == 0
+                              and (scales is None or data_address(scales) % 4 == 0))
     return registry.default("rows", {"encoding": encoding, "aligned": aligned, "simulator": SIMULATOR})
 
 
@@ -109,13 +115,32 @@ def _sync(stream):
         cuda.synchronize()
 
 
-def prepare_gather(table, row_ids, out=None, *, encoding: str = "q2k", stream=0, version=None, bad_count=None):
-    """Validate once; a PreparedLaunch that gathers rows `row_ids` (device int32/int64 [n]) of the
-    device table [rows, row_bytes] into out, adding out-of-range ids to `bad_count` (device uint32
-    [1]; a shared scratch counter when None). Nothing is synchronised: safe in a graph capture."""
+def _check_table(table, encoding: str, scales):
+    """(table, scales) as checked device arrays: table uint8 [rows, row_bytes], or for fp8 with
+    separate scales, codes [rows, 256] and scales [rows, 8]."""
     enc = get_encoding(encoding)
     table = as_device_array(table, "table")
-    _check_array(table, "table", np.uint8, 2, enc.row_bytes)
+    if scales is None:
+        _check_array(table, "table", np.uint8, 2, enc.row_bytes)
+        return table, None
+    if encoding != "fp8":
+        raise ValueError(f"scales= is for fp8 tables whose e8m0 scales are a separate [rows, 8] tensor; "
+                         f"{encoding} rows carry their own scales")
+    _check_array(table, "table (fp8 codes, scales given separately)", np.uint8, 2, 256)
+    scales = as_device_array(scales, "scales")
+    _check_array(scales, "scales", np.uint8, 2, 8)
+    if scales.shape[0] != table.shape[0]:
+        raise ValueError(f"scales has {scales.shape[0]} rows, the table of codes {table.shape[0]}")
+    return table, scales
+
+
+def prepare_gather(table, row_ids, out=None, *, encoding: str = "q2k", stream=0, version=None, bad_count=None,
+                   scales=None):
+    """Validate once; a PreparedLaunch that gathers rows `row_ids` (device int32/int64 [n]) of the
+    device table [rows, row_bytes] into out, adding out-of-range ids to `bad_count` (device uint32
+    [1]; a shared scratch counter when None). Nothing is synchronised: safe in a graph capture.
+    scales: for fp8 only, the e8m0 bytes [rows, 8] when `table` holds the codes [rows, 256]."""
+    table, scales = _check_table(table, encoding, scales)
     row_ids = as_device_array(row_ids, "row_ids")
     if row_ids.dtype not in (np.dtype(np.int32), np.dtype(np.int64)):
         raise ValueError(f"row_ids must be int32 or int64, got {row_ids.dtype}")
@@ -128,15 +153,16 @@ def prepare_gather(table, row_ids, out=None, *, encoding: str = "q2k", stream=0,
     n = row_ids.shape[0]
     pick(encoding, version)
     out = _output(out, n, stream)
-    rec = pick(encoding, version, table, out)
+    rec = pick(encoding, version, table, out, scales)
     if n == 0:
         return NoLaunch(rec.name, out)
+    extra = {} if scales is None else {"scales": scales}
     return rec.prepare(table, out, ids=row_ids, bad_count=bad_count if bad_count is not None else _scratch_counter(),
-                       stream=stream)
+                       stream=stream, **extra)
 
 
 def gather_rows(table, row_ids, out=None, *, encoding: str = "q2k", stream=0, version=None, check=True,
-                bad_count=None):
+                bad_count=None, scales=None):
     """Rows `row_ids` of a device-resident table -> bf16 rows on the device.
 
     table: device uint8 [rows, row_bytes], C-contiguous (any size: addresses are 64-bit).
@@ -148,10 +174,10 @@ def gather_rows(table, row_ids, out=None, *, encoding: str = "q2k", stream=0, ve
     the first bad index and id. bad_count: an optional device uint32 [1] counter the kernel adds the
     bad ids to; when given, the launcher neither zeroes nor reads it and never synchronizes (safe
     inside a CUDA graph capture): the caller owns the check.
+    scales: fp8 only: the e8m0 scale bytes [rows, 8] (device) of a table of codes [rows, 256], as
+    DeepSeek's checkpoint stores them; None reads the scales from bytes 256..263 of each row.
     """
-    enc = get_encoding(encoding)
-    table = as_device_array(table, "table")
-    _check_array(table, "table", np.uint8, 2, enc.row_bytes)
+    table, scales = _check_table(table, encoding, scales)
     n_rows = table.shape[0]
     host_ids = isinstance(row_ids, np.ndarray)
     if host_ids:
@@ -171,7 +197,7 @@ def gather_rows(table, row_ids, out=None, *, encoding: str = "q2k", stream=0, ve
     if own_counter and check and not host_ids:
         bad_count = cuda.to_device(np.zeros(1, np.uint32), stream=stream)  # read back below
     launch = prepare_gather(table, row_ids, out, encoding=encoding, stream=stream, version=version,
-                            bad_count=bad_count)
+                            bad_count=bad_count, scales=scales)
     out = launch()
     if own_counter and check and not host_ids and row_ids.shape[0]:
         count = bad_count.copy_to_host(stream=stream)

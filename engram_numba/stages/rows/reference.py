@@ -4,7 +4,9 @@
     decode_reference(raw, encoding)      raw rows -> float32 [n, 256], the exact decoded values
     rows_reference(raw, encoding)        raw rows -> bf16 words [n, 256] (round to nearest even)
 
-Each encoding's decoder is written to be read (encodings.py lists them; q2k.py holds Q2_K's).
+Each encoding's decoder is written to be read (encodings.py lists them; q2k.py holds Q2_K's,
+kquants.py Q3_K's, Q4_K's and Q8_0's, fp8.py FP8's). The K-quant decoders are bit-exact with
+`gguf.quants.dequantize`; FP8 is decoded from its bit layout.
 """
 from __future__ import annotations
 
@@ -12,9 +14,22 @@ import numpy as np
 
 from ...bf16 import f32_to_bf16
 from .encodings import get_encoding
+from .fp8 import decode_fp8_reference
+from .kquants import dequantize_q3_k, dequantize_q4_k, dequantize_q8_0
 from .q2k import dequantize as _q2k_dequantize
 
-DECODERS = {"q2k": _q2k_dequantize}   # encoding -> numpy decoder: uint8 [n, row_bytes] -> float32 [n, 256]
+# encoding -> numpy decoder: uint8 [n, row_bytes] -> float32 [n, 256]
+DECODERS = {"q2k": _q2k_dequantize, "q3_k": dequantize_q3_k, "q4_k": dequantize_q4_k, "q8_0": dequantize_q8_0,
+            "fp8": decode_fp8_reference}
+
+
+def check_raw_rows(raw, encoding: str) -> np.ndarray:
+    """raw as uint8 [n, row_bytes] of `encoding`, or a ValueError naming what is wrong."""
+    enc = get_encoding(encoding)
+    raw = np.asarray(raw)
+    if raw.dtype != np.uint8 or raw.ndim != 2 or raw.shape[1] != enc.row_bytes:
+        raise ValueError(f"raw {enc.name} rows must be uint8 [n, {enc.row_bytes}], got {raw.dtype} {list(raw.shape)}")
+    return raw
 
 
 def gather_reference(table: np.ndarray, row_ids) -> np.ndarray:
@@ -30,7 +45,7 @@ def gather_reference(table: np.ndarray, row_ids) -> np.ndarray:
 
 def decode_reference(raw: np.ndarray, encoding: str = "q2k") -> np.ndarray:
     """Raw rows [n, row_bytes] uint8 -> their exact values, float32 [n, 256]."""
-    get_encoding(encoding)
+    raw = check_raw_rows(raw, encoding)
     try:
         decoder = DECODERS[encoding]
     except KeyError:

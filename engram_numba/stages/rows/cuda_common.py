@@ -1,0 +1,51 @@
+"""What the rows stage's K-quant, Q8_0 and FP8 kernels share (cuda_kquants.py, cuda_fp8.py).
+
+Every decode kernel writes bf16 words, uint16 [n, 256] (seen by the fast kernels as a flat
+uint32 array of bf16 pairs), and comes in two forms: `decode` (raw rows [n, row_bytes] in order)
+and `gather` (rows of a device table picked by an int32/int64 id array [n], with 64-bit address
+arithmetic). A gathered out-of-range id reads nothing: its output row is NaN (0x7FC0 words) and
+a device counter is incremented, which the launcher turns into a ValueError (as cuda_q2k does).
+
+Launch shapes:
+  v1 (naive) one thread per output value, 256 threads a block (one row a block).
+  fast       8 lanes per row, 256 threads a block (32 rows a block); lane t of a row writes 4
+             16-byte chunks of 8 values.
+"""
+from __future__ import annotations
+
+import numpy as np
+
+from ...device.intrinsics import device_function, store_u32x4
+
+ROW_VALUES = 256
+OUT_WORDS = ROW_VALUES // 2      # 128 bf16x2 words a row
+OUT_CHUNKS = ROW_VALUES // 8     # 32 16-byte chunks a row
+LANES_PER_ROW = 8
+THREADS_V1 = 256
+THREADS_FAST = 256
+NAN_BF16 = 0x7FC0                # the row written for an out-of-range id
+NAN_BF16X2 = 0x7FC07FC0
+
+
+@device_function
+def nan_lane(out32, dst, t):
+    """Lane t's share (chunks t, t+8, t+16, t+24) of a NaN row dst of out32 (flat uint32)."""
+    nan2 = np.uint32(NAN_BF16X2)
+    base = dst * OUT_CHUNKS + t
+    store_u32x4(out32, base, nan2, nan2, nan2, nan2)
+    store_u32x4(out32, base + 8, nan2, nan2, nan2, nan2)
+    store_u32x4(out32, base + 16, nan2, nan2, nan2, nan2)
+    store_u32x4(out32, base + 24, nan2, nan2, nan2, nan2)
+
+
+def launch_config(n: int, fast: bool) -> tuple[int, int]:
+    """(blocks, threads) covering n rows: a thread per value (v1), or 8 lanes per row (fast)."""
+    if not fast:
+        return (n * ROW_VALUES + THREADS_V1 - 1) // THREADS_V1, THREADS_V1
+    rows_per_block = THREADS_FAST // LANES_PER_ROW
+    return (n + rows_per_block - 1) // rows_per_block, THREADS_FAST
+
+
+def out_words(out):
+    """The flat uint32 view [n*128] of out (uint16 [n, 256]) that the fast kernels store into."""
+    return out.view(np.uint32).reshape(out.shape[0] * OUT_WORDS)
