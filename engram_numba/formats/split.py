@@ -178,3 +178,23 @@ def open_gguf_container(path) -> GGUFContainer:
             f"{p}: split.count = {count}, so this is one shard of a split GGUF, but its name does not end in "
             "-NNNNN-of-MMMMM.gguf, so the other shards cannot be found: keep gguf-split's file names")
     return GGUFContainer([f], split=False)
+
+
+def write_split_gguf(path_prefix, kvs, shard_tensors, *, alignment: int = 32) -> list[Path]:
+    """Write a split GGUF the way `gguf-split` lays it out: `<prefix>-0000k-of-0000N.gguf`, the
+    model's metadata `kvs` in the first shard only, split.no / split.count / split.tensors.count
+    in every shard. shard_tensors: one list of GGUFTensorSpec per shard. Returns the paths."""
+    from .gguf import write_gguf_raw
+    n = len(shard_tensors)
+    total = sum(len(ts) for ts in shard_tensors)
+    prefix = Path(path_prefix)
+    paths = []
+    for i, tensors in enumerate(shard_tensors):
+        split_kvs = [(SPLIT_NO, "u16", i), (SPLIT_COUNT, "u16", n), (SPLIT_TENSORS, "i32", total)]
+        shard_kvs = (list(kvs) if i == 0 else []) + split_kvs
+        if alignment != 32:
+            shard_kvs.append(("general.alignment", "u32", alignment))
+        p = prefix.with_name(f"{prefix.name}-{i + 1:05d}-of-{n:05d}.gguf")
+        write_gguf_raw(p, shard_kvs, tensors, alignment=alignment)
+        paths.append(p)
+    return paths
