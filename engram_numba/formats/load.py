@@ -42,8 +42,8 @@ def load_model(path, *, validate: bool = True, key_prefix: str | None = None, to
     elif not p.is_dir():
         check_regular_file(p)
     if p.is_dir() and not any(e.endswith(".gguf") for e in os.listdir(p)):
-        raise NotARegularFileError(f"folder {p} holds no GGUF file, no {'model.safetensors.index.json'} and no "
-                                   "model.safetensors: not a model folder")
+        raise NotARegularFileError(f"{p} is a directory holding no GGUF file, no model.safetensors.index.json "
+                                   "and no model.safetensors: not a model folder")
     container = open_gguf_container(p)
     try:
         if is_schema_b(container.kv):

@@ -18,7 +18,7 @@ from pathlib import Path
 
 import numpy as np
 
-from .errors import (BadMetadataError, BadSplitNumberError, EngramFileError, MissingFileError, MissingShardError,
+from .errors import (BadMetadataError, BadSplitNumberError, EngramFileError, MissingShardError,
                      MixedSplitError, NotARegularFileError)
 from .gguf import GGUFFile, TensorInfo, check_regular_file
 
@@ -139,8 +139,8 @@ def _open_split(paths: list[Path]) -> GGUFContainer:
             raise MixedSplitError(f"{f.path}: general.architecture = {arch!r}, the first shard says {arch0!r}")
     if tensors0 is not None and tensors0 != total:
         raise MixedSplitError(
-            f"{first.path}: split.tensors.count = {tensors0}, but the {n} shards hold {total} tensors: a shard "
-            "belongs to another split or is incomplete")
+            f"{first.path}: split.tensors.count = {tensors0}, but the {n} shards hold {total} tensors: the shards "
+            "belong to different splits, or one is incomplete")
     c = GGUFContainer(files, split=True)
     c.checks.append({"check": f"split: {n} shards, split.no 0..{n - 1} as named, split.count {n}, "
                               f"split.tensors.count {total}", "ok": True})
@@ -164,7 +164,7 @@ def open_gguf_container(path) -> GGUFContainer:
         if len(ggufs) == 1:
             return open_gguf_container(p / ggufs[0])
         if not ggufs:
-            raise MissingFileError(f"folder {p} holds no .gguf file")
+            raise NotARegularFileError(f"{p} is a directory holding no .gguf file")
         raise NotARegularFileError(f"folder {p} holds {len(ggufs)} GGUF files ({', '.join(ggufs[:4])}"
                                    f"{', ...' if len(ggufs) > 4 else ''}); open one of them")
     shards = shard_paths(p)

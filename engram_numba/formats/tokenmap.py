@@ -72,14 +72,14 @@ def compressed_token_map(tokenizer_path, n_ids: int | None = None, cache_dir=Non
     and, when `cache_dir` is given, in that folder."""
     path = os.path.realpath(tokenizer_path)
     st = check_regular_file(path, "tokenizer")
+    if cache_dir is not None and not Path(cache_dir).is_dir():
+        raise EngramFileError(f"token map cache folder {cache_dir} does not exist")
     mkey = (path, st.st_size, st.st_mtime_ns, n_ids)
     if mkey in _MEMORY:
         return _MEMORY[mkey]
     out = None
     if cache_dir is not None:
         cache = Path(cache_dir)
-        if not cache.is_dir():
-            raise EngramFileError(f"token map cache folder {cache} does not exist")
         digest = hashlib.sha256(Path(path).read_bytes()).hexdigest()[:20]
         file = cache / f"token_map-{digest}-{'all' if n_ids is None else int(n_ids)}.npy"
         if file.is_file():
