@@ -210,8 +210,9 @@ def _write_q8_0(out: Path, seed: int) -> Path:
     cfg, tables = tiny_config(), tiny_hash_tables()
     layers = {}
     for lid, w in tiny_float_weights(cfg, tables, seed).items():
-        layers[lid] = {"table": quantize_q8_0(w["table_rows"]), "table_type": "Q8_0",          # [rows, 272]
-                       "wkv": quantize_q8_0(w["wkv"]), "wkv_type": "Q8_0",                       # [N, K/32*34]
+        rows, wkv = w["table_rows"], w["wkv"]
+        layers[lid] = {"table": quantize_q8_0(rows).reshape(rows.shape[0], -1), "table_type": "Q8_0",  # [rows, 272]
+                       "wkv": quantize_q8_0(wkv).reshape(wkv.shape[0], -1), "wkv_type": "Q8_0",    # [N, K/32*34]
                        "q_weight": w["q_weight"], "k_weight": w["k_weight"]}
     return write_gguf(out, cfg, tables, layers, name="engram-numba tiny V4.1 fixture (Q8_0)")
 

@@ -113,7 +113,7 @@ def test_ds4_and_hf_store_the_same_fp8_rows():
         np.testing.assert_array_equal(rows_reference(raw_a, "fp8"), rows_reference(raw_b, "fp8"))
 
 
-@pytest.mark.parametrize("fmt,bound", [("gguf", 0.35), ("q8_0", 0.01), ("ds4", 0.05), ("hf", 0.05)])
+@pytest.mark.parametrize("fmt,bound", [("gguf", 0.35), ("q8_0", 0.015), ("ds4", 0.05), ("hf", 0.05)])
 def test_tables_decode_close_to_the_float_weights(fmt, bound):
     """Every copy is the same float tables, encoded: relative RMS error within the encoding's."""
     from engram_numba.stages.rows.reference import decode_reference

@@ -211,6 +211,8 @@ def test_token_map_of_another_size_is_refused(tmp_path, rng):
     with pytest.raises(E.TokenMapError, match=r"has 47 ids, but .*config\.json says "
                                              r"text_config\.engram_compressed_vocab_size = 48"):
         en.load_model(folder)
+    from engram_numba.cli import main
+    assert main(["info", str(folder)]) == 1          # described, the check marked FAILED
 
 
 def test_missing_config_key_and_files(tmp_path, rng):

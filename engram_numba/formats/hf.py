@@ -259,13 +259,15 @@ class HFCheckpointModel(EngramModelBase):
         V = int(tok.max()) + 1
         want_v = values.get("engram_compressed_vocab_size")
         if want_v is not None and want_v != V:
-            raise TokenMapError(
-                f"{self.tokenizer_path}: the compressed token map built from it has {V} ids, but {self.config_path} "
-                f"says {where['engram_compressed_vocab_size']} = {want_v}: this tokenizer is not the model's (or "
-                "the recipe differs); the hash multipliers depend on this number")
+            msg = (f"{self.tokenizer_path}: the compressed token map built from it has {V} ids, but {self.config_path} "
+                   f"says {where['engram_compressed_vocab_size']} = {want_v}: this tokenizer is not the model's (or "
+                   "the recipe differs); the hash multipliers depend on this number")
+            if self._validate:
+                raise TokenMapError(msg)
+            self.problems.append(msg)
         if want_v is not None:
-            self.checks.append({"check": f"token map: {tok.size} raw ids -> {V} compressed, as "
-                                         f"{where['engram_compressed_vocab_size']} says", "ok": True})
+            self.checks.append({"check": f"token map: {tok.size} raw ids -> {V} compressed, "
+                                         f"{where['engram_compressed_vocab_size']} = {want_v}", "ok": want_v == V})
         raw_pad = values.get("engram_pad_token_id", RAW_PAD_ID)
         if isinstance(raw_pad, bool) or not isinstance(raw_pad, int) or not 0 <= raw_pad < tok.size:
             raise BadMetadataError(f"{self.config_path}: engram_pad_token_id {raw_pad!r} is not a raw token id "
