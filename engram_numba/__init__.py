@@ -31,6 +31,7 @@ _PUBLIC = {
     "EngramHasher": ("stages.hash.cpu", "EngramHasher"),
     "hash_tokens": ("stages.hash.cpu", "hash_tokens"),
     # files
+    "load_model": ("formats.load", "load_model"),
     "load_gguf": ("formats.schema_a", "load_gguf"),
     "write_gguf": ("formats.schema_a", "write_gguf"),
     "describe": ("formats.schema_a", "describe"),

@@ -1,10 +1,11 @@
 """The `engram-numba` command.
 
     engram-numba demo                          the tiny model through every backend, diffed
-    engram-numba info FILE [--json]            configuration, keys, tensors, the checks
+    engram-numba info PATH [--json]            any format: configuration, keys, tensors, the checks
     engram-numba run [FILE] --tokens 1,2,3 [--backend cuda] [--capture out.npz]
     engram-numba diff [FILE] --a reference --b cuda [--tokens ...] [--max-ulp N] [--rtol X]
     engram-numba diff A.npz B.npz [--max-ulp N] [--rtol X]          two saved captures
+    engram-numba diff --model-a PATH --model-b PATH [--tokens ...]  two models (any formats), same tokens
     engram-numba kernels [--stage proj]        the kernel registry: versions, defaults, changelogs
     engram-numba make-fixture [--out data/tiny_v41.gguf]
     engram-numba bench [--out bench/results/h200.json]     (needs a GPU; --smoke runs anywhere)
@@ -119,17 +120,28 @@ def _tokens(args, model, fallback):
 
 # commands ----------------------------------------------------------------------------------------
 
+def _model_path(path: str, what: str = "model") -> Path:
+    """A model path for load_model: a file, a shard, or a folder (split GGUF, HF checkpoint)."""
+    p = Path(path)
+    if not os.path.lexists(p):
+        raise UserError(f"{what} {path} does not exist")
+    return p
+
+
 def cmd_info(args) -> int:
-    from .formats.schema_a import describe, describe_dict, load_gguf
-    path = _existing_file(args.file)
-    # validate=False so that a file whose primes and tables disagree is still described, with the
-    # mismatch marked (exit status 1); a file that cannot be read at all is an error naming the problem.
-    with load_gguf(path, validate=False) as model:
+    from .formats.describe import describe, describe_dict, ok
+    from .formats.load import load_model
+    path = _model_path(args.file)
+    # validate=False so that a file whose primes and tables disagree (or whose constants overflow
+    # int64) is still described, with the failed check marked (exit status 1); a file that cannot
+    # be read at all is an error naming the problem (exit status 2).
+    with load_model(path, validate=False) as model:
+        info = describe_dict(model, scan_rows=True if args.scan_rows else None)
         if args.json:
-            print(json.dumps(describe_dict(model), indent=1))
+            print(json.dumps(info, indent=1))
         else:
-            print(describe(model))
-        return EXIT_TOLERANCE if model.problems else 0
+            print(describe(model, info=info))
+        return 0 if ok(info) else EXIT_TOLERANCE
 
 
 def cmd_make_fixture(args) -> int:
@@ -185,6 +197,12 @@ def cmd_diff(args) -> int:
     from .fixtures import TINY_TOKENS
     from .pipeline import Pipeline
     files = [a for a in (args.file, args.file_b) if a is not None]
+    if args.model_a is not None or args.model_b is not None:     # one token sequence through two models
+        if args.model_a is None or args.model_b is None or files:
+            raise UserError("--model-a and --model-b go together (and without positional files)")
+        return _diff_models(args)
+    a = args.a if args.a is not None else "reference"
+    b = args.b if args.b is not None else "cuda"
     if len(files) == 2:                                  # two saved captures
         paths = [_existing_file(f, "capture file") for f in files]
         caps = []
@@ -198,9 +216,13 @@ def cmd_diff(args) -> int:
         path = _existing_file(args.file)
         model = _load(path)
         tokens = _tokens(args, model, TINY_TOKENS)
-        caps = [Pipeline(model, backends=b, residual=args.residual).run(tokens) for b in (args.a, args.b)]
-        report = diff(*caps, label_a=_label(args.a), label_b=_label(args.b))
+        caps = [Pipeline(model, backends=x, residual=args.residual).run(tokens) for x in (a, b)]
+        report = diff(*caps, label_a=_label(a), label_b=_label(b))
     print(report)
+    return _tolerance_exit(args, report)
+
+
+def _tolerance_exit(args, report) -> int:
     if args.max_ulp is None and args.rtol is None:
         return 0
     bad = _check_tolerances(report, args.max_ulp, args.rtol)
@@ -208,6 +230,62 @@ def cmd_diff(args) -> int:
         print(f"tolerance exceeded: {line}")
     print("diff: within tolerances" if not bad else f"diff: {len(bad)} point(s) exceed the tolerances")
     return EXIT_TOLERANCE if bad else 0
+
+
+def _nonfinite_lines(label: str, cap) -> list[str]:
+    """One line per float point of a capture that holds NaN or inf (rows that decode to NaN reach
+    the projection and the gate as NaN; they are never replaced)."""
+    from .bf16 import bf16_to_f32
+    out = []
+    for name in cap:
+        arr = cap[name]
+        if arr.dtype == np.uint16 and not name.endswith(".raw"):   # bf16 words
+            vals = bf16_to_f32(arr)
+        elif arr.dtype.kind == "f":
+            vals = arr
+        else:
+            continue
+        n = int((~np.isfinite(vals)).sum())
+        if n:
+            out.append(f"  {label}: {name} holds {n} NaN/inf value(s) of {vals.size}")
+    return out
+
+
+def _diff_models(args) -> int:
+    """The same tokens through two models (any formats), stage by stage."""
+    from .analysis.diff import diff
+    from .fixtures import TINY_TOKENS
+    from .formats.load import load_model
+    from .pipeline import Pipeline
+    a_backend = args.a if args.a is not None else "reference"
+    b_backend = args.b if args.b is not None else a_backend
+    models = [load_model(_model_path(p, f"--model-{w}")) for p, w in ((args.model_a, "a"), (args.model_b, "b"))]
+    ca, cb = (m.config for m in models)
+    for field in ("dim", "hc", "layer_ids", "max_ngram_size", "n_heads", "head_dim"):
+        if getattr(ca, field) != getattr(cb, field):
+            raise UserError(f"the two models differ in {field} ({getattr(ca, field)} vs {getattr(cb, field)}): "
+                            "their stages cannot be compared")
+    vocab = min(m.hash_tables.token_map.size for m in models)
+    tokens = TINY_TOKENS if args.tokens is None else parse_token_list(args.tokens)
+    bad = (tokens < 0) | (tokens >= vocab)
+    if bad.any():
+        i = int(np.argmax(bad))
+        raise UserError(f"token id {int(tokens[i])} at position {i} is outside the models' token maps [0, {vocab})")
+    caps = [Pipeline(m, backends=be, residual=args.residual).run(tokens)
+            for m, be in ((models[0], a_backend), (models[1], b_backend))]
+    labels = [f"A {models[0].format} [{_label(a_backend)}]", f"B {models[1].format} [{_label(b_backend)}]"]
+    print(f"A: {models[0].path}\n   {models[0].format}\nB: {models[1].path}\n   {models[1].format}")
+    if not np.array_equal(models[0].hash_tables.token_map[:vocab], models[1].hash_tables.token_map[:vocab]):
+        print("note: the two token maps differ, so the hash ids (and the rows) of the two models differ too")
+    report = diff(*caps, label_a=labels[0], label_b=labels[1])
+    print(report)
+    nonfinite = _nonfinite_lines("A", caps[0]) + _nonfinite_lines("B", caps[1])
+    if nonfinite:
+        print("NaN/inf in the captures (a stored row that decodes to NaN/inf; `engram-numba info` counts them):")
+        print("\n".join(nonfinite))
+    for m in models:
+        m.close()
+    return _tolerance_exit(args, report)
 
 
 def _label(spec) -> str:
@@ -338,9 +416,12 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--residual", choices=["fp32", "bf16"], default="fp32")
     s.set_defaults(func=cmd_demo)
 
-    s = sub.add_parser("info", help="describe an Engram GGUF: configuration, keys, tensors, checks")
-    s.add_argument("file")
+    s = sub.add_parser("info", help="describe an Engram model (any format): configuration, keys, tensors, checks")
+    s.add_argument("file", help="a GGUF, any shard of a split GGUF or its folder, a ds4 GGUF, or an HF "
+                                "checkpoint folder or its model.safetensors.index.json")
     s.add_argument("--json", action="store_true", help="machine-readable output")
+    s.add_argument("--scan-rows", action="store_true",
+                   help="count rows that decode to NaN/inf in every table, however big (reads every row's scales)")
     s.set_defaults(func=cmd_info)
 
     s = sub.add_parser("run", help="run a token sequence through the pipeline")
@@ -352,11 +433,15 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--capture", help="save every stage's arrays to this .npz")
     s.set_defaults(func=cmd_run)
 
-    s = sub.add_parser("diff", help="diff two backends stage by stage, or two saved captures")
+    s = sub.add_parser("diff", help="diff two backends stage by stage, two models, or two saved captures")
     s.add_argument("file", nargs="?", help="GGUF (default: the tiny model), or the first of two capture .npz files")
     s.add_argument("file_b", nargs="?", help="the second capture .npz (diff two saved captures)")
-    s.add_argument("--a", type=backend_spec, default="reference")
-    s.add_argument("--b", type=backend_spec, default="cuda")
+    s.add_argument("--model-a", help="diff two models: the first (any format load_model opens)")
+    s.add_argument("--model-b", help="diff two models: the second; the same tokens go through both")
+    s.add_argument("--a", type=backend_spec, default=None,
+                   help="backend of the first run (default reference)")
+    s.add_argument("--b", type=backend_spec, default=None,
+                   help="backend of the second run (default cuda; with --model-a/--model-b: the same as --a)")
     s.add_argument("--tokens")
     s.add_argument("--residual", choices=["fp32", "bf16"], default="fp32")
     s.add_argument("--max-ulp", type=_float_at_least(0), default=None,

@@ -12,7 +12,7 @@ from engram_numba.stages.hash.cpu import hash_tokens
 
 
 def test_rebuild_is_byte_identical(tmp_path):
-    out = make_fixture(tmp_path / "tiny.gguf", golden_path=None)
+    out = make_fixture(tmp_path / "tiny.gguf", golden_path=None, formats=("gguf",))
     assert out.read_bytes() == TINY_PATH.read_bytes(), \
         "data/tiny_v41.gguf differs from what `engram-numba make-fixture` builds: rebuild and commit it"
 

@@ -558,22 +558,42 @@ def test_tensor_wrong_shape(tiny, tmp_path):
 def test_unsupported_quant(tiny, tmp_path, rng):
     _, config, tables, layers = tiny
     bad = tmp_path / "m.gguf"
-    for qtype, block_bytes in (("Q4_K", 144), ("Q8_0", 34 * 8), ("Q3_K", 110)):
+    for qtype, block_bytes in (("Q5_K", 176), ("Q6_K", 210), ("IQ4_XS", 136)):
         rows = layers[4]["table"].shape[0]
         data = rng.integers(0, 256, size=(rows, block_bytes), dtype=np.uint8)
         write_modified(bad, config, tables, layers, _edit("blk.4.engram_embd.weight", type_name=qtype, data=data))
         with pytest.raises(mf.UnsupportedQuantError,
-                           match=rf"'blk\.4\.engram_embd\.weight' is {qtype}; only Q2_K tables are supported"):
+                           match=rf"'blk\.4\.engram_embd\.weight' is {qtype}; supported table types: "
+                                 r"Q2_K, Q3_K, Q4_K, Q8_0"):
             mf.load_gguf(bad)
     N = config.proj_out
-    data = rng.integers(0, 256, size=(N, 1536 // 32 * 34), dtype=np.uint8)
-    write_modified(bad, config, tables, layers, _edit("blk.1.engram_wkv.weight", type_name="Q8_0", data=data))
-    with pytest.raises(mf.UnsupportedQuantError, match=r"'blk\.1\.engram_wkv\.weight' is Q8_0"):
+    data = rng.integers(0, 256, size=(N, 1536 // 256 * 144), dtype=np.uint8)
+    write_modified(bad, config, tables, layers, _edit("blk.1.engram_wkv.weight", type_name="Q4_K", data=data))
+    with pytest.raises(mf.UnsupportedQuantError, match=r"'blk\.1\.engram_wkv\.weight' is Q4_K"):
         mf.load_gguf(bad)
     data = rng.integers(-5, 5, size=(4, 64)).astype(np.int32)
     write_modified(bad, config, tables, layers, _edit("blk.1.engram_q.weight", type_name="I32", data=data))
     with pytest.raises(mf.UnsupportedQuantError, match=r"'blk\.1\.engram_q\.weight' is I32"):
         mf.load_gguf(bad)
+
+
+@pytest.mark.parametrize("qtype,encoding,row_bytes", [("Q3_K", "q3_k", 110), ("Q4_K", "q4_k", 144),
+                                                       ("Q8_0", "q8_0", 272)])
+def test_other_table_types_open(tiny, tmp_path, rng, qtype, encoding, row_bytes):
+    """Published quant mixes: Q3_K, Q4_K and Q8_0 tables open as their rows-stage encodings."""
+    _, config, tables, layers = tiny
+    bad = tmp_path / "m.gguf"
+    data = {}
+    for lid in (1, 4):
+        data[lid] = rng.integers(0, 256, size=(layers[lid]["table"].shape[0], row_bytes), dtype=np.uint8)
+    edit = lambda ts: [dataclasses.replace(t, type_name=qtype, data=data[int(t.name.split(".")[1])])  # noqa: E731
+                       if "engram_embd" in t.name else t for t in ts]
+    write_modified(bad, config, tables, layers, edit)
+    with mf.load_gguf(bad) as m:
+        assert m.format == f"gguf (schema A, {encoding} tables)"
+        lf = m.layers[4]
+        assert lf.table_encoding == encoding and lf.table.shape == (630, row_bytes)
+        np.testing.assert_array_equal(m.rows(4).read([0, 629]), data[4][[0, 629]])
 
 
 def test_missing_tensor(tiny, tmp_path):

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 
 class EngramFileError(Exception):
-    """Base of every problem found in an Engram GGUF file."""
+    """Base of every problem found in an Engram model file (GGUF, split GGUF, safetensors checkpoint)."""
 
 
 class BadMagicError(EngramFileError):
@@ -45,3 +45,60 @@ class BadTensorError(EngramFileError):
 
 class UnsupportedQuantError(EngramFileError):
     """A tensor stored in a type this toolkit cannot use (yet)."""
+
+
+# Files and folders ----------------------------------------------------------------------------
+
+class MissingFileError(EngramFileError):
+    """A file the model needs does not exist (the message names it)."""
+
+
+class NotARegularFileError(EngramFileError):
+    """A path that is a directory, a FIFO, a socket or a device where a regular file is needed
+    (refused before anything opens it: opening a FIFO would block)."""
+
+
+class WrongArchitectureError(BadMetadataError):
+    """`general.architecture` names another model (the message says which was expected)."""
+
+
+class OverlappingTensorsError(BadTensorError):
+    """Two tensors' data overlap or alias each other (the message names both and their byte ranges)."""
+
+
+class HashOverflowError(HashConstantsError):
+    """A sum of hash constants (a layer's row count, an offset plus its prime) does not fit in int64."""
+
+
+class TokenMapError(HashConstantsError):
+    """A token map that does not give the configured compressed vocabulary size."""
+
+
+class UnsupportedEncodingError(UnsupportedQuantError):
+    """A table encoding this toolkit does not decode (refused by name, never guessed at)."""
+
+
+# Split GGUFs ------------------------------------------------------------------------------------
+
+class SplitError(EngramFileError):
+    """The shards of a split GGUF do not make one model."""
+
+
+class MissingShardError(SplitError, MissingFileError):
+    """A shard named by the -NNNNN-of-MMMMM pattern is absent (the message names the file)."""
+
+
+class MixedSplitError(SplitError):
+    """Shards of two different splits: their split.count, split.tensors.count or architecture
+    disagree, or one tensor appears in two shards."""
+
+
+class BadSplitNumberError(SplitError):
+    """A shard's split.no does not match the number in its file name."""
+
+
+# safetensors -------------------------------------------------------------------------------------
+
+class SafetensorsHeaderError(EngramFileError):
+    """A safetensors header that is not valid: bad length, bad JSON, unknown dtype, a tensor whose
+    byte range does not match its shape."""

@@ -5,12 +5,21 @@ numeric metadata arrays (a 129,280-entry token map) are one `frombuffer` slice e
 one Python object per element (which is what makes gguf-py's reader take seconds); string arrays
 are decoded on demand. Tensor data is never touched here: `TensorInfo` says where it is.
 
+Every length the header claims is checked before anything is copied or allocated: against the
+end of the file, against a budget for the whole header (`MAX_HEADER_BYTES`) and, for one string,
+`MAX_STRING_BYTES`; arrays of arrays nest at most `MAX_ARRAY_DEPTH` deep; `general.alignment`
+must be a u32 (or u64) power of two; two tensors whose data overlap are refused. `GGUFFile`
+opens one file (a regular file only: a FIFO, a folder or a missing path is a named error, checked
+before anything opens it).
+
 `write_gguf_raw` writes a GGUF from explicit parts with no checks on what they mean (the Engram
 schemas sit on top of it, and the tests use it to write deliberately broken files).
 """
 from __future__ import annotations
 
+import os
 import pathlib
+import stat
 import struct
 from dataclasses import dataclass
 from typing import Any
@@ -18,12 +27,21 @@ from typing import Any
 import numpy as np
 from numba import njit
 
-from .errors import BadMagicError, BadMetadataError, BadTensorError, TruncatedFileError, UnsupportedVersionError
+from .errors import (BadMagicError, BadMetadataError, BadTensorError, EngramFileError, MissingFileError,
+                     NotARegularFileError, OverlappingTensorsError, TruncatedFileError, UnsupportedVersionError)
 
 GGUF_MAGIC = b"GGUF"
 GGUF_VERSION = 3
 SUPPORTED_VERSIONS = (2, 3)  # v2 and v3 share the little-endian layout read here
 DEFAULT_ALIGNMENT = 32
+
+# Limits on what a header may claim, checked before anything is copied. A real Engram GGUF's
+# header (tokenizer included) is a few MB; its longest string (a chat template, or a whole
+# tokenizer.json some converters embed) is well under a few MB.
+MAX_HEADER_BYTES = 512 * 2**20    # metadata + tensor index of one file
+MAX_STRING_BYTES = 64 * 2**20     # one GGUF string (a key, a value, a tensor name)
+MAX_ARRAY_DEPTH = 4               # arrays of arrays of ... (GGUF files in the wild use 1)
+ALIGNMENT_TYPES = ("u32", "u64")  # general.alignment is a u32 in the GGUF spec
 
 # GGUF value and tensor types ------------------------------------------------------------------
 
@@ -79,8 +97,10 @@ class TensorInfo:
 
     ne      ggml shape, fastest dimension first ([256, rows] for a table)
     shape   numpy shape of the values, ne reversed ([rows, 256])
-    offset  absolute byte offset of the data in the file
+    offset  absolute byte offset of the data in its file
     nbytes  bytes of data (None for a type this reader does not know)
+    shard   index of the file that holds it (0 for a single file; a split model's shards and a
+            safetensors checkpoint's files are numbered in name order)
     """
 
     name: str
@@ -90,6 +110,7 @@ class TensorInfo:
     shape: tuple[int, ...]
     offset: int
     nbytes: int | None
+    shard: int = 0
 
 
 class StringArray:
@@ -140,17 +161,28 @@ def _scan_strings(buf, off, count, starts, lengths):  # pragma: no cover - jitte
 # Header parser --------------------------------------------------------------------------------
 
 class _Cursor:
-    """Sequential little-endian reads over the mapped bytes with end-of-file checks."""
+    """Sequential little-endian reads over the mapped bytes with end-of-file and budget checks."""
 
     def __init__(self, buf: np.ndarray, path: str):
         self.buf, self.size, self.pos, self.path = buf, buf.size, 0, path
+        self.budget = min(self.size, MAX_HEADER_BYTES)  # the header must end before this byte
         self.what = "the GGUF header"
 
     def need(self, n: int) -> None:
+        """n more bytes must lie inside the file (fixed-size reads)."""
         if n < 0 or self.pos + n > self.size:
             raise TruncatedFileError(
                 f"{self.path}: file ends at byte {self.size} while reading {self.what} "
                 f"(needs bytes {self.pos}..{self.pos + n}): the header is cut short")
+
+    def claim(self, n: int, what: str) -> None:
+        """A length read from the file: n bytes must lie inside the file and inside the header
+        budget. Checked before anything of that size is copied or allocated."""
+        self.need(n)
+        if self.pos + n > self.budget:
+            raise BadMetadataError(
+                f"{self.path}: {self.what} claims {what} of {n:,} bytes at byte {self.pos:,}, past the "
+                f"{self.budget:,} bytes a GGUF header may take (MAX_HEADER_BYTES): a corrupted length")
 
     def unpack(self, fmt: str):
         n = struct.calcsize(fmt)
@@ -161,12 +193,17 @@ class _Cursor:
 
     def string(self) -> str:
         n = self.unpack("<Q")
-        self.need(n)
+        if n > MAX_STRING_BYTES:
+            self.need(n)  # past the end of the file: say truncated
+            raise BadMetadataError(
+                f"{self.path}: {self.what} holds a string of {n:,} bytes, more than the {MAX_STRING_BYTES:,} "
+                "a GGUF string may have here (MAX_STRING_BYTES): a corrupted length")
+        self.claim(n, "a string")
         s = bytes(self.buf[self.pos:self.pos + n]).decode("utf-8", errors="replace")
         self.pos += n
         return s
 
-    def value(self, vtype: int):
+    def value(self, vtype: int, depth: int = 0):
         """One metadata value -> (python value or numpy array, type name)."""
         if vtype not in _VALUE_TYPES:
             raise BadMetadataError(f"{self.path}: {self.what} has unknown GGUF value type {vtype}")
@@ -180,28 +217,31 @@ class _Cursor:
             iname, idtype = _VALUE_TYPES[itype]
             if idtype is not None:
                 # The whole array is one view of the map: no per-element Python objects.
-                self.need(count * idtype.itemsize)
+                self.claim(count * idtype.itemsize, f"an array of {count:,} {iname}")
                 arr = np.frombuffer(self.buf, dtype=idtype, count=count, offset=self.pos)
                 self.pos += count * idtype.itemsize
                 if itype == 7:
                     arr = arr.astype(bool)
                 return arr, f"arr[{iname}]"
             if itype == _VT_STRING:
+                # every string takes at least its 8-byte length: check the count before allocating
+                self.claim(count * 8, f"an array of {count:,} strings")
                 if count <= 64:
                     return [self.string() for _ in range(count)], "arr[str]"
-                if count > self.size // 8:
-                    self.need(count * 8)
                 starts = np.empty(count, dtype=np.int64)
                 lengths = np.empty(count, dtype=np.int64)
                 end = _scan_strings(self.buf, self.pos, count, starts, lengths)
                 if end < 0:
                     self.need(self.size + 1)  # raises with the key being read
+                self.claim(end - self.pos, f"an array of {count:,} strings")
                 self.pos = int(end)
                 return StringArray(self.buf, starts, lengths), "arr[str]"
-            # Arrays of arrays are rare: parse them one element at a time.
-            if count > self.size:
-                self.need(count)
-            items = [self.value(itype)[0] for _ in range(count)]
+            # Arrays of arrays are rare: parse them one element at a time, to a bounded depth.
+            if depth + 1 >= MAX_ARRAY_DEPTH:
+                raise BadMetadataError(
+                    f"{self.path}: {self.what} nests arrays more than {MAX_ARRAY_DEPTH} deep (MAX_ARRAY_DEPTH)")
+            self.claim(count * 12, f"an array of {count:,} arrays")  # each inner array: type + count
+            items = [self.value(itype, depth + 1)[0] for _ in range(count)]
             return items, "arr[arr]"
         self.need(dtype.itemsize)
         v = np.frombuffer(self.buf, dtype=dtype, count=1, offset=self.pos)[0]
@@ -251,6 +291,10 @@ def _parse_header(buf: np.ndarray, path: str):
         raw_tensors.append((name, ne, type_code, rel_offset))
 
     alignment = kv.get("general.alignment", DEFAULT_ALIGNMENT)
+    if "general.alignment" in kv and kv_types["general.alignment"] not in ALIGNMENT_TYPES:
+        raise BadMetadataError(
+            f"{path}: general.alignment is stored as {kv_types['general.alignment']} {alignment!r}; it must be a "
+            f"{' or '.join(ALIGNMENT_TYPES)} (a bool or another type is not read as an alignment)")
     if not isinstance(alignment, int) or alignment <= 0 or alignment & (alignment - 1):
         raise BadMetadataError(f"{path}: general.alignment = {alignment!r} is not a positive power of two")
     data_offset = -(-cur.pos // alignment) * alignment
@@ -260,6 +304,11 @@ def _parse_header(buf: np.ndarray, path: str):
         if name in tensors:
             raise BadTensorError(f"{path}: tensor {name!r} appears twice in the tensor index")
         tname = ggml_type_name(type_code)
+        block = GGML_TYPES.get(tname)
+        if block is not None and ne[0] % block[1]:
+            raise BadTensorError(
+                f"{path}: tensor {name!r} ({tname}) has ne[0] = {ne[0]}, not a whole number of "
+                f"{block[1]}-value blocks")
         nbytes = ggml_nbytes(tname, ne)
         if rel_offset % alignment:
             raise BadTensorError(
@@ -270,7 +319,87 @@ def _parse_header(buf: np.ndarray, path: str):
                 f"{path}: tensor {name!r} ({tname}, ne {list(ne)}) needs bytes {start}..{start + nbytes} "
                 f"but the file ends at byte {buf.size}: the file is truncated")
         tensors[name] = TensorInfo(name, type_code, tname, ne, tuple(reversed(ne)), start, nbytes)
+    check_no_overlap(tensors.values(), path)
     return version, kv, kv_types, tensors, data_offset, alignment
+
+
+def check_no_overlap(infos, path: str) -> None:
+    """Refuse two tensors whose byte ranges overlap (one aliased offset would put one tensor's
+    values on another's bytes and change results silently). Zero-byte tensors and tensors of an
+    unknown type (no known size) are left out."""
+    spans = sorted((i.offset, i.offset + i.nbytes, i.name) for i in infos if i.nbytes)
+    prev_end, prev_name = -1, None
+    for start, end, name in spans:
+        if start < prev_end:
+            raise OverlappingTensorsError(
+                f"{path}: the data of tensor {name!r} (bytes {start}..{end}) overlaps tensor {prev_name!r} "
+                f"(which runs to byte {prev_end}): overlapping or aliased tensor data is refused")
+        if end > prev_end:
+            prev_end, prev_name = end, name
+
+
+# Opening a file ------------------------------------------------------------------------------
+
+def check_regular_file(path, what: str = "model file") -> os.stat_result:
+    """stat() a path (never open() it: opening a FIFO blocks) and refuse what is not a regular
+    file with a named error."""
+    try:
+        st = os.stat(path)
+    except FileNotFoundError:
+        raise MissingFileError(f"{what} {path} does not exist") from None
+    except OSError as exc:
+        raise NotARegularFileError(f"{what} {path} cannot be read: {exc.strerror or exc}") from None
+    if stat.S_ISDIR(st.st_mode):
+        raise NotARegularFileError(f"{what} {path} is a directory, not a file")
+    if not stat.S_ISREG(st.st_mode):
+        kind = ("a FIFO (named pipe)" if stat.S_ISFIFO(st.st_mode) else "a socket" if stat.S_ISSOCK(st.st_mode)
+                else "a device" if stat.S_ISCHR(st.st_mode) or stat.S_ISBLK(st.st_mode) else "not a regular file")
+        raise NotARegularFileError(f"{what} {path} is {kind}; only regular files are read")
+    return st
+
+
+class GGUFFile:
+    """One GGUF file, memory-mapped, its header parsed (tensor data untouched).
+
+    path, size, version, alignment, data_offset
+    kv, kv_types   metadata (values are python values, numpy views of the map, or StringArray)
+    tensors        name -> TensorInfo (offsets absolute in this file; .shard as given)
+    buf            the whole file as a uint8 ndarray (a view of the map); None once closed
+    """
+
+    def __init__(self, path, shard: int = 0, what: str = "model file"):
+        self.path = str(path)
+        st = check_regular_file(self.path, what)
+        self.size = int(st.st_size)
+        if self.size < 24:
+            try:
+                with open(self.path, "rb") as f:
+                    head = f.read(4)
+            except OSError as exc:
+                raise EngramFileError(f"{self.path}: cannot be read: {exc.strerror or exc}") from None
+            if head != GGUF_MAGIC[:len(head)] or not head:
+                raise BadMagicError(f"{self.path}: not a GGUF file (starts with {head!r}, expected {GGUF_MAGIC!r})")
+            raise TruncatedFileError(f"{self.path}: {self.size} bytes is shorter than a GGUF header (24 bytes): "
+                                     "the header is cut short")
+        try:
+            self._map = np.memmap(self.path, dtype=np.uint8, mode="r")
+        except OSError as exc:
+            raise EngramFileError(f"{self.path}: cannot be mapped: {exc.strerror or exc}") from None
+        self.buf = self._map.view(np.ndarray)  # plain ndarray (numba-friendly) sharing the map
+        (self.version, self.kv, self.kv_types, tensors, self.data_offset,
+         self.alignment) = _parse_header(self.buf, self.path)
+        if shard:
+            tensors = {n: TensorInfo(i.name, i.type_code, i.type_name, i.ne, i.shape, i.offset, i.nbytes, shard)
+                       for n, i in tensors.items()}
+        self.tensors = tensors
+        self.shard = shard
+
+    def close(self) -> None:
+        self.buf = None
+        self._map = None
+
+    def __repr__(self) -> str:
+        return f"GGUFFile({self.path!r}: v{self.version}, {len(self.kv)} keys, {len(self.tensors)} tensors)"
 
 
 # Writing ------------------------------------------------------------------------------------

@@ -1,5 +1,10 @@
 """Engram weights in a GGUF file (schema A, docs/formats.md): memory-mapped reading and writing.
 
+Schema A is the layout of the llama.cpp / ik_llama.cpp converters: per layer `engram_embd`
+(the table: Q2_K, Q3_K, Q4_K or Q8_0), `engram_wkv` (Q2_K, Q8_0, BF16, F16 or F32) and the gate
+vectors `engram_q` / `engram_k`, with nine `deepseek41.engram.*` keys. The file may be one GGUF
+or the shards of a split GGUF (formats/split.py).
+
 Opening a file parses only the header, the metadata and the tensor index, straight off a
 memory map. Large numeric metadata arrays (the 129,280-entry token map) are one `frombuffer`
 slice each rather than one Python object per element, which is what makes gguf-py's reader take
@@ -15,21 +20,21 @@ tens of GB opens in milliseconds and a row gather faults in only the pages it re
 deliberately broken files. `describe` renders a model for `engram-numba info`.
 """
 
-import os
 import pathlib
 
 import numpy as np
-from numba import njit
 
-from ..config import EngramConfig, check_layer_id
+from ..config import EngramConfig
 from ..stages.hash.tables import EngramHashTables
-from ..stages.proj.weights import WKV_ENCODING_OF_GGML_TYPE, wkv_to_bf16
 from ..stages.rows.q2k import ENGRAM_ROW_BYTES
+from .describe import describe, describe_dict
 from .errors import (BadMagicError, BadMetadataError, BadTensorError, EngramFileError, HashConstantsError,
                      MissingKeyError, MissingTensorError, RowCountMismatchError, TruncatedFileError,
-                     UnsupportedQuantError, UnsupportedVersionError)
-from .gguf import (GGML_TYPES, GGUF_MAGIC, GGUFTensorSpec, StringArray, TensorInfo,
-                   _PLAIN_DTYPES, _parse_header, human_bytes, write_gguf_raw)
+                     UnsupportedQuantError, UnsupportedVersionError, WrongArchitectureError)
+from .gguf import (GGML_TYPES, GGUFTensorSpec, StringArray, TensorInfo, _PLAIN_DTYPES, write_gguf_raw)
+from .model import (GGML_TABLE_ENCODINGS, GGML_WKV_ENCODINGS, EngramLayer, EngramModelBase, EngramRowReader,
+                    check_constant_sums, widen_gate)
+from .split import GGUFContainer, open_gguf_container
 
 ARCH = "deepseek41"
 KEY_PREFIX = ARCH + "."
@@ -48,6 +53,7 @@ K_TOKEN_MAP = "engram.token_map"
 K_PAD_ID = "engram.pad_id"
 SHAPE_KEYS = (K_EMBEDDING_LENGTH, K_LAYER_IDS, K_HEAD_COUNT, K_KEY_LENGTH, K_MAX_NGRAM)
 CONSTANT_KEYS = (K_MULTIPLIERS, K_PRIMES, K_OFFSETS, K_TOKEN_MAP, K_PAD_ID)
+ENGRAM_KEYS = (K_LAYER_IDS, K_HEAD_COUNT, K_KEY_LENGTH, K_MAX_NGRAM) + CONSTANT_KEYS   # the nine
 
 
 def tensor_names(layer_id: int) -> dict[str, str]:
@@ -60,170 +66,95 @@ def tensor_names(layer_id: int) -> dict[str, str]:
     }
 
 
-WKV_TYPES = ("Q2_K", "BF16", "F16", "F32")
+WKV_TYPES = tuple(GGML_WKV_ENCODINGS)          # Q2_K, Q8_0, BF16, F16, F32
 GATE_TYPES = ("F32", "F16", "BF16")
-TABLE_TYPES = ("Q2_K",)
+TABLE_TYPES = tuple(GGML_TABLE_ENCODINGS)      # Q2_K, Q3_K, Q4_K, Q8_0
+
+
+def other_engram_keys(kv, known=()) -> list[str]:
+    """Metadata keys that mention engram but are not schema A's or B's (third-party spellings such
+    as deepseek41.engram_layer_ids, engram_num_embeddings, engram_pad_token_id)."""
+    known = set(known)
+    return [k for k in kv if "engram" in k.lower() and k not in known]
+
+
+def check_architecture(container, path: str, expected: str, also=()) -> None:
+    """general.architecture must name the model: a llama (or any other) GGUF is refused."""
+    arch = container.kv.get("general.architecture")
+    if arch is None:
+        raise MissingKeyError(f"{path}: metadata key 'general.architecture' is missing (expected {expected!r})")
+    if arch != expected and arch not in also:
+        raise WrongArchitectureError(
+            f"{path}: general.architecture is {arch!r}, expected {expected!r} (DeepSeek-V4.1 with Engram): this "
+            "is not an Engram model")
 
 
 # The model ----------------------------------------------------------------------------------
 
-@njit(cache=True, nogil=True)
-def _gather_rows(table, ids, out):  # pragma: no cover - jitted
-    """out[i] = table[ids[i]] for uint8 [rows, 84] blocks. Checks every id before copying
-    anything; returns the index of the first bad id, or -1."""
-    n_rows = table.shape[0]
-    for i in range(ids.size):
-        if ids[i] < 0 or ids[i] >= n_rows:
-            return i
-    width = table.shape[1]
-    for i in range(ids.size):
-        r = ids[i]
-        for b in range(width):
-            out[i, b] = table[r, b]
-    return -1
-
-
-class EngramRowReader:
-    """Gathers raw Q2_K blocks of one layer's table by row id, straight from the memory map."""
-
-    def __init__(self, layer_id: int, table: np.ndarray):
-        self.layer_id = int(layer_id)
-        self._table = table  # uint8 [rows, 84], a view of the map
-        self.n_rows = int(table.shape[0])
-
-    def read(self, ids, out: np.ndarray | None = None) -> np.ndarray:
-        """Blocks of rows `ids` (any integer dtype and shape) -> uint8 [ids.size, 84], C order.
-
-        Raises ValueError naming the first out-of-range id (negative ids never wrap around)."""
-        ids = np.asarray(ids)
-        if ids.size and not (np.issubdtype(ids.dtype, np.integer) and ids.dtype != np.bool_):
-            raise ValueError(f"row ids must be integers, got dtype {ids.dtype}")
-        flat = ids.reshape(-1)
-        if flat.dtype == np.uint64:
-            # Values past INT64_MAX would turn negative in int64: check them before converting.
-            big = flat > np.uint64(np.iinfo(np.int64).max)
-            if big.any():
-                self._bad(flat, int(np.argmax(big)), ids.shape)
-        flat = np.ascontiguousarray(flat, dtype=np.int64)
-        n = flat.size
-        if out is None:
-            out = np.empty((n, ENGRAM_ROW_BYTES), dtype=np.uint8)
-        elif (not isinstance(out, np.ndarray) or out.dtype != np.uint8 or out.shape != (n, ENGRAM_ROW_BYTES)
-              or not out.flags.c_contiguous or not out.flags.writeable):
-            raise ValueError(
-                f"out must be a writeable C-contiguous uint8 array of shape ({n}, {ENGRAM_ROW_BYTES}), got "
-                f"{getattr(out, 'dtype', type(out))} {getattr(out, 'shape', '')}")
-        bad = _gather_rows(self._table, flat, out)
-        if bad >= 0:
-            self._bad(flat, bad, ids.shape)
-        return out
-
-    def _bad(self, flat, i: int, shape) -> None:
-        where = f"flat index {i}" if len(shape) <= 1 else f"flat index {i} (index {np.unravel_index(i, shape)})"
-        raise ValueError(
-            f"row id {int(flat[i])} at {where} is outside layer {self.layer_id}'s table: "
-            f"valid row ids are [0, {self.n_rows})")
-
-    def __repr__(self) -> str:
-        return f"EngramRowReader(layer {self.layer_id}, {self.n_rows} rows)"
-
-
-class EngramLayerFile:
-    """One engram layer's tensors, as views of the memory map (nothing is read until used)."""
-
-    table_encoding = "q2k"   # the rows stage's encoding of this table (schema A: Q2_K only, for now)
+class EngramLayerFile(EngramLayer):
+    """One engram layer of a schema-A file, as views of the memory maps (nothing is read until used)."""
 
     def __init__(self, model: "EngramModel", layer_id: int, index: int):
-        self._model = model
-        self.layer_id = int(layer_id)
-        self.index = int(index)  # position in config.layer_ids
-        self.names = tensor_names(layer_id)
-        self.table_info = model.tensors[self.names["table"]]
-        self.wkv_info = model.tensors[self.names["wkv"]]
-        self.q_info = model.tensors[self.names["q"]]
-        self.k_info = model.tensors[self.names["k"]]
-        self.n_rows = int(self.table_info.ne[1])
-        self.wkv_type = self.wkv_info.type_name
-        self.table = model._bytes(self.table_info).reshape(self.n_rows, ENGRAM_ROW_BYTES)  # uint8 [rows, 84]
+        names = tensor_names(layer_id)
+        self.table_info = model.tensors[names["table"]]
+        self.wkv_info = model.tensors[names["wkv"]]
+        self.q_info = model.tensors[names["q"]]
+        self.k_info = model.tensors[names["k"]]
+        encoding, row_bytes = GGML_TABLE_ENCODINGS[self.table_info.type_name]
+        n_rows = int(self.table_info.ne[1])
+        cfg = model.config
+        super().__init__(
+            layer_id, index,
+            table=model._bytes(self.table_info).reshape(n_rows, row_bytes),          # uint8 [rows, row_bytes]
+            table_encoding=encoding,
+            wkv_raw=model._tensor_view(self.wkv_info), wkv_encoding=GGML_WKV_ENCODINGS[self.wkv_info.type_name],
+            wkv_shape=self.wkv_info.shape,
+            q_weight=lambda: self._gate(model, self.q_info, cfg), k_weight=lambda: self._gate(model, self.k_info, cfg),
+            names=names)
 
-    @property
-    def wkv_raw(self) -> np.ndarray:
-        """The stored projection, zero-copy: [N, K] uint16 bf16 words (BF16), float16 (F16),
-        float32 (F32), or uint8 [N, K/256*84] Q2_K blocks (Q2_K)."""
-        return self._model._tensor_view(self.wkv_info)
-
-    def wkv_bf16(self, chunk_rows: int = 1024) -> np.ndarray:
-        """The projection as the GEMM uses it: uint16 bf16 words [N, K] (zero-copy for BF16; F16
-        and F32 rounded to bf16; Q2_K decoded), `chunk_rows` rows at a time (stages/proj/weights.py)."""
-        return wkv_to_bf16(self.wkv_raw, WKV_ENCODING_OF_GGML_TYPE[self.wkv_type], chunk_rows=chunk_rows)
-
-    def _gate(self, info: TensorInfo) -> np.ndarray:
-        raw = self._model._tensor_view(info).reshape(self._model.config.hc, self._model.config.dim)
-        if info.type_name == "F32":
-            return raw
-        if info.type_name == "BF16":
-            return (raw.astype(np.uint32) << np.uint32(16)).view(np.float32)
-        return raw.astype(np.float32)
-
-    @property
-    def q_weight(self) -> np.ndarray:
-        """float32 [hc, dim]."""
-        return self._gate(self.q_info)
-
-    @property
-    def k_weight(self) -> np.ndarray:
-        """float32 [hc, dim]."""
-        return self._gate(self.k_info)
-
-    def __repr__(self) -> str:
-        return f"EngramLayerFile(layer {self.layer_id}: {self.n_rows} rows, wkv {self.wkv_type})"
+    @staticmethod
+    def _gate(model, info: TensorInfo, cfg) -> np.ndarray:
+        return widen_gate(model._tensor_view(info).reshape(cfg.hc, cfg.dim), info.type_name)
 
 
-class EngramModel:
-    """An opened Engram GGUF (see `load_gguf`).
+class EngramModel(EngramModelBase):
+    """An opened schema-A Engram GGUF, one file or a split (see `load_gguf`, `load_model`).
 
-    path, version, alignment, data_offset
+    path, version, alignment, data_offset (of the first shard)
     kv          every metadata key -> python value / numpy array (a view of the map) / StringArray
     kv_types    key -> GGUF type name ("u32", "arr[u64]", ...)
-    tensors     tensor index: name -> TensorInfo (every tensor in the file, engram or not)
+    tensors     tensor index: name -> TensorInfo (every tensor in every shard, engram or not)
+    shards      the files, in order (one for a single GGUF)
     config      EngramConfig (dim, hc, layer_ids, max_ngram_size, n_heads, head_dim)
     hash_tables EngramHashTables, validated against every table's row count
     layers      layer id -> EngramLayerFile
     """
 
-    def __init__(self, path, *, key_prefix: str = KEY_PREFIX, validate: bool = True):
-        self.path = str(path)
-        self.format = "gguf (schema A, q2k tables)"   # what `load_model` opened: file format and table encoding
-        self.synthetic = False                         # True for the toolkit's own tiny fixture (set below)
+    def __init__(self, path, *, key_prefix: str = KEY_PREFIX, validate: bool = True,
+                 container: GGUFContainer | None = None):
+        self._init_common(path, validate)
         self.key_prefix = key_prefix
-        self.problems: list[str] = []  # what validate=False let through
-        self._validate = validate
-        size = os.path.getsize(self.path)
-        if size < 24:
-            with open(self.path, "rb") as f:
-                head = f.read(4)
-            if head != GGUF_MAGIC[:len(head)] or not head:
-                raise BadMagicError(f"{self.path}: not a GGUF file (starts with {head!r}, expected {GGUF_MAGIC!r})")
-            raise TruncatedFileError(f"{self.path}: {size} bytes is shorter than a GGUF header (24 bytes): "
-                                     "the header is cut short")
-        self._map = np.memmap(self.path, dtype=np.uint8, mode="r")
-        buf = self._map.view(np.ndarray)  # plain ndarray (numba-friendly) sharing the map
-        self._buf = buf
-        (self.version, self.kv, self.kv_types, self.tensors, self.data_offset,
-         self.alignment) = _parse_header(buf, self.path)
+        self._container = container if container is not None else open_gguf_container(path)
+        c = self._container
+        self.path = c.path
+        self.shards = c.shard_paths
+        self.kv, self.kv_types, self.tensors = c.kv, c.kv_types, c.tensors
+        self.version, self.alignment, self.data_offset = c.version, c.alignment, c.data_offset
+        self._map = c.shards[0]._map
+        self.checks = list(c.checks)
+        check_architecture(c, self.path, key_prefix.rstrip("."),
+                           also=(OLD_KEY_PREFIX.rstrip("."),) if key_prefix == KEY_PREFIX else ())
         self.config, self.hash_tables = self._read_engram()
         self.synthetic = str(self.kv.get("general.name", "")).startswith("engram-numba tiny")
         self.layers = {lid: EngramLayerFile(self, lid, i) for i, lid in enumerate(self.config.layer_ids)}
-        self._readers: dict[int, EngramRowReader] = {}
+        encodings = sorted({lf.table_encoding for lf in self.layers.values()})
+        kind = f"split gguf ({len(self.shards)} shards, schema A" if c.split else "gguf (schema A"
+        self.format = f"{kind}, {'/'.join(encodings)} tables)"   # file format and table encoding
 
     # raw access
-    def _live_buf(self) -> np.ndarray:
-        if self._buf is None:
-            raise EngramFileError(f"{self.path}: the model is closed")
-        return self._buf
-
     def _bytes(self, info: TensorInfo) -> np.ndarray:
-        return self._live_buf()[info.offset:info.offset + info.nbytes]
+        self._check_open()
+        return self._container.tensor_bytes(info)
 
     def _tensor_view(self, info: TensorInfo) -> np.ndarray:
         """Zero-copy view: numpy shape for plain types, [rows, bytes per row] uint8 for quants."""
@@ -233,6 +164,14 @@ class EngramModel:
             return raw.view(dt).reshape(info.shape)
         _, block_values, block_bytes = GGML_TYPES[info.type_name]
         return raw.reshape(*info.shape[:-1], info.shape[-1] // block_values * block_bytes)
+
+    def _release(self) -> None:
+        self._container.close()
+        self._map = None
+
+    @property
+    def _buf(self):  # kept for callers of the single-file reader
+        return None if self._closed else self._container.shards[0].buf
 
     # metadata
     def _key(self, name: str):
@@ -251,6 +190,12 @@ class EngramModel:
                 f"{self.path}: metadata key {full!r} is missing: the file has the Engram shape keys but lacks "
                 f"the hash constants (missing: {', '.join(missing_consts)}); re-convert with a converter that "
                 "writes all five")
+        others = other_engram_keys(self.kv, [self.key_prefix + k for k in ENGRAM_KEYS])
+        if others:
+            raise MissingKeyError(
+                f"{self.path}: metadata key {full!r} is missing: the file has none of schema A's nine "
+                f"{self.key_prefix}engram.* keys it needs, but has other Engram keys, third-party spellings that "
+                f"neither schema A nor schema B reads: {', '.join(others[:12])}{', ...' if len(others) > 12 else ''}")
         raise MissingKeyError(f"{self.path}: metadata key {full!r} is missing")
 
     def _int_key(self, name: str) -> int:
@@ -264,20 +209,7 @@ class EngramModel:
 
     def _int_array(self, name: str, expect: int | None, expect_text: str = "") -> np.ndarray:
         """A numeric array key as a fresh int64 [n] (aligned, owned) array."""
-        full = self.key_prefix + name
-        v = self._key(name)
-        if isinstance(v, list) and all(isinstance(x, np.ndarray) for x in v):  # array of arrays
-            v = np.concatenate(v) if v else np.zeros(0, np.int64)
-        if isinstance(v, int) and not isinstance(v, bool):
-            v = np.array([v])
-        if not isinstance(v, np.ndarray) or not np.issubdtype(v.dtype, np.integer):
-            raise BadMetadataError(f"{self.path}: {full} must be an integer array, got {self.kv_types[full]}")
-        if v.dtype == np.uint64 and v.size and int(v.max()) > np.iinfo(np.int64).max:
-            i = int(np.argmax(v > np.uint64(np.iinfo(np.int64).max)))
-            raise BadMetadataError(f"{self.path}: {full}[{i}] = {int(v[i])} does not fit in int64")
-        if expect is not None and v.size != expect:
-            raise BadMetadataError(f"{self.path}: {full} has {v.size} entries, expected {expect_text} = {expect}")
-        return np.array(v, dtype=np.int64)
+        return int_array_key(self.path, self.key_prefix + name, self._key(name), self.kv_types, expect, expect_text)
 
     def _read_engram(self) -> tuple[EngramConfig, EngramHashTables]:
         p = self.key_prefix
@@ -297,7 +229,8 @@ class EngramModel:
                     raise MissingTensorError(
                         f"{self.path}: tensor {name!r} of engram layer {lid} is missing "
                         f"(layer ids from {p}{K_LAYER_IDS}: {list(layer_ids)})")
-        hc = self._read_hc(layer_ids, dim)
+        hc = read_hc(self.path, self.tensors, [(tensor_names(l)["q"], tensor_names(l)["k"]) for l in layer_ids],
+                     dim, f"{self.key_prefix}{K_EMBEDDING_LENGTH}")
         try:
             config = EngramConfig(dim=dim, hc=hc, layer_ids=layer_ids, max_ngram_size=max_ngram,
                                   n_heads=n_heads, head_dim=head_dim)
@@ -312,58 +245,53 @@ class EngramModel:
         if token_map.size == 0:
             raise BadMetadataError(f"{self.path}: {p}{K_TOKEN_MAP} is empty")
         pad_id = self._int_key(K_PAD_ID)
+        return config, self._hash_tables(config, layer_ids, multipliers, primes, offsets, token_map, pad_id)
+
+    def _hash_tables(self, config, layer_ids, multipliers, primes, offsets, token_map, pad_id) -> EngramHashTables:
+        p = self.key_prefix
+        # Sums in exact integers first: int64 sums that wrap would pass every later check.
+        try:
+            sums = check_constant_sums(self.path, layer_ids, primes, offsets, what=f"primes ({p}{K_PRIMES})")
+        except HashConstantsError as exc:
+            if self._validate:
+                raise
+            self.problems.append(str(exc).split(": ", 1)[-1])
+            sums = None
         try:
             tables = EngramHashTables(layer_ids=layer_ids, multipliers=multipliers, primes=primes,
                                       offsets=offsets, token_map=token_map, pad_id=pad_id)
         except ValueError as exc:
             raise HashConstantsError(f"{self.path}: bad hash constants: {exc}") from None
-
         rows = []
         for li, lid in enumerate(layer_ids):
             self._check_layer_tensors(config, lid)
             info = self.tensors[tensor_names(lid)["table"]]
-            have, want = int(info.ne[1]), int(tables.table_rows[li])
-            if have != want:
+            have = int(info.ne[1])
+            want = sums[li] if sums is not None else None
+            if want is not None and have != want:
                 msg = (f"layer {lid}: its primes ({p}{K_PRIMES}) sum to {want} rows but "
                        f"{info.name} has {have} rows")
                 if self._validate:
                     raise RowCountMismatchError(f"{self.path}: {msg}")
                 self.problems.append(msg)
             rows.append(have)
-        try:
-            tables.validate(rows if self._validate else None)
-        except ValueError as exc:
-            if self._validate:
-                raise HashConstantsError(f"{self.path}: bad hash constants: {exc}") from None
-            self.problems.append(f"bad hash constants: {exc}")
-        return config, tables
-
-    def _read_hc(self, layer_ids, dim: int) -> int:
-        hc = None
-        for lid in layer_ids:
-            names = tensor_names(lid)
-            for key in ("q", "k"):
-                info = self.tensors[names[key]]
-                ne = info.ne if len(info.ne) == 2 else info.ne + (1,)  # a 1-D gate vector is hc = 1
-                if len(info.ne) > 2 or ne[0] != dim:
-                    raise BadTensorError(
-                        f"{self.path}: tensor {info.name!r} has ggml ne {list(info.ne)}, expected "
-                        f"[dim={dim}, hc] (dim from {self.key_prefix}{K_EMBEDDING_LENGTH})")
-                if hc is None:
-                    hc = int(ne[1])
-                elif ne[1] != hc:
-                    raise BadTensorError(
-                        f"{self.path}: tensor {info.name!r} has ggml ne {list(info.ne)}, expected [{dim}, {hc}] "
-                        f"(hc = {hc} from blk.{layer_ids[0]}.engram_q.weight)")
-        return hc
+        if sums is not None:
+            try:
+                tables.validate(rows if self._validate else None)
+            except ValueError as exc:
+                if self._validate:
+                    raise HashConstantsError(f"{self.path}: bad hash constants: {exc}") from None
+                self.problems.append(f"bad hash constants: {exc}")
+        self.row_sums = sums   # exact per-layer prime sums (None when they overflow int64)
+        return tables
 
     def _check_layer_tensors(self, config: EngramConfig, lid: int) -> None:
         names = tensor_names(lid)
         table = self.tensors[names["table"]]
         if table.type_name not in TABLE_TYPES:
             raise UnsupportedQuantError(
-                f"{self.path}: tensor {table.name!r} is {table.type_name}; only "
-                f"{', '.join(TABLE_TYPES)} tables are supported for now")
+                f"{self.path}: tensor {table.name!r} is {table.type_name}; supported table types: "
+                f"{', '.join(TABLE_TYPES)}")
         if len(table.ne) != 2 or table.ne[0] != config.head_dim:
             raise BadTensorError(
                 f"{self.path}: tensor {table.name!r} has ggml ne {list(table.ne)}, expected "
@@ -385,39 +313,48 @@ class EngramModel:
                     f"{self.path}: tensor {info.name!r} is {info.type_name}; gate vectors must be "
                     f"{', '.join(GATE_TYPES)}")
 
-    # public API
-    def rows(self, layer_id: int) -> EngramRowReader:
-        """The row reader of one layer's table."""
-        lid = check_layer_id(layer_id)
-        if lid not in self.layers:
-            raise ValueError(f"layer id {layer_id} is not an engram layer of {self.path} "
-                             f"(engram layers: {list(self.config.layer_ids)})")
-        self._live_buf()
-        if lid not in self._readers:
-            self._readers[lid] = EngramRowReader(lid, self.layers[lid].table)
-        return self._readers[lid]
 
-    def close(self) -> None:
-        """Drop this model's hold on the map. Arrays already taken from it stay valid (they keep
-        the mapping alive until they are freed)."""
-        self._buf = None
-        self._map = None
-        self._readers.clear()
+def int_array_key(path: str, full: str, v, kv_types, expect: int | None, expect_text: str = "") -> np.ndarray:
+    """A numeric metadata array as a fresh int64 [n] (aligned, owned) array; uint64 values past
+    int64 are refused by value (never wrapped to negative)."""
+    if isinstance(v, list) and all(isinstance(x, np.ndarray) for x in v):  # array of arrays
+        v = np.concatenate(v) if v else np.zeros(0, np.int64)
+    if isinstance(v, int) and not isinstance(v, bool):
+        v = np.array([v])
+    if not isinstance(v, np.ndarray) or not np.issubdtype(v.dtype, np.integer):
+        raise BadMetadataError(f"{path}: {full} must be an integer array, got {kv_types[full]}")
+    if v.dtype == np.uint64 and v.size and int(v.max()) > np.iinfo(np.int64).max:
+        i = int(np.argmax(v > np.uint64(np.iinfo(np.int64).max)))
+        raise BadMetadataError(f"{path}: {full}[{i}] = {int(v[i])} does not fit in int64")
+    if expect is not None and v.size != expect:
+        raise BadMetadataError(f"{path}: {full} has {v.size} entries, expected {expect_text} = {expect}")
+    return np.array(v, dtype=np.int64)
 
-    def __enter__(self) -> "EngramModel":
-        return self
 
-    def __exit__(self, *exc) -> None:
-        self.close()
-
-    def __repr__(self) -> str:
-        c = self.config
-        return (f"EngramModel({self.path!r}: dim {c.dim}, hc {c.hc}, layers {list(c.layer_ids)}, "
-                f"{len(self.tensors)} tensors)")
+def read_hc(path: str, tensors, gate_pairs, dim: int, dim_from: str) -> int:
+    """hc from the gate vectors' shapes (ggml ne [dim, hc]; a 1-D vector is hc = 1), checked
+    equal across every gate tensor."""
+    hc, first = None, None
+    for pair in gate_pairs:
+        for name in pair:
+            info = tensors[name]
+            ne = info.ne if len(info.ne) == 2 else info.ne + (1,)
+            if len(info.ne) > 2 or ne[0] != dim:
+                raise BadTensorError(
+                    f"{path}: tensor {info.name!r} has ggml ne {list(info.ne)}, expected [dim={dim}, hc] "
+                    f"(dim from {dim_from})")
+            if hc is None:
+                hc, first = int(ne[1]), info.name
+            elif ne[1] != hc:
+                raise BadTensorError(
+                    f"{path}: tensor {info.name!r} has ggml ne {list(info.ne)}, expected [{dim}, {hc}] "
+                    f"(hc = {hc} from {first})")
+    return hc
 
 
 def load_gguf(path, *, key_prefix: str = KEY_PREFIX, validate: bool = True) -> EngramModel:
-    """Open an Engram GGUF (schema A) memory-mapped; reads only the header and metadata.
+    """Open a schema-A Engram GGUF (one file, or any shard of a split) memory-mapped; reads only
+    the headers and metadata. `load_model` opens every format.
 
     key_prefix: the architecture prefix of the Engram keys ('deepseek41.'; files made with the
     older converters use 'deepseek4.').
@@ -462,9 +399,11 @@ def build_gguf_entries(config: EngramConfig, hash_tables: EngramHashTables, laye
                        kv_overrides: dict | None = None, check: bool = True):
     """-> (kvs, tensors) for `write_gguf_raw`.
 
-    layers: layer id -> {"table": uint8 [rows, 84], "wkv": [N, K] uint16 (BF16) / float32 (F32) /
-    float16 (F16) or uint8 [N, K/256*84] (Q2_K), "q_weight", "k_weight": float32 [hc, dim]},
-    optionally "wkv_type", "table_type", "q_type", "k_type" to name the ggml type explicitly.
+    layers: layer id -> {"table": uint8 [rows, row_bytes] (84 for Q2_K; 110, 144, 272 for Q3_K, Q4_K,
+    Q8_0 with "table_type"), "wkv": [N, K] uint16 (BF16) / float32 (F32) / float16 (F16) or uint8
+    [N, K/256*84] (Q2_K; Q8_0 [N, K/32*34] with "wkv_type": "Q8_0"), "q_weight", "k_weight":
+    float32 [hc, dim]}, optionally "wkv_type", "table_type", "q_type", "k_type" to name the ggml
+    type explicitly.
     omit_keys: full key names to leave out. kv_overrides: full key -> (type name, value), replacing
     or adding entries (the test suite's way to write wrong lengths or types).
     check: verify shapes against config and hash_tables before writing.
@@ -509,8 +448,9 @@ def build_gguf_entries(config: EngramConfig, hash_tables: EngramHashTables, laye
         k, k_type = _gate_array(spec["k_weight"], spec.get("k_type"))
         if check:
             want_rows = int(t.table_rows[t.layer_index(lid)])
-            if table.dtype != np.uint8 or table.shape != (want_rows, ENGRAM_ROW_BYTES):
-                raise ValueError(f"layer {lid} table must be uint8 [{want_rows}, {ENGRAM_ROW_BYTES}] "
+            row_bytes = GGML_TABLE_ENCODINGS.get(table_type, (None, ENGRAM_ROW_BYTES))[1]
+            if table.dtype != np.uint8 or table.shape != (want_rows, row_bytes):
+                raise ValueError(f"layer {lid} table must be uint8 [{want_rows}, {row_bytes}] "
                                  f"(rows = sum of its primes), got {table.dtype} {table.shape}")
             wkv_ne = _ne_of(wkv, wkv_type)
             if wkv_ne != (config.proj_in, config.proj_out):
@@ -540,96 +480,10 @@ def write_gguf(path, config: EngramConfig, hash_tables: EngramHashTables, layers
     return write_gguf_raw(path, kvs, tensors)
 
 
-# describe ------------------------------------------------------------------------------------
-
-def _short_value(value, limit: int = 4) -> str:
-    if isinstance(value, str):
-        return repr(value if len(value) <= 60 else value[:57] + "...")
-    if isinstance(value, (np.ndarray, list, StringArray)):
-        n = len(value)
-        head = [value[i] for i in range(min(n, limit))]
-        head = [int(x) if isinstance(x, np.integer) else float(x) if isinstance(x, np.floating) else x
-                for x in head]
-        body = ", ".join(repr(x) if isinstance(x, str) else str(x) for x in head)
-        return f"{n} entries [{body}{', ...' if n > limit else ''}]"
-    return str(value)
-
-
-def _json_value(value, limit: int = 8):
-    if isinstance(value, (np.ndarray, list, StringArray)):
-        n = len(value)
-        head = [value[i] for i in range(min(n, limit))]
-        head = [int(x) if isinstance(x, (np.integer, bool)) else float(x) if isinstance(x, np.floating) else
-                (x if isinstance(x, (str, int, float)) else str(x)) for x in head]
-        return {"count": n, "head": head}
-    if isinstance(value, (np.integer,)):
-        return int(value)
-    if isinstance(value, np.floating):
-        return float(value)
-    return value
-
-
-def describe_dict(model: EngramModel) -> dict:
-    """What `describe` shows, as plain data (`engram-numba info --json`)."""
-    c, t = model.config, model.hash_tables
-    checks = []
-    for li, lid in enumerate(c.layer_ids):
-        want, have = int(t.table_rows[li]), model.layers[lid].n_rows
-        checks.append({"check": f"layer {lid}: primes sum vs table rows", "primes_sum": want, "table_rows": have,
-                       "ok": want == have})
-    return {
-        "file": model.path, "format": model.format,
-        "gguf": {"version": model.version, "alignment": model.alignment, "data_offset": model.data_offset},
-        "config": {"dim": c.dim, "hc": c.hc, "layer_ids": list(c.layer_ids), "max_ngram_size": c.max_ngram_size,
-                   "n_heads": c.n_heads, "head_dim": c.head_dim, "n_hash_cols": c.n_hash_cols,
-                   "proj_in": c.proj_in, "proj_out": c.proj_out, "eps": c.eps},
-        "hash": {"raw_vocab": int(t.token_map.size), "compressed_vocab": int(t.compressed_vocab_size),
-                 "pad_id": int(t.pad_id), "table_rows": [int(r) for r in t.table_rows]},
-        "layers": {str(lid): {"table_encoding": lf.table_encoding, "table_rows": lf.n_rows, "wkv_type": lf.wkv_type}
-                   for lid, lf in model.layers.items()},
-        "metadata": {k: {"type": model.kv_types[k], "value": _json_value(v)} for k, v in model.kv.items()},
-        "tensors": [{"name": n, "type": i.type_name, "shape": list(i.shape), "ne": list(i.ne), "offset": i.offset,
-                     "bytes": i.nbytes} for n, i in model.tensors.items()],
-        "checks": checks + [{"check": "cuda gate kernels need dim % 8 == 0", "ok": c.dim % 8 == 0}],
-        "problems": list(model.problems),
-    }
-
-
-def describe(model: EngramModel) -> str:
-    """Human-readable summary of an opened model, for `engram-numba info FILE`."""
-    c, t = model.config, model.hash_tables
-    lines = [f"file      {model.path}",
-             f"format    GGUF v{model.version}, alignment {model.alignment}, data at byte {model.data_offset}",
-             "", "configuration",
-             f"  dim {c.dim}   hc {c.hc}   layers {list(c.layer_ids)}   max_ngram_size {c.max_ngram_size} "
-             f"(orders {c.n_orders})   heads {c.n_heads}   head_dim {c.head_dim}",
-             f"  n_hash_cols {c.n_hash_cols}   projection K {c.proj_in} -> N {c.proj_out}   "
-             f"token map {t.token_map.size} raw -> {t.compressed_vocab_size} compressed, pad {t.pad_id}",
-             "", f"metadata ({len(model.kv)} keys)"]
-    w = max((len(k) for k in model.kv), default=0)
-    for key, value in model.kv.items():
-        lines.append(f"  {key:<{w}}  {model.kv_types[key]:<9} {_short_value(value)}")
-    lines += ["", f"tensors ({len(model.tensors)})"]
-    w = max((len(n) for n in model.tensors), default=0)
-    for name, info in model.tensors.items():
-        lines.append(f"  {name:<{w}}  {info.type_name:<5} numpy {str(list(info.shape)):<14} "
-                     f"ne {str(list(info.ne)):<14} {human_bytes(info.nbytes)}")
-    lines += ["", "cuda backend: the gate kernels need dim % 8 == 0: "
-              + ("met" if c.dim % 8 == 0 else f"NOT met (dim {c.dim}): use the reference or cpu backend for the gate")]
-    lines += ["", "primes vs table rows"]
-    for li, lid in enumerate(c.layer_ids):
-        want = int(t.table_rows[li])
-        have = model.layers[lid].n_rows
-        lines.append(f"  layer {lid}: primes sum {want}, table rows {have}  {'OK' if want == have else 'MISMATCH'}")
-    if model.problems:
-        lines += ["", "problems (opened with validate=False)"] + [f"  {m}" for m in model.problems]
-    return "\n".join(lines)
-
-
 __all__ = [
     "EngramModel", "EngramLayerFile", "EngramRowReader", "TensorInfo", "StringArray", "GGUFTensorSpec",
     "load_gguf", "write_gguf", "write_gguf_raw", "build_gguf_entries", "describe", "describe_dict", "tensor_names",
     "EngramFileError", "BadMagicError", "UnsupportedVersionError", "TruncatedFileError", "MissingKeyError",
     "BadMetadataError", "HashConstantsError", "RowCountMismatchError", "MissingTensorError",
-    "BadTensorError", "UnsupportedQuantError",
+    "BadTensorError", "UnsupportedQuantError", "WrongArchitectureError",
 ]
