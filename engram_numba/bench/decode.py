@@ -1,6 +1,6 @@
 """Decode-path benchmarks: GEMVs on Q2_K / FP8 weights, the graphed decode step, engine start-up.
 
-    run(shape, quick, log, *, n_tokens=None, build_table_gb=None) -> {"records": [...], "decode": {...}}
+    run(shape, quick, log, *, n_tokens=None, build_table_gib=None) -> {"records": [...], "decode": {...}}
 
 Records (same schema as the suite's, `timing.make_record`):
   projection_q2k  T in 1, 4, 8: kv = bf16(x @ W^T) with W in Q2_K blocks [N, K/256*84], every q2k
@@ -20,7 +20,7 @@ Records (same schema as the suite's, `timing.make_record`):
                   graphed and ungraphed runs of one weight format must end on the same highway bits.
   engine_build    seconds and GB/s to open a sparse GGUF (tables are holes: they read as zeros from
                   the page cache, no disk) and build `EngramV41(..., device_tables=True)` with
-                  `build_table_gb` per layer (the released size, 30 GiB, by default).
+                  `build_table_gib` per layer (the released size, 30 GiB, by default).
 In numba's simulator (`engram-numba bench --smoke`) everything runs at tiny shapes and a few tokens:
 it checks the wiring, its figures mean nothing.
 """
@@ -214,7 +214,8 @@ def _loop(step_one, tokens, sync) -> float:
     return time.perf_counter() - t0
 
 
-def bench_decode_step(shape: BenchShape, quick: bool, log, timer, copy_gbps, smoke: bool, table_gb: float) -> tuple:
+def bench_decode_step(shape: BenchShape, quick: bool, log, timer, copy_gbps, smoke: bool, table_gb: float,
+                      n_tokens: int | None = None) -> tuple:
     from numba import cuda
 
     from ..engine import EngramV41
@@ -224,7 +225,8 @@ def bench_decode_step(shape: BenchShape, quick: bool, log, timer, copy_gbps, smo
     t0 = time.perf_counter()
     model = SyntheticModel(shape, table_gb, rng)
     cfg = model.config
-    n_tokens = 4 if smoke else (1024 if quick else 2048)
+    if n_tokens is None:
+        n_tokens = 4 if smoke else (1024 if quick else 2048)
     warm = 2 if smoke else 32
     seq = rng.integers(0, model.token_vocab, warm + n_tokens)
     h0 = rng.standard_normal((1, cfg.hc, cfg.dim)).astype(np.float32)
@@ -389,8 +391,8 @@ def _bench_torch_decode(torch, model, seq, warm, n_tokens, h0, timer, results, f
 
 # ---- engine start-up from a sparse GGUF ---------------------------------------------------------
 
-def write_sparse_model(path, shape: BenchShape, table_gb: float, rng, layer_ids=(1, 14)):
-    """A schema-A GGUF of `shape`'s widths whose tables (about table_gb each) are holes (sparse
+def write_sparse_model(path, shape: BenchShape, table_gib: float, rng, layer_ids=(1, 14)):
+    """A schema-A GGUF of `shape`'s widths whose tables (about table_gib each) are holes (sparse
     file regions that read as zeros and take no disk); wkv Q2_K, random, written for real."""
     from ..config import EngramConfig
     from ..formats.gguf import GGUFTensorSpec, write_gguf_raw
@@ -398,7 +400,7 @@ def write_sparse_model(path, shape: BenchShape, table_gb: float, rng, layer_ids=
     from ..stages.hash.tables import EngramHashTables
     m, heads = _hash_shape(shape.cols)
     cfg = EngramConfig(dim=shape.dim, hc=shape.hc, layer_ids=layer_ids, max_ngram_size=m, n_heads=heads)
-    vocab = max(int(table_gb * (1 << 30) / 84 / cfg.n_hash_cols), 1000)
+    vocab = max(int(table_gib * (1 << 30) / 84 / cfg.n_hash_cols), 1000)
     tables = EngramHashTables.build(layer_ids, m, heads, vocab, np.arange(4096), 2)
     layers = {lid: {"table": np.zeros((1, 84), np.uint8), "wkv": random_q2k_weight(rng, cfg.proj_out, cfg.proj_in),
                     "wkv_type": "Q2_K", "q_weight": np.ones((cfg.hc, cfg.dim), np.float32),
@@ -425,14 +427,14 @@ def measure_h2d_gbps(nbytes: int = 1 << 30) -> float:
     return 3 * nbytes / (time.perf_counter() - t0) / 1e9
 
 
-def bench_engine_build(shape: BenchShape, log, table_gb: float, smoke: bool) -> dict:
+def bench_engine_build(shape: BenchShape, log, table_gib: float, smoke: bool) -> dict:
     from ..engine import EngramV41
     from ..formats.schema_a import load_gguf
     rng = np.random.default_rng(13)
     h2d = measure_h2d_gbps(1 << 16 if smoke else 1 << 30)
     with tempfile.TemporaryDirectory(dir=os.environ.get("ENGRAM_BENCH_TMP")) as tmp:
         path = Path(tmp) / "sparse.gguf"
-        table_bytes = write_sparse_model(path, shape, table_gb, rng)
+        table_bytes = write_sparse_model(path, shape, table_gib, rng)
         t0 = time.perf_counter()
         model = load_gguf(path)
         t_open = time.perf_counter() - t0
@@ -457,10 +459,12 @@ def bench_engine_build(shape: BenchShape, log, table_gb: float, smoke: bool) -> 
 # ---- entry point --------------------------------------------------------------------------------
 
 def run(shape: BenchShape = RELEASED, quick: bool = False, log=print, *, decode_table_gb: float | None = None,
-        build_table_gb: float | None = None, parts=("projection", "decode", "build")) -> dict:
+        build_table_gib: float | None = None, n_tokens: int | None = None,
+        parts=("projection", "decode", "build")) -> dict:
     """The decode-path records (module doc). decode_table_gb: random table per layer for decode_step
-    (default 1.5 GB, tiny in the simulator); build_table_gb: per layer for engine_build (default the
-    released 30 GiB, or $ENGRAM_BUILD_TABLE_GB)."""
+    (default 1.5 GB, tiny in the simulator); build_table_gib: per layer for engine_build (default the
+    released 30 GiB, or $ENGRAM_BUILD_TABLE_GIB); n_tokens: decode_step's sequence (default 1024
+    with quick, else 2048)."""
     from numba.cuda import config
     smoke = bool(config.ENABLE_CUDASIM) or shape.name != RELEASED.name
     timer = DeviceTimer()
@@ -468,16 +472,16 @@ def run(shape: BenchShape = RELEASED, quick: bool = False, log=print, *, decode_
     out = {"records": [], "decode": {}}
     if decode_table_gb is None:
         decode_table_gb = 0.0005 if smoke else 1.5
-    if build_table_gb is None:
-        build_table_gb = float(os.environ.get("ENGRAM_BUILD_TABLE_GB", 0.0005 if smoke else RELEASED_TABLE_GIB))
+    if build_table_gib is None:
+        build_table_gib = float(os.environ.get("ENGRAM_BUILD_TABLE_GIB", 0.0005 if smoke else RELEASED_TABLE_GIB))
     if "projection" in parts:
         out["records"] += bench_projection_q(shape, quick, log, timer, copy_gbps, smoke)
     if "decode" in parts:
-        rec, info = bench_decode_step(shape, quick, log, timer, copy_gbps, smoke, decode_table_gb)
+        rec, info = bench_decode_step(shape, quick, log, timer, copy_gbps, smoke, decode_table_gb, n_tokens)
         out["records"].append(rec)
         out["decode"]["decode_step"] = info
     if "build" in parts:
-        rec = bench_engine_build(shape, log, build_table_gb, smoke)
+        rec = bench_engine_build(shape, log, build_table_gib, smoke)
         out["records"].append(rec)
     return out
 

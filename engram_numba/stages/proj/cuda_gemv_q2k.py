@@ -22,7 +22,8 @@ Kernel versions (llm.c style: v1 stays, the teaching baseline and a second refer
                its 8 warps split K; lane (g, t) decodes rows g and g+8 of its 64-value quarter of
                each block (one 16-value sub-block per j) through a byte_perm table of the
                sub-block's 4 bf16-rounded values, and feeds them with x's matching values to
-               mma.m16n8k16 (x's 8 tokens are the mma's N, so T = 1..8 cost one weight pass).
+               mma.m16n8k16 (x's 8 tokens are the mma's N, so T = 1..8 cost one weight pass); two
+               independent accumulator chains (even / odd sub-blocks) halve the mma dependency.
   gemv_q2k_v3  v2's streaming, factored: A is sc*q (an exact small integer in bf16, from a 16-entry
                table), so one mma chain sums a whole block and only d scales it; the min term
                dmin * sum_j m_j * sum(x over sub-block j) is three more mma (the fp32 sub-block
@@ -258,27 +259,38 @@ def _make_tc(factored: bool):
     assert U == 3, "the trip below is written out for 3 blocks"
 
     @device_function(**INLINE)
-    def block_rounded(c0, c1, c2, c3, wv, u, x32, xv, ok_x, sh, scratch, lut_s):
-        """One Q2_K block with bf16-rounded weights, accumulated into the running fragments."""
+    def sub_rounded(c0, c1, c2, c3, s_a, s_b, shj, da, dmina, db, dminb, qa0, qa1, qa2, qa3, qb0, qb1, qb2, qb3,
+                    j2, x32, xv, ok_x, scratch):
+        """Sub-block j (codes at bit j2 = 2j) of rows g and g+8 with bf16-rounded weights."""
+        x0, x1, x2, x3, x4, x5, x6, x7 = x_words(x32, xv, ok_x)          # issued first: L1 latency hides
+        lo_a, hi_a = lut_rounded((s_a >> shj) & np.uint32(0xFF), da, dmina)
+        lo_b, hi_b = lut_rounded((s_b >> shj) & np.uint32(0xFF), db, dminb)
+        return mma_subblock(c0, c1, c2, c3, lo_a, hi_a, lo_b, hi_b, qa0, qa1, qa2, qa3, qb0, qb1, qb2, qb3, j2,
+                            x0, x1, x2, x3, x4, x5, x6, x7, scratch)
+
+    @device_function(**INLINE)
+    def block_rounded(c0, c1, c2, c3, e0, e1, e2, e3, wv, u, x32, xv, ok_x, sh, scratch, lut_s):
+        """One Q2_K block with bf16-rounded weights. Sub-blocks j = 0, 2 accumulate into (c), j = 1, 3
+        into (e): two independent mma chains, half the dependent latency."""
         b = 14 * u
         qa0, qa1, qa2, qa3, sa0, sa1 = wv[b], wv[b + 1], wv[b + 2], wv[b + 3], wv[b + 4], wv[b + 5]
         qb0, qb1, qb2, qb3, sb0, sb1 = wv[b + 7], wv[b + 8], wv[b + 9], wv[b + 10], wv[b + 11], wv[b + 12]
         da, dmina = f16x2_to_f32x2(wv[b + 6])
         db, dminb = f16x2_to_f32x2(wv[b + 13])
-        for j in range(4):
-            # scale byte 8n + 2j + h: word soff + (j >> 1), bits 16 (j & 1) + 8h
-            s_a = sa0 if j < 2 else sa1
-            s_b = sb0 if j < 2 else sb1
-            shj = sh + np.uint32(16 * (j & 1))
-            lo_a, hi_a = lut_rounded((s_a >> shj) & np.uint32(0xFF), da, dmina)
-            lo_b, hi_b = lut_rounded((s_b >> shj) & np.uint32(0xFF), db, dminb)
-            x0, x1, x2, x3, x4, x5, x6, x7 = x_words(x32, xv + 4 * j, ok_x)
-            c0, c1, c2, c3 = mma_subblock(c0, c1, c2, c3, lo_a, hi_a, lo_b, hi_b, qa0, qa1, qa2, qa3,
-                                          qb0, qb1, qb2, qb3, 2 * j, x0, x1, x2, x3, x4, x5, x6, x7, scratch)
-        return c0, c1, c2, c3
+        # scale byte 8n + 2j + h: word soff + (j >> 1), bits 16 (j & 1) + 8h
+        sh1 = sh + np.uint32(16)
+        c0, c1, c2, c3 = sub_rounded(c0, c1, c2, c3, sa0, sb0, sh, da, dmina, db, dminb, qa0, qa1, qa2, qa3,
+                                     qb0, qb1, qb2, qb3, 0, x32, xv, ok_x, scratch)
+        e0, e1, e2, e3 = sub_rounded(e0, e1, e2, e3, sa0, sb0, sh1, da, dmina, db, dminb, qa0, qa1, qa2, qa3,
+                                     qb0, qb1, qb2, qb3, 2, x32, xv + 4, ok_x, scratch)
+        c0, c1, c2, c3 = sub_rounded(c0, c1, c2, c3, sa1, sb1, sh, da, dmina, db, dminb, qa0, qa1, qa2, qa3,
+                                     qb0, qb1, qb2, qb3, 4, x32, xv + 8, ok_x, scratch)
+        e0, e1, e2, e3 = sub_rounded(e0, e1, e2, e3, sa1, sb1, sh1, da, dmina, db, dminb, qa0, qa1, qa2, qa3,
+                                     qb0, qb1, qb2, qb3, 6, x32, xv + 12, ok_x, scratch)
+        return c0, c1, c2, c3, e0, e1, e2, e3
 
     @device_function(**INLINE)
-    def block_factored(c0, c1, c2, c3, wv, u, x32, xv, ok_x, sh, scratch, lut_s):
+    def block_factored(c0, c1, c2, c3, e0_, e1_, e2_, e3_, wv, u, x32, xv, ok_x, sh, scratch, lut_s):
         """One Q2_K block, factored: d * sum(x * sc*q) - dmin * sum_j m_j * sum(x over sub-block j)."""
         b = 14 * u
         qa0, qa1, qa2, qa3, sa0, sa1 = wv[b], wv[b + 1], wv[b + 2], wv[b + 3], wv[b + 4], wv[b + 5]
@@ -344,7 +356,7 @@ def _make_tc(factored: bool):
         c1 += da * d1 - dmina * e1
         c2 += db * d2 - dminb * e2
         c3 += db * d3 - dminb * e3
-        return c0, c1, c2, c3
+        return c0, c1, c2, c3, e0_, e1_, e2_, e3_
 
     block = block_factored if factored else block_rounded
 
@@ -387,23 +399,26 @@ def _make_tc(factored: bool):
         b_begin = warp * per
         b_end = min(b_begin + per, n_blocks)
         c0 = c1 = c2 = c3 = float32(0.0)
+        f0 = f1 = f2 = f3 = float32(0.0)                        # v2's second mma chain (v3: unused)
         wv = cuda.local.array(_WV, types.uint32)
         for s0 in range(0, per, U):
             blk0 = b_begin + s0
             load_block_words(wv, 0, w32, row_a, row_b, blk0, blk0 < b_end, qoff, soff)
             load_block_words(wv, 1, w32, row_a, row_b, blk0 + 1, blk0 + 1 < b_end, qoff, soff)
             load_block_words(wv, 2, w32, row_a, row_b, blk0 + 2, blk0 + 2 < b_end, qoff, soff)
-            c0, c1, c2, c3 = block(c0, c1, c2, c3, wv, 0, x32, x16 + 32 * blk0 + xoff,
-                                   ok_tok and blk0 < b_end, sh, scratch, lut_s)
-            c0, c1, c2, c3 = block(c0, c1, c2, c3, wv, 1, x32, x16 + 32 * (blk0 + 1) + xoff,
-                                   ok_tok and blk0 + 1 < b_end, sh, scratch, lut_s)
-            c0, c1, c2, c3 = block(c0, c1, c2, c3, wv, 2, x32, x16 + 32 * (blk0 + 2) + xoff,
-                                   ok_tok and blk0 + 2 < b_end, sh, scratch, lut_s)
+            c0, c1, c2, c3, f0, f1, f2, f3 = block(c0, c1, c2, c3, f0, f1, f2, f3, wv, 0, x32, x16 + 32 * blk0 + xoff,
+                                                   ok_tok and blk0 < b_end, sh, scratch, lut_s)
+            c0, c1, c2, c3, f0, f1, f2, f3 = block(c0, c1, c2, c3, f0, f1, f2, f3, wv, 1, x32,
+                                                   x16 + 32 * (blk0 + 1) + xoff, ok_tok and blk0 + 1 < b_end, sh,
+                                                   scratch, lut_s)
+            c0, c1, c2, c3, f0, f1, f2, f3 = block(c0, c1, c2, c3, f0, f1, f2, f3, wv, 2, x32,
+                                                   x16 + 32 * (blk0 + 2) + xoff, ok_tok and blk0 + 2 < b_end, sh,
+                                                   scratch, lut_s)
         base = (warp * 32 + lane) * 4
-        red[base] = c0
-        red[base + 1] = c1
-        red[base + 2] = c2
-        red[base + 3] = c3
+        red[base] = c0 + f0
+        red[base + 1] = c1 + f1
+        red[base + 2] = c2 + f2
+        red[base + 3] = c3 + f3
         cuda.syncthreads()
         if tid < 128:
             # fragment element (lane l, c) summed over the warps in order

@@ -77,14 +77,17 @@ class ExactWeightYard:
         self.allowance = noise + 2.0 ** -7 * (np.abs(self.exact64) + noise)
 
 
-def yardsticks(weight, x, raw, scales):
-    """(yardstick for bf16-weight versions, bf16 weights, exact-weight yardstick or None)."""
-    K = x.shape[1]
+def yardstick_weights(weight, raw, scales, K):
+    """(bf16 weights, exact weights or None, |terms| or None): what the yardsticks are built from."""
     if weight == "q2k":
-        wb = R.wkv_q2k_bf16(raw, K)
-        return Yardstick(x, wb), wb, ExactWeightYard(x, R.wkv_q2k_exact(raw, K), R.wkv_q2k_abs_terms(raw, K))
-    wb = R.wkv_fp8_bf16(raw, scales)
-    return Yardstick(x, wb), wb, None
+        return R.wkv_q2k_bf16(raw, K), R.wkv_q2k_exact(raw, K), R.wkv_q2k_abs_terms(raw, K)
+    return R.wkv_fp8_bf16(raw, scales), None, None
+
+
+def yardsticks(weight, x, raw, scales, weights=None):
+    """(yardstick for bf16-weight versions, bf16 weights, exact-weight yardstick or None)."""
+    wb, w_exact, w_abs = weights if weights is not None else yardstick_weights(weight, raw, scales, x.shape[1])
+    return Yardstick(x, wb), wb, (ExactWeightYard(x, w_exact, w_abs) if w_exact is not None else None)
 
 
 def run_q(version, weight, x, raw, scales, stream=0):
@@ -366,7 +369,8 @@ def released_q_weights():
     rng = np.random.default_rng(20260611)
     raw = random_q2k(rng, RELEASED_N, RELEASED_K)
     codes, scales = random_fp8(rng, RELEASED_N, RELEASED_K)
-    return {"q2k": (raw, None), "fp8": (codes, scales)}
+    return {"q2k": (raw, None, yardstick_weights("q2k", raw, None, RELEASED_K)),
+            "fp8": (codes, scales, yardstick_weights("fp8", codes, scales, RELEASED_K))}
 
 
 def gpu_time_us(fn, reps=20, rounds=3):
@@ -390,9 +394,9 @@ def gpu_time_us(fn, reps=20, rounds=3):
 @pytest.mark.parametrize("T", GPU_TOKENS)
 def test_gpu_quant_projection_released(rng, released_q_weights, weight, T):
     """Every version at K = 6144, N = 25600 against the float64 yardsticks, every element."""
-    raw, scales = released_q_weights[weight]
+    raw, scales, weights = released_q_weights[weight]
     x = random_x(rng, T, RELEASED_K)
-    yard, wb, exact_yard = yardsticks(weight, x, raw, scales)
+    yard, wb, exact_yard = yardsticks(weight, x, raw, scales, weights)
     xd, rd = cuda.to_device(x), cuda.to_device(raw)
     sd = None if scales is None else cuda.to_device(scales)
     failures = []
@@ -433,7 +437,7 @@ def test_gpu_naive_quant_versions_bit_exact(rng, released_q_weights):
     x = random_x(rng, 3, RELEASED_K)
     failed = []
     for weight, version in (("q2k", "gemv_q2k_v1"), ("fp8", "gemv_fp8_v1")):
-        raw, scales = released_q_weights[weight]
+        raw, scales, _ = released_q_weights[weight]
         raw = np.ascontiguousarray(raw[:520])
         scales = None if scales is None else np.ascontiguousarray(scales[:-(-520 // 32)])
         wb = R.wkv_q2k_bf16(raw, RELEASED_K) if weight == "q2k" else R.wkv_fp8_bf16(raw, scales)
