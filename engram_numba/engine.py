@@ -118,7 +118,9 @@ class EngramV41:
     model: a model from `engram_numba.load_gguf` / `load_model`, or anything with `.config`,
         `.layers` {layer_id: layer} where a layer has `wkv_bf16()`, `q_weight`, `k_weight`,
         `table` (raw rows [rows, row_bytes] uint8) and `table_encoding`, and `.rows(layer_id)`
-        for host row reads.
+        for host row reads; for wkv held in its file encoding also `wkv_encoding` (or schema A's
+        `wkv_type`), `wkv_raw` (Q2_K: uint8 [N, K/256*84]; FP8: e4m3 codes uint8 [N, K]) and
+        `wkv_scales` (FP8: e8m0 uint8 [N/32, K/32]; else None).
     max_tokens: the most tokens one call may carry; workspaces are sized for it once.
     device_tables: upload each layer's table (30 GiB a layer in Q2_K at the released size), so
         rows are gathered on the GPU and never cross PCIe.
