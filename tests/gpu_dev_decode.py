@@ -143,7 +143,7 @@ def main() -> int:
     if not args.no_bench:
         try:
             bench = run_bench(out, args.build_table_gib, args.tokens)
-        except Exception as exc:
+        except Exception:
             import traceback
             traceback.print_exc()
             (out / "decode_bench_error.txt").write_text(traceback.format_exc())

@@ -17,7 +17,6 @@ import pytest
 from numba import cuda
 
 from engram_numba import engine as engine_mod
-from engram_numba.device.intrinsics import SIMULATOR
 from engram_numba.device.upload import Uploader, file_region
 from engram_numba.engine import EngramV41, wkv_encoding_of
 from engram_numba.fixtures import TINY_PATH, TINY_TOKENS

@@ -66,7 +66,6 @@ def _q2k_parts(raw, K: int):
     if K % 256 or raw.shape[1] != K // 256 * 84:
         raise ValueError(f"Q2_K weights for K = {K} must be uint8 [N, {K // 256 * 84}], got {raw.shape}")
     blocks = raw.reshape(N * (K // 256), 84)
-    n = blocks.shape[0]
     d = blocks[:, 80:82].copy().view(np.float16).astype(np.float64)          # [n, 1]
     dmin = blocks[:, 82:84].copy().view(np.float16).astype(np.float64)
     sc = blocks[:, :16]
