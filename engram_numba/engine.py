@@ -5,6 +5,16 @@
     engine.step(prompt_ids, d_highway, hasher)      # hash -> rows -> projection -> gate, all layers
     engine.step([next_id], d_highway, hasher)       # decode: one token, same workspaces
 
+One-token decode through a CUDA graph (all layers; captured once per highway buffer, replayed
+per token while the host hashes the next one; `step` with one token does the same on a GPU):
+    for token in stream_of_tokens:
+        engine.decode(token, d_highway, hasher)     # asynchronous on engine.decode_stream
+
+The projection reads `wkv` in the encoding the file stores it in when there is a kernel for it
+(`wkv_format=None`: Q2_K blocks or FP8 codes + tile scales, 6x / 2x smaller than bf16);
+`wkv_format="bf16"` decodes it to bf16 once at construction, as before. Device tables go up
+through pinned, chunked, overlapped copies; `engine.build_report` says how long that took.
+
 Or stage by stage, for one layer:
     engine.rows_from_ids(1, row_ids)        # [T, C] ids -> gather + decode from the device table
     engine.rows_from_raw(1, raw)            # or raw rows from the host (mmap'd file), decoded here
@@ -18,6 +28,7 @@ JAX are taken without copies through `__cuda_array_interface__` (or DLPack, via 
 """
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass
 
 import numpy as np
@@ -25,16 +36,35 @@ from numba import cuda
 
 from .config import MAX_HC, check_layer_id
 from .device.devarray import as_device_array, data_address, is_device_like
-from .device.graphs import CapturedGraph
+from .device.graphs import CapturedGraph, HostToDeviceCopy
+from .device.intrinsics import SIMULATOR
+from .device.upload import Uploader
 from .stages import registry
 from .stages.gate.launch import prepare_gate
 from .stages.gate.reference import RESIDUALS
 from .stages.hash.cpu import EngramHasher
-from .stages.proj.launch import prepare_project
+from .stages.proj.launch import prepare_project, prepare_project_q, prepare_wkv_to_bf16
+from .stages.proj.records import QUANT_GEMV_MAX_TOKENS
 from .stages.rows.encodings import get_encoding
 from .stages.rows.launch import prepare_decode, prepare_gather
 
 ROW_VALUES = 256
+WKV_FORMATS = ("bf16", "q2k", "fp8")   # wkv_format choices; None = the most compact the file offers
+RESIDENT_WKV = ("q2k", "fp8")          # encodings the projection reads without decoding to bf16 first
+# schema A's ggml type names of wkv -> the protocol's wkv_encoding (for loaders that predate it)
+_WKV_TYPE_ENCODING = {"Q2_K": "q2k", "BF16": "bf16", "F16": "f16", "F32": "f32", "Q8_0": "q8_0"}
+
+
+def wkv_encoding_of(layer) -> str:
+    """The encoding a layer stores its projection in: `layer.wkv_encoding`, else schema A's
+    `layer.wkv_type` mapped to the same names, else "bf16"."""
+    enc = getattr(layer, "wkv_encoding", None)
+    if enc:
+        return str(enc)
+    wkv_type = getattr(layer, "wkv_type", None)
+    if wkv_type is None:
+        return "bf16"
+    return _WKV_TYPE_ENCODING.get(str(wkv_type), str(wkv_type).lower())
 
 
 def check_versions(versions) -> dict:
@@ -53,17 +83,21 @@ class EngramLayerWeights:
     """One engram layer's weights on the device."""
 
     layer_id: int
-    wkv: object          # [N, K] uint16 bf16 words, N = dim*(hc+1), K = n_hash_cols*256
+    wkv: object          # wkv_encoding "bf16": [N, K] uint16 bf16 words (N = dim*(hc+1), K = n_hash_cols*256);
+                         # "q2k": [N, K/256*84] uint8 Q2_K blocks; "fp8": [N, K] uint8 e4m3 codes
     w_gate: object       # [hc, dim] fp32, q_weight * k_weight (the gate's per-stream weight)
     n_rows: int          # rows of this layer's table
     encoding: str = "q2k"  # the table's row encoding (engram_numba.stages.rows.encodings)
     row_bytes: int = 84    # bytes of one raw row in that encoding
     table: object = None  # [rows, row_bytes] uint8 raw rows, when device_tables=True
     table_scales: object = None  # fp8 with separate scales: table is codes [rows, 256], these [rows, 8]
+    wkv_encoding: str = "bf16"   # how `wkv` is held on the device (the projection's weight encoding)
+    wkv_scales: object = None    # fp8: [ceil(N/32), K/32] uint8 e8m0 tile scales; else None
 
     @property
     def nbytes(self) -> int:
-        return sum(int(a.nbytes) for a in (self.wkv, self.w_gate, self.table, self.table_scales) if a is not None)
+        return sum(int(a.nbytes) for a in (self.wkv, self.wkv_scales, self.w_gate, self.table, self.table_scales)
+                   if a is not None)
 
 
 class _LayerWorkspace:
@@ -87,17 +121,25 @@ class EngramV41:
         `.layers` {layer_id: layer} where a layer has `wkv_bf16()`, `q_weight`, `k_weight`,
         `table` (raw rows [rows, row_bytes] uint8) and `table_encoding` (and `table_scales`
         [rows, 8] for fp8 codes [rows, 256] stored apart from their scales), and `.rows(layer_id)`
-        for host row reads.
+        for host row reads; for wkv held in its file encoding also `wkv_encoding` (or schema A's
+        `wkv_type`), `wkv_raw` (Q2_K: uint8 [N, K/256*84]; FP8: e4m3 codes uint8 [N, K]) and
+        `wkv_scales` (FP8: e8m0 uint8 [N/32, K/32]; else None).
     max_tokens: the most tokens one call may carry; workspaces are sized for it once.
     device_tables: upload each layer's table (30 GiB a layer in Q2_K at the released size), so
         rows are gathered on the GPU and never cross PCIe.
     residual: default residual precision, "fp32" (engine) or "bf16" (DeepSeek's reference).
     versions: kernel version per stage by record name, {"rows": "q2k_v4", "proj": "gemm_v2",
         "gate": "gate_v2"} (see `engram_numba.stages.catalog`); a stage not named takes its default.
+        A proj version also fixes the weight encoding it reads (wkv_format follows it).
+    wkv_format: how `wkv` is held on the device. None: in the file's encoding when the projection
+        has kernels for it ("q2k", "fp8"), else bf16; "bf16": decoded to bf16 once, here (the
+        bf16-rounded Q2_K weights, exact FP8 ones); "q2k" / "fp8": the file's encoding, or an error
+        if the file stores another (nothing is re-quantised).
+    graphs: one-token `decode` (and `step` with one token) through a CUDA graph on a GPU.
     """
 
     def __init__(self, model, max_tokens: int, *, device_tables: bool = False, residual: str = "fp32",
-                 stream=0, versions: dict | None = None):
+                 stream=0, versions: dict | None = None, wkv_format: str | None = None, graphs: bool = True):
         cfg = model.config
         if not 1 <= cfg.hc <= MAX_HC:
             raise ValueError(f"EngramV41 supports hc in 1..={MAX_HC}, the model has hc = {cfg.hc}")
@@ -111,34 +153,111 @@ class EngramV41:
         self.residual = residual
         self.stream = stream
         self.versions = check_versions(versions)  # stage -> kernel record name
+        self.graphs = bool(graphs)
+        t_build = time.perf_counter()
+        # every layer's wkv format is settled (and refused, if it must be) before anything is uploaded
+        wkv_formats = {lid: self._resolve_wkv_format(lid, model.layers[lid], wkv_format) for lid in cfg.layer_ids}
         self.layers: dict[int, EngramLayerWeights] = {}
-        for lid in cfg.layer_ids:
-            lf = model.layers[lid]
-            w_gate = (np.asarray(lf.q_weight, np.float32) * np.asarray(lf.k_weight, np.float32)).astype(np.float32)
-            table = lf.table
-            enc = get_encoding(getattr(lf, "table_encoding", "q2k"))
-            scales = getattr(lf, "table_scales", None)
-            if scales is not None and (enc.name != "fp8" or tuple(scales.shape) != (table.shape[0], 8)):
-                raise ValueError(f"layer {lid}: table_scales {list(scales.shape)} needs an fp8 table of codes "
-                                 f"[rows, 256] and scales [rows, 8] (encoding {enc.name}, table {list(table.shape)})")
-            width = enc.row_bytes if scales is None else 256
-            if table.shape[1] != width:
-                raise ValueError(f"layer {lid}: its {enc.name} table has {table.shape[1]} bytes a row, "
-                                 f"expected {width}")
-            self.layers[lid] = EngramLayerWeights(
-                layer_id=lid,
-                wkv=cuda.to_device(np.ascontiguousarray(lf.wkv_bf16(), dtype=np.uint16)),
-                w_gate=cuda.to_device(np.ascontiguousarray(w_gate)),
-                n_rows=int(table.shape[0]), encoding=enc.name, row_bytes=enc.row_bytes,
-                table=cuda.to_device(np.ascontiguousarray(table)) if device_tables else None,
-                table_scales=cuda.to_device(np.ascontiguousarray(scales)) if device_tables and scales is not None else None,
-            )
+        uploader = Uploader()
+        try:
+            for lid in cfg.layer_ids:
+                lf = model.layers[lid]
+                w_gate = (np.asarray(lf.q_weight, np.float32) * np.asarray(lf.k_weight, np.float32)).astype(np.float32)
+                table = lf.table
+                enc = get_encoding(getattr(lf, "table_encoding", "q2k"))
+                scales = getattr(lf, "table_scales", None)
+                if scales is not None and (enc.name != "fp8" or tuple(scales.shape) != (table.shape[0], 8)):
+                    raise ValueError(f"layer {lid}: table_scales {list(scales.shape)} needs an fp8 table of codes "
+                                     f"[rows, 256] and scales [rows, 8] (encoding {enc.name}, table {list(table.shape)})")
+                width = enc.row_bytes if scales is None else 256
+                if table.shape[1] != width:
+                    raise ValueError(f"layer {lid}: its {enc.name} table has {table.shape[1]} bytes a row, "
+                                     f"expected {width}")
+                wkv, wkv_scales = self._wkv_setup(lid, lf, wkv_formats[lid], uploader)
+                self.layers[lid] = EngramLayerWeights(
+                    layer_id=lid, wkv=wkv,
+                    w_gate=cuda.to_device(np.ascontiguousarray(w_gate)),
+                    n_rows=int(table.shape[0]), encoding=enc.name, row_bytes=enc.row_bytes,
+                    table=uploader.upload(table, f"layer {lid} table") if device_tables else None,
+                    table_scales=(uploader.upload(scales, f"layer {lid} table scales")
+                                  if device_tables and scales is not None else None),
+                    wkv_encoding=wkv_formats[lid], wkv_scales=wkv_scales,
+                )
+        finally:
+            uploader.close()
+        self.wkv_format = {lid: lw.wkv_encoding for lid, lw in self.layers.items()}
         self._ws = {lid: _LayerWorkspace(self.max_tokens, cfg, self.layers[lid].row_bytes) for lid in cfg.layer_ids}
         self._mask = cuda.device_array(self.max_tokens, dtype=np.uint8)
         # Prepared launches (validated arguments, views, kernel and grid), reused by calls with
         # the same layer, token count and arrays: Python work per decode step stays small.
         self._plans: dict = {}
         self._last_launch: dict = {}   # (stage, layer id) -> the launch last made
+        self._wkv_scratch = None       # [N, K] bf16: a q2k/fp8 wkv decoded for many-token calls
+        self._scratch_layer = None     # whose wkv the scratch holds
+        self._decode_graphs: dict = {}  # highway identity -> _DecodeGraph
+        self._graph_stream = None
+        self._decode_bad = None        # device uint32 [1]: out-of-range row ids the decode graphs met
+        if not SIMULATOR:
+            cuda.synchronize()
+        self.build_report = {"seconds": round(time.perf_counter() - t_build, 4), "device_tables": bool(device_tables),
+                             "wkv_format": dict(self.wkv_format), **uploader.stats.as_dict()}
+
+    # -- wkv: the projection's weight, in the encoding it is read in ---------------------------
+    def _resolve_wkv_format(self, lid, lf, wkv_format) -> str:
+        """The encoding layer `lid`'s wkv is held in (see the class doc); raises before any upload."""
+        stored = wkv_encoding_of(lf)
+        proj = self.versions.get("proj")
+        by_version = registry.get("proj", proj).encoding if proj else None
+        if wkv_format is not None and wkv_format not in WKV_FORMATS:
+            raise ValueError(f"wkv_format must be None or one of {WKV_FORMATS}, got {wkv_format!r}")
+        if by_version is not None:
+            if wkv_format is not None and wkv_format != by_version:
+                raise ValueError(f"proj kernel {proj!r} reads {by_version} weights but wkv_format={wkv_format!r}")
+            wkv_format = by_version
+        if wkv_format is None:
+            return stored if stored in RESIDENT_WKV else "bf16"
+        if wkv_format != "bf16" and wkv_format != stored:
+            why = f"proj kernel {proj!r} reads {wkv_format} weights" if by_version else f"wkv_format={wkv_format!r}"
+            raise ValueError(f"{why}, but layer {lid} stores its wkv as {stored} (nothing is re-quantised): "
+                             f"use wkv_format='bf16' or None")
+        return wkv_format
+
+    def _wkv_setup(self, lid, lf, fmt: str, uploader: Uploader):
+        """Upload layer `lid`'s projection in encoding `fmt` -> (device wkv, device scales or None)."""
+        cfg = self.config
+        N, K = cfg.proj_out, cfg.proj_in
+        if fmt == "bf16":
+            return uploader.upload(np.ascontiguousarray(lf.wkv_bf16(), dtype=np.uint16), f"layer {lid} wkv (bf16)"), None
+        raw = np.asarray(lf.wkv_raw)
+        want = (N, K // 256 * 84) if fmt == "q2k" else (N, K)
+        if raw.dtype != np.uint8 or raw.shape != want:
+            raise ValueError(f"layer {lid}: a {fmt} wkv must be uint8 {list(want)}, got {raw.dtype} {list(raw.shape)}")
+        scales = None
+        if fmt == "fp8":
+            sc = getattr(lf, "wkv_scales", None)
+            want_s = (-(-N // 32), K // 32)
+            if sc is None or np.asarray(sc).dtype != np.uint8 or np.asarray(sc).shape != want_s:
+                raise ValueError(f"layer {lid}: an fp8 wkv needs wkv_scales uint8 {list(want_s)} (e8m0 per 32x32 "
+                                 f"tile), got {None if sc is None else (np.asarray(sc).dtype, list(np.asarray(sc).shape))}")
+            scales = uploader.upload(np.ascontiguousarray(sc), f"layer {lid} wkv scales")
+        return uploader.upload(raw, f"layer {lid} wkv ({fmt})"), scales
+
+    def _prepare_projection(self, lw, ws, T: int, stream):
+        """The launch of this layer's projection at T tokens on `stream` (what project() runs and
+        what the decode graph captures)."""
+        x = ws.rows[: T * self.config.n_hash_cols].reshape(T, self.config.proj_in)
+        version = self.versions.get("proj")
+        if lw.wkv_encoding == "bf16":
+            return prepare_project(x, lw.wkv, ws.kv[:T], stream=stream, version=version)
+        if T <= QUANT_GEMV_MAX_TOKENS or version is not None:
+            return prepare_project_q(x, lw.wkv, lw.wkv_scales, ws.kv[:T], weight=lw.wkv_encoding, stream=stream,
+                                     version=version)
+        # many tokens: decode the weight to bf16 once (a scratch shared by the layers), then the GEMM
+        if self._wkv_scratch is None:
+            self._wkv_scratch = cuda.device_array((self.config.proj_out, self.config.proj_in), dtype=np.uint16)
+        decode = prepare_wkv_to_bf16(lw.wkv, lw.wkv_scales, self._wkv_scratch, weight=lw.wkv_encoding, stream=stream)
+        gemm = prepare_project(x, self._wkv_scratch, ws.kv[:T], stream=stream)
+        return _DecodedWeightProjection(self, lw.layer_id, decode, gemm)
 
     # -- checks ---------------------------------------------------------------------------------
     def _layer(self, layer_id) -> tuple[EngramLayerWeights, _LayerWorkspace]:
@@ -260,9 +379,7 @@ class EngramV41:
         T = ws.rows_tokens
         if T == 0:
             raise ValueError(f"layer {lw.layer_id}: no rows loaded (call rows_from_ids / rows_from_raw / rows_from_bf16 first)")
-        plan = self._plan(("proj", lw.layer_id, T), lambda: prepare_project(
-            ws.rows[: T * self.config.n_hash_cols].reshape(T, self.config.proj_in), lw.wkv, ws.kv[:T],
-            stream=self.stream, version=self.versions.get("proj")))
+        plan = self._plan(("proj", lw.layer_id, T), lambda: self._prepare_projection(lw, ws, T, self.stream))
         ws.kv_tokens = T
         self._last_launch[("proj", lw.layer_id)] = plan
         return plan()
@@ -375,8 +492,25 @@ class EngramV41:
         launches = (self._last_launch[("proj", lw.layer_id)], self._last_launch[("gate", lw.layer_id)])
         return CapturedGraph(self.stream, launches, n_tokens=self._ws[lw.layer_id].rows_tokens)
 
-    def step(self, token_ids, highway, hasher: EngramHasher, token_mask=None, *, residual: str | None = None):
-        """hash -> rows -> projection -> gate for every engram layer, in model order, in place."""
+    def step(self, token_ids, highway, hasher: EngramHasher, token_mask=None, *, residual: str | None = None,
+             graph: bool | None = None):
+        """hash -> rows -> projection -> gate for every engram layer, in model order, in place.
+
+        graph: None (default) replays the one-token decode graph (`decode`) when there is one token
+        and graphs are available (a GPU; EngramV41(graphs=True)); False always launches the
+        kernels one by one; True insists on the graph."""
+        if graph is None:
+            graph = self.graphs_available and len(token_ids) == 1
+        if graph:
+            if len(token_ids) != 1:
+                raise ValueError(f"graph=True replays the one-token decode graph: pass one token, got {len(token_ids)}")
+            live = None
+            if token_mask is not None:
+                m = np.asarray(token_mask)
+                if m.shape != (1,) or m.dtype != np.bool_:
+                    raise ValueError(f"token_mask must be bool of shape (1,), got {m.dtype}{list(m.shape)}")
+                live = bool(m[0])
+            return self.decode(token_ids[0], highway, hasher, live, residual=residual)
         h = as_device_array(highway, "highway")
         T = len(token_ids)
         self._check_tokens(T, "step")
@@ -391,6 +525,80 @@ class EngramV41:
                 self.rows_from_raw(lid, self.model.rows(lid).read(ids[:, li, :]))
             self.apply(lid, h, token_mask, residual=residual)
         return highway
+
+    # -- one-token decode through a CUDA graph ------------------------------------------------
+    @property
+    def graphs_available(self) -> bool:
+        """True where `decode` replays a CUDA graph (a real GPU and graphs=True)."""
+        return self.graphs and not SIMULATOR
+
+    @property
+    def decode_stream(self):
+        """The stream decode graphs replay on: the engine's stream when it is a real one, else one
+        of its own (a blocking stream, so work on the legacy default stream stays ordered with it).
+        Synchronise it (or the device) before reading a highway that decode wrote."""
+        if self._graph_stream is None:
+            own = self.stream if self.stream and int(getattr(self.stream, "handle", 0) or 0) else None
+            self._graph_stream = own if own is not None else cuda.stream()
+        return self._graph_stream
+
+    def decode(self, token_id, highway, hasher: EngramHasher, token_mask=None, *, residual: str | None = None):
+        """One decode token: hash -> rows -> projection -> gate of every engram layer, in place on
+        `highway` [1, hc, dim] fp32 (device), equal bit for bit to `step([token_id], ...,
+        graph=False)`.
+
+        On a GPU the layers' launches and the row-id upload are one CUDA graph, captured the first
+        time a highway buffer is seen and replayed per token on `decode_stream`: decode returns as
+        soon as the replay is queued, so the host hashes the next token while this one runs. The
+        ids go up from one of two pinned buffers (the hasher writes straight into it; decode waits
+        for the replay that last read a buffer before writing it again). A bad token id is refused
+        by the hasher before anything is written. What invalidates a graph: another highway buffer
+        (a new device address: a new graph is captured automatically, the last 4 are kept), another
+        residual; a new max_tokens or layer set is a new engine. In numba's simulator there are no
+        graphs: decode runs the kernels one by one.
+
+        token_mask: None or a bool (False: a dead token, as in `step`)."""
+        live = True
+        if token_mask is not None:
+            m = np.asarray(token_mask)
+            if m.dtype != np.bool_ or m.size != 1:
+                raise ValueError(f"token_mask must be a bool (or bool array of one element), got {m.dtype}{list(m.shape)}")
+            live = bool(m.reshape(-1)[0])
+        if not self.graphs_available:
+            return self.step([token_id], highway, hasher, None if token_mask is None else np.array([live]),
+                             residual=residual, graph=False)
+        residual = self.residual if residual is None else residual
+        if residual not in RESIDUALS:
+            raise ValueError(f"residual must be one of {RESIDUALS}, got {residual!r}")
+        h = as_device_array(highway, "highway")
+        cfg = self.config
+        if h.dtype != np.float32 or tuple(h.shape) != (1, cfg.hc, cfg.dim):
+            raise ValueError(f"decode's highway must be float32 [1, hc={cfg.hc}, dim={cfg.dim}], got {h.dtype}{list(h.shape)}")
+        key = (data_address(h), tuple(h.strides), residual)
+        graph = self._decode_graphs.get(key)
+        if graph is None:
+            graph = self._new_decode_graph(key, h, residual)
+        graph.run(token_id, live, hasher)
+        for ws in self._ws.values():
+            ws.rows_tokens = ws.kv_tokens = ws.gate_tokens = 1
+        return highway
+
+    def _new_decode_graph(self, key, h, residual):
+        if len(self._decode_graphs) >= 4:             # keep the last few highways' graphs
+            self.decode_stream.synchronize()          # nothing of the dropped graph may be in flight
+            self._decode_graphs.pop(next(iter(self._decode_graphs)))
+        if self._decode_bad is None:
+            self._decode_bad = cuda.to_device(np.zeros(1, np.uint32))
+        graph = self._decode_graphs[key] = _DecodeGraph(self, h, residual)
+        return graph
+
+    def decode_bad_ids(self) -> int:
+        """Row ids outside their table that decode graphs have met so far (0 unless the hash tables
+        and the tables disagree); synchronises."""
+        if self._decode_bad is None:
+            return 0
+        self.decode_stream.synchronize()
+        return int(self._decode_bad.copy_to_host()[0])
 
     # -- what the last calls produced -----------------------------------------------------------
     def last_kernels(self) -> dict:
@@ -418,4 +626,107 @@ class EngramV41:
     @property
     def device_bytes(self) -> int:
         ws = sum(sum(int(a.nbytes) for a in (w.raw, w.ids, w.rows, w.kv, w.dot, w.gate)) for w in self._ws.values())
-        return ws + sum(lw.nbytes for lw in self.layers.values()) + int(self._mask.nbytes)
+        scratch = int(self._wkv_scratch.nbytes) if self._wkv_scratch is not None else 0
+        return ws + sum(lw.nbytes for lw in self.layers.values()) + int(self._mask.nbytes) + scratch
+
+
+class _DecodedWeightProjection:
+    """The projection of many tokens on a q2k/fp8 wkv: decode the weight to bf16 into the engine's
+    scratch (skipped when the scratch already holds this layer's), then the bf16 GEMM."""
+
+    __slots__ = ("name", "engine", "layer_id", "decode", "gemm", "out")
+
+    def __init__(self, engine, layer_id, decode, gemm):
+        self.engine, self.layer_id, self.decode, self.gemm = engine, layer_id, decode, gemm
+        self.name = f"{decode.name}+{gemm.name}"
+        self.out = gemm.out
+
+    def __call__(self):
+        if self.engine._scratch_layer != self.layer_id:
+            self.decode()
+            self.engine._scratch_layer = self.layer_id
+        return self.gemm()
+
+
+_LIVE, _DEAD = np.array([True]), np.array([False])
+
+
+class _DecodeGraph:
+    """Every engram layer's one-token decode for one highway buffer, as two CUDA graphs that differ
+    only in the pinned host buffer their first copy reads (double buffering: the hasher fills one
+    while the graph reading the other may still run).
+
+    Device tables: graph = [ids upload (pinned int64 [1, L, C] -> device), mask upload, then per
+    layer: gather + decode, projection, gate]. Host tables: the host reads the token's raw rows
+    into pinned buffers, and the graph uploads them and decodes instead of gathering."""
+
+    def __init__(self, engine: EngramV41, highway, residual: str):
+        cfg = engine.config
+        self.engine = engine
+        self.stream = stream = engine.decode_stream
+        L, C = len(cfg.layer_ids), cfg.n_hash_cols
+        self.device_tables = all(lw.table is not None for lw in engine.layers.values())
+        self.ids = [cuda.pinned_array((1, L, C), dtype=np.int64) for _ in range(2)]     # the hasher writes here
+        self.mask = [cuda.pinned_array(1, dtype=np.uint8) for _ in range(2)]
+        for b in range(2):
+            self.ids[b][:] = 0
+            self.mask[b][:] = 1
+        self.dev_ids = cuda.to_device(np.zeros(L * C, np.int64))                       # [L*C] int64
+        self.dev_mask = cuda.to_device(np.ones(1, np.uint8))
+        if self.device_tables:
+            copies = [[HostToDeviceCopy(self.dev_ids, self.ids[b].reshape(L * C), stream, "ids")] for b in range(2)]
+        else:
+            self.readers = [engine.model.rows(lid) for lid in cfg.layer_ids]
+            self.raw = [[cuda.pinned_array((C, engine.layers[lid].row_bytes), dtype=np.uint8) for lid in cfg.layer_ids]
+                        for _ in range(2)]
+            copies = [[HostToDeviceCopy(engine._ws[lid].raw[:C], self.raw[b][li], stream, f"rows L{lid}")
+                       for li, lid in enumerate(cfg.layer_ids)] for b in range(2)]
+        for b in range(2):
+            copies[b].append(HostToDeviceCopy(self.dev_mask, self.mask[b], stream, "mask"))
+        # Compile every kernel first (a capture must not compile), on a scratch highway: the real one
+        # must not be touched until the first replay.
+        scratch = cuda.to_device(np.zeros(tuple(highway.shape), np.float32), stream=stream)
+        for launch in self._launches(scratch, residual):
+            launch()
+        stream.synchronize()
+        launches = self._launches(highway, residual)
+        self.names = [getattr(x, "name", "?") for x in launches]
+        self.graphs = [CapturedGraph(stream, copies[b] + launches, n_tokens=1) for b in range(2)]
+        self.events = [cuda.event(timing=False) for _ in range(2)]
+        self.recorded = [False, False]
+        self.next = 0
+        self._keep = (copies, scratch)
+
+    def _launches(self, h, residual):
+        eng = self.engine
+        cfg = eng.config
+        C, s = cfg.n_hash_cols, self.stream
+        out = []
+        for li, lid in enumerate(cfg.layer_ids):
+            lw, ws = eng.layers[lid], eng._ws[lid]
+            if self.device_tables:
+                out.append(prepare_gather(lw.table, self.dev_ids[li * C:(li + 1) * C], ws.rows[:C], encoding=lw.encoding,
+                                          stream=s, version=eng.versions.get("rows"), bad_count=eng._decode_bad,
+                                          scales=lw.table_scales))
+            else:
+                out.append(prepare_decode(ws.raw[:C], ws.rows[:C], encoding=lw.encoding, stream=s,
+                                          version=eng.versions.get("rows")))
+            out.append(eng._prepare_projection(lw, ws, 1, s))
+            out.append(prepare_gate(h, ws.kv[:1], lw.w_gate, token_mask=self.dev_mask, residual=residual, eps=cfg.eps,
+                                    dot_out=ws.dot[:1], gate_out=ws.gate[:1], stream=s, version=eng.versions.get("gate")))
+        return out
+
+    def run(self, token_id, live: bool, hasher: EngramHasher) -> None:
+        b = self.next
+        if self.recorded[b]:
+            self.events[b].synchronize()          # the replay that last read buffer b is done with it
+        ids = hasher.hash([token_id], None if live else _DEAD, out=self.ids[b])   # checks the id first
+        if not self.device_tables:
+            for li, reader in enumerate(self.readers):
+                raw = reader.read(ids[:, li, :])
+                np.copyto(self.raw[b][li], raw.reshape(self.raw[b][li].shape))
+        self.mask[b][0] = 1 if live else 0
+        self.graphs[b].replay()
+        self.events[b].record(self.stream)
+        self.recorded[b] = True
+        self.next = 1 - b

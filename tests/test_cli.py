@@ -106,7 +106,8 @@ def test_bench_smoke_runs_the_suite_in_the_simulator(tmp_path, capsys):
     out = tmp_path / "smoke.json"
     assert main(["bench", "--smoke", "--out", str(out)]) == 0
     res = json.loads(out.read_text())
-    assert {r["stage"] for r in res["records"]} == {"gather_dequant", "projection", "gate", "apply"}
+    assert {r["stage"] for r in res["records"]} == {"gather_dequant", "projection", "gate", "apply", "projection_q2k",
+                                                   "projection_fp8", "decode_step", "engine_build"}
     assert all(r["validated"] for r in res["variants"]) and res["variants"]
     assert (tmp_path / "smoke.png").stat().st_size > 1000
 

@@ -8,7 +8,7 @@ import pytest
 from engram_numba.stages import STAGES, catalog, registry
 from engram_numba.stages.registry import CompileTarget, KernelRecord
 
-NAME = re.compile(r"^[a-z0-9]+(_[a-z0-9]+)*_v\d+$")   # family "_v" version; families may hold "_" (q3_k_v1)
+NAME = re.compile(r"^[a-z0-9]+(_[a-z0-9]+)*_v\d+$")   # <family>_v<N>; a family may name its encoding (gemv_q2k)
 RECORDS = catalog.records()
 
 

@@ -11,6 +11,7 @@ Records (names kept stable across versions so results stay comparable), at the r
     projection      kv = bf16(x @ wkv^T): GEMV at T=1, GEMM above
     gate            the gate and the in-place FP32 highway update
     apply           projection + gate as `EngramV41.apply` runs them
+    projection_q2k, projection_fp8, decode_step, engine_build   the decode path (bench/decode.py)
 and the version sweep ("variants"): every kernel record of the registry at the token counts it
 competes at (`KernelRecord.sweep`), each checked against the numpy reference before it is timed.
 Method in `timing.py`; baselines (measured in the same run when torch imports) in
@@ -30,6 +31,7 @@ from pathlib import Path
 
 import numpy as np
 
+from . import decode as bench_decode
 from .baselines import torch_gate, torch_or_none, torch_q2k_dequant, torch_view
 from .report import markdown_table, plot_results, update_readme  # noqa: F401  (re-exported for scripts)
 from .timing import RELEASED, SMOKE, BenchShape, DeviceTimer, commit, device_name, make_record, measure_copy_gbps
@@ -452,6 +454,7 @@ def main(args=None) -> int:
     # compete with the Python being timed.
     host = bench_host(smoke=smoke)
     result.update(bench_device(shape, quick=quick))
+    bench_decode.add_to(result, shape, quick)      # projection_q2k/_fp8, decode_step, engine_build
     if not getattr(args, "no_variants", False):
         result["variants"] = bench_variants(shape, quick)
     result["host"] = host

@@ -5,6 +5,10 @@ replays it for about one graph launch of host time; numba's own launch costs 17-
 on the H200. What invalidates a graph: any change to the arrays it points at (a new highway
 buffer, new workspaces from a larger max_tokens) or to its launch shapes (another token count):
 build a new one then.
+
+Besides prepared launches, a captured sequence may hold `HostToDeviceCopy` steps: an
+asynchronous copy out of pinned host memory becomes a memcpy node, so a replay uploads whatever
+the host wrote into that pinned buffer last (the decode graph's row ids).
 """
 from __future__ import annotations
 
@@ -43,6 +47,36 @@ class CapturedGraph:
             self._drv.cuGraphDestroy(self._graph)
         except Exception:
             pass
+
+
+class HostToDeviceCopy:
+    """An asynchronous copy of a pinned host array into a device array on `stream` (cuMemcpyHtoDAsync),
+    callable like a prepared launch, so it can sit in a CapturedGraph's sequence.
+
+    src must be page-locked (`numba.cuda.pinned_array`): a copy from pageable memory cannot be
+    captured. The bytes copied are src's as they are when the copy runs (at each replay)."""
+
+    __slots__ = ("name", "dst", "src", "nbytes", "_drv", "_args")
+
+    def __init__(self, dst, src, stream, name: str = "h2d"):
+        import numpy as np
+        from cuda.bindings import driver as drv
+
+        from .devarray import data_address
+        if not isinstance(src, np.ndarray) or not src.flags.c_contiguous:
+            raise ValueError("HostToDeviceCopy's src must be a C-contiguous pinned numpy array")
+        if int(dst.nbytes) != int(src.nbytes):
+            raise ValueError(f"HostToDeviceCopy: dst has {dst.nbytes} bytes, src {src.nbytes}")
+        if not stream or not int(getattr(stream, "handle", 0) or 0):
+            raise ValueError("HostToDeviceCopy needs a non-default stream (a captured copy must be on the capture stream)")
+        self.name, self.dst, self.src, self.nbytes = name, dst, src, int(src.nbytes)
+        self._drv = drv
+        self._args = (drv.CUdeviceptr(data_address(dst)), int(src.ctypes.data), self.nbytes,
+                      drv.CUstream(int(stream.handle)))
+
+    def __call__(self):
+        _cu(self._drv.cuMemcpyHtoDAsync(*self._args), "cuMemcpyHtoDAsync")
+        return self.dst
 
 
 def _cu(result, what: str):

@@ -103,15 +103,22 @@ class EngramHasher:
         """Start a new sequence."""
         self._len = 0
 
-    def hash(self, token_ids, token_mask=None) -> np.ndarray:
+    def hash(self, token_ids, token_mask=None, *, out=None) -> np.ndarray:
         """Row ids [T, n_layers, n_hash_cols] int64 for the next T tokens of this sequence.
 
         token_mask: optional bool [T], False marks a dead token (its own ids are all pad-hashed
         and no later n-gram reaches across it). Bad ids raise before the history changes.
+        out: optional writeable C-contiguous int64 [T, n_layers, n_hash_cols] to write the ids
+        into (a pinned upload buffer, say); checked, like the ids, before anything is written.
         """
         t = self.tables
         ids, mask = check_token_ids(token_ids, token_mask, t.token_map.size, self._len)
         T = ids.size
+        shape = (T, t.n_layers, t.n_hash_cols)
+        if out is not None and not (isinstance(out, np.ndarray) and out.dtype == np.int64 and out.shape == shape
+                                    and out.flags.c_contiguous and out.flags.writeable):
+            raise ValueError(f"out must be a writeable C-contiguous int64 array of shape {shape}, got "
+                             f"{getattr(out, 'dtype', type(out).__name__)} {getattr(out, 'shape', '')}")
         compressed = t.token_map[ids]
         if mask is not None:
             compressed = np.where(mask, compressed, DEAD)
@@ -121,7 +128,8 @@ class EngramHasher:
             grown[: self._len] = self._history[: self._len]
             self._history = grown
         self._history[self._len: need] = compressed
-        out = np.empty((T, t.n_layers, t.n_hash_cols), dtype=np.int64)
+        if out is None:
+            out = np.empty(shape, dtype=np.int64)
         _hash_positions(self._history, self._len, T, t.multipliers, t.primes, t.offsets, t.pad_id, out)
         self._len = need
         return out

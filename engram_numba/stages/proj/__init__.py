@@ -7,7 +7,9 @@
     cuda_common.py what the kernels share (views, launch bounds, simulator switches)
     cuda_gemv.py   GEMVs for few tokens: gemv_v1 (naive) .. gemv_v4 (tensor-core GEMV)
     cuda_gemm.py   GEMMs for many tokens: gemm_v1 (naive) .. gemm_v3 (mma.sync tensor cores)
-    launch.py      project / prepare_project: the GPU launcher
+    cuda_gemv_q2k.py  GEMVs straight on a Q2_K wkv: gemv_q2k_v1 (naive) .. gemv_q2k_v3 (factored)
+    cuda_gemv_fp8.py  GEMVs straight on an FP8 wkv (e4m3 + 32x32 e8m0 tiles): gemv_fp8_v1, gemv_fp8_v2
+    launch.py      project / prepare_project (bf16 wkv), project_q / prepare_project_q (q2k, fp8)
     records.py     the kernel records of this stage and their default rules
     tests/
 """

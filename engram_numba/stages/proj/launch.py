@@ -37,11 +37,18 @@ def context(T: int, K: int, N: int, aligned: bool, weight: str = "bf16") -> dict
             "weight": weight}
 
 
-def pick(T: int, K: int, N: int, aligned: bool = True, version: str | None = None) -> registry.KernelRecord:
-    """The record that runs: `version` by name, else the default for this shape."""
+def pick(T: int, K: int, N: int, aligned: bool = True, version: str | None = None,
+         weight: str = "bf16") -> registry.KernelRecord:
+    """The record that runs: `version` by name (it must read `weight`), else the default for this
+    shape and weight encoding."""
     if version is not None:
-        return registry.get("proj", version)
-    return registry.default("proj", context(T, K, N, aligned))
+        rec = registry.get("proj", version)
+        if rec.encoding != weight:
+            hint = ("prepare_project_q" if rec.encoding in QUANT_WEIGHTS else "prepare_project")
+            raise ValueError(f"proj kernel {version!r} reads {rec.encoding} weights, not {weight} (use {hint}); "
+                             f"{weight} versions are {registry.names('proj', weight)}")
+        return rec
+    return registry.default("proj", context(T, K, N, aligned, weight))
 
 
 def prepare_project(x, wkv, out=None, *, stream=0, version=None):
@@ -73,3 +80,100 @@ def prepare_project(x, wkv, out=None, *, stream=0, version=None):
 def project(x, wkv, out=None, *, stream=0, version=None):
     """kv = bf16(x @ wkv^T) on the device; returns kv (see the module doc)."""
     return prepare_project(x, wkv, out, stream=stream, version=version)()
+
+
+# ---- weights in their file encoding ---------------------------------------------------------------
+
+QUANT_WEIGHTS = ("q2k", "fp8")
+Q2K_BLOCK_VALUES, Q2K_BLOCK_BYTES, FP8_TILE = 256, 84, 32
+
+
+def _check_u8_matrix(a, name: str, shape_doc: str):
+    if a.dtype != np.dtype(np.uint8):
+        raise ValueError(f"{name} must be uint8 {shape_doc}, got dtype {a.dtype}")
+    if a.ndim != 2:
+        raise ValueError(f"{name} must be 2-D {shape_doc}, got shape {tuple(a.shape)}")
+    if not a.is_c_contiguous():
+        raise ValueError(f"{name} must be C-contiguous")
+
+
+def check_quant_weight(wkv_raw, wkv_scales, K: int, weight: str):
+    """Validate a q2k / fp8 weight for inputs of width K -> (device wkv_raw, device scales or None,
+    N, aligned-for-the-fast-kernels). Raises before anything is launched or allocated."""
+    if weight not in QUANT_WEIGHTS:
+        raise ValueError(f"weight must be one of {QUANT_WEIGHTS} (bf16 weights: prepare_project), got {weight!r}")
+    wkv_raw = as_device_array(wkv_raw, "wkv_raw")
+    if weight == "q2k":
+        _check_u8_matrix(wkv_raw, "wkv_raw", "[N, K/256*84] (Q2_K blocks)")
+        if K % Q2K_BLOCK_VALUES or K == 0:
+            raise ValueError(f"K = {K} must be a positive multiple of {Q2K_BLOCK_VALUES} for Q2_K weights "
+                             "(one block = 256 values of a row)")
+        want = K // Q2K_BLOCK_VALUES * Q2K_BLOCK_BYTES
+        if wkv_raw.shape[1] != want:
+            raise ValueError(f"wkv_raw must be [N, K/256*84] = [N, {want}] Q2_K blocks for K = {K}, "
+                             f"got {tuple(wkv_raw.shape)}")
+        if wkv_scales is not None:
+            raise ValueError("Q2_K weights carry their scales inside the blocks: wkv_scales must be None")
+        return wkv_raw, None, int(wkv_raw.shape[0]), data_address(wkv_raw) % 4 == 0
+    _check_u8_matrix(wkv_raw, "wkv_raw", "[N, K] (e4m3 codes)")
+    if K % FP8_TILE or K == 0:
+        raise ValueError(f"K = {K} must be a positive multiple of {FP8_TILE} for FP8 weights (32 x 32 scale tiles)")
+    if wkv_raw.shape[1] != K:
+        raise ValueError(f"wkv_raw must be [N, K] = [N, {K}] e4m3 codes, got {tuple(wkv_raw.shape)}")
+    N = int(wkv_raw.shape[0])
+    if wkv_scales is None:
+        raise ValueError("FP8 weights need wkv_scales: uint8 [ceil(N/32), K/32] e8m0 tile scales")
+    wkv_scales = as_device_array(wkv_scales, "wkv_scales")
+    _check_u8_matrix(wkv_scales, "wkv_scales", "[ceil(N/32), K/32] (e8m0)")
+    want = (-(-N // FP8_TILE), K // FP8_TILE)
+    if tuple(wkv_scales.shape) != want:
+        raise ValueError(f"wkv_scales must be [ceil(N/32), K/32] = {list(want)} for N = {N}, K = {K}, "
+                         f"got {list(wkv_scales.shape)}")
+    return wkv_raw, wkv_scales, N, data_address(wkv_raw) % 8 == 0
+
+
+def prepare_project_q(x, wkv_raw, wkv_scales=None, out=None, *, weight: str, stream=0, version=None):
+    """Validate once and return a PreparedLaunch of kv = bf16(x @ W^T) with W read in its file
+    encoding `weight` ("q2k" or "fp8", see the module doc). x: device uint16 [T, K]; out: optional
+    device uint16 [T, N]. version: a proj record whose encoding is `weight`; None takes the
+    default (records.py)."""
+    x = as_device_array(x, "x")
+    _check_bf16_matrix(x, "x", "[T, K]")
+    T, K = x.shape
+    wkv_raw, wkv_scales, N, w_aligned = check_quant_weight(wkv_raw, wkv_scales, K, weight)
+    aligned = data_address(x) % 16 == 0 and w_aligned
+    rec = pick(max(T, 1), K, N, aligned, version, weight)
+    if out is None:
+        out = cuda.device_array((T, N), dtype=np.uint16, stream=stream)
+    else:
+        out = as_device_array(out, "out")
+        _check_bf16_matrix(out, "out", "[T, N]")
+        if tuple(out.shape) != (T, N):
+            raise ValueError(f"out must be [T, N] = {(T, N)}, got {tuple(out.shape)}")
+    if not (T and N):
+        return NoLaunch(rec.name, out)
+    return rec.prepare(x, wkv_raw, wkv_scales, out, stream=stream)
+
+
+def project_q(x, wkv_raw, wkv_scales=None, out=None, *, weight: str, stream=0, version=None):
+    """kv = bf16(x @ W^T) with W in its file encoding; returns kv (see prepare_project_q)."""
+    return prepare_project_q(x, wkv_raw, wkv_scales, out, weight=weight, stream=stream, version=version)()
+
+
+def prepare_wkv_to_bf16(wkv_raw, wkv_scales, out, *, weight: str, stream=0):
+    """A launch decoding the whole weight into out (device uint16 [N, K] bf16 words): Q2_K with the
+    rows stage's decoder (bit-identical to `wkv_bf16()`), FP8 exactly. For many tokens, where the
+    bf16 GEMM beats streaming the weight once per 8 tokens."""
+    out = as_device_array(out, "out")
+    _check_bf16_matrix(out, "out", "[N, K]")
+    N, K = out.shape
+    wkv_raw, wkv_scales, n_w, _ = check_quant_weight(wkv_raw, wkv_scales, K, weight)
+    if n_w != N:
+        raise ValueError(f"out has {N} rows, the weight {n_w}")
+    if weight == "q2k":
+        from ..rows.launch import prepare_decode
+        blocks = N * (K // Q2K_BLOCK_VALUES)
+        return prepare_decode(wkv_raw.reshape(blocks, Q2K_BLOCK_BYTES), out.reshape(blocks, Q2K_BLOCK_VALUES),
+                              encoding="q2k", stream=stream)
+    from .cuda_gemv_fp8 import prepare_dequant
+    return prepare_dequant(wkv_raw, wkv_scales, out, stream=stream)

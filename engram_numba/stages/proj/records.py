@@ -1,17 +1,26 @@
 """Kernel records of the projection stage (see `engram_numba.stages.registry`).
 
-Default rules, over ctx = {"T", "K", "N", "aligned", "simulator", "weight"}:
-numba's simulator, or x/wkv data not 16-byte aligned -> the naive kernels (gemv_v1 at T = 1,
-gemm_v1 above: plain loops are the cheap ones to simulate); on a GPU gemv_v3 at T = 1, gemv_v4
-for 2..GEMV_MAX_TOKENS tokens, gemm_v3 above. Timings quoted are from the H200 run at f7da6aa
-(bench/results/h200.json): K = 6144, N = 25600.
+Default rules, over ctx = {"T", "K", "N", "aligned", "simulator", "weight"}. "weight" is the
+encoding the weight is read in (the record's `encoding`): every rule claims only its own.
+bf16 weights: numba's simulator, or x/wkv data not 16-byte aligned -> the naive kernels (gemv_v1 at
+T = 1, gemm_v1 above: plain loops are the cheap ones to simulate); on a GPU gemv_v3 at T = 1,
+gemv_v4 for 2..GEMV_MAX_TOKENS tokens, gemm_v3 above. Timings quoted are from the H200 run at
+f7da6aa (bench/results/h200.json): K = 6144, N = 25600.
+q2k / fp8 weights (read in their file encoding, `launch.prepare_project_q`): the naive
+gemv_q2k_v1 / gemv_fp8_v1 in the simulator or for unaligned data, the tensor-core gemv_q2k_v2 /
+gemv_fp8_v2 on a GPU, for any T (8 tokens a weight pass; the engine decodes the weight to bf16
+and runs the bf16 GEMM above QUANT_GEMV_MAX_TOKENS). gemv_q2k_v3 (factored, exact weights) is
+picked by name.
 """
 from __future__ import annotations
 
 from ..registry import KernelRecord, register
-from . import cuda_gemm, cuda_gemv
+from . import cuda_gemm, cuda_gemv, cuda_gemv_fp8, cuda_gemv_q2k
 
 GEMV_MAX_TOKENS = 32    # 2 passes of gemv_v4 (~2 x 100 us) beat gemm_v3's latency-bound ~280 us at T <= 128
+# Above this many tokens the engine decodes a q2k/fp8 wkv to bf16 (once per layer and call) and
+# runs the bf16 GEMM: the weight-decoding GEMVs stream the weight once per 8 tokens.
+QUANT_GEMV_MAX_TOKENS = 16
 
 
 def _naive(ctx) -> bool:
@@ -22,27 +31,31 @@ def _fast(ctx) -> bool:
     return not _naive(ctx)
 
 
+def _bf16(ctx) -> bool:
+    return ctx["weight"] == "bf16"
+
+
 SWEEP = {"gemv_v1": (1,), "gemv_v2": (1, 16), "gemv_v3": (1, 16), "gemv_v4": (1, 16, 128),
          "gemm_v1": (128,), "gemm_v2": (16, 128, 4096), "gemm_v3": (16, 128, 4096)}   # where each competes
 
 _RECORDS = [
     ("gemv_v1", cuda_gemv, True, "naive: one thread per output column, k in order (bit-exact; 922 us at T=1)",
-     "numba's simulator or unaligned data, T = 1", lambda c: _naive(c) and c["T"] <= 1),
+     "numba's simulator or unaligned data, T = 1", lambda c: _bf16(c) and _naive(c) and c["T"] <= 1),
     ("gemv_v2", cuda_gemv, False, "weight rows streamed by warps with 16-byte loads, x staged in shared memory as "
      "fp32, shuffle reductions (101 us at T=1, 72% of the copy floor)", "never (pick it by name)", None),
     ("gemv_v3", cuda_gemv, False, "K split over the whole block, 4 rows a block: 6400 short blocks keep the machine "
      "full to the end (83.6 us at T=1, 88% of the copy floor; cuBLAS 94 us)",
-     "GPU, aligned, T = 1", lambda c: _fast(c) and c["T"] <= 1),
+     "GPU, aligned, T = 1", lambda c: _bf16(c) and _fast(c) and c["T"] <= 1),
     ("gemv_v4", cuda_gemv, False, "tensor-core GEMV: mma m16n8k16 with up to 16 tokens as M, one weight pass per "
      "16 tokens (100.7 us at T=16, cuBLAS 94.5 us)",
-     f"GPU, aligned, 2 <= T <= {GEMV_MAX_TOKENS}", lambda c: _fast(c) and 2 <= c["T"] <= GEMV_MAX_TOKENS),
+     f"GPU, aligned, 2 <= T <= {GEMV_MAX_TOKENS}", lambda c: _bf16(c) and _fast(c) and 2 <= c["T"] <= GEMV_MAX_TOKENS),
     ("gemm_v1", cuda_gemm, True, "naive: one thread per output (t, n), k in order (bit-exact; 81.6 ms at T=128)",
-     "numba's simulator or unaligned data, T > 1", lambda c: _naive(c) and c["T"] > 1),
+     "numba's simulator or unaligned data, T > 1", lambda c: _bf16(c) and _naive(c) and c["T"] > 1),
     ("gemm_v2", cuda_gemm, True, "tiled SIMT GEMM, 128x128 tiles, 8x8 register micro-tiles, double-buffered "
      "shared memory, k in order (bit-exact; 42 TFLOP/s at T=4096)", "never (pick it by name)", None),
     ("gemm_v3", cuda_gemm, False, "gemm_v2's tiling on the tensor cores: inline-PTX mma.sync m16n8k16 bf16 -> fp32 "
      "(202 TFLOP/s at T=4096, a quarter of cuBLAS; 276 us at T=128 against cuBLAS's 91)",
-     f"GPU, aligned, T > {GEMV_MAX_TOKENS}", lambda c: _fast(c) and c["T"] > GEMV_MAX_TOKENS),
+     f"GPU, aligned, T > {GEMV_MAX_TOKENS}", lambda c: _bf16(c) and _fast(c) and c["T"] > GEMV_MAX_TOKENS),
 ]
 
 for _name, _mod, _exact, _log, _when, _rule in _RECORDS:
@@ -53,4 +66,39 @@ for _name, _mod, _exact, _log, _when, _rule in _RECORDS:
         # the fast kernels' barriers, shuffles and mma twins cost 10-100x more in the simulator;
         # the tests run them on the smallest shapes only
         simulate=True,
+    ))
+
+
+# ---- weights read in their file encoding (q2k, fp8): one weight pass per 8 tokens ----------------
+
+QUANT_SWEEP = (1, 4, 8)
+
+_QUANT_RECORDS = [
+    ("gemv_q2k_v1", "q2k", cuda_gemv_q2k, True,
+     "naive: one thread per output column, each weight decoded as the reference decodes it and rounded to "
+     "bf16, k in order (bit-exact with the bf16-weight projection)",
+     "q2k weights, numba's simulator or unaligned data", lambda c: c["weight"] == "q2k" and _naive(c)),
+    ("gemv_q2k_v2", "q2k", cuda_gemv_q2k, False,
+     "tensor cores on weights decoded in registers: a byte_perm table of each sub-block's 4 bf16-rounded values "
+     "feeds mma.m16n8k16 with x's 8 tokens as N, 16 rows a block, K split over 8 warps (51.6 MB a pass)",
+     "q2k weights, GPU, aligned", lambda c: c["weight"] == "q2k" and _fast(c)),
+    ("gemv_q2k_v3", "q2k", cuda_gemv_q2k, False,
+     "v2 factored on exact weights: A = sc*q (exact in bf16), d scales a block's mma chain, the min term "
+     "dmin*m*sum(x) as 3 more mma on exact bf16 parts of the sub-block sums of x",
+     "never (pick it by name)", None),
+    ("gemv_fp8_v1", "fp8", cuda_gemv_fp8, True,
+     "naive: one thread per output column, e4m3 x e8m0 weights decoded exactly in fp32, k in order "
+     "(bit-exact with the bf16-weight projection)",
+     "fp8 weights, numba's simulator or unaligned data", lambda c: c["weight"] == "fp8" and _naive(c)),
+    ("gemv_fp8_v2", "fp8", cuda_gemv_fp8, False,
+     "tensor cores: cvt.rn.f16x2.e4m3x2 codes (exact) as A, x's 8 tokens as N, each 32x32 tile's sum scaled "
+     "once by its power-of-two scale (157 MB a pass)",
+     "fp8 weights, GPU, aligned", lambda c: c["weight"] == "fp8" and _fast(c)),
+]
+
+for _name, _enc, _mod, _exact, _log, _when, _rule in _QUANT_RECORDS:
+    register(KernelRecord(
+        stage="proj", name=_name, encoding=_enc, changelog=_log, prepare=_mod.make_prepare(_name),
+        compile_targets=(lambda m=_mod, n=_name: m.compile_targets(n)), bit_exact=_exact,
+        default_when=_when, default_rule=_rule, sweep=QUANT_SWEEP, simulate=True,
     ))

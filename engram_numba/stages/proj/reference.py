@@ -123,3 +123,89 @@ def check_deepseek_fp8_args(x_bf16, codes, scales) -> None:
     if scales.dtype != np.uint8 or scales.shape != want:
         raise ValueError(f"wkv_scales must be uint8 e8m0 [{want[0]}, {want[1]}] (one per 32 x 32 tile), got "
                          f"{scales.dtype} {list(scales.shape)}")
+
+
+# ---- weights stored in their file encoding (q2k, fp8) ---------------------------------------------
+#
+# Two yardsticks per encoding: the bf16 weights today's projection reads (`wkv_*_bf16`, the
+# reference decoder's fp32 value rounded to bf16), and the exact weights the format stands for
+# (`wkv_*_exact`, float64, nothing rounded). The weight-decoding GEMVs that round each weight to
+# bf16 are measured against the first through `projection_reference` / `projection_exact`; the
+# factored Q2_K GEMV against `projection_exact_weights(x, wkv_q2k_exact(...))`.
+
+def _q2k_parts(raw, K: int):
+    """uint8 [N, K/256*84] -> (d*sc [N, K/16], dmin*m [N, K/16] float64, q [N, K] uint8)."""
+    raw = np.ascontiguousarray(raw, dtype=np.uint8)
+    N = raw.shape[0]
+    if K % 256 or raw.shape[1] != K // 256 * 84:
+        raise ValueError(f"Q2_K weights for K = {K} must be uint8 [N, {K // 256 * 84}], got {raw.shape}")
+    blocks = raw.reshape(N * (K // 256), 84)
+    d = blocks[:, 80:82].copy().view(np.float16).astype(np.float64)          # [n, 1]
+    dmin = blocks[:, 82:84].copy().view(np.float16).astype(np.float64)
+    sc = blocks[:, :16]
+    e = np.arange(256)
+    half, w = e // 128, e % 128
+    j, h, l = w // 32, (w % 32) // 16, w % 16
+    q = (blocks[:, 16 + 32 * half + 16 * h + l] >> (2 * j).astype(np.uint8)) & np.uint8(3)   # [n, 256]
+    scale = d * (sc & 15).astype(np.float64)                                 # [n, 16] sub-block s = e // 16
+    offset = dmin * (sc >> 4).astype(np.float64)
+    return scale.reshape(N, K // 16), offset.reshape(N, K // 16), q.reshape(N, K)
+
+
+def wkv_q2k_exact(raw, K: int) -> np.ndarray:
+    """The weights a Q2_K wkv stands for, float64 [N, K]: d*sc*q - dmin*m with nothing rounded."""
+    scale, offset, q = _q2k_parts(raw, K)
+    N = q.shape[0]
+    return (np.repeat(scale, 16, axis=1) * q - np.repeat(offset, 16, axis=1)).reshape(N, K)
+
+
+def wkv_q2k_bf16(raw, K: int) -> np.ndarray:
+    """The bf16 weights today's projection reads, uint16 [N, K]: the reference decoder's fp32
+    value (`rows.q2k.dequantize`), rounded to bf16 (= schema A's `wkv_bf16()`)."""
+    from ..rows.q2k import dequantize
+    raw = np.ascontiguousarray(raw, dtype=np.uint8)
+    N = raw.shape[0]
+    if K % 256 or raw.shape[1] != K // 256 * 84:
+        raise ValueError(f"Q2_K weights for K = {K} must be uint8 [N, {K // 256 * 84}], got {raw.shape}")
+    return f32_to_bf16(dequantize(raw.reshape(-1, 84)).reshape(N, K))
+
+
+def wkv_q2k_abs_terms(raw, K: int) -> np.ndarray:
+    """|d*sc*q| + |dmin*m| per weight, float64 [N, K]: the size of the two terms the factored form
+    adds (its fp32 summation noise scales with these, not with |w|)."""
+    scale, offset, q = _q2k_parts(raw, K)
+    N = q.shape[0]
+    return (np.abs(np.repeat(scale, 16, axis=1)) * q + np.abs(np.repeat(offset, 16, axis=1))).reshape(N, K)
+
+
+def _fp8_values(codes, scales):
+    import ml_dtypes
+    codes = np.ascontiguousarray(codes, dtype=np.uint8)
+    scales = np.ascontiguousarray(scales, dtype=np.uint8)
+    N, K = codes.shape
+    if K % 32 or scales.shape != (-(-N // 32), K // 32):
+        raise ValueError(f"FP8 weights [N, K] = {codes.shape} need K % 32 == 0 and scales [ceil(N/32), K/32] = "
+                         f"{[-(-N // 32), K // 32]}, got {list(scales.shape)}")
+    v = codes.view(ml_dtypes.float8_e4m3fn).astype(np.float32)                              # exact
+    s = np.where(scales == 255, np.float32(np.nan),
+                 np.ldexp(np.float32(1.0), scales.astype(np.int32) - 127).astype(np.float32))  # exact
+    return v, np.repeat(np.repeat(s, 32, axis=0)[:N], 32, axis=1)
+
+
+def wkv_fp8_exact(codes, scales) -> np.ndarray:
+    """e4m3(codes) * e8m0(scale of the 32 x 32 tile), float64 [N, K] (nothing rounded)."""
+    v, s = _fp8_values(codes, scales)
+    return v.astype(np.float64) * s.astype(np.float64)
+
+
+def wkv_fp8_bf16(codes, scales) -> np.ndarray:
+    """The same weights as bf16 words uint16 [N, K]: the fp32 product rounded to bf16, which is
+    exact for scale bytes 3..246 (docs/math.md 4.4)."""
+    v, s = _fp8_values(codes, scales)
+    with np.errstate(over="ignore", under="ignore"):
+        return f32_to_bf16(v * s)
+
+
+def projection_exact_weights(x_bf16: np.ndarray, w: np.ndarray) -> np.ndarray:
+    """bf16(x . w) with float64 accumulation, for weights w float64 [N, K] (exact decoded values)."""
+    return f32_to_bf16(bf16_to_f32(x_bf16).astype(np.float64) @ np.asarray(w, dtype=np.float64).T)

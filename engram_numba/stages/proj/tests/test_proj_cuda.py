@@ -47,11 +47,11 @@ from engram_numba.stages.proj.reference import projection_exact, projection_refe
 POISON = 0xFFFF              # a bf16 NaN: any element left unwritten fails the ulp check
 NOISE_SIGMAS = 8.0
 U = 2.0 ** -24
-VERSIONS = tuple(registry.names("proj"))
+VERSIONS = tuple(registry.names("proj", "bf16"))   # bf16 weights (q2k/fp8 weights: test_proj_quant.py)
 NAIVE = ("gemv_v1", "gemm_v1")
 # versions that sum in the reference's order: every record marked bit_exact (gemv_v1, gemm_v1 and
 # gemm_v2 among them, see test_sequential_versions_are_marked_bit_exact)
-SEQUENTIAL = tuple(r.name for r in registry.records("proj") if r.bit_exact)
+SEQUENTIAL = tuple(r.name for r in registry.records("proj", "bf16") if r.bit_exact)
 FAST = tuple(v for v in VERSIONS if v not in NAIVE)
 RESULTS: list[dict] = []     # GPU tier: one summary per check, for the results file
 
@@ -61,9 +61,9 @@ def launch_config(version, T, N):
     return (cuda_gemv if version.startswith("gemv") else cuda_gemm).launch_config(version, T, N)
 
 
-def proj_ctx(T, K=6144, N=25600, *, aligned=True, simulator=False):
+def proj_ctx(T, K=6144, N=25600, *, aligned=True, simulator=False, weight="bf16"):
     """A default-rule context as on a GPU (or, with simulator=True, as in the simulator)."""
-    return {"T": T, "K": K, "N": N, "aligned": aligned, "simulator": simulator, "weight": "bf16"}
+    return {"T": T, "K": K, "N": N, "aligned": aligned, "simulator": simulator, "weight": weight}
 
 
 def default_name(T, **kw) -> str:
@@ -171,7 +171,7 @@ SIM_PARAMS = [(v, shape) for v, shapes in SIM_CASES.items() for shape in shapes]
 
 
 def test_every_version_has_simulator_cases():
-    assert set(SIM_CASES) == set(registry.names("proj"))
+    assert set(SIM_CASES) == set(registry.names("proj", "bf16"))
 
 
 def test_sequential_versions_are_marked_bit_exact():
@@ -218,14 +218,18 @@ def test_default_versions(rng):
 
 
 def test_default_rules_partition_the_contexts():
-    """Exactly one record claims every context (registry.default raises otherwise), and every
-    record with a default rule is the default somewhere."""
+    """Exactly one record claims every context (registry.default raises otherwise), every record
+    with a default rule is the default somewhere, and a default reads the context's weight."""
     claimed = set()
-    for T in (1, 2, 3, 16, GEMV_MAX_TOKENS - 1, GEMV_MAX_TOKENS, GEMV_MAX_TOKENS + 1, 128, 1000, 4096, 5000):
-        for aligned in (True, False):
-            for simulator in (True, False):
-                for K, N in ((6144, 25600), (1536, 320), (16, 3)):
-                    claimed.add(default_name(T, K=K, N=N, aligned=aligned, simulator=simulator))
+    for weight in ("bf16", "q2k", "fp8"):
+        for T in (1, 2, 3, 8, 9, 16, GEMV_MAX_TOKENS - 1, GEMV_MAX_TOKENS, GEMV_MAX_TOKENS + 1, 128, 1000, 4096, 5000):
+            for aligned in (True, False):
+                for simulator in (True, False):
+                    for K, N in ((6144, 25600), (1536, 320), (256, 3)):
+                        rec = registry.default("proj", proj_ctx(T, K=K, N=N, aligned=aligned, simulator=simulator,
+                                                                weight=weight))
+                        assert rec.encoding == weight, (rec.name, weight)
+                        claimed.add(rec.name)
     assert claimed == {r.name for r in registry.records("proj") if r.default_rule is not None}
 
 
@@ -254,7 +258,7 @@ def test_launch_config_released_shapes():
     assert launch_config("gemm_v3", 4096, 25600) == ((200, 32), 256)
     assert launch_config("gemm_v1", 130, 320) == ((10, 17), (32, 8))
     assert launch_config("gemv_v1", 1, 25600) == (200, 128)
-    for v in VERSIONS:                                   # every record has a launch configuration
+    for v in VERSIONS:                                   # every bf16 record has a launch configuration
         launch_config(v, 7, 25600)
     with pytest.raises(ValueError, match="no GEMM version 'gemm_v9'"):
         cuda_gemm.launch_config("gemm_v9", 1, 1)
@@ -355,7 +359,7 @@ GEMV_MAX_T = 130          # gemv at T tokens streams the weight ceil(T/8) times
 
 def applicable_versions(T):
     vs = []
-    for v in registry.names("proj"):
+    for v in registry.names("proj", "bf16"):
         if v in NAIVE and T > NAIVE_MAX_T:
             continue
         if v.startswith("gemv") and T > GEMV_MAX_T:

@@ -1,0 +1,529 @@
+"""Decode-path benchmarks: GEMVs on Q2_K / FP8 weights, the graphed decode step, engine start-up.
+
+    run(shape, quick, log, *, n_tokens=None, build_table_gib=None) -> {"records": [...], "decode": {...}}
+
+Records (same schema as the suite's, `timing.make_record`):
+  projection_q2k  T in 1, 4, 8: kv = bf16(x @ W^T) with W in Q2_K blocks [N, K/256*84], every q2k
+                  version (the default's record first, the others with "variant"), each validated on
+                  sampled output rows against its float64 yardstick before it is timed (L2 flushed
+                  between runs: the 51.6 MB weight fits in the 60 MB L2). Baselines in the same run:
+                  cuBLAS on the bf16 weight, and our bf16 GEMV on it.
+  projection_fp8  the same on FP8 codes [N, K] + e8m0 tile scales [N/32, K/32].
+  decode_step     T = 1, both engram layers at the shape's dim/hc/columns with device-resident
+                  random Q2_K tables (`table_gb` per layer; only 24 rows a token are read): wall time
+                  per token over n_tokens consecutive tokens of one sequence, the hash included,
+                  measured with the host clock around the whole loop (then a synchronize), and the
+                  device time per token beside it (CUDA events, the host's launch time hidden).
+                  Variants in the same run: q2k weights graphed (`EngramV41.decode`, the default) and
+                  ungraphed, bf16 weights graphed and ungraphed, and torch (index_select + Q2_K decode,
+                  cuBLAS bf16 GEMV, torch.compile'd gate), eager and inside a torch CUDA graph. The
+                  graphed and ungraphed runs of one weight format must end on the same highway bits.
+  engine_build    seconds and GB/s to open a sparse GGUF (tables are holes: they read as zeros from
+                  the page cache, no disk) and build `EngramV41(..., device_tables=True)` with
+                  `build_table_gib` per layer (the released size, 30 GiB, by default).
+In numba's simulator (`engram-numba bench --smoke`) everything runs at tiny shapes and a few tokens:
+it checks the wiring, its figures mean nothing.
+"""
+from __future__ import annotations
+
+import gc
+import os
+import tempfile
+import time
+from pathlib import Path
+
+import numpy as np
+
+from .baselines import torch_gate, torch_or_none, torch_view
+from .timing import RELEASED, BenchShape, DeviceTimer, make_record, measure_copy_gbps
+from .validate import projection_agrees
+
+QUANT_TOKENS = (1, 4, 8)
+RELEASED_TABLE_GIB = 30.0
+
+
+# ---- inputs -------------------------------------------------------------------------------------
+
+def random_q2k_weight(rng, N, K):
+    """Q2_K blocks [N, K/256*84] of random bytes with finite random fp16 d and dmin."""
+    raw = rng.integers(0, 256, (N, K // 256, 84), dtype=np.uint8)
+    raw[:, :, 80:84] = (rng.standard_normal((N, K // 256, 2)) * 0.01).astype(np.float16).view(np.uint8)
+    return np.ascontiguousarray(raw.reshape(N, K // 256 * 84))
+
+
+def random_fp8_weight(rng, N, K):
+    """e4m3 codes [N, K] (no NaN code) and e8m0 scales [ceil(N/32), K/32] near 2^-8."""
+    codes = rng.integers(0, 256, (N, K), dtype=np.uint8)
+    codes[(codes & 0x7F) == 0x7F] ^= 0x01
+    scales = rng.integers(115, 124, (-(-N // 32), K // 32), dtype=np.uint8)
+    return codes, scales
+
+
+def _hash_shape(cols: int) -> tuple[int, int]:
+    """(max_ngram_size, n_heads) giving `cols` hash columns."""
+    return (4, cols // 3) if cols % 3 == 0 and cols >= 3 else (2, cols)
+
+
+class SyntheticLayer:
+    """An engram layer of the model protocol, held in memory (the bench's decode model)."""
+
+    table_encoding = "q2k"
+
+    def __init__(self, layer_id, table, wkv_raw, q_weight, k_weight, K):
+        self.layer_id = layer_id
+        self.table = table
+        self.n_rows = int(table.shape[0])
+        self.wkv_encoding = "q2k"
+        self.wkv_raw = wkv_raw
+        self.wkv_scales = None
+        self.q_weight, self.k_weight = q_weight, k_weight
+        self._K = K
+        self._bf16 = None
+
+    def wkv_bf16(self):
+        if self._bf16 is None:
+            from ..bf16 import f32_to_bf16
+            from ..stages.rows.q2k import dequantize_cpu
+            N = self.wkv_raw.shape[0]
+            out = np.empty((N, self._K), np.uint16)
+            for r0 in range(0, N, 1024):
+                r1 = min(N, r0 + 1024)
+                out[r0:r1] = f32_to_bf16(dequantize_cpu(self.wkv_raw[r0:r1].reshape(-1, 84))).reshape(r1 - r0, self._K)
+            self._bf16 = out
+        return self._bf16
+
+
+class SyntheticModel:
+    """A released-width model (dim, hc, columns of `shape`) with random Q2_K tables of about
+    `table_gb` per layer and random Q2_K wkv: what decode_step runs on."""
+
+    format = "synthetic (bench decode model)"
+    path = "<memory>"
+    problems: list = []
+
+    def __init__(self, shape: BenchShape, table_gb: float, rng, layer_ids=(1, 14)):
+        from ..config import EngramConfig
+        from ..stages.hash.tables import EngramHashTables
+        from ..stages.rows.encodings import random_raw_rows
+        m, heads = _hash_shape(shape.cols)
+        self.config = EngramConfig(dim=shape.dim, hc=shape.hc, layer_ids=layer_ids, max_ngram_size=m, n_heads=heads)
+        cols = self.config.n_hash_cols
+        vocab = max(int(table_gb * 1e9 / 84 / cols), 1000)
+        self.token_vocab = 4096
+        self.hash_tables = EngramHashTables.build(layer_ids, m, heads, vocab, np.arange(self.token_vocab), 2)
+        K, N = self.config.proj_in, self.config.proj_out
+        self.layers = {}
+        tile = random_raw_rows("q2k", min(1 << 19, int(self.hash_tables.table_rows.max())), rng)   # 44 MB of rows
+        for li, lid in enumerate(layer_ids):
+            rows = int(self.hash_tables.table_rows[li])
+            table = np.empty((rows, 84), np.uint8)
+            for r0 in range(0, rows, tile.shape[0]):                  # random rows, repeated (finite d, dmin)
+                r1 = min(rows, r0 + tile.shape[0])
+                table[r0:r1] = tile[: r1 - r0]
+            self.layers[lid] = SyntheticLayer(
+                lid, table, random_q2k_weight(rng, N, K),
+                (1 + 0.1 * rng.standard_normal((shape.hc, shape.dim))).astype(np.float32),
+                (1 + 0.1 * rng.standard_normal((shape.hc, shape.dim))).astype(np.float32), K)
+
+    def rows(self, layer_id):
+        from ..formats.schema_a import EngramRowReader
+        return EngramRowReader(layer_id, self.layers[layer_id].table)
+
+    def close(self):
+        self.layers = {}
+
+
+# ---- projection on quantised weights ------------------------------------------------------------
+
+def bench_projection_q(shape: BenchShape, quick: bool, log, timer, copy_gbps, smoke: bool) -> list[dict]:
+    from numba import cuda
+
+    from ..bf16 import f32_to_bf16
+    from ..stages import registry
+    from ..stages.proj import reference as R
+    from ..stages.proj.launch import pick, prepare_project, prepare_project_q, prepare_wkv_to_bf16
+
+    torch = torch_or_none()
+    rng = np.random.default_rng(11)
+    K, N = shape.K, shape.N
+    iters = 3 if smoke else (10 if quick else 30)
+    records = []
+    sample = np.sort(rng.choice(N, min(N, 256), replace=False))          # output rows validated
+    for weight in ("q2k", "fp8"):
+        if weight == "q2k":
+            raw, scales = random_q2k_weight(rng, N, K), None
+            wb_rows = R.wkv_q2k_bf16(raw[sample], K)
+            w_exact_rows = R.wkv_q2k_exact(raw[sample], K)
+        else:
+            raw, scales = random_fp8_weight(rng, N, K)
+            import ml_dtypes
+            v = raw[sample].view(ml_dtypes.float8_e4m3fn).astype(np.float32)            # exact
+            sc = np.ldexp(np.float32(1.0), scales[sample // 32].astype(np.int32) - 127).astype(np.float32)
+            wb_rows = f32_to_bf16(v * np.repeat(sc, 32, axis=1))                      # as wkv_fp8_bf16
+            w_exact_rows = None
+        rd = cuda.to_device(raw)
+        sd = None if scales is None else cuda.to_device(scales)
+        wb_dev = cuda.device_array((N, K), np.uint16)                  # the bf16 weight, for the baselines
+        prepare_wkv_to_bf16(rd, sd, wb_dev, weight=weight)()
+        tw = torch_view(wb_dev, torch).view(torch.bfloat16) if torch is not None else None
+        versions = [r.name for r in registry.records("proj", weight)]
+        for T in (QUANT_TOKENS[:1] if smoke else QUANT_TOKENS):
+            x_h = f32_to_bf16(rng.standard_normal((T, K)).astype(np.float32) * 0.05)
+            x = cuda.to_device(x_h)
+            default = pick(T, K, N, weight=weight).name
+            order = [default] + [v for v in versions if v != default and not (smoke or v.endswith("_v1"))]
+            base = {}
+            if torch is not None:
+                tx = torch_view(x, torch).view(torch.bfloat16)
+                base["torch_cublas_bf16"] = timer(lambda: tx @ tw.T, iters=iters)
+            kv_b = cuda.device_array((T, N), np.uint16)
+            bf16_launch = prepare_project(x, wb_dev, kv_b)
+            base["ours_bf16_" + bf16_launch.name] = timer(bf16_launch, iters=iters)
+            nbytes = raw.nbytes + (0 if scales is None else scales.nbytes) + x_h.nbytes + 2 * T * N
+            for v in order:
+                kv = cuda.device_array((T, N), np.uint16)
+                launch = prepare_project_q(x, rd, sd, kv, weight=weight, version=v)
+                launch()
+                got = kv.copy_to_host()[:, sample]
+                exact_weights = v == "gemv_q2k_v3"
+                ref = (R.projection_exact_weights(x_h, w_exact_rows) if exact_weights
+                       else R.projection_exact(x_h, wb_rows))
+                ok, agree = projection_agrees(got, ref)
+                if exact_weights:     # the research figure: distance from the bf16-weight projection
+                    _, vs_b = projection_agrees(got, R.projection_exact(x_h, wb_rows))
+                    agree["vs_bf16_weights"] = vs_b
+                us = timer(launch, iters=iters)
+                rec = make_record(f"projection_{weight}", T, us, nbytes, 2 * T * K * N, copy_gbps,
+                                  base if v == default else {}, validated=ok, kernel=v, encoding=weight,
+                                  vs_reference=agree, **({} if v == default else {"variant": v}))
+                records.append(rec)
+                log(f"projection_{weight} T={T}: {us:8.1f} us  {rec['pct_of_floor']:5.1f}% of copy floor  "
+                    f"{rec['gbps']} GB/s  {v} valid={ok} {agree}  {base if v == default else ''}")
+        del rd, sd, wb_dev
+    return records
+
+
+# ---- one decode token, both layers --------------------------------------------------------------
+
+def _loop(step_one, tokens, sync) -> float:
+    """Host seconds for step_one(token) over every token, then a synchronize."""
+    t0 = time.perf_counter()
+    for tok in tokens:
+        step_one(tok)
+    sync()
+    return time.perf_counter() - t0
+
+
+def bench_decode_step(shape: BenchShape, quick: bool, log, timer, copy_gbps, smoke: bool, table_gb: float,
+                      n_tokens: int | None = None) -> tuple:
+    from numba import cuda
+
+    from ..engine import EngramV41
+    from ..stages.hash.cpu import EngramHasher
+
+    rng = np.random.default_rng(12)
+    t0 = time.perf_counter()
+    model = SyntheticModel(shape, table_gb, rng)
+    cfg = model.config
+    if n_tokens is None:
+        n_tokens = 4 if smoke else (1024 if quick else 2048)
+    warm = 2 if smoke else 32
+    seq = rng.integers(0, model.token_vocab, warm + n_tokens)
+    h0 = rng.standard_normal((1, cfg.hc, cfg.dim)).astype(np.float32)
+    info = {"tokens": int(n_tokens), "table_gb_per_layer": round(float(model.hash_tables.table_rows.max()) * 84 / 1e9, 3),
+            "model_seconds": round(time.perf_counter() - t0, 2)}
+    log(f"decode model: dim {cfg.dim}, hc {cfg.hc}, {cfg.n_hash_cols} columns, layers {cfg.layer_ids}, tables "
+        f"{info['table_gb_per_layer']} GB a layer ({info['model_seconds']} s to make)")
+    per_token_bytes = 0
+    results = {}
+    final = {}
+
+    def sync():
+        cuda.synchronize()
+
+    def run_engine(name, engine, graphed: bool):
+        hasher = EngramHasher(model.hash_tables, capacity=len(seq) + 16)
+        h = cuda.to_device(h0)
+        if graphed:
+            def one(tok):
+                engine.decode(tok, h, hasher)
+        else:
+            def one(tok):
+                engine.step([tok], h, hasher, graph=False)
+        for tok in seq[:warm]:
+            one(tok)
+        sync()
+        secs = _loop(one, seq[warm:], sync)
+        final[name] = h.copy_to_host()
+        # device time of one token's work, the host's launch cost hidden behind a spin kernel
+        ids = hasher.hash([int(seq[-1])])
+        if graphed:
+            graph = list(engine._decode_graphs.values())[-1]
+            dev_us = timer(lambda: graph.graphs[0].replay(), iters=10 if smoke else 50, flush=False)
+        else:
+            for li, lid in enumerate(cfg.layer_ids):     # rows loaded once; then projection + gate per layer
+                engine.rows_from_ids(lid, ids[:, li, :])
+
+            def device_work():
+                for li, lid in enumerate(cfg.layer_ids):
+                    engine._last_launch[("rows", lid)]()
+                    engine.apply(lid, h)
+            dev_us = timer(device_work, iters=10 if smoke else 50, flush=False)
+        results[name] = {"wall_us_per_token": secs / n_tokens * 1e6, "device_us_per_token": dev_us}
+        log(f"decode_step {name:28s}: {results[name]['wall_us_per_token']:8.1f} us/token wall (host clock, "
+            f"{n_tokens} tokens, hash included), {dev_us:7.1f} us/token device")
+
+    for fmt in ("q2k", "bf16"):
+        t_b = time.perf_counter()
+        engine = EngramV41(model, max_tokens=16, device_tables=True, wkv_format=fmt)
+        log(f"engine ({fmt} wkv): built in {time.perf_counter() - t_b:.2f} s; tables+wkv "
+            f"{engine.build_report['gb_per_s']} GB/s through {engine.build_report['uploads'][-1]['method']} uploads")
+        if fmt == "q2k":
+            lw = next(iter(engine.layers.values()))
+            per_token_bytes = len(cfg.layer_ids) * (int(lw.wkv.nbytes) + cfg.n_hash_cols * (84 + 512) + 2 * cfg.proj_out
+                                                  + 3 * cfg.hc * cfg.dim * 4)
+        if engine.graphs_available:
+            run_engine(f"{fmt} graphed", engine, True)
+        run_engine(f"{fmt} ungraphed", engine, False)
+        if engine.graphs_available:
+            info[f"{fmt}_graph_equals_ungraphed"] = bool(np.array_equal(final[f"{fmt} graphed"], final[f"{fmt} ungraphed"]))
+            info[f"{fmt}_decode_bad_ids"] = engine.decode_bad_ids()
+        del engine
+        gc.collect()
+
+    torch = torch_or_none()
+    if torch is not None and not smoke:
+        try:
+            errors = _bench_torch_decode(torch, model, seq, warm, n_tokens, h0, timer, results, final, log)
+            if errors:
+                info["torch_errors"] = errors
+        except Exception as exc:        # recorded, not fatal
+            info["torch_error"] = f"{type(exc).__name__}: {exc}"[:400]
+            log(f"torch decode baseline failed: {exc}")
+    info["results"] = {k: {kk: round(vv, 2) for kk, vv in v.items()} for k, v in results.items()}
+    if "bf16 ungraphed" in final and "q2k ungraphed" in final:
+        a, b = final["q2k ungraphed"].astype(np.float64), final["bf16 ungraphed"].astype(np.float64)
+        info["q2k_vs_bf16_highway_rel_l2"] = float(np.linalg.norm(a - b) / max(np.linalg.norm(b), 1e-30))
+    for tname in ("torch eager", "torch graph"):
+        if tname in final and "bf16 ungraphed" in final:
+            a, b = final[tname].astype(np.float64), final["bf16 ungraphed"].astype(np.float64)
+            info[f"{tname.replace(' ', '_')}_vs_ours_rel_l2"] = float(np.linalg.norm(a - b) / max(np.linalg.norm(b), 1e-30))
+    main = "q2k graphed" if "q2k graphed" in results else "q2k ungraphed"
+    base = {k: v["wall_us_per_token"] for k, v in results.items() if k != main}
+    rec = make_record("decode_step", 1, results[main]["wall_us_per_token"], per_token_bytes, 0, copy_gbps, base,
+                      kernel=("EngramV41.decode (q2k wkv, one CUDA graph a token)" if main == "q2k graphed"
+                              else "EngramV41.step (q2k wkv, kernels launched one by one)"),
+                      device_us_per_token=round(results[main]["device_us_per_token"], 2),
+                      validated=bool(info.get("q2k_graph_equals_ungraphed", True)
+                                     and info.get("bf16_graph_equals_ungraphed", True)),
+                      variants={k: {kk: round(vv, 2) for kk, vv in v.items()} for k, v in results.items()})
+    torch_best = min((v["wall_us_per_token"] for k, v in results.items() if k.startswith("torch")), default=None)
+    if torch_best:
+        rec["speedup_vs_torch_best"] = round(torch_best / rec["time_us"], 2)
+    model.close()
+    gc.collect()
+    return rec, info
+
+
+def _bench_torch_decode(torch, model, seq, warm, n_tokens, h0, timer, results, final, log):
+    """The torch baseline: per token, the same hash on the host, ids up through double-buffered
+    pinned memory, then per layer index_select + Q2_K decode (eager torch ops), cuBLAS bf16 GEMV,
+    and the gate (torch.compile'd eager; plain ops inside the CUDA graph)."""
+    cfg = model.config
+    HC, DIM, C = cfg.hc, cfg.dim, cfg.n_hash_cols
+    L = len(cfg.layer_ids)
+    dev = torch.device("cuda")
+    tables = [torch.from_numpy(model.layers[lid].table).to(dev) for lid in cfg.layer_ids]
+    wkv = [torch.from_numpy(model.layers[lid].wkv_bf16().view(np.int16)).to(dev).view(torch.bfloat16)
+           for lid in cfg.layer_ids]
+    wg = [torch.from_numpy(model.layers[lid].q_weight * model.layers[lid].k_weight).to(dev) for lid in cfg.layer_ids]
+    try:
+        compiled = torch.compile(lambda h, kv, w: torch_gate(torch, h, kv, w, HC, DIM))
+    except Exception as exc:                                  # torch.compile is optional
+        log(f"torch.compile unavailable ({exc}); the eager gate stands in")
+        compiled = lambda h, kv, w: torch_gate(torch, h, kv, w, HC, DIM)  # noqa: E731
+    pinned = [torch.empty(L * C, dtype=torch.int64, pin_memory=True) for _ in range(2)]
+    events = [torch.cuda.Event(), torch.cuda.Event()]
+    used = [False, False]
+    ids_dev = torch.empty(L * C, dtype=torch.int64, device=dev)
+    shifts = torch.tensor([0, 2, 4, 6], device=dev, dtype=torch.int32).view(1, 1, 4, 1)   # made once: capturable
+
+    def q2k_rows(table, ids):
+        """index_select + Q2_K decode in torch ops (as baselines.torch_q2k_dequant, graph-safe)."""
+        b = table.index_select(0, ids)                                                # [n, 84]
+        n = b.shape[0]
+        scales = b[:, :16].to(torch.int32)
+        qs = b[:, 16:80].to(torch.int32).view(n, 2, 1, 32)
+        d = b[:, 80:82].contiguous().view(torch.float16).to(torch.float32)
+        dmin = b[:, 82:84].contiguous().view(torch.float16).to(torch.float32)
+        q = ((qs >> shifts) & 3).view(n, 16, 16).to(torch.float32)
+        y = ((d * (scales & 15).to(torch.float32)).view(n, 16, 1) * q
+             - (dmin * (scales >> 4).to(torch.float32)).view(n, 16, 1))
+        return y.view(n, 256).to(torch.bfloat16)
+
+    def device_token(h, gate):
+        for li in range(L):
+            rows = q2k_rows(tables[li], ids_dev[li * C:(li + 1) * C])                   # [C, 256] bf16
+            kv = rows.view(1, C * 256) @ wkv[li].T                                     # [1, N] cuBLAS
+            gate(h, kv, wg[li])
+
+    errors = {}
+    for name, graphed in (("torch eager", False), ("torch graph", True)):
+        try:
+            _torch_variant(torch, name, graphed, model, seq, warm, n_tokens, h0, timer, results, final, log,
+                           device_token, compiled, pinned, events, used, ids_dev, HC, DIM)
+        except Exception as exc:        # a capture that torch refuses: recorded, the other variant stays
+            errors[name] = f"{type(exc).__name__}: {exc}"[:300]
+            log(f"{name} failed: {errors[name]}")
+            final.pop(name, None)
+            results.pop(name, None)
+    return errors
+
+
+def _torch_variant(torch, name, graphed, model, seq, warm, n_tokens, h0, timer, results, final, log,
+                   device_token, compiled, pinned, events, used, ids_dev, HC, DIM):
+    from ..stages.hash.cpu import EngramHasher
+    dev = torch.device("cuda")
+    hasher = EngramHasher(model.hash_tables, capacity=len(seq) + 16)
+    h = torch.from_numpy(h0.copy()).to(dev)
+    state = {"b": 0}
+    graph = None
+    if graphed:
+        scratch = torch.zeros_like(h)
+        s = torch.cuda.Stream()
+        s.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(s):
+            for _ in range(3):
+                device_token(scratch, lambda hh, kv, w: torch_gate(torch, hh, kv, w, HC, DIM))
+        torch.cuda.current_stream().wait_stream(s)
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph):
+            device_token(h, lambda hh, kv, w: torch_gate(torch, hh, kv, w, HC, DIM))
+
+    def one(tok):
+        b = state["b"]
+        if used[b]:
+            events[b].synchronize()
+        pinned[b].numpy()[:] = hasher.hash([int(tok)]).reshape(-1)
+        ids_dev.copy_(pinned[b], non_blocking=True)
+        if graph is not None:
+            graph.replay()
+        else:
+            device_token(h, compiled)
+        events[b].record()
+        used[b] = True
+        state["b"] = 1 - b
+    for tok in seq[:warm]:
+        one(tok)
+    torch.cuda.synchronize()
+    secs = _loop(one, seq[warm:], torch.cuda.synchronize)
+    final[name] = h.cpu().numpy()
+    dev_us = timer((lambda: graph.replay()) if graph is not None else (lambda: device_token(h, compiled)),
+                   iters=30, flush=False)
+    results[name] = {"wall_us_per_token": secs / n_tokens * 1e6, "device_us_per_token": dev_us}
+    log(f"decode_step {name:28s}: {results[name]['wall_us_per_token']:8.1f} us/token wall, {dev_us:7.1f} us/token device")
+
+
+# ---- engine start-up from a sparse GGUF ---------------------------------------------------------
+
+def write_sparse_model(path, shape: BenchShape, table_gib: float, rng, layer_ids=(1, 14)):
+    """A schema-A GGUF of `shape`'s widths whose tables (about table_gib each) are holes (sparse
+    file regions that read as zeros and take no disk); wkv Q2_K, random, written for real."""
+    from ..config import EngramConfig
+    from ..formats.gguf import GGUFTensorSpec, write_gguf_raw
+    from ..formats.schema_a import build_gguf_entries, tensor_names
+    from ..stages.hash.tables import EngramHashTables
+    m, heads = _hash_shape(shape.cols)
+    cfg = EngramConfig(dim=shape.dim, hc=shape.hc, layer_ids=layer_ids, max_ngram_size=m, n_heads=heads)
+    vocab = max(int(table_gib * (1 << 30) / 84 / cfg.n_hash_cols), 1000)
+    tables = EngramHashTables.build(layer_ids, m, heads, vocab, np.arange(4096), 2)
+    layers = {lid: {"table": np.zeros((1, 84), np.uint8), "wkv": random_q2k_weight(rng, cfg.proj_out, cfg.proj_in),
+                    "wkv_type": "Q2_K", "q_weight": np.ones((cfg.hc, cfg.dim), np.float32),
+                    "k_weight": np.ones((cfg.hc, cfg.dim), np.float32)} for lid in layer_ids}
+    kvs, specs = build_gguf_entries(cfg, tables, layers, check=False)
+    holes = {tensor_names(lid)["table"]: int(tables.table_rows[li]) for li, lid in enumerate(layer_ids)}
+    specs = [GGUFTensorSpec(s.name, "Q2_K", (256, holes[s.name]), None) if s.name in holes else s for s in specs]
+    write_gguf_raw(path, kvs, specs)
+    return sum(holes.values()) * 84
+
+
+def measure_h2d_gbps(nbytes: int = 1 << 30) -> float:
+    """Pinned host -> device copy bandwidth (the PCIe floor of any upload)."""
+    from numba import cuda
+    host = cuda.pinned_array(nbytes, dtype=np.uint8)
+    host[:] = 1
+    dev = cuda.device_array(nbytes, dtype=np.uint8)
+    dev.copy_to_device(host)
+    cuda.synchronize()
+    t0 = time.perf_counter()
+    for _ in range(3):
+        dev.copy_to_device(host)
+    cuda.synchronize()
+    return 3 * nbytes / (time.perf_counter() - t0) / 1e9
+
+
+def bench_engine_build(shape: BenchShape, log, table_gib: float, smoke: bool) -> dict:
+    from ..engine import EngramV41
+    from ..formats.schema_a import load_gguf
+    rng = np.random.default_rng(13)
+    h2d = measure_h2d_gbps(1 << 16 if smoke else 1 << 30)
+    with tempfile.TemporaryDirectory(dir=os.environ.get("ENGRAM_BENCH_TMP")) as tmp:
+        path = Path(tmp) / "sparse.gguf"
+        table_bytes = write_sparse_model(path, shape, table_gib, rng)
+        t0 = time.perf_counter()
+        model = load_gguf(path)
+        t_open = time.perf_counter() - t0
+        engine = EngramV41(model, max_tokens=16, device_tables=True)
+        secs = time.perf_counter() - t0
+        report = engine.build_report
+        del engine
+        model.close()
+        gc.collect()
+    nbytes = report["bytes"]
+    rec = {"stage": "engine_build", "T": 0, "time_us": round(secs * 1e6, 1),
+           "floor_us": round(nbytes / (h2d * 1e9) * 1e6, 1), "pct_of_floor": round(100 * nbytes / (h2d * 1e9) / secs, 1),
+           "bytes": int(nbytes), "flops": 0, "gbps": round(nbytes / secs / 1e9, 2), "tflops": None,
+           "baselines": {}, "kernel": "EngramV41(device_tables=True) from a sparse GGUF (page cache)",
+           "seconds": round(secs, 3), "open_seconds": round(t_open, 4), "table_bytes": int(table_bytes),
+           "h2d_pinned_gbps": round(h2d, 1), "build_report": report}
+    log(f"engine_build: {secs:.2f} s for {nbytes / 1e9:.1f} GB ({rec['gbps']} GB/s; pinned H2D floor "
+        f"{h2d:.1f} GB/s; open {t_open * 1e3:.1f} ms)")
+    return rec
+
+
+# ---- entry point --------------------------------------------------------------------------------
+
+def run(shape: BenchShape = RELEASED, quick: bool = False, log=print, *, decode_table_gb: float | None = None,
+        build_table_gib: float | None = None, n_tokens: int | None = None,
+        parts=("projection", "decode", "build")) -> dict:
+    """The decode-path records (module doc). decode_table_gb: random table per layer for decode_step
+    (default 1.5 GB, tiny in the simulator); build_table_gib: per layer for engine_build (default the
+    released 30 GiB, or $ENGRAM_BUILD_TABLE_GIB); n_tokens: decode_step's sequence (default 1024
+    with quick, else 2048)."""
+    from numba.cuda import config
+    smoke = bool(config.ENABLE_CUDASIM) or shape.name != RELEASED.name
+    timer = DeviceTimer()
+    copy_gbps = measure_copy_gbps(timer)
+    out = {"records": [], "decode": {}}
+    if decode_table_gb is None:
+        decode_table_gb = 0.0005 if smoke else 1.5
+    if build_table_gib is None:
+        build_table_gib = float(os.environ.get("ENGRAM_BUILD_TABLE_GIB", 0.0005 if smoke else RELEASED_TABLE_GIB))
+    if "projection" in parts:
+        out["records"] += bench_projection_q(shape, quick, log, timer, copy_gbps, smoke)
+    if "decode" in parts:
+        rec, info = bench_decode_step(shape, quick, log, timer, copy_gbps, smoke, decode_table_gb, n_tokens)
+        out["records"].append(rec)
+        out["decode"]["decode_step"] = info
+    if "build" in parts:
+        rec = bench_engine_build(shape, log, build_table_gib, smoke)
+        out["records"].append(rec)
+    return out
+
+
+def add_to(result: dict, shape: BenchShape, quick: bool, log=print) -> dict:
+    """Run the decode records and merge them into a suite result (records + result["decode"])."""
+    out = run(shape, quick, log)
+    result.setdefault("records", []).extend(out["records"])
+    result["decode"] = out["decode"]
+    return result

@@ -1,0 +1,317 @@
+"""EngramV41's decode path: wkv held in its file encoding, the graphed one-token decode, and the
+pinned uploads of start-up.
+
+Simulator tier (tiny model): the wkv format each construction picks (and refuses), that q2k- and
+fp8-resident weights give today's bf16 projection bit for bit with the in-order kernels, the
+many-token path (weight decoded to bf16, then the GEMM), decode == step (decode falls back to the
+ungraphed path: there are no graphs in the simulator), refusals before any state changes, the
+hasher's `out=`, and the uploader's file detection. GPU tier (`gpu`): decode through CUDA graphs
+equals the ungraphed step bit for bit over a sequence (device tables and host tables, q2k and bf16
+weights, a masked token), a new highway address captures a new graph, a bad token id leaves
+everything untouched, and the pinned uploader's chunks reassemble the array exactly.
+"""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from numba import cuda
+
+from engram_numba import engine as engine_mod
+from engram_numba.device.upload import Uploader, file_region
+from engram_numba.engine import EngramV41, wkv_encoding_of
+from engram_numba.fixtures import TINY_PATH, TINY_TOKENS
+from engram_numba.formats.schema_a import load_gguf
+from engram_numba.stages.hash.cpu import EngramHasher
+from engram_numba.stages.proj import reference as R
+
+T = 3
+
+
+@pytest.fixture(scope="module")
+def model():
+    return load_gguf(TINY_PATH)
+
+
+class _FP8Layer:
+    """A tiny-model layer whose wkv is FP8 codes + 32x32 tile scales (the protocol's names)."""
+
+    def __init__(self, lf, rng, N, K):
+        self.layer_id, self.table, self.table_encoding, self.n_rows = lf.layer_id, lf.table, lf.table_encoding, lf.n_rows
+        self.q_weight, self.k_weight = lf.q_weight, lf.k_weight
+        codes = rng.integers(0, 256, (N, K), dtype=np.uint8)
+        codes[(codes & 0x7F) == 0x7F] ^= 0x01
+        self.wkv_encoding = "fp8"
+        self.wkv_raw = codes
+        self.wkv_scales = rng.integers(116, 124, (-(-N // 32), K // 32), dtype=np.uint8)
+
+    def wkv_bf16(self):
+        return R.wkv_fp8_bf16(self.wkv_raw, self.wkv_scales)
+
+
+class _FP8Model:
+    def __init__(self, base, seed=3):
+        rng = np.random.default_rng(seed)
+        self._base = base
+        self.config, self.hash_tables = base.config, base.hash_tables
+        self.layers = {lid: _FP8Layer(lf, rng, base.config.proj_out, base.config.proj_in) for lid, lf in base.layers.items()}
+
+    def rows(self, lid):
+        return self._base.rows(lid)
+
+
+@pytest.fixture(scope="module")
+def fp8_model(model):
+    return _FP8Model(model)
+
+
+# ---- wkv formats --------------------------------------------------------------------------------
+
+def test_wkv_encoding_of_maps_schema_a_types(model):
+    assert wkv_encoding_of(model.layers[1]) == "q2k"            # schema A: wkv_type "Q2_K"
+    for t, e in (("BF16", "bf16"), ("F16", "f16"), ("F32", "f32"), ("Q8_0", "q8_0")):
+        assert wkv_encoding_of(type("L", (), {"wkv_type": t})()) == e
+    assert wkv_encoding_of(type("L", (), {"wkv_encoding": "fp8", "wkv_type": "BF16"})()) == "fp8"
+    assert wkv_encoding_of(object()) == "bf16"
+
+
+def test_default_wkv_format_is_the_files_compact_one(model, fp8_model):
+    cfg = model.config
+    q = EngramV41(model, max_tokens=2)
+    assert q.wkv_format == {1: "q2k", 4: "q2k"}
+    lw = q.layers[1]
+    assert lw.wkv.dtype == np.uint8 and tuple(lw.wkv.shape) == (cfg.proj_out, cfg.proj_in // 256 * 84)
+    b = EngramV41(model, max_tokens=2, wkv_format="bf16")
+    assert b.layers[1].wkv.dtype == np.uint16 and tuple(b.layers[1].wkv.shape) == (cfg.proj_out, cfg.proj_in)
+    assert q.device_bytes < b.device_bytes
+    f = EngramV41(fp8_model, max_tokens=2)
+    assert f.wkv_format == {1: "fp8", 4: "fp8"}
+    assert tuple(f.layers[1].wkv_scales.shape) == (cfg.proj_out // 32, cfg.proj_in // 32)
+    # a bf16 proj version decides the format when none is given; the build report is there
+    v = EngramV41(model, max_tokens=2, versions={"proj": "gemv_v1"})
+    assert v.wkv_format == {1: "bf16", 4: "bf16"}
+    rep = q.build_report
+    assert {"seconds", "bytes", "gb_per_s", "uploads", "wkv_format"} <= set(rep)
+    assert rep["bytes"] > 0
+
+
+def test_wkv_format_refusals_come_before_any_upload(model, monkeypatch):
+    calls = []
+    monkeypatch.setattr(engine_mod.Uploader, "upload", lambda self, *a, **k: calls.append(a) or None)
+    with pytest.raises(ValueError, match=r"stores its wkv as q2k \(nothing is re-quantised\)"):
+        EngramV41(model, max_tokens=2, wkv_format="fp8")
+    with pytest.raises(ValueError, match="wkv_format must be None or one of"):
+        EngramV41(model, max_tokens=2, wkv_format="q4_k")
+    with pytest.raises(ValueError, match="reads q2k weights but wkv_format='bf16'"):
+        EngramV41(model, max_tokens=2, wkv_format="bf16", versions={"proj": "gemv_q2k_v1"})
+    with pytest.raises(ValueError, match="proj kernel 'gemv_fp8_v1' reads fp8 weights"):
+        EngramV41(model, max_tokens=2, versions={"proj": "gemv_fp8_v1"})
+    assert calls == []
+
+
+def _apply_kv(engine, model, tokens, layer_index=1):
+    lid = model.config.layer_ids[layer_index]
+    ids = EngramHasher(model.hash_tables).hash(tokens)[:, layer_index, :]
+    engine.rows_from_ids(lid, ids)
+    return engine.project(lid).copy_to_host(), lid, ids
+
+
+def test_resident_weights_equal_the_bf16_projection(model, fp8_model):
+    """In the simulator the defaults are the in-order kernels on both sides (gemv_q2k_v1 /
+    gemv_fp8_v1 against gemv_v1 / gemm_v1): the projection is the same bits, whatever format the
+    weight is held in."""
+    for m in (model, fp8_model):
+        kv_q, lid, ids = _apply_kv(EngramV41(m, max_tokens=4, device_tables=True), m, TINY_TOKENS[:2])
+        kv_b, _, _ = _apply_kv(EngramV41(m, max_tokens=4, device_tables=True, wkv_format="bf16"), m, TINY_TOKENS[:2])
+        np.testing.assert_array_equal(kv_q, kv_b)
+        from engram_numba.stages.rows.reference import rows_reference
+        x = rows_reference(m.rows(lid).read(ids)).reshape(2, -1)
+        np.testing.assert_array_equal(kv_q, R.projection_reference(x, m.layers[lid].wkv_bf16()))
+
+
+def test_many_tokens_decode_the_weight_then_run_the_gemm(model, monkeypatch):
+    """Above QUANT_GEMV_MAX_TOKENS the engine decodes a q2k wkv to bf16 (once per layer, into a
+    shared scratch) and runs the bf16 GEMM: the same bits as a bf16-resident engine."""
+    monkeypatch.setattr(engine_mod, "QUANT_GEMV_MAX_TOKENS", 1)
+    eng = EngramV41(model, max_tokens=4, device_tables=True)
+    kv_q, lid, _ = _apply_kv(eng, model, TINY_TOKENS[:2])
+    assert "+" in eng.last_kernels()["proj"] and eng._scratch_layer == lid
+    kv_b, _, _ = _apply_kv(EngramV41(model, max_tokens=4, device_tables=True, wkv_format="bf16"), model, TINY_TOKENS[:2])
+    np.testing.assert_array_equal(kv_q, kv_b)
+    assert eng.device_bytes > EngramV41(model, max_tokens=4, device_tables=True).device_bytes   # the scratch
+
+
+# ---- decode ---------------------------------------------------------------------------------------
+
+def _run_sequence(engine, model, tokens, masks, use_decode, seed=7):
+    cfg = model.config
+    rng = np.random.default_rng(seed)
+    h0 = rng.standard_normal((1, cfg.hc, cfg.dim)).astype(np.float32)
+    d_h = cuda.to_device(h0)
+    hasher = EngramHasher(model.hash_tables)
+    outs = []
+    for tok, live in zip(tokens, masks):
+        if use_decode:
+            engine.decode(int(tok), d_h, hasher, None if live is None else live)
+        else:
+            engine.step([int(tok)], d_h, hasher, None if live is None else np.array([live]), graph=False)
+        cuda.synchronize()
+        outs.append(d_h.copy_to_host())
+    return np.stack(outs), hasher
+
+
+def test_decode_equals_step_in_the_simulator(model, simulator):
+    """Without a GPU, decode runs the same launches one by one: equal to step(graph=False)."""
+    if not simulator:
+        pytest.skip("on a GPU the graphed decode is tested in the gpu tier")
+    eng = EngramV41(model, max_tokens=2, device_tables=True)
+    assert not eng.graphs_available
+    tokens, masks = TINY_TOKENS[:3], [None, False, None]
+    got, hasher = _run_sequence(eng, model, tokens, masks, True)
+    want, _ = _run_sequence(EngramV41(model, max_tokens=2, device_tables=True), model, tokens, masks, False)
+    np.testing.assert_array_equal(got, want)
+    assert hasher.position == 3
+
+
+def test_decode_refuses_bad_input_before_anything_changes(model):
+    cfg = model.config
+    eng = EngramV41(model, max_tokens=2, device_tables=True)
+    hasher = EngramHasher(model.hash_tables)
+    h0 = np.ones((1, cfg.hc, cfg.dim), np.float32)
+    d_h = cuda.to_device(h0)
+    vocab = model.hash_tables.token_map.size
+    with pytest.raises(ValueError, match=f"token id {vocab} at position 0"):
+        eng.decode(vocab, d_h, hasher)
+    with pytest.raises(ValueError, match="token_mask must be a bool"):
+        eng.decode(2, d_h, hasher, np.array([1, 0]))
+    with pytest.raises(ValueError, match="graph=True replays the one-token decode graph"):
+        eng.step([2, 3], d_h, hasher, graph=True)
+    assert hasher.position == 0
+    np.testing.assert_array_equal(d_h.copy_to_host(), h0)
+
+
+def test_hasher_writes_into_out_after_checking_it(model):
+    hasher = EngramHasher(model.hash_tables)
+    want = EngramHasher(model.hash_tables).hash(TINY_TOKENS[:2])
+    with pytest.raises(ValueError, match="out must be a writeable C-contiguous int64 array of shape"):
+        hasher.hash(TINY_TOKENS[:2], out=np.empty((2, 1, 1), np.int64))
+    assert hasher.position == 0
+    out = np.full(want.shape, -5, np.int64)
+    assert hasher.hash(TINY_TOKENS[:2], out=out) is out
+    np.testing.assert_array_equal(out, want)
+
+
+# ---- uploads ------------------------------------------------------------------------------------
+
+def test_file_region_finds_the_map(tmp_path):
+    path = tmp_path / "blob.bin"
+    data = np.arange(4096, dtype=np.uint8)
+    data.tofile(path)
+    m = np.memmap(path, dtype=np.uint8, mode="r")
+    view = m.view(np.ndarray)[1000:3000].reshape(100, 20)
+    import os
+    assert file_region(view) == (os.path.abspath(str(path)), 1000)
+    assert file_region(np.memmap(path, dtype=np.uint8, mode="r")[77:]) == (os.path.abspath(str(path)), 77)
+    assert file_region(np.zeros(4)) is None
+    assert file_region(view[:, ::2]) is None
+    with Uploader() as up:
+        dev = up.upload(view, "test")
+        np.testing.assert_array_equal(dev.copy_to_host(), view)
+        assert up.stats.records[0].nbytes == 2000
+
+
+def test_uploader_arguments():
+    with pytest.raises(ValueError, match="chunk_bytes must be"):
+        Uploader(chunk_bytes=100)
+
+
+# ---- GPU tier -----------------------------------------------------------------------------------
+
+DECODE_TOKENS = np.array([2, 17, 47, 13, 32, 59, 39, 29, 42, 31, 36, 6, 27, 8, 5, 9, 60, 61, 3, 44], dtype=np.int64)
+DECODE_MASKS = [None] * 9 + [False] + [None] * 10
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("device_tables", [True, False], ids=["device-tables", "host-tables"])
+@pytest.mark.parametrize("wkv_format", [None, "bf16"])
+def test_gpu_decode_graph_equals_ungraphed_step(model, device_tables, wkv_format, gpu_record):
+    """A 20-token sequence (one dead token) through decode's CUDA graphs and through step(graph=False)
+    on a second engine: the highway after every token is the same bits; step(T=1) uses the graph."""
+    import time
+    kw = dict(max_tokens=4, device_tables=device_tables, wkv_format=wkv_format)
+    eng = EngramV41(model, **kw)
+    assert eng.graphs_available
+    got, hasher = _run_sequence(eng, model, DECODE_TOKENS, DECODE_MASKS, True)
+    want, _ = _run_sequence(EngramV41(model, **kw), model, DECODE_TOKENS, DECODE_MASKS, False)
+    np.testing.assert_array_equal(got, want)
+    assert len(eng._decode_graphs) == 1 and hasher.position == len(DECODE_TOKENS)
+    if device_tables:
+        assert eng.decode_bad_ids() == 0
+    # step with one token replays the graph too
+    d_h = cuda.to_device(np.ones((1, model.config.hc, model.config.dim), np.float32))
+    eng.step([5], d_h, EngramHasher(model.hash_tables))
+    assert len(eng._decode_graphs) == 2
+    # host time of a decode call (the replay is asynchronous)
+    h = cuda.to_device(np.ones((1, model.config.hc, model.config.dim), np.float32))
+    hs = EngramHasher(model.hash_tables, capacity=1024)
+    eng.decode(3, h, hs)
+    cuda.synchronize()
+    t0 = time.perf_counter()
+    for tok in np.resize(DECODE_TOKENS, 200):
+        eng.decode(int(tok), h, hs)
+    host_us = (time.perf_counter() - t0) / 200 * 1e6
+    cuda.synchronize()
+    gpu_record(test="decode graph == ungraphed step", device_tables=device_tables, wkv_format=str(wkv_format),
+               tokens=len(DECODE_TOKENS), decode_host_us_per_token_tiny=round(host_us, 1), passed=True)
+
+
+@pytest.mark.gpu
+def test_gpu_new_highway_address_captures_a_new_graph(model):
+    eng = EngramV41(model, max_tokens=2, device_tables=True)
+    plain = EngramV41(model, max_tokens=2, device_tables=True)
+    cfg = model.config
+    rng = np.random.default_rng(1)
+    for k in range(6):                                       # more highways than graphs kept (4)
+        h0 = rng.standard_normal((1, cfg.hc, cfg.dim)).astype(np.float32)
+        a, b = cuda.to_device(h0), cuda.to_device(h0)
+        eng.decode(int(TINY_TOKENS[k]), a, EngramHasher(model.hash_tables))
+        plain.step([int(TINY_TOKENS[k])], b, EngramHasher(model.hash_tables), graph=False)
+        cuda.synchronize()
+        np.testing.assert_array_equal(a.copy_to_host(), b.copy_to_host())
+    assert len(eng._decode_graphs) == 4
+
+
+@pytest.mark.gpu
+def test_gpu_bad_token_changes_nothing(model):
+    eng = EngramV41(model, max_tokens=2, device_tables=True)
+    cfg = model.config
+    hasher = EngramHasher(model.hash_tables)
+    h = cuda.to_device(np.ones((1, cfg.hc, cfg.dim), np.float32))
+    eng.decode(2, h, hasher)
+    cuda.synchronize()
+    before = h.copy_to_host()
+    graph = next(iter(eng._decode_graphs.values()))
+    pinned = [b.copy() for b in graph.ids]
+    with pytest.raises(ValueError, match="token id -1"):
+        eng.decode(-1, h, hasher)
+    cuda.synchronize()
+    np.testing.assert_array_equal(h.copy_to_host(), before)
+    assert hasher.position == 1
+    for b, p in zip(graph.ids, pinned):
+        np.testing.assert_array_equal(b, p)
+
+
+@pytest.mark.gpu
+def test_gpu_pinned_uploader_reassembles_exactly(tmp_path, gpu_record):
+    """Both read paths (pread from a mapped file, memcpy from memory) through a ring of small
+    chunks (many wraps, a ragged last chunk) give the array back exactly."""
+    rng = np.random.default_rng(4)
+    data = rng.integers(0, 256, (37 << 20) + 12345, dtype=np.uint8)
+    path = tmp_path / "blob.bin"
+    data.tofile(path)
+    mapped = np.memmap(path, dtype=np.uint8, mode="r")[77:].reshape(-1)
+    with Uploader(chunk_bytes=1 << 20, threads=3) as up:
+        for arr, method in ((mapped, "pread"), (data[77:], "memcpy")):
+            dev = up.upload(arr, method)
+            assert up.stats.records[-1].method == method
+            np.testing.assert_array_equal(dev.copy_to_host(), np.asarray(arr))
+        gpu_record(test="pinned uploader", **{r.method + "_gbps": round(r.gbps, 2) for r in up.stats.records})
