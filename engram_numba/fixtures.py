@@ -117,34 +117,12 @@ def tiny_model_path() -> Path:
 # The tiny model's tokenizer -----------------------------------------------------------------------
 
 TINY_TOKENIZER_PATH = REPO_DATA / "tiny_tokenizer.json"
-TINY_SPECIAL_TOKENS = ("<｜begin▁of▁sentence｜>", "<｜end▁of▁sentence｜>", "<｜▁pad▁｜>", "<unk>")
-# byte-level BPE merges, in priority order; every product is a token of the vocabulary
-TINY_MERGES = (("t", "h"), ("th", "e"), ("i", "n"), ("in", "g"), ("a", "n"), ("an", "d"), ("e", "r"),
-               ("o", "n"), ("r", "e"), ("a", "t"), ("e", "n"), ("o", "f"), ("t", "o"), ("i", "s"),
-               ("e", "s"), ("o", "r"), ("a", "r"))
 
 
 def build_tiny_tokenizer():
-    """The tiny model's tokenizer (a `tokenizers.Tokenizer`): a 64-token byte-level BPE.
-
-    Ids 0..3 are BOS, EOS, pad (raw 2, the tiny hash's pad) and <unk>; then a..z, 0..9, the space
-    ('Ġ'), . , ' ! ? -, and 17 merges (th, the, in, ing, ...). Text is lower-cased first; any
-    other character is <unk>. Every token's normal form (docs/math.md section 2) is different, so
-    the compressed token map built from it is the identity, which is the tiny model's map."""
-    from tokenizers import AddedToken, Tokenizer, decoders, models, normalizers, pre_tokenizers, processors
-    base = list("abcdefghijklmnopqrstuvwxyz0123456789") + ["Ġ"] + list(".,'!?-")
-    vocab_list = list(TINY_SPECIAL_TOKENS) + base + [a + b for a, b in TINY_MERGES]
-    assert len(vocab_list) == 64 == len(set(vocab_list))
-    vocab = {t: i for i, t in enumerate(vocab_list)}
-    tok = Tokenizer(models.BPE(vocab=vocab, merges=list(TINY_MERGES), unk_token="<unk>", fuse_unk=True))
-    tok.normalizer = normalizers.Lowercase()
-    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
-    tok.decoder = decoders.ByteLevel()
-    tok.add_special_tokens([AddedToken(s, special=True, normalized=False) for s in TINY_SPECIAL_TOKENS])
-    bos = TINY_SPECIAL_TOKENS[0]
-    tok.post_processor = processors.TemplateProcessing(single=f"{bos} $A", pair=f"{bos} $A $B",
-                                                       special_tokens=[(bos, 0)])
-    return tok
+    """The tiny model's tokenizer as a `tokenizers.Tokenizer` (see `text.build_tiny_tokenizer`)."""
+    from .text import build_tiny_tokenizer as build
+    return build()
 
 
 def make_tiny_tokenizer(path=TINY_TOKENIZER_PATH) -> Path:

@@ -285,18 +285,55 @@ def load_tokenizer(source) -> Tokenizer:
     return _from_json_file(path)
 
 
-def _tiny_tokenizer_for(model) -> Path | None:
-    from .fixtures import TINY_PATH, TINY_TOKENIZER_PATH, tiny_model_path
+# The tiny fixture model's tokenizer (data/tiny_tokenizer.json; rebuilt in memory when this is
+# not a source checkout). Defined here, not in fixtures.py, so that text never imports fixtures.
+TINY_MODEL_NAME = "engram-numba tiny V4.1 fixture"      # general.name of data/tiny_v41.gguf
+_REPO_DATA = Path(__file__).resolve().parent.parent / "data"
+TINY_TOKENIZER_FILE = _REPO_DATA / "tiny_tokenizer.json"
+TINY_SPECIAL_TOKENS = ("<｜begin▁of▁sentence｜>", "<｜end▁of▁sentence｜>", "<｜▁pad▁｜>", "<unk>")
+# byte-level BPE merges, in priority order; every product is a token of the vocabulary
+TINY_MERGES = (("t", "h"), ("th", "e"), ("i", "n"), ("in", "g"), ("a", "n"), ("an", "d"), ("e", "r"),
+               ("o", "n"), ("r", "e"), ("a", "t"), ("e", "n"), ("o", "f"), ("t", "o"), ("i", "s"),
+               ("e", "s"), ("o", "r"), ("a", "r"))
+
+
+def build_tiny_tokenizer():
+    """The tiny model's tokenizer (a `tokenizers.Tokenizer`): a 64-token byte-level BPE.
+
+    Ids 0..3 are BOS, EOS, pad (raw 2, the tiny hash's pad) and <unk>; then a..z, 0..9, the space
+    ('Ġ'), . , ' ! ? -, and 17 merges (th, the, in, ing, ...). Text is lower-cased first; any
+    other character is <unk>. Every token's normal form (docs/math.md section 2) is different, so
+    the compressed token map built from it is the identity, which is the tiny model's map."""
+    tk = _require_tokenizers()
+    base = list("abcdefghijklmnopqrstuvwxyz0123456789") + ["Ġ"] + list(".,'!?-")
+    vocab_list = list(TINY_SPECIAL_TOKENS) + base + [a + b for a, b in TINY_MERGES]
+    assert len(vocab_list) == 64 == len(set(vocab_list))
+    vocab = {t: i for i, t in enumerate(vocab_list)}
+    tok = tk.Tokenizer(tk.models.BPE(vocab=vocab, merges=list(TINY_MERGES), unk_token="<unk>", fuse_unk=True))
+    tok.normalizer = tk.normalizers.Lowercase()
+    tok.pre_tokenizer = tk.pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.decoder = tk.decoders.ByteLevel()
+    tok.add_special_tokens([tk.AddedToken(s, special=True, normalized=False) for s in TINY_SPECIAL_TOKENS])
+    bos = TINY_SPECIAL_TOKENS[0]
+    tok.post_processor = tk.processors.TemplateProcessing(single=f"{bos} $A", pair=f"{bos} $A $B",
+                                                          special_tokens=[(bos, 0)])
+    return tok
+
+
+def _is_tiny_model(model) -> bool:
+    kv = getattr(model, "kv", None)
+    if isinstance(kv, dict) and kv.get("general.name") == TINY_MODEL_NAME:
+        return True
     try:
-        p = Path(str(getattr(model, "path", ""))).resolve()
+        return Path(str(getattr(model, "path", ""))).resolve() == (_REPO_DATA / "tiny_v41.gguf").resolve()
     except OSError:  # pragma: no cover
-        return None
-    tiny = {TINY_PATH.resolve()}
-    if TINY_PATH.exists() is False:
-        tiny.add(Path(tiny_model_path()).resolve())
-    if p in tiny and TINY_TOKENIZER_PATH.exists():
-        return TINY_TOKENIZER_PATH
-    return None
+        return False
+
+
+def _tiny_tokenizer() -> Tokenizer:
+    if TINY_TOKENIZER_FILE.exists():
+        return _from_json_file(TINY_TOKENIZER_FILE)
+    return Tokenizer(hf=build_tiny_tokenizer(), source="the tiny model's tokenizer (built in memory)")
 
 
 def tokenizer_for(model, tokenizer=None, *, need_encode: bool = False) -> Tokenizer:
@@ -320,9 +357,8 @@ def tokenizer_for(model, tokenizer=None, *, need_encode: bool = False) -> Tokeni
         sibling = path.parent / "tokenizer.json" if str(path) else None
         if sibling is not None and path.is_file() and sibling.is_file():
             candidates.append(lambda: _from_json_file(sibling))
-        tiny = _tiny_tokenizer_for(model)
-        if tiny is not None:
-            candidates.append(lambda: _from_json_file(tiny))
+        if _is_tiny_model(model):
+            candidates.append(_tiny_tokenizer)
         if isinstance(kv, dict) and kv.get(GGUF_TOKENS) is not None:
             gguf_decoder = lambda: _from_gguf_kv(kv, str(path))  # noqa: E731
             candidates.append(gguf_decoder)

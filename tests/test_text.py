@@ -96,22 +96,25 @@ def test_pipeline_runs_from_text_and_carries_token_strings(model, tok):
         pipe.run()
 
 
-def _tiny_with_vocab(tmp_path, tok, *, hf_json: bool = False, name: str = "vocab.gguf"):
-    """The tiny model written again with the tiny tokenizer's vocabulary in GGUF keys."""
+def _tiny_with_vocab(tmp_path, tok, *, hf_json: bool = False, name: str = "vocab.gguf", vocab: bool = True):
+    """The tiny model written again (under another general.name) with the tiny tokenizer's
+    vocabulary in GGUF keys (or, vocab=False, with no tokenizer at all)."""
     cfg, tables = tiny_config(), tiny_hash_tables()
     src = load_gguf(TINY_PATH)
     layers = {lid: {"table": np.array(lf.table), "wkv": np.array(lf.wkv_raw), "wkv_type": lf.wkv_type,
                     "q_weight": np.array(lf.q_weight), "k_weight": np.array(lf.k_weight)}
               for lid, lf in src.layers.items()}
     hf = tok._hf
-    vocab = [hf.id_to_token(i) for i in range(64)]
+    strings = [hf.id_to_token(i) for i in range(64)]
     types = [3 if i < 4 else 1 for i in range(64)]
     merges = [" ".join(m) for m in json.loads(hf.to_str())["model"]["merges"]]
     kv = {"tokenizer.ggml.model": ("str", "gpt2"), "tokenizer.ggml.pre": ("str", "deepseek-v3"),
-          "tokenizer.ggml.tokens": ("arr[str]", vocab), "tokenizer.ggml.token_type": ("arr[i32]", np.array(types)),
+          "tokenizer.ggml.tokens": ("arr[str]", strings), "tokenizer.ggml.token_type": ("arr[i32]", np.array(types)),
           "tokenizer.ggml.merges": ("arr[str]", merges)}
     if hf_json:
         kv["tokenizer.huggingface.json"] = ("str", hf.to_str())
+    if not vocab:
+        kv = {}
     path = tmp_path / name
     write_gguf(path, cfg, tables, layers, kv_overrides=kv)
     return path
@@ -147,8 +150,12 @@ def test_gguf_with_the_huggingface_json_encodes(tmp_path, tok):
 
 def test_tokenizer_beside_the_model_and_errors(tmp_path, tok):
     import shutil
-    m_path = tmp_path / "m.gguf"
-    shutil.copy(TINY_PATH, m_path)
+    copy = tmp_path / "copy" / "tiny.gguf"
+    copy.parent.mkdir()
+    shutil.copy(TINY_PATH, copy)                      # a copy of the fixture is still the tiny model
+    with load_gguf(copy) as m:
+        assert text.tokenizer_for(m).source.endswith("tiny_tokenizer.json")
+    m_path = _tiny_with_vocab(tmp_path, tok, name="m.gguf", vocab=False)
     with load_gguf(m_path) as m:
         with pytest.raises(text.NoTokenizerError, match="carries no tokenizer"):
             text.tokenizer_for(m)
