@@ -21,8 +21,8 @@ What is kept, per engram layer and stream, over live tokens (masked tokens are c
 - **A fixed fine histogram** of the gate: FINE_BINS = 100,000 bins over [0, 1] (width 1e-5; the
   last bin includes 1.0). The coarse histogram (`bins`, a divisor of FINE_BINS) is a sum of fine
   bins, and the quantiles are read from the fine histogram by linear interpolation inside the
-  bin that holds them: their resolution is 1e-5 (each lies in the fine bin of the order
-  statistic at rank floor(q (n-1)), the lower of the two that np.quantile interpolates between).
+  bin that holds them: each of the two order statistics np.quantile interpolates between is
+  placed inside its fine bin, so a quantile is within 1e-5 of np.quantile's (linear) value.
   Integer counts: merges are exact.
 - **The clamp rate**: live tokens with |dot| < 1e-6 (the gate's clamp, docs/math.md section 6).
 - **Per compressed token** (the hash's unit): live occurrences, and the gate's sum per layer and
@@ -504,14 +504,18 @@ class StreamingGateStats:
         if n == 0:
             return np.full(qs.shape, np.nan)
         cum = np.cumsum(fine)
+
+        def at(rank: int) -> float:
+            """The value of order statistic `rank`, placed inside its fine bin (error < 1e-5)."""
+            b = min(int(np.searchsorted(cum, rank, side="right")), FINE_BINS - 1)
+            before = int(cum[b - 1]) if b else 0
+            return (b + (rank - before + 0.5) / max(int(fine[b]), 1)) / FINE_BINS
         out = []
         for x in qs:
-            target = x * (n - 1)                            # the rank np.quantile (linear) interpolates at
-            b = int(np.searchsorted(cum, target, side="right"))
-            b = min(b, FINE_BINS - 1)
-            before = int(cum[b - 1]) if b else 0
-            inside = max(int(fine[b]), 1)
-            out.append((b + (target - before + 0.5) / inside) / FINE_BINS)
+            r = x * (n - 1)                                 # np.quantile's (linear) interpolation
+            lo = math.floor(r)
+            hi = min(lo + 1, n - 1)
+            out.append(at(lo) + (r - lo) * (at(hi) - at(lo)))
         li = self._li(layer_id)
         lo, hi = self.minmax[li, int(stream), 0], self.minmax[li, int(stream), 1]
         return np.clip(np.array(out), lo, hi)
