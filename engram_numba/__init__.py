@@ -49,6 +49,11 @@ _PUBLIC = {
     "load_highway": ("highway", "load_highway"),
     "save_highway": ("highway", "save_highway"),
     "HighwayFile": ("highway", "HighwayFile"),
+    # corpus statistics and tables
+    "corpus_stats": ("analysis.corpus", "corpus_stats"),
+    "StreamingGateStats": ("analysis.streaming", "StreamingGateStats"),
+    "merge_stats": ("analysis.streaming", "merge"),
+    "token_table": ("analysis.tables", "token_table"),
     # analysis
     "diff": ("analysis.diff", "diff"),
     "DiffReport": ("analysis.diff", "DiffReport"),

@@ -106,7 +106,10 @@ def test_bench_smoke_runs_the_suite_in_the_simulator(tmp_path, capsys):
     out = tmp_path / "smoke.json"
     assert main(["bench", "--smoke", "--out", str(out)]) == 0
     res = json.loads(out.read_text())
-    assert {r["stage"] for r in res["records"]} == {"gather_dequant", "projection", "gate", "apply"}
+    assert {r["stage"] for r in res["records"]} == {"gather_dequant", "projection", "gate", "apply", "corpus_stats"}
+    corpus = [r for r in res["records"] if r["stage"] == "corpus_stats"]
+    assert {r["variant"] for r in corpus} == {"device", "device, gate statistics only", "host pinned", "host pageable"}
+    assert all(r["tokens_per_s"] > 0 and r["validated"] and r["device_sum_us"] > 0 for r in corpus)
     assert all(r["validated"] for r in res["variants"]) and res["variants"]
     assert (tmp_path / "smoke.png").stat().st_size > 1000
 

@@ -336,3 +336,47 @@ def test_synthetic_blocks_match_the_pipelines_highway():
     pos = np.array([0, 1, 2, 300, 301, 5, 255, 256])
     whole = synthetic_highway(0, 400, 2, 8)
     np.testing.assert_array_equal(blocks.host(pos), whole[pos])
+
+
+# -- gpu tier (skipped without a GPU) ------------------------------------------------------------------
+
+@pytest.mark.gpu
+def test_gpu_corpus_stats_agree_with_cpu(model):
+    """On a GPU the default (fast) kernels sum in other orders: every count that does not depend
+    on the gate's value is equal, and the gate's moments agree to bf16 rounding of the kv."""
+    texts = make_corpus(300)
+    cpu = corpus_stats(model, texts=texts, backend="cpu")
+    gpu = corpus_stats(model, texts=texts, backend="cuda")
+    assert (gpu.n_tokens, gpu.n_documents) == (cpu.n_tokens, cpu.n_documents)
+    np.testing.assert_array_equal(gpu.tok_count, cpu.tok_count)
+    for a, b in zip(gpu.row_bitmaps, cpu.row_bitmaps):
+        np.testing.assert_array_equal(a, b)
+    for n in cpu.contexts:
+        np.testing.assert_array_equal(gpu.context_table(n).count, cpu.context_table(n).count)
+    for r, s in zip(cpu, gpu):
+        assert r.n == s.n
+        np.testing.assert_allclose([s.mean, s.std, s.q50], [r.mean, r.std, r.q50], rtol=2e-3, atol=1e-3)
+
+
+@pytest.mark.gpu
+def test_gpu_device_path_keeps_rows_and_kv_on_the_device(model, monkeypatch):
+    from engram_numba import pipeline as pl
+    from engram_numba.fixtures import TINY_MASK, TINY_TOKENS
+    ref = Pipeline(model, "reference").run(TINY_TOKENS, token_mask=TINY_MASK)
+    pipe = Pipeline(model, "cuda")
+    for name in ("rows", "proj", "gate"):
+        monkeypatch.setattr(pl._CudaBackend, name, lambda *a, _n=name, **k: pytest.fail(f"host-copying {_n} called"))
+    cap = pipe.run(TINY_TOKENS, token_mask=TINY_MASK, names_filter=["tokens.*", "L*.gate.gate", "L*.gate.dot"])
+    for lid in (1, 4):
+        np.testing.assert_allclose(cap[f"L{lid}.gate.gate"], ref[f"L{lid}.gate.gate"], rtol=2e-2, atol=2e-3)
+
+
+@pytest.mark.gpu
+def test_gpu_corpus_bench_small_tables():
+    from engram_numba.bench.corpus import run
+    from engram_numba.bench.timing import RELEASED
+    res = run(RELEASED, quick=True, table_gb=0.5, n_chunks=2, log=lambda *a: None)
+    assert len(res["records"]) == 4
+    for r in res["records"]:
+        assert r["validated"] and r["tokens_per_s"] > 0 and r["device_sum_us"] > 0
+    assert res["memory"]["peak_device_gb"] > 1.0

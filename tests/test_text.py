@@ -200,3 +200,14 @@ def test_compressed_view(model, tok):
         v.folded(99)
     pytest.importorskip("pandas")
     assert list(v.to_frame().columns) == ["raw_id", "compressed_id", "group_size", "token"]
+
+
+def test_research_doc_text_example_runs():
+    """docs/research.md section 1's first python block runs as written."""
+    import re
+    from pathlib import Path
+    md = (Path(__file__).resolve().parent.parent / "docs" / "research.md").read_text()
+    block = re.findall(r"```python\n(.*?)```", md, flags=re.S)[0]
+    ns: dict = {}
+    exec(compile(block, "docs/research.md block 0", "exec"), ns)
+    assert ns["cap"].meta["token_strings"][1] == "the"

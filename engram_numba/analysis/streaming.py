@@ -625,6 +625,14 @@ class StreamingGateStats:
         t.flush()
         return t
 
+    fixed_point_scale = float(1 << FIXED_POINT_BITS)   # per-key gate sums are in units of 1 / this
+
+    def context_windows(self, order: int) -> np.ndarray:
+        """The tracked contexts of `order` as compressed ids [G, order], slot 0 the current token
+        (the rows of `context_table(order)`)."""
+        t = self.context_table(order)
+        return unpack_contexts(t.keys, t.order, self.bits, self.per_word)
+
     def top_contexts(self, order: int, layer_id: int, stream: int | None = None, k: int = 20, by: str = "count",
                      min_count: int = 1, ascending: bool = False) -> list[dict]:
         """The k n-gram contexts of `order` by occurrences or mean gate (see top_tokens). Each:

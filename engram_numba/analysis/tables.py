@@ -113,7 +113,6 @@ def aggregate_tables(stats, frames: bool = True) -> dict:
     contexts   order, layer, stream, context (compressed ids, oldest first, space-separated), text, count, mean_gate
     columns    layer, col, order, head, reads, distinct_ids, distinct_contexts, ids_of_contexts, collisions, exact
     Every table carries the highway description (DataFrame.attrs["highway"] / a `highway` key per row is not added)."""
-    from .streaming import FIXED_POINT_BITS, unpack_contexts
     stats.finish()
     out: dict[str, list] = {}
     rows = []
@@ -136,7 +135,7 @@ def aggregate_tables(stats, frames: bool = True) -> dict:
     rep = stats.representative_raw()
     seen = np.flatnonzero(stats.tok_count > 0)
     strings = {int(c): stats._string_of_compressed(rep, int(c)) for c in seen}
-    scale = float(1 << FIXED_POINT_BITS)
+    scale = stats.fixed_point_scale
     toks = []
     for li, lid in enumerate(stats.layer_ids):
         for c in range(stats.hc):
@@ -147,7 +146,7 @@ def aggregate_tables(stats, frames: bool = True) -> dict:
     ctx = []
     for n in sorted(stats.contexts):
         t = stats.context_table(n)
-        windows = unpack_contexts(t.keys, n, stats.bits, stats.per_word)[:, ::-1]     # oldest first
+        windows = stats.context_windows(n)[:, ::-1]                                  # oldest first
         names = [" ".join(str(int(x)) for x in w) for w in windows]
         texts = []
         for w in windows:
