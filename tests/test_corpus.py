@@ -79,7 +79,7 @@ def test_a_streamed_corpus_of_10k_tokens_merges_to_its_one_pass_statistics(tmp_p
     assert whole.n_tokens >= 10_000 and whole.n_documents == 600
     assert whole.n_chunks >= 3 and whole.meta["highway"].startswith("synthetic")
     runs = [corpus_stats(model, files[0], backend="cpu", chunk_tokens=1000),
-            corpus_stats(model, files[1], backend="cpu", chunk_tokens=4096, threads=False),
+            corpus_stats(model, files[1], backend="cpu", chunk_tokens=4096, threads=False, reducer_threads=1),
             corpus_stats(model, files[2], backend="cpu", chunk_tokens=333)]
     assert_same_stats(whole, merge(runs))
     assert_same_stats(whole, runs[0] + runs[1] + runs[2])

@@ -211,3 +211,32 @@ def test_research_doc_text_example_runs():
     ns: dict = {}
     exec(compile(block, "docs/research.md block 0", "exec"), ns)
     assert ns["cap"].meta["token_strings"][1] == "the"
+
+
+def test_token_strings_in_diff_heatmap_and_gate_tables(model):
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    from engram_numba.analysis.diff import diff
+    from engram_numba.analysis.plots import gate_heatmap, gate_histogram
+    from engram_numba.analysis.stats import gate_stats
+    a = Pipeline(model, "cpu").run(text="the cat sat")
+    b = Pipeline(model, "cpu", residual="bf16").run(text="the cat sat")
+    report = diff(a, b)
+    row = report["L1.highway.out"]
+    t = report.token_of(row)
+    assert t == row.first_diff[0]
+    assert f"(token {t} '{text.token_label(a.meta['token_strings'][t])}')" in str(report)
+    st = gate_stats(a)
+    assert st.token_strings == a.meta["token_strings"] and "highway: SYNTHETIC" in str(st)
+    table = st.per_token_table()
+    assert "gate per token (strings, highway SYNTHETIC)" in table and " the " in table
+    top = st.top_tokens(1, k=2)
+    assert len(top) == 2 and top[0]["gate"] >= top[1]["gate"] and top[0]["token"] in a.meta["token_strings"]
+    fig = gate_heatmap(a)
+    labels = [x.get_text() for ax in fig.axes for x in ax.get_xticklabels() if x.get_text()]
+    assert "the" in labels and "␣" in labels
+    assert any("SYNTHETIC" in t.get_text() for t in fig.texts)
+    fig2 = gate_histogram(a)
+    assert any("SYNTHETIC" in t.get_text() for t in fig2.texts)
+    plt.close("all")

@@ -441,7 +441,7 @@ def corpus_stats(model, corpus=None, *, texts=None, documents=None, backend="cpu
                  max_contexts: int = DEFAULT_MAX_CONTEXTS, contexts: bool = True, rows: bool = True,
                  limit_tokens: int | None = None, progress: bool = False, residual: str = "fp32",
                  cuda_versions: dict | None = None, token_table=None, threads: bool = True,
-                 engine=None, device_highway=None) -> StreamingGateStats:
+                 reducer_threads: int | None = None, engine=None, device_highway=None) -> StreamingGateStats:
     """Stream a corpus through the pipeline and keep only statistics (module doc).
 
     model:        an opened model (load_gguf / load_model).
@@ -454,6 +454,8 @@ def corpus_stats(model, corpus=None, *, texts=None, documents=None, backend="cpu
     limit_tokens: stop after this many tokens.
     token_table:  also write the long per-token table to this .parquet (or .csv) file.
     threads:      tokenize+hash and the statistics on their own threads (False: all in order on one).
+    reducer_threads: threads the statistics use inside a chunk (layers and context orders side by
+                  side; default min(5, CPU count); 1 = none). Results are the same either way.
     engine:       an `EngramV41` (device tables, max_tokens >= chunk_tokens) for the cuda backend to use.
     device_highway: for benchmarks, a callable (job positions [T]) -> device highway [T, hc, dim]
                   used instead of the synthetic one.
@@ -524,9 +526,15 @@ def corpus_stats(model, corpus=None, *, texts=None, documents=None, backend="cpu
         timing["gates_s"] += time.perf_counter() - t0
         return Chunk(job.token_ids, job.live, job.row_ids, job.windows, out, job.n_documents)
 
+    n_red = min(5, os.cpu_count() or 1) if reducer_threads is None else int(reducer_threads)
+    pool = None
+    if n_red > 1:
+        from concurrent.futures import ThreadPoolExecutor
+        pool = ThreadPoolExecutor(n_red, thread_name_prefix="engram-stats")
+
     def reduce(job: _Job, chunk: Chunk) -> None:
         t0 = time.perf_counter()
-        stats.update(chunk, token_map)
+        stats.update(chunk, token_map, pool)
         if writer is not None:
             strings = tok.token_strings(job.token_ids) if tok is not None else None
             writer.write(token_columns(job.token_ids, job.live, chunk.gates,
@@ -553,6 +561,8 @@ def corpus_stats(model, corpus=None, *, texts=None, documents=None, backend="cpu
             bar.close()
         if writer is not None:
             writer.close()
+        if pool is not None:
+            pool.shutdown()
     wall = time.perf_counter() - t_wall
     stats.finish()
     timing["wall_s"] = wall

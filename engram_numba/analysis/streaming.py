@@ -30,10 +30,10 @@ What is kept, per engram layer and stream, over live tokens (masked tokens are c
   to 1.2e-10). Raw-token occurrences are counted too, to name each compressed id by its most
   frequent raw token.
 - **Per n-gram context** (the window the hash folds, orders 2..max_ngram_size, compressed ids,
-  blocked slots as pad): occurrences and fixed-point gate sums, in a table with a cap of
+  blocked slots as pad): occurrences and fixed-point gate sums, in a hash table with a cap of
   `max_contexts` distinct contexts per order. Below the cap everything is exact (and merges
-  exactly). When a flush leaves more than the cap, the table keeps the cap/2 most frequent
-  contexts (ties by key) and drops the rest; `pruned` then says so, and `undercount_bound` is a
+  exactly). When a chunk (or a merge) leaves more than the cap, the table keeps the cap/2 most
+  frequent contexts (ties by key) and drops the rest; `pruned` then says so, and `undercount_bound` is a
   bound on how much any context's count can be below its true count (the sum, over prunes, of
   the largest count dropped).
 - **Row ids**: a bitmap of the rows each layer's table served (exact distinct ids per hash
@@ -63,7 +63,6 @@ FINE_BINS = 100_000                 # fine histogram bins over [0, 1]: quantile 
 FIXED_POINT_BITS = 32               # per-key gate sums are integer multiples of 2^-32
 MAX_CALL_TOKENS = 32_768            # the reducer's int64 squares stay exact for this many values a call
 DEFAULT_MAX_CONTEXTS = 200_000
-_FLUSH_ROWS = 262_144               # pending context rows before they are folded into the table
 _EXP_BINS = 256                     # fp32 biased exponents (0 and 1 share: denormals)
 STATE_VERSION = 1
 
@@ -199,84 +198,177 @@ def _m2(s1: int, s2: int, n: int) -> float:
 
 # Context tables -------------------------------------------------------------------------------
 
+@njit(cache=True, nogil=True)
+def _slot_of(slot_keys, slot_count, key):  # pragma: no cover - jitted
+    """The slot holding `key`, or the empty slot where it goes (linear probing; never full)."""
+    W = slot_keys.shape[1]
+    mask = slot_count.size - 1
+    h = np.uint64(0x9E3779B97F4A7C15)
+    for w in range(W):
+        h = (h ^ np.uint64(key[w])) * np.uint64(0xBF58476D1CE4E5B9)
+        h ^= h >> np.uint64(31)
+    i = np.int64(h & np.uint64(mask))
+    while slot_count[i] != 0:
+        same = True
+        for w in range(W):
+            if slot_keys[i, w] != key[w]:
+                same = False
+                break
+        if same:
+            return i
+        i = (i + 1) & mask
+    return i
+
+
+@njit(cache=True, nogil=True)
+def _ctx_add_tokens(slot_keys, slot_count, slot_gsum, windows, live, q, order, bits, per_word):  # pragma: no cover
+    """Count every live token's context of `order` (slots 0..order-1 of windows [T, M]) and add its
+    fixed-point gates q [T, L, hc]; returns the number of new contexts."""
+    W = slot_keys.shape[1]
+    key = np.zeros(W, np.int64)
+    new = 0
+    for t in range(windows.shape[0]):
+        if not live[t]:
+            continue
+        for w in range(W):
+            key[w] = 0
+        for s in range(order):
+            key[s // per_word] |= windows[t, s] << (bits * (s % per_word))
+        i = _slot_of(slot_keys, slot_count, key)
+        if slot_count[i] == 0:
+            slot_keys[i] = key
+            new += 1
+        slot_count[i] += 1
+        slot_gsum[i] += q[t]
+    return new
+
+
+@njit(cache=True, nogil=True)
+def _ctx_add_entries(slot_keys, slot_count, slot_gsum, keys, count, gsum):  # pragma: no cover - jitted
+    """Add entries (keys [n, W], count [n], gsum [n, L, hc]); returns the number of new contexts."""
+    new = 0
+    for j in range(keys.shape[0]):
+        i = _slot_of(slot_keys, slot_count, keys[j])
+        if slot_count[i] == 0:
+            slot_keys[i] = keys[j]
+            new += 1
+        slot_count[i] += count[j]
+        slot_gsum[i] += gsum[j]
+    return new
+
+
 class ContextTable:
     """Occurrences and fixed-point gate sums per n-gram context of one order, with a cap (module doc).
 
-    keys [G, W] int64 (the packed context), count [G] int64, gsum [G, L, hc] int64; sorted by key.
+    An open-addressing hash table (numpy arrays, @njit inserts, no sorting per chunk). Read it
+    through `keys` [G, W] int64 (packed contexts), `count` [G] int64 and `gsum` [G, L, hc] int64,
+    sorted by key. About (16 + 8 + 8 L hc) bytes a slot, slots <= 4 x (cap + one chunk).
     """
 
-    def __init__(self, order: int, width: int, n_layers: int, hc: int, cap: int):
+    def __init__(self, order: int, width: int, n_layers: int, hc: int, cap: int, bits: int = 21, per_word: int = 3):
         self.order, self.width, self.n_layers, self.hc, self.cap = order, width, n_layers, hc, int(cap)
-        self.keys = np.zeros((0, width), np.int64)
-        self.count = np.zeros(0, np.int64)
-        self.gsum = np.zeros((0, n_layers, hc), np.int64)
-        self._pending: list[tuple] = []
-        self._pending_rows = 0
+        self.bits, self.per_word = bits, per_word
+        self.n = 0
+        self._alloc(1024)
         self.prunes = 0
         self.dropped_entries = 0
         self.dropped_occurrences = 0
         self.undercount_bound = 0
+        self._compact = None
+
+    def _alloc(self, slots: int) -> None:
+        self._keys = np.zeros((slots, self.width), np.int64)
+        self._count = np.zeros(slots, np.int64)
+        self._gsum = np.zeros((slots, self.n_layers, self.hc), np.int64)
 
     @property
     def exact(self) -> bool:
         return self.prunes == 0
 
-    def add(self, keys: np.ndarray, count: np.ndarray, gsum: np.ndarray) -> None:
-        """Pending rows (keys may repeat); folded in when many are pending or on `flush`."""
-        if keys.shape[0]:
-            self._pending.append((keys, count, gsum))
-            self._pending_rows += keys.shape[0]
-            if self._pending_rows >= _FLUSH_ROWS:
-                self.flush()
-
-    @staticmethod
-    def _reduce(keys, count, gsum):
-        """Group equal keys (sorted by key): sums of count and gsum."""
-        if keys.shape[0] == 0:
-            return keys, count, gsum
-        order = np.lexsort(keys.T[::-1])
-        keys, count, gsum = keys[order], count[order], gsum[order]
-        new = np.ones(keys.shape[0], dtype=bool)
-        new[1:] = (keys[1:] != keys[:-1]).any(axis=1)
-        starts = np.flatnonzero(new)
-        return keys[starts], np.add.reduceat(count, starts), np.add.reduceat(gsum, starts, axis=0)
-
-    def flush(self) -> None:
-        if not self._pending:
+    def _reserve(self, more: int) -> None:
+        """Keep the load under 1/2 with `more` new contexts."""
+        need = self.n + more
+        slots = self._count.size
+        if 2 * need <= slots:
             return
-        parts = [(self.keys, self.count, self.gsum)] + self._pending
-        self._pending, self._pending_rows = [], 0
-        keys = np.concatenate([p[0] for p in parts])
-        count = np.concatenate([p[1] for p in parts])
-        gsum = np.concatenate([p[2] for p in parts])
-        self.keys, self.count, self.gsum = self._reduce(keys, count, gsum)
-        if self.count.size > self.cap:
+        while 2 * need > slots:
+            slots *= 2
+        keys, count, gsum = self._entries()
+        self._alloc(slots)
+        self.n = int(_ctx_add_entries(self._keys, self._count, self._gsum, keys, count, gsum))
+
+    def _entries(self):
+        occ = np.flatnonzero(self._count)
+        return self._keys[occ], self._count[occ], self._gsum[occ]
+
+    def add_tokens(self, windows: np.ndarray, live: np.ndarray, q: np.ndarray) -> None:
+        """One chunk: windows [T, M] compressed ids, live [T] bool, q [T, L, hc] fixed-point gates."""
+        self._reserve(int(live.sum()))
+        self.n += int(_ctx_add_tokens(self._keys, self._count, self._gsum, windows, live, q, self.order,
+                                      self.bits, self.per_word))
+        self._compact = None
+        if self.n > self.cap:
             self._prune()
-        if self.count.size and int(self.count.max()) >= 1 << 31:
-            raise OverflowError(f"order-{self.order} context seen {int(self.count.max())} times: the fixed-point "
+        self._check_overflow()
+
+    def _check_overflow(self) -> None:
+        if self.n and int(self._count.max()) >= 1 << 31:
+            raise OverflowError(f"order-{self.order} context seen {int(self._count.max())} times: the fixed-point "
                                 "gate sums hold 2^31 occurrences; split the corpus and merge fewer parts")
 
+    def flush(self) -> None:
+        """Nothing pending (kept for the callers that fold before reading)."""
+
+    def _sorted(self):
+        if self._compact is None:
+            keys, count, gsum = self._entries()
+            order = np.lexsort(keys.T[::-1]) if keys.shape[0] else np.zeros(0, np.int64)
+            self._compact = (keys[order], count[order], gsum[order])
+        return self._compact
+
+    @property
+    def keys(self) -> np.ndarray:
+        return self._sorted()[0]
+
+    @property
+    def count(self) -> np.ndarray:
+        return self._sorted()[1]
+
+    @property
+    def gsum(self) -> np.ndarray:
+        return self._sorted()[2]
+
+    def load(self, keys, count, gsum, slots: int = 1024) -> None:
+        """Replace the contents with these entries (distinct keys), in at least `slots` slots."""
+        self.n = 0
+        self._alloc(max(1024, 1 << (int(slots) - 1).bit_length()))
+        self._reserve(int(keys.shape[0]))
+        self.n = int(_ctx_add_entries(self._keys, self._count, self._gsum, np.ascontiguousarray(keys, np.int64),
+                                      np.ascontiguousarray(count, np.int64), np.ascontiguousarray(gsum, np.int64)))
+        self._compact = None
+
     def _prune(self) -> None:
+        keys, count, gsum = self._sorted()
         keep_n = max(self.cap // 2, 1)
-        order = np.lexsort(tuple(self.keys.T[::-1]) + (-self.count,))   # most frequent first, ties by key
+        order = np.lexsort(tuple(keys.T[::-1]) + (-count,))           # most frequent first, ties by key
         keep, drop = np.sort(order[:keep_n]), order[keep_n:]
         self.prunes += 1
         self.dropped_entries += int(drop.size)
-        self.dropped_occurrences += int(self.count[drop].sum())
-        self.undercount_bound += int(self.count[drop].max()) if drop.size else 0
-        self.keys, self.count, self.gsum = self.keys[keep], self.count[keep], self.gsum[keep]
+        self.dropped_occurrences += int(count[drop].sum())
+        self.undercount_bound += int(count[drop].max()) if drop.size else 0
+        self.load(keys[keep], count[keep], gsum[keep], slots=self._count.size)   # same size: no regrowth
 
     def merged(self, other: "ContextTable") -> "ContextTable":
-        self.flush()
-        other.flush()
-        out = ContextTable(self.order, self.width, self.n_layers, self.hc, self.cap)
-        out.keys, out.count, out.gsum = self._reduce(np.concatenate([self.keys, other.keys]),
-                                                     np.concatenate([self.count, other.count]),
-                                                     np.concatenate([self.gsum, other.gsum]))
+        out = ContextTable(self.order, self.width, self.n_layers, self.hc, self.cap, self.bits, self.per_word)
+        out.load(*self._entries())
+        keys, count, gsum = other._entries()
+        out._reserve(int(keys.shape[0]))
+        out.n += int(_ctx_add_entries(out._keys, out._count, out._gsum, keys, count, gsum))
         for f in ("prunes", "dropped_entries", "dropped_occurrences", "undercount_bound"):
             setattr(out, f, getattr(self, f) + getattr(other, f))
-        if out.count.size > out.cap:
+        if out.n > out.cap:
             out._prune()
+        out._check_overflow()
         return out
 
 
@@ -358,7 +450,7 @@ class StreamingGateStats:
         self.raw_count = np.zeros(self.raw_vocab, np.int64)
         self.bits = max(int(self.compressed_vocab - 1).bit_length(), 1)
         self.key_width, self.per_word = _pack_width(self.max_ngram, self.bits)
-        self.contexts = {n: ContextTable(n, self.key_width, L, hc, self.max_contexts)
+        self.contexts = {n: ContextTable(n, self.key_width, L, hc, self.max_contexts, self.bits, self.per_word)
                          for n in range(2, self.max_ngram + 1)} if self.track_contexts else {}
         self.row_bitmaps = [np.zeros(-(-r // 8), np.uint8) for r in self.table_rows] if self.track_rows else []
 
@@ -378,8 +470,12 @@ class StreamingGateStats:
                 self.track_contexts, self.track_rows)
 
     # streaming -------------------------------------------------------------------------------
-    def update(self, chunk: Chunk, token_map: np.ndarray) -> None:
-        """Add one chunk (the driver's `Chunk`); token_map: raw -> compressed ids."""
+    def update(self, chunk: Chunk, token_map: np.ndarray, pool=None) -> None:
+        """Add one chunk (the driver's `Chunk`); token_map: raw -> compressed ids.
+
+        pool: a concurrent.futures executor to run the per-layer reductions and the per-order
+        context tables side by side (they touch disjoint state, and the @njit parts release the
+        GIL); the result is the same with or without it."""
         T = int(chunk.token_ids.size)
         live = np.ascontiguousarray(chunk.live, dtype=np.bool_)
         cids = np.asarray(token_map, dtype=np.int64)[chunk.token_ids]               # [T]
@@ -389,42 +485,43 @@ class StreamingGateStats:
         self.n_chunks += 1
         self._add_counts(self.tok_count, cids[live])
         self._add_counts(self.raw_count, chunk.token_ids[live])
-        q_all = np.zeros((T, len(self.layer_ids), self.hc), np.int64) if self.track_contexts else None
-        for li, lid in enumerate(self.layer_ids):
+        gates = {}
+        for lid in self.layer_ids:
             dot, gate = chunk.gates[lid]
-            gate = np.ascontiguousarray(gate, dtype=np.float32)
-            dot = np.ascontiguousarray(dot, dtype=np.float32)
-            for t0 in range(0, T, MAX_CALL_TOKENS):
-                t1 = min(T, t0 + MAX_CALL_TOKENS)
-                acc = [np.zeros((self.hc, _EXP_BINS), np.int64) for _ in range(5)]
-                _reduce_layer(gate[t0:t1].view(np.uint32), dot[t0:t1].view(np.uint32), gate[t0:t1], dot[t0:t1],
-                              live[t0:t1], cids[t0:t1], *acc, self.counts[li], self.minmax[li], self.fine[li],
-                              self.tok_gsum[li], FINE_BINS, GATE_CLAMP)
-                for name, a, power in (("g1", acc[0], 1), ("g2", acc[1], 2), ("d1", acc[2], 1), ("d2", acc[3], 2),
-                                       ("dabs", acc[4], 1)):
-                    tot = getattr(self, name)[li]
-                    for c, v in enumerate(_fold(a, power)):
-                        tot[c] += v
-            if q_all is not None:
-                g = np.where(live[:, None] & np.isfinite(gate), gate, 0.0).astype(np.float64)
-                q_all[:, li, :] = np.rint(g * float(1 << FIXED_POINT_BITS)).astype(np.int64)
-            if self.track_rows:
-                ids = np.ascontiguousarray(chunk.row_ids[live, li, :]).reshape(-1)
-                _mark_rows(self.row_bitmaps[li], ids)
+            gates[lid] = (np.ascontiguousarray(dot, dtype=np.float32), np.ascontiguousarray(gate, dtype=np.float32))
+        tasks = [(self._update_layer, li, gates[lid], live, cids, chunk.row_ids) for li, lid in enumerate(self.layer_ids)]
         if self.track_contexts and chunk.windows is not None:
-            w = chunk.windows[live]
-            q = q_all[live]
-            for n, table in self.contexts.items():
-                keys = pack_contexts(w, n, self.bits, self.key_width, self.per_word)
-                keys, inv = np.unique(keys, axis=0, return_inverse=True) if keys.shape[0] else (keys, np.zeros(0, np.int64))
-                inv = inv.reshape(-1)
-                count = np.bincount(inv, minlength=keys.shape[0]).astype(np.int64)
-                gsum = np.zeros((keys.shape[0], len(self.layer_ids), self.hc), np.int64)
-                for li in range(len(self.layer_ids)):
-                    for c in range(self.hc):
-                        # per-chunk sums stay < 2^53 (T < 2^21 values of at most 2^32): exact in fp64
-                        gsum[:, li, c] = np.bincount(inv, weights=q[:, li, c], minlength=keys.shape[0]).astype(np.int64)
-                table.add(keys, count, gsum)
+            q_all = np.empty((T, len(self.layer_ids), self.hc), np.int64)          # [T, L, hc] fixed point
+            for li, lid in enumerate(self.layer_ids):
+                g = gates[lid][1]
+                g = np.where(live[:, None] & np.isfinite(g), g, 0.0).astype(np.float64)
+                q_all[:, li, :] = np.rint(g * float(1 << FIXED_POINT_BITS)).astype(np.int64)
+            windows = np.ascontiguousarray(chunk.windows, dtype=np.int64)
+            tasks += [(table.add_tokens, windows, live, q_all) for table in self.contexts.values()]
+        if pool is None:
+            for fn, *args in tasks:
+                fn(*args)
+        else:
+            for f in [pool.submit(fn, *args) for fn, *args in tasks]:
+                f.result()
+
+    def _update_layer(self, li: int, dot_gate, live, cids, row_ids) -> None:
+        dot, gate = dot_gate
+        T = gate.shape[0]
+        for t0 in range(0, T, MAX_CALL_TOKENS):
+            t1 = min(T, t0 + MAX_CALL_TOKENS)
+            acc = [np.zeros((self.hc, _EXP_BINS), np.int64) for _ in range(5)]
+            _reduce_layer(gate[t0:t1].view(np.uint32), dot[t0:t1].view(np.uint32), gate[t0:t1], dot[t0:t1],
+                          live[t0:t1], cids[t0:t1], *acc, self.counts[li], self.minmax[li], self.fine[li],
+                          self.tok_gsum[li], FINE_BINS, GATE_CLAMP)
+            for name, a, power in (("g1", acc[0], 1), ("g2", acc[1], 2), ("d1", acc[2], 1), ("d2", acc[3], 2),
+                                   ("dabs", acc[4], 1)):
+                tot = getattr(self, name)[li]
+                for c, v in enumerate(_fold(a, power)):
+                    tot[c] += v
+        if self.track_rows:
+            ids = np.ascontiguousarray(row_ids[live, li, :]).reshape(-1)
+            _mark_rows(self.row_bitmaps[li], ids)
 
     @staticmethod
     def _add_counts(target: np.ndarray, ids: np.ndarray) -> None:
@@ -868,7 +965,7 @@ class StreamingGateStats:
             if "token_map" in f.files:
                 st.token_map = f["token_map"]
             for n, t in st.contexts.items():
-                t.keys, t.count, t.gsum = f[f"ctx{n}_keys"], f[f"ctx{n}_count"], f[f"ctx{n}_gsum"]
+                t.load(f[f"ctx{n}_keys"], f[f"ctx{n}_count"], f[f"ctx{n}_gsum"])
                 t.prunes, t.dropped_entries, t.dropped_occurrences, t.undercount_bound = head["context_counters"][str(n)]
             st.row_bitmaps = [f[f"rows{li}"] for li in range(len(st.row_bitmaps))]
         return st
