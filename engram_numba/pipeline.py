@@ -626,14 +626,21 @@ class Pipeline:
             from numba import cuda
 
             from .device.devarray import is_device_like
-            backend = self._impl["cuda"]
-            d_current = None
+            eng = self._impl["cuda"]._engine_for(T)
+            # Every layer's ids go up (and their gathers are queued) before the first projection, so
+            # no host-to-device copy waits behind a layer's kernels; the dot and gate of all layers
+            # come back at the end.
+            for li, lid in enumerate(cfg.layer_ids):
+                eng.rows_from_ids(lid, np.ascontiguousarray(ids[:, li, :]))
+            d_current, views = None, {}
             for li, lid in enumerate(cfg.layer_ids):
                 if per_layer or li == 0:
                     h = highway[lid] if per_layer else highway
                     d_current = h if is_device_like(h) else cuda.to_device(np.ascontiguousarray(h, dtype=np.float32))
-                d_dot, d_gate = backend.gate_on_device(self._layers[lid], ids[:, li, :], d_current, token_mask,
-                                                       self.residual, self.eps)
+                eng.project(lid)
+                eng.gate(lid, d_current, token_mask, residual=self.residual, eps=self.eps)
+                views[lid] = eng.last_gate(lid)
+            for lid, (d_dot, d_gate) in views.items():
                 out[lid] = (d_dot.copy_to_host(), d_gate.copy_to_host())
             return out
         current = None if per_layer else np.asarray(highway, dtype=np.float32)

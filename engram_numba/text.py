@@ -28,6 +28,7 @@ from __future__ import annotations
 import html
 import os
 from pathlib import Path
+from typing import Mapping
 
 import numpy as np
 
@@ -230,7 +231,7 @@ def _from_json_file(path: Path) -> Tokenizer:
     return Tokenizer(hf=hf, source=str(path), kind="tokenizer.json")
 
 
-def _from_gguf_kv(kv: dict, source: str) -> Tokenizer | None:
+def _from_gguf_kv(kv: Mapping, source: str) -> Tokenizer | None:
     """A GGUF's embedded tokenizer, or None when its metadata has none."""
     hf_json = kv.get(GGUF_HF_JSON)
     if isinstance(hf_json, str) and hf_json.strip():
@@ -322,7 +323,7 @@ def build_tiny_tokenizer():
 
 def _is_tiny_model(model) -> bool:
     kv = getattr(model, "kv", None)
-    if isinstance(kv, dict) and kv.get("general.name") == TINY_MODEL_NAME:
+    if isinstance(kv, Mapping) and kv.get("general.name") == TINY_MODEL_NAME:
         return True
     try:
         return Path(str(getattr(model, "path", ""))).resolve() == (_REPO_DATA / "tiny_v41.gguf").resolve()
@@ -350,18 +351,17 @@ def tokenizer_for(model, tokenizer=None, *, need_encode: bool = False) -> Tokeni
         if tp:
             candidates.append(lambda: load_tokenizer(tp))
         kv = getattr(model, "kv", None)
+        kv = kv if isinstance(kv, Mapping) else {}
         path = Path(str(getattr(model, "path", "")))
-        gguf_decoder = None
-        if isinstance(kv, dict) and kv.get(GGUF_HF_JSON):
+        if kv.get(GGUF_HF_JSON):
             candidates.append(lambda: _from_gguf_kv(kv, str(path)))
         sibling = path.parent / "tokenizer.json" if str(path) else None
         if sibling is not None and path.is_file() and sibling.is_file():
             candidates.append(lambda: _from_json_file(sibling))
         if _is_tiny_model(model):
             candidates.append(_tiny_tokenizer)
-        if isinstance(kv, dict) and kv.get(GGUF_TOKENS) is not None:
-            gguf_decoder = lambda: _from_gguf_kv(kv, str(path))  # noqa: E731
-            candidates.append(gguf_decoder)
+        if kv.get(GGUF_TOKENS) is not None:
+            candidates.append(lambda: _from_gguf_kv(kv, str(path)))
         for make in candidates:
             tok = make()
             if tok is not None:
