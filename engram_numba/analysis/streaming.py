@@ -198,20 +198,22 @@ def _m2(s1: int, s2: int, n: int) -> float:
 
 # Context tables -------------------------------------------------------------------------------
 
+# A context table's slot is one int64 record [W key words | count | L*hc gate sums]: one cache
+# miss per token instead of three. count 0 marks an empty slot.
+
 @njit(cache=True, nogil=True)
-def _slot_of(slot_keys, slot_count, key):  # pragma: no cover - jitted
+def _slot_of(slots, W, key):  # pragma: no cover - jitted
     """The slot holding `key`, or the empty slot where it goes (linear probing; never full)."""
-    W = slot_keys.shape[1]
-    mask = slot_count.size - 1
+    mask = slots.shape[0] - 1
     h = np.uint64(0x9E3779B97F4A7C15)
     for w in range(W):
         h = (h ^ np.uint64(key[w])) * np.uint64(0xBF58476D1CE4E5B9)
         h ^= h >> np.uint64(31)
     i = np.int64(h & np.uint64(mask))
-    while slot_count[i] != 0:
+    while slots[i, W] != 0:
         same = True
         for w in range(W):
-            if slot_keys[i, w] != key[w]:
+            if slots[i, w] != key[w]:
                 same = False
                 break
         if same:
@@ -221,12 +223,13 @@ def _slot_of(slot_keys, slot_count, key):  # pragma: no cover - jitted
 
 
 @njit(cache=True, nogil=True)
-def _ctx_add_tokens(slot_keys, slot_count, slot_gsum, windows, live, q, order, bits, per_word):  # pragma: no cover
+def _ctx_add_tokens(slots, W, windows, live, q, order, bits, per_word):  # pragma: no cover - jitted
     """Count every live token's context of `order` (slots 0..order-1 of windows [T, M]) and add its
-    fixed-point gates q [T, L, hc]; returns the number of new contexts."""
-    W = slot_keys.shape[1]
+    fixed-point gates q [T, L*hc]; returns (new contexts, the largest count touched)."""
     key = np.zeros(W, np.int64)
+    G = q.shape[1]
     new = 0
+    top = 0
     for t in range(windows.shape[0]):
         if not live[t]:
             continue
@@ -234,35 +237,41 @@ def _ctx_add_tokens(slot_keys, slot_count, slot_gsum, windows, live, q, order, b
             key[w] = 0
         for s in range(order):
             key[s // per_word] |= windows[t, s] << (bits * (s % per_word))
-        i = _slot_of(slot_keys, slot_count, key)
-        if slot_count[i] == 0:
-            slot_keys[i] = key
+        i = _slot_of(slots, W, key)
+        if slots[i, W] == 0:
+            for w in range(W):
+                slots[i, w] = key[w]
             new += 1
-        slot_count[i] += 1
-        slot_gsum[i] += q[t]
-    return new
+        slots[i, W] += 1
+        if slots[i, W] > top:
+            top = slots[i, W]
+        for g in range(G):
+            slots[i, W + 1 + g] += q[t, g]
+    return new, top
 
 
 @njit(cache=True, nogil=True)
-def _ctx_add_entries(slot_keys, slot_count, slot_gsum, keys, count, gsum):  # pragma: no cover - jitted
-    """Add entries (keys [n, W], count [n], gsum [n, L, hc]); returns the number of new contexts."""
+def _ctx_add_entries(slots, W, entries):  # pragma: no cover - jitted
+    """Add records entries [n, W + 1 + L*hc] (key, count, sums); returns the number of new contexts."""
     new = 0
-    for j in range(keys.shape[0]):
-        i = _slot_of(slot_keys, slot_count, keys[j])
-        if slot_count[i] == 0:
-            slot_keys[i] = keys[j]
+    R = entries.shape[1]
+    for j in range(entries.shape[0]):
+        i = _slot_of(slots, W, entries[j, :W])
+        if slots[i, W] == 0:
+            for w in range(W):
+                slots[i, w] = entries[j, w]
             new += 1
-        slot_count[i] += count[j]
-        slot_gsum[i] += gsum[j]
+        for r in range(W, R):
+            slots[i, r] += entries[j, r]
     return new
 
 
 class ContextTable:
     """Occurrences and fixed-point gate sums per n-gram context of one order, with a cap (module doc).
 
-    An open-addressing hash table (numpy arrays, @njit inserts, no sorting per chunk). Read it
-    through `keys` [G, W] int64 (packed contexts), `count` [G] int64 and `gsum` [G, L, hc] int64,
-    sorted by key. About (16 + 8 + 8 L hc) bytes a slot, slots <= 4 x (cap + one chunk).
+    An open-addressing hash table (one int64 record a slot, @njit inserts, no sorting per chunk),
+    kept under half full. Read it through `keys` [G, W] int64 (packed contexts), `count` [G] int64
+    and `gsum` [G, L, hc] int64, sorted by key. 8 (W + 1 + L hc) bytes a slot.
     """
 
     def __init__(self, order: int, width: int, n_layers: int, hc: int, cap: int, bits: int = 21, per_word: int = 3):
@@ -277,93 +286,101 @@ class ContextTable:
         self._compact = None
 
     def _alloc(self, slots: int) -> None:
-        self._keys = np.zeros((slots, self.width), np.int64)
-        self._count = np.zeros(slots, np.int64)
-        self._gsum = np.zeros((slots, self.n_layers, self.hc), np.int64)
+        self._slots = np.zeros((slots, self.width + 1 + self.n_layers * self.hc), np.int64)
 
     @property
     def exact(self) -> bool:
         return self.prunes == 0
 
+    def _records(self) -> np.ndarray:
+        return self._slots[np.flatnonzero(self._slots[:, self.width])]
+
     def _reserve(self, more: int) -> None:
         """Keep the load under 1/2 with `more` new contexts."""
         need = self.n + more
-        slots = self._count.size
+        slots = self._slots.shape[0]
         if 2 * need <= slots:
             return
         while 2 * need > slots:
             slots *= 2
-        keys, count, gsum = self._entries()
+        records = self._records()
         self._alloc(slots)
-        self.n = int(_ctx_add_entries(self._keys, self._count, self._gsum, keys, count, gsum))
-
-    def _entries(self):
-        occ = np.flatnonzero(self._count)
-        return self._keys[occ], self._count[occ], self._gsum[occ]
+        self.n = int(_ctx_add_entries(self._slots, self.width, records))
 
     def add_tokens(self, windows: np.ndarray, live: np.ndarray, q: np.ndarray) -> None:
         """One chunk: windows [T, M] compressed ids, live [T] bool, q [T, L, hc] fixed-point gates."""
         self._reserve(int(live.sum()))
-        self.n += int(_ctx_add_tokens(self._keys, self._count, self._gsum, windows, live, q, self.order,
-                                      self.bits, self.per_word))
+        new, top = _ctx_add_tokens(self._slots, self.width, windows, live, q.reshape(q.shape[0], -1), self.order,
+                                   self.bits, self.per_word)
+        self.n += int(new)
         self._compact = None
+        self._check_overflow(int(top))
         if self.n > self.cap:
             self._prune()
-        self._check_overflow()
 
-    def _check_overflow(self) -> None:
-        if self.n and int(self._count.max()) >= 1 << 31:
-            raise OverflowError(f"order-{self.order} context seen {int(self._count.max())} times: the fixed-point "
-                                "gate sums hold 2^31 occurrences; split the corpus and merge fewer parts")
+    def _check_overflow(self, top: int | None = None) -> None:
+        if top is None:
+            top = int(self._slots[:, self.width].max()) if self.n else 0
+        if top >= 1 << 31:
+            raise OverflowError(f"order-{self.order} context seen {top} times: the fixed-point gate sums hold 2^31 "
+                                "occurrences; split the corpus and merge fewer parts")
 
     def flush(self) -> None:
         """Nothing pending (kept for the callers that fold before reading)."""
 
-    def _sorted(self):
+    def _sorted(self) -> np.ndarray:
         if self._compact is None:
-            keys, count, gsum = self._entries()
-            order = np.lexsort(keys.T[::-1]) if keys.shape[0] else np.zeros(0, np.int64)
-            self._compact = (keys[order], count[order], gsum[order])
+            rec = self._records()
+            W = self.width
+            order = np.lexsort(rec[:, :W].T[::-1]) if rec.shape[0] else np.zeros(0, np.int64)
+            self._compact = rec[order]
         return self._compact
 
     @property
     def keys(self) -> np.ndarray:
-        return self._sorted()[0]
+        return self._sorted()[:, :self.width]
 
     @property
     def count(self) -> np.ndarray:
-        return self._sorted()[1]
+        return self._sorted()[:, self.width]
 
     @property
     def gsum(self) -> np.ndarray:
-        return self._sorted()[2]
+        return self._sorted()[:, self.width + 1:].reshape(-1, self.n_layers, self.hc)
 
     def load(self, keys, count, gsum, slots: int = 1024) -> None:
         """Replace the contents with these entries (distinct keys), in at least `slots` slots."""
+        records = np.concatenate([np.asarray(keys, np.int64).reshape(-1, self.width),
+                                  np.asarray(count, np.int64).reshape(-1, 1),
+                                  np.asarray(gsum, np.int64).reshape(-1, self.n_layers * self.hc)], axis=1)
+        self._load_records(records, slots)
+
+    def _load_records(self, records: np.ndarray, slots: int = 1024) -> None:
         self.n = 0
         self._alloc(max(1024, 1 << (int(slots) - 1).bit_length()))
-        self._reserve(int(keys.shape[0]))
-        self.n = int(_ctx_add_entries(self._keys, self._count, self._gsum, np.ascontiguousarray(keys, np.int64),
-                                      np.ascontiguousarray(count, np.int64), np.ascontiguousarray(gsum, np.int64)))
+        self._reserve(int(records.shape[0]))
+        self.n = int(_ctx_add_entries(self._slots, self.width, np.ascontiguousarray(records)))
         self._compact = None
 
     def _prune(self) -> None:
-        keys, count, gsum = self._sorted()
+        rec = self._sorted()
+        W = self.width
         keep_n = max(self.cap // 2, 1)
-        order = np.lexsort(tuple(keys.T[::-1]) + (-count,))           # most frequent first, ties by key
+        count = rec[:, W]
+        order = np.lexsort(tuple(rec[:, :W].T[::-1]) + (-count,))       # most frequent first, ties by key
         keep, drop = np.sort(order[:keep_n]), order[keep_n:]
         self.prunes += 1
         self.dropped_entries += int(drop.size)
         self.dropped_occurrences += int(count[drop].sum())
         self.undercount_bound += int(count[drop].max()) if drop.size else 0
-        self.load(keys[keep], count[keep], gsum[keep], slots=self._count.size)   # same size: no regrowth
+        self._load_records(rec[keep], slots=self._slots.shape[0])       # same size: no regrowth
 
     def merged(self, other: "ContextTable") -> "ContextTable":
         out = ContextTable(self.order, self.width, self.n_layers, self.hc, self.cap, self.bits, self.per_word)
-        out.load(*self._entries())
-        keys, count, gsum = other._entries()
-        out._reserve(int(keys.shape[0]))
-        out.n += int(_ctx_add_entries(out._keys, out._count, out._gsum, keys, count, gsum))
+        out._load_records(self._records())
+        records = other._records()
+        out._reserve(int(records.shape[0]))
+        out.n += int(_ctx_add_entries(out._slots, out.width, records))
         for f in ("prunes", "dropped_entries", "dropped_occurrences", "undercount_bound"):
             setattr(out, f, getattr(self, f) + getattr(other, f))
         if out.n > out.cap:
