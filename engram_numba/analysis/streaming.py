@@ -395,14 +395,6 @@ def _pack_width(max_ngram: int, bits: int) -> tuple[int, int]:
     return -(-max_ngram // per_word), per_word
 
 
-def pack_contexts(windows: np.ndarray, order: int, bits: int, width: int, per_word: int) -> np.ndarray:
-    """windows [n, M] compressed ids -> keys [n, width] int64 of slots 0..order-1 (unused slots 0)."""
-    keys = np.zeros((windows.shape[0], width), np.int64)
-    for s in range(order):
-        keys[:, s // per_word] |= windows[:, s].astype(np.int64) << np.int64(bits * (s % per_word))
-    return keys
-
-
 def unpack_contexts(keys: np.ndarray, order: int, bits: int, per_word: int) -> np.ndarray:
     """keys [n, width] -> windows [n, order] (slot 0 = the current token)."""
     out = np.empty((keys.shape[0], order), np.int64)
