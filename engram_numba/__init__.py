@@ -41,6 +41,20 @@ _PUBLIC = {
     "Capture": ("capture", "Capture"),
     "point_names": ("capture", "point_names"),
     "EngramV41": ("engine", "EngramV41"),
+    # text and imported hidden states
+    "tokenize": ("text", "tokenize"),
+    "load_tokenizer": ("text", "load_tokenizer"),
+    "tokenizer_for": ("text", "tokenizer_for"),
+    "Tokenizer": ("text", "Tokenizer"),
+    "compressed_view": ("text", "compressed_view"),
+    "load_highway": ("highway", "load_highway"),
+    "save_highway": ("highway", "save_highway"),
+    "HighwayFile": ("highway", "HighwayFile"),
+    # corpus statistics and tables
+    "corpus_stats": ("analysis.corpus", "corpus_stats"),
+    "StreamingGateStats": ("analysis.streaming", "StreamingGateStats"),
+    "merge_stats": ("analysis.streaming", "merge"),
+    "token_table": ("analysis.tables", "token_table"),
     # analysis
     "diff": ("analysis.diff", "diff"),
     "DiffReport": ("analysis.diff", "DiffReport"),

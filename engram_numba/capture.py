@@ -4,9 +4,17 @@
     cap["L1.gate.gate"]             # [T, hc] fp32
     cap.layer(1)["gate.gate"]       # the same, without the layer prefix
     cap.save("run.npz"); Capture.load("run.npz")
+    cap.save("run.safetensors")     # the same, as safetensors (bf16 points stored as BF16)
 
 Names: `tokens.ids`, `tokens.mask`, then `L{layer_id}.{point}` for the points of
 `engram_numba.pipeline.POINTS`. Names (and `names_filter`s) may be glob patterns ("L1.gate.*").
+
+Saving picks the format by the file's suffix: `.safetensors` writes every array as a tensor of
+the same name (the bf16-word points `rows.bf16`, `proj.kv`, `gate.key`, `gate.value` as BF16,
+everything else in its own dtype) and the meta as JSON in the header's `__metadata__`
+(key "engram_numba.meta"); anything else is a compressed `.npz`. `Capture.load` reads both
+(by content, whatever the suffix). A safetensors capture that holds `L{id}.highway.in` and
+`tokens.ids` is also a highway file (`engram_numba.load_highway`).
 """
 from __future__ import annotations
 
@@ -20,6 +28,9 @@ INPUT_POINTS = ("tokens.ids", "tokens.mask")
 POINTS = ("hash.ids", "rows.raw", "rows.bf16", "proj.kv", "gate.key", "gate.value",
           "highway.in", "gate.dot", "gate.gate", "highway.out")
 OBSERVE_ONLY = ("tokens.ids", "tokens.mask", "gate.dot", "gate.gate", "highway.out")
+# Points whose uint16 arrays are bf16 words (stored as BF16 in safetensors)
+BF16_POINTS = ("rows.bf16", "proj.kv", "gate.key", "gate.value")
+SAFETENSORS_META_KEY = "engram_numba.meta"
 
 
 def point_names(layer_ids) -> list[str]:
@@ -106,15 +117,39 @@ class Capture(Mapping):
         return Capture({k: v for k, v in self._arrays.items() if keep(k)}, self.meta)
 
     def save(self, path) -> None:
-        """Write every array and the meta to one .npz file."""
+        """Write every array and the meta to one file: `.safetensors` by its suffix, else `.npz`."""
         arrays = {k: np.ascontiguousarray(v) for k, v in self._arrays.items()}
+        if str(path).endswith(".safetensors"):
+            from .highway import write_safetensors
+            bf16 = [k for k, v in arrays.items() if v.dtype == np.uint16 and short_name(k) in BF16_POINTS]
+            write_safetensors(path, arrays, {SAFETENSORS_META_KEY: json.dumps(self.meta, default=str),
+                                             "format": "engram-capture"}, bf16_names=bf16)
+            return
         np.savez_compressed(path, __meta__=np.array(json.dumps(self.meta, default=str)), **arrays)
 
     @classmethod
     def load(cls, path) -> "Capture":
+        """Read a capture written by `save` (.npz or .safetensors, told apart by content)."""
+        from .highway import SafetensorsFile, is_safetensors
+        if is_safetensors(path):
+            st = SafetensorsFile(path)
+            meta = json.loads(st.metadata.get(SAFETENSORS_META_KEY, "{}"))
+            arrays = {name: np.array(st.array(name)) for name in st.tensors}
+            st.close()
+            return cls(arrays, meta)
         with np.load(path, allow_pickle=False) as f:
             meta = json.loads(str(f["__meta__"])) if "__meta__" in f.files else {}
             return cls({k: f[k] for k in f.files if k != "__meta__"}, meta)
+
+    @property
+    def token_strings(self) -> list[str] | None:
+        """The token strings the run carried in its meta (a run from text, or with a tokenizer), else None."""
+        s = self.meta.get("token_strings")
+        return list(s) if isinstance(s, list) else None
+
+    @property
+    def highway_is_synthetic(self) -> bool:
+        return str(self.meta.get("highway", "")).startswith("synthetic")
 
     def layer(self, layer_id: int) -> dict[str, np.ndarray]:
         """This layer's captures, keyed by point name without the layer prefix."""

@@ -2,7 +2,11 @@
 
     engram-numba demo                          the tiny model through every backend, diffed
     engram-numba info PATH [--json]            any format: configuration, keys, tensors, the checks
-    engram-numba run [FILE] --tokens 1,2,3 [--backend cuda] [--capture out.npz]
+    engram-numba run [FILE] --text "..." | --text-file F | --tokens 1,2,3 | --tokens-file F
+                     [--tokenizer tokenizer.json] [--highway H.safetensors] [--backend cuda]
+                     [--capture out.npz | out.safetensors]
+    engram-numba stats CORPUS... [--model FILE] [--backend cuda] [--out DIR] [--tables parquet|csv]
+    engram-numba stats --merge A/stats.npz B/stats.npz [--out DIR]     parts reduced separately
     engram-numba diff [FILE] --a reference --b cuda [--tokens ...] [--max-ulp N] [--rtol X]
     engram-numba diff A.npz B.npz [--max-ulp N] [--rtol X]          two saved captures
     engram-numba diff --model-a PATH --model-b PATH [--tokens ...]  two models (any formats), same tokens
@@ -103,9 +107,10 @@ def _writable(path: str | None, what: str) -> Path | None:
 
 
 def _load(path: Path | None):
+    """Any model file or folder load_model opens (default: the tiny model in data/)."""
     from .fixtures import tiny_model_path
-    from .formats.schema_a import load_gguf
-    return load_gguf(path if path is not None else tiny_model_path())
+    from .formats.load import load_model
+    return load_model(path if path is not None else tiny_model_path())
 
 
 def _tokens(args, model, fallback):
@@ -154,23 +159,202 @@ def cmd_make_fixture(args) -> int:
     return 0
 
 
+def _read_token_file(path: Path) -> np.ndarray:
+    """A tokens file: .npy (1-D integers) or text of integers separated by commas/whitespace."""
+    if path.suffix == ".npy":
+        try:
+            arr = np.load(path, allow_pickle=False)
+        except Exception as exc:
+            raise UserError(f"--tokens-file {path}: not a readable .npy ({exc})") from None
+        if arr.ndim != 1 or (arr.size and (not np.issubdtype(arr.dtype, np.integer) or arr.dtype == np.bool_)):
+            raise UserError(f"--tokens-file {path}: expected a 1-D integer array, got {arr.dtype}{list(arr.shape)}")
+        return arr.astype(np.int64)
+    text = path.read_text(encoding="utf-8")
+    try:
+        return parse_token_list(text)
+    except UserError as exc:
+        raise UserError(str(exc).replace("--tokens", f"--tokens-file {path}", 1)) from None
+
+
+def _check_ids(tokens: np.ndarray, model) -> np.ndarray:
+    vocab = model.hash_tables.token_map.size
+    bad = (tokens < 0) | (tokens >= vocab)
+    if bad.any():
+        i = int(np.argmax(bad))
+        raise UserError(f"token id {int(tokens[i])} at position {i} is outside the model's token map [0, {vocab})")
+    return tokens
+
+
+def _tokenizer_or_error(model, path, need_encode: bool):
+    from .text import NoTokenizerError, tokenizer_for
+    try:
+        return tokenizer_for(model, path, need_encode=need_encode)
+    except NoTokenizerError as exc:
+        raise UserError(str(exc).replace("tokenizer=PATH to a tokenizer.json (--tokenizer PATH on the command line)",
+                                         "--tokenizer PATH (a tokenizer.json)")) from None
+
+
 def cmd_run(args) -> int:
     from .analysis.stats import gate_stats
     from .fixtures import TINY_TOKENS
+    from .highway import HighwayFileError, load_highway
     from .pipeline import Pipeline
-    path = _existing_file(args.file)
+    path = _model_path(args.file) if args.file else None
     capture = _writable(args.capture, "capture file")
+    sources = [name for name, v in (("--text", args.text), ("--text-file", args.text_file), ("--tokens", args.tokens),
+                                    ("--tokens-file", args.tokens_file)) if v is not None]
+    if len(sources) > 1:
+        raise UserError(f"give one token source, got {' and '.join(sources)}")
+    text = args.text
+    if args.text_file is not None:
+        text = _existing_file(args.text_file, "--text-file").read_text(encoding="utf-8")
+    if text is not None and not text.strip():
+        raise UserError("the text is empty")
+    tokens = None
+    if args.tokens is not None:
+        tokens = parse_token_list(args.tokens)
+    elif args.tokens_file is not None:
+        tokens = _read_token_file(_existing_file(args.tokens_file, "--tokens-file"))
+    tokenizer_path = str(_existing_file(args.tokenizer, "--tokenizer")) if args.tokenizer else None
+    highway_path = _existing_file(args.highway, "--highway") if args.highway else None
     model = _load(path)
-    tokens = _tokens(args, model, TINY_TOKENS)
-    pipe = Pipeline(model, backends=args.backend, residual=args.residual)
+    tok = _tokenizer_or_error(model, tokenizer_path, need_encode=text is not None) if (
+        text is not None or tokenizer_path) else None
+    highway = None
+    if highway_path is not None:
+        try:
+            highway = load_highway(highway_path, model)
+        except HighwayFileError as exc:
+            raise UserError(str(exc)) from None
+    if text is not None:
+        tokens = tok.encode(text)
+    if tokens is not None:
+        tokens = _check_ids(tokens, model)
+    elif highway is None:
+        tokens = TINY_TOKENS
+    if highway is not None and tokens is not None:
+        if tokens.shape != highway.token_ids.shape or (tokens != highway.token_ids).any():
+            diff = np.flatnonzero(tokens != highway.token_ids) if tokens.shape == highway.token_ids.shape else []
+            where = f" (first difference at position {int(diff[0])})" if len(diff) else \
+                f" ({tokens.size} tokens given, {highway.n_tokens} in the file)"
+            raise UserError(f"the tokens differ from the ones highway file {highway_path} was recorded on{where}")
+    pipe = Pipeline(model, backends=args.backend, residual=args.residual, tokenizer=tok)
     t0 = time.perf_counter()
-    cap = pipe.run(tokens, progress=True)
-    print(f"ran {tokens.size} tokens through {pipe.backends} in {time.perf_counter() - t0:.2f} s "
+    cap = pipe.run(tokens, highway=highway, progress=True, chunk_tokens=args.chunk_tokens)
+    n = cap["tokens.ids"].size
+    print(f"ran {n} tokens through {pipe.backends} in {time.perf_counter() - t0:.2f} s "
           f"(highway: {cap.meta['highway']})")
-    print(gate_stats(cap))
+    st = gate_stats(cap)
+    print(st)
+    if n <= args.show_tokens:
+        print()
+        print(st.per_token_table())
     if capture:
         cap.save(capture)
         print(f"captures ({len(cap)} points) saved to {capture}")
+    return 0
+
+
+def _stats_out_dir(path: str) -> Path:
+    out = Path(path)
+    if out.exists() and not out.is_dir():
+        raise UserError(f"--out {out} exists and is not a folder")
+    parent = out if out.exists() else out.parent if str(out.parent) else Path(".")
+    if not parent.exists():
+        raise UserError(f"cannot write --out {out}: folder {parent} does not exist")
+    if not os.access(parent, os.W_OK):
+        raise UserError(f"cannot write --out {out}: permission denied")
+    return out
+
+
+def cmd_stats(args) -> int:
+    import matplotlib
+    matplotlib.use("Agg")
+    from . import _optional
+    from .analysis import streaming
+    from .analysis.corpus import FORMATS, corpus_files, corpus_format, corpus_stats
+    from .analysis.plots import corpus_columns_plot, corpus_token_plot, gate_histogram
+    from .analysis.tables import write_tables
+
+    out = _stats_out_dir(args.out)
+    if args.tables == "parquet" and not (_optional.have("pandas") and _optional.have("pyarrow")):
+        raise UserError(f"--tables parquet needs pandas and pyarrow: {_optional.ANALYSIS_EXTRA}; or use --tables csv")
+    if args.token_table and args.tables == "parquet" and not _optional.have("pyarrow"):
+        raise UserError(f"--token-table as parquet needs pyarrow: {_optional.ANALYSIS_EXTRA}")
+    if args.merge:
+        parts = []
+        for f in args.corpus:
+            p = _existing_file(f, "statistics file")
+            try:
+                parts.append(streaming.StreamingGateStats.load(p))
+            except Exception as exc:
+                raise UserError(f"{p} is not a statistics file saved by engram-numba stats ({exc})") from None
+        try:
+            st = streaming.merge(parts)
+        except ValueError as exc:
+            raise UserError(str(exc)) from None
+        model = None
+        if args.model:
+            model = _load(_model_path(args.model) if args.model else None)
+        tok_path = args.tokenizer or st.meta.get("tokenizer")
+        if tok_path and Path(str(tok_path)).exists():
+            from .text import load_tokenizer
+            st.tokenizer = load_tokenizer(tok_path)
+        elif model is not None:
+            from .text import NoTokenizerError, tokenizer_for
+            try:
+                st.tokenizer = tokenizer_for(model, None)
+            except NoTokenizerError:
+                pass
+        print(f"merged {len(parts)} part(s): {st.n_documents} documents, {st.n_tokens} tokens")
+    else:
+        try:
+            files = corpus_files(args.corpus)
+        except (FileNotFoundError, ValueError) as exc:
+            raise UserError(str(exc)) from None
+        if args.format is not None and args.format not in FORMATS:   # pragma: no cover - argparse choices
+            raise UserError(f"--format must be one of {FORMATS}")
+        if args.chunk_tokens < 1:
+            raise UserError(f"--chunk-tokens must be >= 1, got {args.chunk_tokens}")
+        tokenizer_path = str(_existing_file(args.tokenizer, "--tokenizer")) if args.tokenizer else None
+        model = _load(_model_path(args.model) if args.model else None)
+        kinds = {corpus_format(f, args.format) for f in files}
+        if "text" in kinds or tokenizer_path:
+            _tokenizer_or_error(model, tokenizer_path, need_encode="text" in kinds)
+        out.mkdir(parents=True, exist_ok=True)
+        token_table = None
+        if args.token_table:
+            token_table = out / ("tokens_long." + args.tables)
+        t0 = time.perf_counter()
+        st = corpus_stats(model, files, backend=args.backend, chunk_tokens=args.chunk_tokens,
+                          continuous=args.continuous, tokenizer=tokenizer_path, field=args.field, split=args.split,
+                          fmt=args.format, limit_tokens=args.limit_tokens, max_contexts=args.max_contexts,
+                          contexts=not args.no_contexts, rows=not args.no_rows, progress=True,
+                          residual=args.residual, token_table=token_table)
+        wall = time.perf_counter() - t0
+        print(f"streamed {st.n_documents} documents, {st.n_tokens} tokens through {st.meta['backends']} in "
+              f"{wall:.2f} s ({st.n_tokens / max(wall, 1e-9):,.0f} tokens/s)")
+    out.mkdir(parents=True, exist_ok=True)
+    print(st)
+    (out / "summary.md").write_text(st.summary(k=args.top_k), encoding="utf-8")
+    (out / "stats.json").write_text(json.dumps(st.to_json(), indent=1), encoding="utf-8")
+    st.save(out / "stats.npz")
+    tables = st.tables(frames=args.tables == "parquet")
+    written = write_tables(tables, out / "tables", args.tables)
+    plots = out / "plots"
+    plots.mkdir(exist_ok=True)
+    for name, fn in (("gate_histogram", lambda: gate_histogram(st)), ("tokens", lambda: corpus_token_plot(st)),
+                     ("columns", lambda: corpus_columns_plot(st) if st.track_rows else None)):
+        fig = fn()
+        if fig is not None:
+            fig.savefig(plots / f"{name}.png", dpi=110, bbox_inches="tight")
+    import matplotlib.pyplot as plt
+    plt.close("all")
+    print(f"\nwrote {out}/: summary.md, stats.json, stats.npz (merge with `engram-numba stats --merge`), "
+          f"tables/ ({', '.join(p.name for p in written)}), plots/"
+          + (f", {token_table.name}" if not args.merge and token_table is not None else ""))
+    if st.highway_is_synthetic:
+        print("note: the highway is synthetic (no hidden states were given): the gate reflects the table rows only")
     return 0
 
 
@@ -424,14 +608,51 @@ def build_parser() -> argparse.ArgumentParser:
                    help="count rows that decode to NaN/inf in every table, however big (reads every row's scales)")
     s.set_defaults(func=cmd_info)
 
-    s = sub.add_parser("run", help="run a token sequence through the pipeline")
+    s = sub.add_parser("run", help="run text or a token sequence through the pipeline")
     s.add_argument("file", nargs="?", help="GGUF (default: the tiny model)")
-    s.add_argument("--tokens", help="raw token ids, comma- or space-separated (default: the tiny test sequence)")
+    src = s.add_argument_group("the tokens (one source; default: the tiny test sequence, or the highway file's)")
+    src.add_argument("--text", help="text, tokenized with the model's tokenizer (or --tokenizer)")
+    src.add_argument("--text-file", help="a UTF-8 text file, tokenized as one sequence")
+    src.add_argument("--tokens", help="raw token ids, comma- or space-separated")
+    src.add_argument("--tokens-file", help="raw token ids: a 1-D .npy, or integers separated by commas/whitespace")
+    s.add_argument("--tokenizer", help="a tokenizer.json (or a folder holding one) for --text and token strings")
+    s.add_argument("--highway", help="hidden states from another engine: a highway .safetensors "
+                                     "(docs/research.md); its token ids are used when no tokens are given")
     s.add_argument("--backend", type=backend_spec, default="reference",
                    help="reference | cpu | cuda, or per stage: rows=cpu,proj=cuda,gate=reference")
     s.add_argument("--residual", choices=["fp32", "bf16"], default="fp32")
-    s.add_argument("--capture", help="save every stage's arrays to this .npz")
+    s.add_argument("--chunk-tokens", type=int, default=None, help="run the stages this many tokens at a time")
+    s.add_argument("--show-tokens", type=int, default=40, help="print the per-token gate table up to this many tokens")
+    s.add_argument("--capture", help="save every stage's arrays to this .npz (or .safetensors)")
     s.set_defaults(func=cmd_run)
+
+    s = sub.add_parser("stats", help="stream a corpus through the pipeline and write its gate statistics")
+    s.add_argument("corpus", nargs="+", help="text / .jsonl / .npy / .ids / highway .safetensors files or folders "
+                                            "(with --merge: stats.npz files to merge)")
+    s.add_argument("--model", help="GGUF (default: the tiny model)")
+    s.add_argument("--backend", type=backend_spec, default="cpu",
+                   help="reference | cpu | cuda, or per stage (default cpu)")
+    s.add_argument("--out", default="engram_stats", help="output folder (default engram_stats)")
+    s.add_argument("--format", choices=["text", "jsonl", "npy", "ids", "highway"], default=None,
+                   help="corpus format of every file (default: by suffix; other suffixes are text)")
+    s.add_argument("--field", default="text", help="JSONL field holding the text or token ids (default text)")
+    s.add_argument("--split", choices=["line", "paragraph", "file"], default="line",
+                   help="text files: one document per line (default), per blank-line paragraph, or per file")
+    s.add_argument("--tokenizer", help="a tokenizer.json (default: the model's)")
+    s.add_argument("--chunk-tokens", type=int, default=4096)
+    s.add_argument("--continuous", action="store_true", help="run the whole corpus as one sequence")
+    s.add_argument("--limit-tokens", type=int, default=None)
+    s.add_argument("--max-contexts", type=int, default=200_000, help="n-gram contexts tracked per order (cap)")
+    s.add_argument("--no-contexts", action="store_true", help="skip per-context statistics")
+    s.add_argument("--no-rows", action="store_true", help="skip row-id usage (its bitmap is 48 MB a layer at the "
+                                                          "released size)")
+    s.add_argument("--top-k", type=int, default=10, help="rows in the summary's top-k lists")
+    s.add_argument("--tables", choices=["parquet", "csv"], default="parquet",
+                   help="aggregate tables as parquet (needs the analysis extra) or CSV")
+    s.add_argument("--token-table", action="store_true", help="also write the long per-token table")
+    s.add_argument("--residual", choices=["fp32", "bf16"], default="fp32")
+    s.add_argument("--merge", action="store_true", help="merge saved statistics (CORPUS = stats.npz files)")
+    s.set_defaults(func=cmd_stats)
 
     s = sub.add_parser("diff", help="diff two backends stage by stage, two models, or two saved captures")
     s.add_argument("file", nargs="?", help="GGUF (default: the tiny model), or the first of two capture .npz files")

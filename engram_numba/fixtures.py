@@ -332,3 +332,22 @@ def tiny_model_path() -> Path:
     if not out.exists():
         make_fixture(out, golden_path=None)
     return out
+
+
+# The tiny model's tokenizer -----------------------------------------------------------------------
+
+TINY_TOKENIZER_PATH = REPO_DATA / "tiny_tokenizer.json"
+
+
+def build_tiny_tokenizer():
+    """The tiny model's tokenizer as a `tokenizers.Tokenizer` (see `text.build_tiny_tokenizer`)."""
+    from .text import build_tiny_tokenizer as build
+    return build()
+
+
+def make_tiny_tokenizer(path=TINY_TOKENIZER_PATH) -> Path:
+    """Write data/tiny_tokenizer.json (pretty-printed, a few KB)."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(build_tiny_tokenizer().to_str(pretty=True) + "\n", encoding="utf-8")
+    return path

@@ -34,8 +34,20 @@ to feed exact rows, `gate.key` to perturb the key). `tokens.*`, `gate.dot`, `gat
 patterns ("L1.gate.*"), lists of them, or (names_filter) a predicate.
 
 Blocks between engram layers are not modelled: by default the second layer's `highway.in` is
-the first layer's `highway.out` (pass a dict {layer_id: highway} to feed each layer its own).
-Without a highway the run draws a synthetic one (`synthetic_highway`), and its meta says so.
+the first layer's `highway.out` (pass a dict {layer_id: highway} to feed each layer its own, or a
+`HighwayFile` from `engram_numba.load_highway`: hidden states recorded from another engine, one
+per engram layer, token ids included). Without a highway the run draws a synthetic one
+(`synthetic_highway`), and its meta says so: meta["highway"] starts with "synthetic".
+
+Text: `run(text="...")` tokenizes with the model's tokenizer (`engram_numba.text.tokenizer_for`);
+whenever a tokenizer is found, meta["token_strings"] holds one string per token (up to 4096
+tokens), which the tables, plots and diff show beside the ids.
+
+On the GPU: with the cuda backend for rows, proj and gate, and a names filter (and hooks) that
+keep none of `rows.*`, `proj.kv`, `gate.key`, `gate.value`, `highway.out` (nor a later layer's
+`highway.in`), the rows, kv and highway stay on the device: rows are gathered from the device
+tables, and only the gate and dot ([T, hc] fp32) are copied back. Those points still fire (in
+`pipe.fired`) but carry no value.
 """
 from __future__ import annotations
 
@@ -47,6 +59,7 @@ from typing import Callable, Mapping
 import numpy as np
 
 from .capture import INPUT_POINTS, OBSERVE_ONLY, POINTS, Capture, match_names, point_names, short_name
+from .highway import HighwayFile
 from .stages.gate import cpu as _gate_cpu
 from .stages.gate import reference as _gate_ref
 from .stages.hash.cpu import EngramHasher, check_token_ids
@@ -62,6 +75,7 @@ __all__ = ["Pipeline", "Capture", "POINTS", "INPUT_POINTS", "point_names", "synt
            "BACKENDS"]
 
 SYNTHETIC_BLOCK = 256   # tokens per independently seeded block of the synthetic highway
+SYNTHETIC_HIGHWAY = "synthetic (N(0,1), seed 0, no transformer blocks)"
 
 
 def synthetic_highway(t0: int, t1: int, hc: int, dim: int, seed: int = 0) -> np.ndarray:
@@ -201,6 +215,18 @@ class _CudaBackend(_HostBackend):
         eng.rows_from_bf16(layer.layer_id, x_bf16.reshape(T * self._model.config.n_hash_cols, -1))
         return eng.project(layer.layer_id).copy_to_host()
 
+    def gate_on_device(self, layer, ids, d_highway, token_mask, residual, eps):
+        """rows (gathered from the device table) -> proj -> gate for one layer, in place on the
+        device highway [T, hc, dim]; returns the device views (dot, gate) [T, hc]. Nothing but
+        the row ids (and a host mask) crosses PCIe."""
+        ids = np.asarray(ids)
+        T = ids.shape[0]
+        eng = self._engine_for(T)
+        eng.rows_from_ids(layer.layer_id, ids.reshape(T, -1))
+        eng.project(layer.layer_id)
+        eng.gate(layer.layer_id, d_highway, token_mask, residual=residual, eps=eps)
+        return eng.last_gate(layer.layer_id)
+
     def gate(self, layer, highway, kv, token_mask, residual, eps):
         from numba import cuda
         T = highway.shape[0]
@@ -246,10 +272,12 @@ class Pipeline:
     cuda_versions: kernel record per cuda stage, e.g. {"rows": "q2k_v4", "proj": "gemv_v2",
               "gate": "gate_v3"} (`engram_numba.stages.catalog` lists them); by default each
               stage's default rule picks (in numba's simulator, the naive kernels).
+    tokenizer: a `Tokenizer` or a path to a tokenizer.json for `run(text=...)` and the token
+              strings in capture meta; by default the model's own (`text.tokenizer_for`).
     """
 
     def __init__(self, model, backends="reference", residual: str = "fp32", eps: float | None = None,
-                 cuda_versions: dict | None = None):
+                 cuda_versions: dict | None = None, tokenizer=None):
         if residual not in _gate_ref.RESIDUALS:
             raise ValueError(f"residual must be one of {_gate_ref.RESIDUALS}, got {residual!r}")
         self.model = model
@@ -267,6 +295,27 @@ class Pipeline:
         self._hooks: dict[str, list[Callable]] = {}
         self._hook_log: list[str] = []
         self.fired: list[str] = []  # points that fired in the last run, in order
+        self._tokenizer_arg = tokenizer
+        self._tokenizer = None      # resolved on first use; False = the model has none
+        if tokenizer is not None:
+            from .text import tokenizer_for
+            self._tokenizer = tokenizer_for(model, tokenizer)
+
+    @property
+    def tokenizer(self):
+        """The tokenizer used for text and token strings (None when the model has none)."""
+        if self._tokenizer is None:
+            from .text import NoTokenizerError, tokenizer_for
+            try:
+                self._tokenizer = tokenizer_for(self.model)
+            except (NoTokenizerError, ImportError):
+                self._tokenizer = False
+        return self._tokenizer or None
+
+    @property
+    def device_resident(self) -> bool:
+        """True when rows, proj and gate all run on the cuda backend (see the module doc)."""
+        return all(self.backends[s] == "cuda" for s in ("rows", "proj", "gate"))
 
     @staticmethod
     def _resolve_backends(backends) -> dict[str, str]:
@@ -334,14 +383,18 @@ class Pipeline:
         """The synthetic N(0, 1) highway [T, hc, dim] fp32 a run uses when given none."""
         return synthetic_highway(0, n_tokens, self.config.hc, self.config.dim, seed)
 
-    def run(self, token_ids, highway=None, token_mask=None, names_filter=None,
+    def run(self, token_ids=None, highway=None, token_mask=None, names_filter=None,
             hasher: EngramHasher | None = None, progress: bool | None = None,
-            chunk_tokens: int | None = None) -> Capture:
+            chunk_tokens: int | None = None, *, text: str | None = None) -> Capture:
         """Run every engram layer on one sequence; returns the captures that `names_filter` keeps.
 
-        token_ids: raw token ids [T] (any integer dtype; checked against the token map).
-        highway: [T, hc, dim] fp32 (never modified), a dict {layer_id: highway}, or None for the
-                 synthetic highway (drawn per chunk; the capture's meta says it is synthetic).
+        token_ids: raw token ids [T] (any integer dtype; checked against the token map), or None
+                 with `text`, or with a HighwayFile (its token ids).
+        text:    a string, tokenized with the pipeline's tokenizer (`tokenizer` / the model's own).
+        highway: [T, hc, dim] fp32 (never modified), a dict {layer_id: highway}, a `HighwayFile`
+                 (`load_highway`: one highway per engram layer, read per chunk; its token ids and
+                 mask are used when none are given, and must equal the ones given), or None for
+                 the synthetic highway (drawn per chunk; the capture's meta says it is synthetic).
         token_mask: bool [T], False = dead token. hasher: continue an existing sequence.
         chunk_tokens: run the stages on this many tokens at a time (ids are the same: the hasher
                  keeps the sequence's history; every stage is per token). Captures are joined
@@ -355,11 +408,17 @@ class Pipeline:
         cfg = self.config
         keep = match_names(names_filter, self.point_names)
         hasher = hasher if hasher is not None else EngramHasher(self.model.hash_tables)
+        token_ids, token_mask = self._resolve_tokens(token_ids, token_mask, text, highway)
         token_ids, mask = check_token_ids(token_ids, token_mask, self.model.hash_tables.token_map.size,
                                           hasher.position)
         T = int(token_ids.size)
-        per_layer = isinstance(highway, Mapping)
-        if per_layer:
+        from_file = isinstance(highway, HighwayFile)
+        per_layer = isinstance(highway, Mapping) or from_file
+        if from_file:
+            highway.check_model(self.model)
+            if highway.n_tokens != T:
+                raise ValueError(f"highway file {highway.path} has {highway.n_tokens} tokens, the run {T}")
+        elif per_layer:
             missing = set(cfg.layer_ids) - set(highway)
             extra = set(highway) - set(cfg.layer_ids)
             if missing or extra:
@@ -390,7 +449,9 @@ class Pipeline:
             for t0 in range(0, T, chunk_tokens):
                 t1 = min(T, t0 + chunk_tokens)
                 chunk_mask = None if mask is None else mask[t0:t1]
-                if per_layer:
+                if from_file:
+                    h_chunk = {lid: highway.chunk(lid, t0, t1) for lid in cfg.layer_ids}
+                elif per_layer:
                     h_chunk = {lid: highway[lid][t0:t1] for lid in cfg.layer_ids}
                 elif highway is None:
                     h_chunk = synthetic_highway(t0, t1, cfg.hc, cfg.dim)
@@ -405,6 +466,44 @@ class Pipeline:
         store = {name: (chunks[0] if len(chunks) == 1 else np.concatenate(chunks, axis=0))
                  for name, chunks in parts.items()}
         return Capture(store, self._meta(T, token_ids, highway))
+
+    def _resolve_tokens(self, token_ids, token_mask, text, highway):
+        """(token ids, mask) from exactly one of token_ids / text / a HighwayFile's ids."""
+        if text is not None:
+            if token_ids is not None:
+                raise ValueError("give token_ids or text, not both")
+            from .text import tokenizer_for
+            tok = tokenizer_for(self.model, self._tokenizer_arg, need_encode=True)
+            self._tokenizer = tok
+            token_ids = tok.encode(text)
+        if isinstance(highway, HighwayFile):
+            if token_ids is None:
+                token_ids = highway.token_ids
+            else:
+                given = np.asarray(token_ids)
+                if given.shape != highway.token_ids.shape:
+                    raise ValueError(f"{given.size} token ids were given but highway file {highway.path} holds "
+                                     f"{highway.token_ids.size}")
+                diff = np.flatnonzero(given != highway.token_ids)
+                if diff.size:
+                    i = int(diff[0])
+                    raise ValueError(f"token id {int(given[i])} at position {i} differs from highway file "
+                                     f"{highway.path}'s {int(highway.token_ids[i])} (the highway was recorded on "
+                                     "other tokens)")
+            if token_mask is None and highway.token_mask is not None:
+                token_mask = highway.token_mask
+        if token_ids is None:
+            raise ValueError("no tokens: give token_ids, text=..., or a HighwayFile highway (it carries its token ids)")
+        return token_ids, token_mask
+
+    @staticmethod
+    def describe_highway(highway) -> str:
+        """What meta["highway"] says for this highway argument."""
+        if highway is None:
+            return SYNTHETIC_HIGHWAY
+        if isinstance(highway, HighwayFile):
+            return highway.describe()
+        return "given"
 
     def _meta(self, T: int, token_ids, highway) -> dict:
         import numba
@@ -422,12 +521,34 @@ class Pipeline:
                 "layer_ids": list(self.config.layer_ids),
                 "model": str(getattr(self.model, "path", "")), "format": str(getattr(self.model, "format", "")),
                 "encodings": {str(lid): v.encoding for lid, v in self._layers.items()},
-                "highway": "given" if highway is not None else "synthetic (N(0,1), seed 0, no transformer blocks)",
+                "highway": self.describe_highway(highway),
                 "synthetic_model": bool(getattr(self.model, "synthetic", False)),
                 "hooks": list(self._hook_log), "cuda_kernels": kernels,
                 "versions": {"engram_numba": __version__, "numba": numba.__version__, "numba_cuda": numba_cuda,
                              "numpy": np.__version__},
-                "token_ids": token_ids.tolist() if T <= 4096 else None}
+                "token_ids": token_ids.tolist() if T <= 4096 else None,
+                "token_strings": self._token_strings(token_ids) if T <= 4096 else None,
+                "tokenizer": getattr(self.tokenizer, "source", None) if T <= 4096 else None}
+
+    def _token_strings(self, token_ids) -> list[str] | None:
+        tok = self.tokenizer
+        if tok is None or (token_ids.size and int(token_ids.max()) >= tok.vocab_size):
+            return None
+        return tok.token_strings(token_ids)
+
+    _DEVICE_POINTS = ("rows.raw", "rows.bf16", "proj.kv", "gate.key", "gate.value", "highway.out")
+
+    def _stays_on_device(self, keep, per_layer: bool) -> bool:
+        """True when nothing kept or hooked needs the rows, kv or a device-made highway on the host."""
+        if not self.device_resident:
+            return False
+        needs = (lambda name: keep(name) or name in self._hooks)
+        for li, lid in enumerate(self.config.layer_ids):
+            if any(needs(f"L{lid}.{p}") for p in self._DEVICE_POINTS):
+                return False
+            if li > 0 and not per_layer and needs(f"L{lid}.highway.in"):
+                return False
+        return True
 
     def _run_chunk(self, hasher, token_ids, mask, highway, keep, parts, bar=None) -> None:
         """Every layer on one chunk of tokens (hash first: it extends the sequence's history)."""
@@ -437,6 +558,9 @@ class Pipeline:
         step("hash")
         all_ids = self._impl[self.backends["hash"]].hash(hasher, token_ids, mask)   # [T, L, C]
         per_layer = isinstance(highway, Mapping)
+        if self._stays_on_device(keep, per_layer):
+            self._run_chunk_on_device(all_ids, mask, highway, keep, parts, step)
+            return
         current = None if per_layer else highway
         for li, lid in enumerate(cfg.layer_ids):
             layer = self._layers[lid]
@@ -467,6 +591,78 @@ class Pipeline:
             self._point(p + "gate.gate", res.gate, keep, parts)
             self._point(p + "highway.out", res.highway, keep, parts)
             current = res.highway
+
+    def _run_chunk_on_device(self, all_ids, mask, highway, keep, parts, step) -> None:
+        """The device-resident path (see the module doc): rows, kv and the highway between layers
+        never come back to the host; each layer's dot and gate do."""
+        from numba import cuda
+        cfg = self.config
+        backend = self._impl["cuda"]
+        per_layer = isinstance(highway, Mapping)
+        d_current = None
+        for li, lid in enumerate(cfg.layer_ids):
+            layer = self._layers[lid]
+            p = f"L{lid}."
+            ids = self._point(p + "hash.ids", np.ascontiguousarray(all_ids[:, li, :]), keep, parts)  # [T, C]
+            self.fired += [p + "rows.raw", p + "rows.bf16", p + "proj.kv", p + "gate.key", p + "gate.value"]
+            if per_layer or li == 0:
+                h_in = highway[lid] if per_layer else highway
+                h_in = self._point(p + "highway.in", np.ascontiguousarray(h_in, dtype=np.float32), keep, parts)
+                d_current = cuda.to_device(h_in)                                          # [T, hc, dim] fp32
+            else:
+                self.fired.append(p + "highway.in")
+            step(f"L{lid} rows+proj+gate (device)")
+            d_dot, d_gate = backend.gate_on_device(layer, ids, d_current, mask, self.residual, self.eps)
+            self._point(p + "gate.dot", d_dot.copy_to_host(), keep, parts)                # [T, hc]
+            self._point(p + "gate.gate", d_gate.copy_to_host(), keep, parts)
+            self.fired.append(p + "highway.out")
+
+    def gates_from_ids(self, row_ids, highway, token_mask=None) -> dict:
+        """rows -> proj -> gate of every engram layer for row ids the caller hashed, keeping only
+        each layer's (dot, gate) [T, hc] fp32 (host arrays). No capture, no hooks.
+
+        row_ids: int [T, layers, C] (`EngramHasher.hash`). highway: [T, hc, dim] fp32 host array
+        (copied, not modified), a {layer_id: highway} dict, or (cuda backend for rows, proj and
+        gate) a device array that is updated in place. With the cuda backend for rows, proj and
+        gate, only the ids go to the device and only the dot and gate come back."""
+        cfg = self.config
+        ids = np.asarray(row_ids)
+        if ids.ndim != 3 or ids.shape[1:] != (cfg.n_layers, cfg.n_hash_cols):
+            raise ValueError(f"row_ids must be [T, {cfg.n_layers}, {cfg.n_hash_cols}], got {list(ids.shape)}")
+        T = ids.shape[0]
+        per_layer = isinstance(highway, Mapping)
+        out = {}
+        if self.device_resident:
+            from numba import cuda
+
+            from .device.devarray import is_device_like
+            eng = self._impl["cuda"]._engine_for(T)
+            # Every layer's ids go up (and their gathers are queued) before the first projection, so
+            # no host-to-device copy waits behind a layer's kernels; the dot and gate of all layers
+            # come back at the end.
+            for li, lid in enumerate(cfg.layer_ids):
+                eng.rows_from_ids(lid, np.ascontiguousarray(ids[:, li, :]))
+            d_current, views = None, {}
+            for li, lid in enumerate(cfg.layer_ids):
+                if per_layer or li == 0:
+                    h = highway[lid] if per_layer else highway
+                    d_current = h if is_device_like(h) else cuda.to_device(np.ascontiguousarray(h, dtype=np.float32))
+                eng.project(lid)
+                eng.gate(lid, d_current, token_mask, residual=self.residual, eps=self.eps)
+                views[lid] = eng.last_gate(lid)
+            for lid, (d_dot, d_gate) in views.items():
+                out[lid] = (d_dot.copy_to_host(), d_gate.copy_to_host())
+            return out
+        current = None if per_layer else np.asarray(highway, dtype=np.float32)
+        for li, lid in enumerate(cfg.layer_ids):
+            layer = self._layers[lid]
+            rows = self._impl[self.backends["rows"]].rows(layer, ids=np.ascontiguousarray(ids[:, li, :]))
+            kv = self._impl[self.backends["proj"]].proj(layer, rows.reshape(T, cfg.proj_in))
+            h_in = np.asarray(highway[lid], dtype=np.float32) if per_layer else current
+            res = self._impl[self.backends["gate"]].gate(layer, h_in, kv, token_mask, self.residual, self.eps)
+            out[lid] = (res.dot, res.gate)
+            current = res.highway
+        return out
 
     def _check_highway(self, h, T: int, what: str) -> None:
         cfg = self.config

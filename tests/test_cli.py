@@ -107,7 +107,10 @@ def test_bench_smoke_runs_the_suite_in_the_simulator(tmp_path, capsys):
     assert main(["bench", "--smoke", "--out", str(out)]) == 0
     res = json.loads(out.read_text())
     assert {r["stage"] for r in res["records"]} == {"gather_dequant", "projection", "gate", "apply", "projection_q2k",
-                                                   "projection_fp8", "decode_step", "engine_build"}
+                                                   "projection_fp8", "decode_step", "engine_build", "corpus_stats"}
+    corpus = [r for r in res["records"] if r["stage"] == "corpus_stats"]
+    assert {r["variant"] for r in corpus} == {"device", "device, gate statistics only", "host pinned", "host pageable"}
+    assert all(r["tokens_per_s"] > 0 and r["validated"] and r["device_sum_us"] > 0 for r in corpus)
     assert all(r["validated"] for r in res["variants"]) and res["variants"]
     assert (tmp_path / "smoke.png").stat().st_size > 1000
 
@@ -149,3 +152,133 @@ def test_demo(tmp_path, capsys):
     assert (tmp_path / "gate_heatmap.png").stat().st_size > 10_000
     cap = Capture.load(tmp_path / "reference_capture.npz")
     assert np.isfinite(cap["L4.highway.out"]).all()
+
+
+# -- text, token files, highway files, and the stats command -----------------------------------------
+
+def _model_without_tokenizer(tmp_path):
+    """The tiny model under another name: nothing points at the tiny tokenizer."""
+    from engram_numba.fixtures import tiny_config, tiny_hash_tables
+    from engram_numba.formats.schema_a import load_gguf, write_gguf
+    src = load_gguf(TINY_PATH)
+    layers = {lid: {"table": np.array(lf.table), "wkv": np.array(lf.wkv_raw), "wkv_type": lf.wkv_type,
+                    "q_weight": np.array(lf.q_weight), "k_weight": np.array(lf.k_weight)}
+              for lid, lf in src.layers.items()}
+    path = tmp_path / "plain.gguf"
+    write_gguf(path, tiny_config(), tiny_hash_tables(), layers)
+    return path
+
+
+def test_run_from_text_shows_token_strings(tmp_path, capsys):
+    out = tmp_path / "cap.safetensors"
+    assert main(["run", "--text", "The cat sat.", "--backend", "cpu", "--capture", str(out)]) == 0
+    text = capsys.readouterr().out
+    assert "ran 9 tokens" in text and "gate per token (strings, highway SYNTHETIC)" in text
+    assert "highway: SYNTHETIC" in text and " the " in text.replace("the  ", "the ")
+    cap = Capture.load(out)
+    assert cap.meta["token_strings"][1] == "the" and cap["L1.proj.kv"].dtype == np.uint16
+    f = tmp_path / "t.txt"
+    f.write_text("The cat sat.")
+    assert main(["run", "--text-file", str(f), "--backend", "cpu"]) == 0
+    assert "ran 9 tokens" in capsys.readouterr().out
+
+
+def test_run_from_token_files(tmp_path, capsys):
+    npy, txt = tmp_path / "ids.npy", tmp_path / "ids.txt"
+    np.save(npy, np.array([2, 17, 47]))
+    txt.write_text("2, 17\n47 13\n")
+    assert main(["run", "--tokens-file", str(npy), "--backend", "cpu"]) == 0
+    assert "ran 3 tokens" in capsys.readouterr().out
+    assert main(["run", "--tokens-file", str(txt), "--backend", "cpu"]) == 0
+    assert "ran 4 tokens" in capsys.readouterr().out
+
+
+def test_run_on_an_imported_highway(tmp_path, capsys):
+    from engram_numba.highway import save_highway
+    rng = np.random.default_rng(0)
+    ids = np.array([0, 48, 40, 6, 56])
+    h = {lid: rng.standard_normal((5, 4, 64)).astype(np.float32) for lid in (1, 4)}
+    path = save_highway(tmp_path / "h.safetensors", h, ids, producer="test")
+    assert main(["run", "--highway", str(path), "--backend", "cpu"]) == 0
+    text = capsys.readouterr().out
+    assert "ran 5 tokens" in text and "highway: imported from" in text and "SYNTHETIC" not in text
+    assert main(["run", "--highway", str(path), "--tokens", "0,48,40,6,56", "--backend", "cpu"]) == 0
+    capsys.readouterr()
+    assert main(["run", "--highway", str(path), "--tokens", "0,48,40,6,57"]) == 2
+    assert "differ from the ones highway file" in capsys.readouterr().err
+    bad = tmp_path / "bad.safetensors"
+    save_highway(bad, {1: h[1]}, ids)
+    assert main(["run", "--highway", str(bad)]) == 2
+    assert "tensor 'engram.4.highway_in' is missing" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["run", "--text", "a", "--tokens", "1"], "give one token source, got --text and --tokens"),
+    (["run", "--text", "  "], "the text is empty"),
+    (["run", "--text-file", "/no/such.txt"], "--text-file /no/such.txt does not exist"),
+    (["run", "--tokens-file", "/no/ids.npy"], "--tokens-file /no/ids.npy does not exist"),
+    (["run", "--highway", "/no/h.safetensors"], "--highway /no/h.safetensors does not exist"),
+    (["run", "--text", "a", "--tokenizer", "/no/tokenizer.json"], "--tokenizer /no/tokenizer.json does not exist"),
+    (["stats", "/no/corpus.txt"], "corpus file /no/corpus.txt does not exist"),
+    (["stats", "/no/a.npz", "--merge"], "statistics file /no/a.npz does not exist"),
+    (["stats", "README.md", "--out", "/no/such/dir/out"], "folder /no/such/dir does not exist"),
+])
+def test_more_user_mistakes_are_one_line_errors(argv, message, capsys):
+    assert main(argv) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("error: ") and message in err, err
+    assert len(err.strip().splitlines()) == 1
+
+
+def test_text_needs_a_tokenizer_and_says_how(tmp_path, capsys):
+    plain = _model_without_tokenizer(tmp_path)
+    assert main(["run", str(plain), "--text", "the cat"]) == 2
+    err = capsys.readouterr().err
+    assert "carries no tokenizer" in err and "--tokenizer PATH" in err
+    tok = str(TINY_PATH.parent / "tiny_tokenizer.json")
+    assert main(["run", str(plain), "--text", "the cat", "--tokenizer", tok, "--backend", "cpu"]) == 0
+    assert "ran 5 tokens" in capsys.readouterr().out
+    corpus = tmp_path / "c.txt"
+    corpus.write_text("the cat\n")
+    assert main(["stats", str(corpus), "--model", str(plain), "--out", str(tmp_path / "o")]) == 2
+    assert "--tokenizer PATH" in capsys.readouterr().err
+
+
+def test_stats_writes_a_folder_and_merges(tmp_path, capsys):
+    import json
+    from engram_numba.analysis.streaming import StreamingGateStats
+    a, b = tmp_path / "a.txt", tmp_path / "b.txt"
+    a.write_text("the cat sat on the mat.\nthe dog ran.\n")
+    b.write_text("and the cat ran to the park!\n")
+    out = tmp_path / "all"
+    assert main(["stats", str(a), str(b), "--out", str(out), "--tables", "csv", "--token-table"]) == 0
+    text = capsys.readouterr().out
+    assert "streamed 3 documents" in text and "note: the highway is synthetic" in text
+    for name in ("summary.md", "stats.json", "stats.npz", "tokens_long.csv", "tables/streams.csv",
+                 "tables/contexts.csv", "tables/columns.csv", "plots/gate_histogram.png", "plots/tokens.png",
+                 "plots/columns.png"):
+        assert (out / name).stat().st_size > 0, name
+    assert "SYNTHETIC" in (out / "summary.md").read_text()
+    js = json.loads((out / "stats.json").read_text())
+    assert js["n_documents"] == 3 and js["highway_is_synthetic"]
+    for part, f in (("pa", a), ("pb", b)):
+        assert main(["stats", str(f), "--out", str(tmp_path / part), "--tables", "csv"]) == 0
+    capsys.readouterr()
+    merged = tmp_path / "merged"
+    assert main(["stats", "--merge", str(tmp_path / "pa" / "stats.npz"), str(tmp_path / "pb" / "stats.npz"),
+                 "--out", str(merged), "--tables", "csv"]) == 0
+    assert "merged 2 part(s): 3 documents" in capsys.readouterr().out
+    one, two = StreamingGateStats.load(out / "stats.npz"), StreamingGateStats.load(merged / "stats.npz")
+    assert one.g1 == two.g1 and np.array_equal(one.fine, two.fine) and one[4, 3].mean == two[4, 3].mean
+    assert (merged / "tables" / "tokens.csv").read_text() == (out / "tables" / "tokens.csv").read_text()
+
+
+def test_stats_parquet_needs_the_analysis_extra(tmp_path, capsys, monkeypatch):
+    from engram_numba import _optional
+    corpus = tmp_path / "c.txt"
+    corpus.write_text("the cat\n")
+    monkeypatch.setattr(_optional, "have", lambda name: False)
+    assert main(["stats", str(corpus), "--out", str(tmp_path / "o")]) == 2
+    err = capsys.readouterr().err
+    assert "pip install 'engram-numba[analysis]'" in err and "--tables csv" in err
+    assert not (tmp_path / "o").exists()                       # checked before any work

@@ -7,7 +7,8 @@
 For every capture point both runs hold: shapes and dtypes, how many elements are exactly equal,
 max absolute and max relative difference, relative L2 (||a - b|| / ||a||), the largest distance in
 ulps of the array's own precision (bf16 words: bf16 ulps; fp32: fp32 ulps; integers: none), and
-the first differing index. Integer points (row ids, raw Q2_K bytes) are expected to be equal;
+the first differing index (and, when a capture's meta carries token strings, which token that
+is: "[5, 2] (token 5 'the')"). Integer points (row ids, raw Q2_K bytes) are expected to be equal;
 float points carry their error bars.
 """
 from __future__ import annotations
@@ -96,8 +97,10 @@ class DiffReport:
     """The rows of a diff, in the capture's firing order."""
 
     def __init__(self, rows: list[DiffRow], label_a: str = "a", label_b: str = "b",
-                 only_a: list[str] | None = None, only_b: list[str] | None = None):
+                 only_a: list[str] | None = None, only_b: list[str] | None = None,
+                 token_strings: list[str] | None = None):
         self.rows = rows
+        self.token_strings = token_strings      # one per token, from a capture's meta (or None)
         self.label_a, self.label_b = label_a, label_b
         self.only_a, self.only_b = only_a or [], only_b or []
 
@@ -131,7 +134,26 @@ class DiffReport:
         g = (lambda v: "0" if v == 0 else f"{v:.3g}")
         ulp = "" if r.kind == "int" else ("0" if r.max_ulp == 0 else f"{r.max_ulp:.0f} {r.kind}")
         return [r.name, shape, r.kind, eq, g(r.max_abs), g(r.max_rel), g(r.rel_l2), ulp,
-                "" if r.first_diff is None else str(list(r.first_diff))]
+                "" if r.first_diff is None else str(list(r.first_diff)) + self._token_note(r)]
+
+    def token_of(self, row: DiffRow) -> int | None:
+        """The token (position) holding a point's first differing element, when the point is per token."""
+        if row.first_diff is None or not row.first_diff or not self.token_strings:
+            return None
+        T = len(self.token_strings)
+        lead, idx = row.shape_a[0], row.first_diff[0]
+        if lead == T:
+            return int(idx)
+        if T and lead % T == 0:                  # rows.*: [T*C, ...], row t*C + c
+            return int(idx) // (lead // T)
+        return None
+
+    def _token_note(self, row: DiffRow) -> str:
+        t = self.token_of(row)
+        if t is None:
+            return ""
+        from ..text import token_label
+        return f" (token {t} {token_label(self.token_strings[t])!r})"
 
     def __str__(self) -> str:
         table = [list(self._COLUMNS)] + [self._cells(r) for r in self.rows]
@@ -238,6 +260,12 @@ def diff(a: Mapping, b: Mapping, names=None, label_a: str | None = None, label_b
         return default
     keys = [k for k in a if k in b] if names is None else list(names)
     rows = [diff_arrays(k, a[k], b[k]) for k in keys]
+    strings = None
+    for cap in (a, b):
+        s = (getattr(cap, "meta", {}) or {}).get("token_strings")
+        if isinstance(s, list):
+            strings = s
+            break
     return DiffReport(rows, label_a or label(a, "a"), label_b or label(b, "b"),
                       only_a=[k for k in a if k not in b] if names is None else [],
-                      only_b=[k for k in b if k not in a] if names is None else [])
+                      only_b=[k for k in b if k not in a] if names is None else [], token_strings=strings)

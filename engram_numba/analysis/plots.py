@@ -40,8 +40,18 @@ def _panels(n: int, ax=None, fig=None, *, nrows: int, ncols: int, figsize, **sub
     return fig, list(axes.ravel())[:n]
 
 
-def _stats_of(capture, bins: int = 20) -> GateStats:
-    return capture if isinstance(capture, GateStats) else gate_stats(capture, bins=bins)
+def _stats_of(capture, bins: int = 20):
+    """GateStats of a capture; GateStats and corpus statistics (StreamingGateStats) as they are."""
+    if isinstance(capture, GateStats) or hasattr(capture, "fine"):
+        return capture
+    return gate_stats(capture, bins=bins)
+
+
+def _say_highway(fig, st) -> None:
+    """A line under the figure when the highway was synthetic (the gate then reflects only the rows)."""
+    if getattr(st, "highway_is_synthetic", False):
+        fig.text(0.0, -0.01, "highway: SYNTHETIC (N(0,1) draws, no transformer blocks): the gate reflects the "
+                 "table rows, not a real model's hidden states", fontsize=7, color="#8a4b00", ha="left", va="top")
 
 
 def _pick_layers(st: GateStats, layer_ids) -> list[int]:
@@ -128,6 +138,7 @@ def gate_heatmap(capture, layer_ids=None, token_labels=None, cmap: str = "viridi
     """The gate of every token and stream: one panel per engram layer, streams down, tokens across.
 
     token_labels: one string per token (e.g. decoded text) for the x axis; by default the token
+                  strings the capture's meta carries (a run with a tokenizer), else the token
                   ids. Every token is labelled up to `max_labels` tokens, beyond that a subset.
     annotate:     write each gate value in its cell (default: when there are <= 16 tokens shown).
     window, stride, rolling: for long captures: show tokens window = (t0, t1) only, every
@@ -144,8 +155,12 @@ def gate_heatmap(capture, layer_ids=None, token_labels=None, cmap: str = "viridi
     gates, shown, mask = _window_gates(st, layers, window, stride, rolling)
     T = len(shown)
     if token_labels is None:
-        ids = capture["tokens.ids"] if not isinstance(capture, GateStats) and "tokens.ids" in capture else None
-        if ids is not None and T <= max_labels and stride == 1 and rolling == 1:
+        ids = st.token_ids
+        plain = stride == 1 and rolling == 1
+        if st.token_strings is not None and T <= max_labels and plain:
+            labels = st.token_labels()
+            token_labels, xlabel = [labels[t] for t in shown], "token"
+        elif ids is not None and T <= max_labels and plain:
             token_labels, xlabel = [str(int(ids[t])) for t in shown], "token id"
         else:  # a sparse row of ids says nothing; positions do
             token_labels, xlabel = [str(t) for t in shown], "token position"
@@ -202,6 +217,7 @@ def gate_heatmap(capture, layer_ids=None, token_labels=None, cmap: str = "viridi
     for a in axes[:-1]:
         a.tick_params(axis="x", labelbottom=False)
     fig.colorbar(im, ax=axes, label="gate", fraction=0.04 if len(axes) > 1 else 0.05, pad=0.01)
+    _say_highway(fig, st)
     if (~mask).any():
         axes[0].legend(handles=[mpatches.Patch(facecolor=_MASK_GREY, edgecolor=_MASK_EDGE, hatch="///",
                                                label="masked (gate = 0, excluded)")],
@@ -235,6 +251,7 @@ def gate_histogram(capture, bins: int = 40, layer_ids=None, density: bool = Fals
                     fontsize=10, loc="left")
         a.legend(fontsize=7, loc="best")
         a.grid(True, alpha=0.3)
+    _say_highway(fig, st)
     axes[0].set_ylabel("density" if density else "tokens")
     if not density:
         from matplotlib.ticker import MaxNLocator
@@ -314,6 +331,7 @@ def gate_vs_dot(capture, layer_ids=None, xscale: str = "linear", ax=None, fig=No
         a.set_xlabel("dot (before the signed sqrt)")
     _suptitle(fig, "gate against dot" + (f" ({st.n_masked} masked token(s) excluded)" if st.n_masked else ""),
               capture)
+    _say_highway(fig, st)
     return fig
 
 
@@ -370,4 +388,66 @@ def row_id_reuse_plot(capture, ax=None, fig=None, **reuse_kwargs):
         a.tick_params(axis="x", labelbottom=False)
     if not isinstance(capture, RowIdReuse):
         _suptitle(fig, "hash-table row use", capture)
+    return fig
+
+
+# Corpus statistics ---------------------------------------------------------------------------------
+
+def corpus_token_plot(stats, layer_ids=None, min_count: int = 5, label_top: int = 8, ax=None, fig=None):
+    """Per compressed token of a corpus (`corpus_stats`): mean gate (over streams) against
+    occurrences, one panel per engram layer; the most frequent tokens are labelled with their
+    strings. Tokens seen fewer than `min_count` times are left out (their mean is noise)."""
+    from ..text import token_label
+    layers = _pick_layers(stats, layer_ids)
+    fig, axes = _panels(len(layers), ax, fig, nrows=1, ncols=len(layers), figsize=(4.8 * len(layers) + 0.6, 3.8),
+                        sharey=True)
+    for a, lid in zip(axes, layers):
+        rows = stats.top_tokens(lid, None, k=stats.compressed_vocab, by="count", min_count=min_count)
+        if not rows:
+            a.text(0.5, 0.5, f"no token seen {min_count}+ times", ha="center", va="center", transform=a.transAxes)
+            continue
+        counts = np.array([r["count"] for r in rows])
+        means = np.array([r["mean_gate"] for r in rows])
+        a.scatter(counts, means, s=10, alpha=0.6)
+        for r in rows[:label_top]:
+            name = token_label(r["token"]) if r["token"] is not None else str(r["compressed_id"])
+            a.annotate(name[:12], (r["count"], r["mean_gate"]), fontsize=7, xytext=(3, 2), textcoords="offset points")
+        a.set_xscale("log")
+        a.axhline(0.5, color="grey", linestyle=":", linewidth=1.0)
+        a.set_xlabel("occurrences (log)")
+        a.set_title(f"L{lid}: {len(rows)} compressed tokens seen >= {min_count}x", fontsize=10, loc="left")
+        a.grid(True, alpha=0.3)
+    axes[0].set_ylabel("mean gate (over streams)")
+    _say_highway(fig, stats)
+    return fig
+
+
+def corpus_columns_plot(stats, ax=None, fig=None):
+    """Per engram layer and hash column of a corpus: distinct contexts of the column's order
+    (tracked), the distinct row ids they hash to, and distinct row ids read; collisions above."""
+    cols = stats.columns()
+    layers = stats.layer_ids
+    C = stats.n_hash_cols
+    fig, axes = _panels(len(layers), ax, fig, nrows=len(layers), ncols=1,
+                        figsize=(float(np.clip(2.0 + 0.42 * C, 7.0, 16.0)), 2.9 * len(layers) + 0.5), sharex=True)
+    x = np.arange(C)
+    w = 0.38
+    for a, lid in zip(axes, layers):
+        rs = [r for r in cols if r["layer"] == lid]
+        ctx = np.array([r.get("distinct_contexts", 0) for r in rs])
+        ids = np.array([r["distinct_ids"] for r in rs])
+        a.bar(x - w / 2, ctx, width=w, color="tab:blue", label="distinct contexts (tracked)")
+        a.bar(x + w / 2, ids, width=w, color="tab:orange", label="distinct row ids")
+        for r in rs:
+            if r.get("collisions"):
+                a.annotate(f"-{r['collisions']}", (r["col"] + w / 2, r["distinct_ids"]), xytext=(0, 2),
+                           textcoords="offset points", ha="center", va="bottom", fontsize=7, color="tab:red")
+        exact = all(r.get("exact", True) for r in rs)
+        a.set_title(f"L{lid}: {sum(r.get('collisions', 0) for r in rs)} collision(s) over {stats.n_tokens - stats.n_masked}"
+                    f" live tokens" + ("" if exact else " (context table pruned: lower bounds)"), fontsize=10, loc="left")
+        a.set_ylabel("count")
+        a.grid(True, axis="y", alpha=0.3)
+    axes[0].legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.01, 1.0), frameon=False)
+    axes[-1].set_xticks(x, [f"{r['col']}\nh{r['head']}" for r in cols if r["layer"] == layers[-1]], fontsize=7)
+    axes[-1].set_xlabel("hash column (head within its n-gram order)")
     return fig

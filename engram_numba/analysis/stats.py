@@ -95,8 +95,12 @@ class GateStats:
     """Gate statistics of every engram layer and stream of one capture (see `gate_stats`)."""
 
     def __init__(self, rows: list[StreamGateStats], gates: dict[int, np.ndarray],
-                 dots: dict[int, np.ndarray | None], mask: np.ndarray, bins: int, label: str = ""):
+                 dots: dict[int, np.ndarray | None], mask: np.ndarray, bins: int, label: str = "",
+                 token_ids: np.ndarray | None = None, token_strings: list[str] | None = None, highway: str = ""):
         self.rows = rows
+        self.token_ids = token_ids          # [T] int64 when the capture kept tokens.ids
+        self.token_strings = token_strings  # one string per token when the run had a tokenizer
+        self.highway = highway              # the capture's meta["highway"] ("synthetic ..." when drawn)
         self._gates = gates            # {layer: [T, hc] fp32}, as captured (masked rows 0)
         self._dots = dots              # {layer: [T, hc] fp32 or None}
         self.mask = mask               # [T] bool, True = live
@@ -188,10 +192,71 @@ class GateStats:
         return [f"L{r.layer}", str(r.stream), str(r.n), f(r.mean), f(r.std), f(r.q05), f(r.q50), f(r.q95),
                 f(r.min), f(r.max), f(r.dot_mean_abs, 3), clamp]
 
+    @property
+    def highway_is_synthetic(self) -> bool:
+        return self.highway.startswith("synthetic")
+
+    def token_labels(self) -> list[str]:
+        """One printable label per token: its string (spaces as '␣') when known, else its id,
+        else its position."""
+        from ..text import token_label
+        if self.token_strings is not None and len(self.token_strings) == self.n_tokens:
+            return [token_label(s) for s in self.token_strings]
+        if self.token_ids is not None:
+            return [str(int(i)) for i in self.token_ids]
+        return [str(t) for t in range(self.n_tokens)]
+
     def _header(self) -> str:
         who = f" ({self.label})" if self.label else ""
+        hw = ""
+        if self.highway:
+            hw = ("; highway: SYNTHETIC (N(0,1) draws, no transformer blocks)" if self.highway_is_synthetic
+                  else f"; highway: {self.highway}")
         return (f"gate statistics{who}: {self.n_tokens} tokens, {self.n_masked} masked (excluded), "
-                f"layers {self.layers}")
+                f"layers {self.layers}{hw}")
+
+    def per_token_table(self, max_tokens: int = 64, stream_mean: bool = False) -> str:
+        """The gate of every token (rows) per layer and stream (columns), with the token's id and
+        string; masked tokens show '-'. stream_mean=True: one column per layer (mean over streams)."""
+        labels = self.token_labels()
+        head = ["pos", "id", "token"]
+        cols = []
+        for lid in self.layers:
+            g = self.per_token(lid)                             # [T, hc] NaN at masked
+            if stream_mean:
+                head.append(f"L{lid} mean")
+                cols.append(np.nanmean(np.where(np.isfinite(g), g, np.nan), axis=1, keepdims=True)
+                            if g.size else g[:, :1])
+            else:
+                head += [f"L{lid}.s{c}" for c in range(g.shape[1])]
+                cols.append(g)
+        values = np.concatenate(cols, axis=1) if cols else np.zeros((self.n_tokens, 0))
+        T = min(self.n_tokens, max_tokens)
+        ids = self.token_ids if self.token_ids is not None else np.full(self.n_tokens, -1)
+        table = [head] + [[str(t), str(int(ids[t])) if ids[t] >= 0 else "-", labels[t][:16]]
+                          + [("-" if not np.isfinite(v) else f"{v:.3f}") for v in values[t]] for t in range(T)]
+        widths = [max(len(r[i]) for r in table) for i in range(len(head))]
+        lines = [f"gate per token ({'strings' if self.token_strings is not None else 'no tokenizer: ids'}"
+                 + (", highway SYNTHETIC" if self.highway_is_synthetic else "") + ")"]
+        for j, row in enumerate(table):
+            lines.append("  ".join(c.ljust(w) if i == 2 else c.rjust(w) for i, (c, w) in enumerate(zip(row, widths))))
+            if j == 0:
+                lines.append("  ".join("-" * w for w in widths))
+        if self.n_tokens > T:
+            lines.append(f"... {self.n_tokens - T} more tokens")
+        return "\n".join(lines)
+
+    def top_tokens(self, layer_id: int, stream: int | None = None, k: int = 10, lowest: bool = False) -> list[dict]:
+        """The k live tokens with the highest (lowest=True: lowest) gate in one layer (stream None:
+        the mean over streams): position, token_id, token (string or None), gate."""
+        g = self.per_token(layer_id)
+        v = np.nanmean(g, axis=1) if stream is None else g[:, int(stream)]
+        live = np.flatnonzero(np.isfinite(v))
+        order = live[np.lexsort((live, v[live] if lowest else -v[live]))][:k]
+        strings = self.token_strings if self.token_strings is not None and len(self.token_strings) == self.n_tokens \
+            else None
+        return [{"position": int(t), "token_id": None if self.token_ids is None else int(self.token_ids[t]),
+                 "token": None if strings is None else strings[t], "gate": float(v[t])} for t in order]
 
     def _warnings(self) -> list[str]:
         out = []
@@ -300,7 +365,13 @@ def gate_stats(capture: Mapping, bins: int = 20, layer_ids=None) -> GateStats:
         gates[lid], dots[lid] = gate, dot
         for c in range(gate.shape[1]):
             rows.append(_stream_stats(lid, c, gate[:, c], None if dot is None else dot[:, c], mask, bins))
-    return GateStats(rows, gates, dots, mask, bins, label=_capture_label(capture))
+    meta = getattr(capture, "meta", None) or {}
+    token_ids = np.asarray(capture["tokens.ids"], dtype=np.int64) if "tokens.ids" in capture else None
+    strings = meta.get("token_strings")
+    if not isinstance(strings, list) or len(strings) != mask.size:
+        strings = None
+    return GateStats(rows, gates, dots, mask, bins, label=_capture_label(capture), token_ids=token_ids,
+                     token_strings=strings, highway=str(meta.get("highway", "")))
 
 
 def _capture_label(capture: Mapping) -> str:

@@ -12,6 +12,8 @@ Records (names kept stable across versions so results stay comparable), at the r
     gate            the gate and the in-place FP32 highway update
     apply           projection + gate as `EngramV41.apply` runs them
     projection_q2k, projection_fp8, decode_step, engine_build   the decode path (bench/decode.py)
+    corpus_stats    `corpus_stats` end to end in 4096-token chunks, tokens/s against the stages'
+                    device-time sum (bench/corpus.py: device and host highways, peak memory)
 and the version sweep ("variants"): every kernel record of the registry at the token counts it
 competes at (`KernelRecord.sweep`), each checked against the numpy reference before it is timed.
 Method in `timing.py`; baselines (measured in the same run when torch imports) in
@@ -36,6 +38,7 @@ from .baselines import torch_gate, torch_or_none, torch_q2k_dequant, torch_view
 from .report import markdown_table, plot_results, update_readme  # noqa: F401  (re-exported for scripts)
 from .timing import RELEASED, SMOKE, BenchShape, DeviceTimer, commit, device_name, make_record, measure_copy_gbps
 from .validate import gate_agrees, projection_agrees, projection_reference_rows
+from .corpus import run as corpus_bench
 
 
 def _random_table(encoding: str, n_rows: int, rng, cuda):
@@ -455,6 +458,7 @@ def main(args=None) -> int:
     host = bench_host(smoke=smoke)
     result.update(bench_device(shape, quick=quick))
     bench_decode.add_to(result, shape, quick)      # projection_q2k/_fp8, decode_step, engine_build
+    result["records"] += corpus_bench(shape, quick=quick)["records"]     # corpus_stats end to end
     if not getattr(args, "no_variants", False):
         result["variants"] = bench_variants(shape, quick)
     result["host"] = host

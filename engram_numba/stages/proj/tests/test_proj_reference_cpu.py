@@ -37,3 +37,11 @@ def test_projection_rejects_mismatched_k(rng):
         projection_reference(_bf16(rng, (2, 8)), _bf16(rng, (3, 9)))
     with pytest.raises(ValueError, match="x \\[T, K\\] and wkv \\[N, K\\]"):
         projection_cpu(_bf16(rng, (2, 8)), _bf16(rng, (3, 9)))
+
+
+@pytest.mark.parametrize("T", [7, 8, 9, 16, 17, 35])
+def test_projection_cpu_token_groups_identical_to_reference(rng, T):
+    """The @njit projection sums 8 tokens side by side; partial groups and several groups stay
+    bit-identical to the reference."""
+    x, w = _bf16(rng, (T, 96), 0.3), _bf16(rng, (11, 96), 0.3)
+    np.testing.assert_array_equal(projection_cpu(x, w), projection_reference(x, w))
