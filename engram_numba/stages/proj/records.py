@@ -9,7 +9,7 @@ for 2..GEMV_MAX_TOKENS tokens, gemm_v3 above. Timings quoted are from the H200 r
 from __future__ import annotations
 
 from ..registry import KernelRecord, register
-from . import cuda_gemm, cuda_gemv
+from . import cublas, cuda_gemm, cuda_gemv, cuda_wgmma
 
 GEMV_MAX_TOKENS = 32    # 2 passes of gemv_v4 (~2 x 100 us) beat gemm_v3's latency-bound ~280 us at T <= 128
 
@@ -23,7 +23,9 @@ def _fast(ctx) -> bool:
 
 
 SWEEP = {"gemv_v1": (1,), "gemv_v2": (1, 16), "gemv_v3": (1, 16), "gemv_v4": (1, 16, 128),
-         "gemm_v1": (128,), "gemm_v2": (16, 128, 4096), "gemm_v3": (16, 128, 4096)}   # where each competes
+         "gemm_v1": (128,), "gemm_v2": (16, 128, 4096), "gemm_v3": (16, 128, 4096),
+         "gemm_v4": (16, 128, 4096), "gemm_v5": (16, 128, 4096),
+         "cublas_v1": (1, 16, 128, 4096)}   # where each competes
 
 _RECORDS = [
     ("gemv_v1", cuda_gemv, True, "naive: one thread per output column, k in order (bit-exact; 922 us at T=1)",
@@ -43,14 +45,25 @@ _RECORDS = [
     ("gemm_v3", cuda_gemm, False, "gemm_v2's tiling on the tensor cores: inline-PTX mma.sync m16n8k16 bf16 -> fp32 "
      "(202 TFLOP/s at T=4096, a quarter of cuBLAS; 276 us at T=128 against cuBLAS's 91)",
      f"GPU, aligned, T > {GEMV_MAX_TOKENS}", lambda c: _fast(c) and c["T"] > GEMV_MAX_TOKENS),
+    # ---- Hopper (sm_90a) and the cuBLAS comparison (issue 11) ----
+    ("gemm_v4", cuda_wgmma, False, "warpgroup MMA (wgmma m64n256k16, inline PTX) on 128x256 tiles, operands in "
+     "128B-swizzled shared memory fed by a 4-stage cp.async pipeline, 2 warpgroups, token-tile-fastest grid",
+     "never (pick it by name)", None),
+    ("gemm_v5", cuda_wgmma, False, "gemm_v4 for few tokens: 64x128 tiles (both warpgroups on the same 64 token "
+     "rows, m64n64 each), 2 CTAs an SM, so T <= 64 puts 200 CTAs on the weight stream",
+     "never (pick it by name)", None),
+    ("cublas_v1", cublas, False, "cuBLAS through torch.matmul on the device arrays (no copies), fp32 accumulation: "
+     "the comparison backend, never a default", "never (pick it by name)", None),
 ]
+
+_REQUIRES = {"cublas_v1": "torch"}
 
 for _name, _mod, _exact, _log, _when, _rule in _RECORDS:
     register(KernelRecord(
         stage="proj", name=_name, encoding="bf16", changelog=_log, prepare=_mod.make_prepare(_name),
         compile_targets=(lambda m=_mod, n=_name: m.compile_targets(n)), bit_exact=_exact,
-        default_when=_when, default_rule=_rule, sweep=SWEEP[_name],
+        default_when=_when, default_rule=_rule, sweep=SWEEP[_name], requires=_REQUIRES.get(_name, ""),
         # the fast kernels' barriers, shuffles and mma twins cost 10-100x more in the simulator;
-        # the tests run them on the smallest shapes only
-        simulate=True,
+        # the tests run them on the smallest shapes only (cuBLAS does not run there at all)
+        simulate=_name != "cublas_v1",
     ))
