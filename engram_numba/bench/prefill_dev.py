@@ -34,6 +34,7 @@ K_REL, N_REL = 6144, 25600
 TOKENS = (16, 128, 4096)
 ODD = [(33, 264, 200), (130, 136, 260), (5, 520, 9)]            # tiny: every variant, first
 ODD_RELEASED = [(257, K_REL + 8, N_REL + 8), (33, K_REL, N_REL)]  # released-size odd shapes
+SWEEP_TOKENS = (2, 8, 32, 48, 64, 80, 96, 192, 256, 512, 1024)      # where the defaults change hands
 NOISE_SIGMAS, U = 8.0, 2.0 ** -24
 
 
@@ -148,7 +149,7 @@ def worker(out_dir: Path, skip: set, quick: bool, smoke: bool):
     rng = np.random.default_rng(3)
     per_T = {16: ["gemm_v5", "64x64/s3/sw128", "64x256/s4/sw128", "64x128/s6/sw128", "gemm_v4", "gemv_v4", "cublas_v1"],
              128: list(variants) + ["gemm_v3", "cublas_v1"],
-             4096: ["gemm_v4", "128x256/s4/noswz", "gemm_v5", "gemm_v3", "cublas_v1"]}
+             4096: ["gemm_v4", "128x128/s3/sw128", "128x256/s4/noswz", "gemm_v5", "gemm_v3", "cublas_v1"]}
     best4096 = None
     per_T[tokens[-1]] = per_T.pop(4096)
     if smoke:
@@ -177,6 +178,29 @@ def worker(out_dir: Path, skip: set, quick: bool, smoke: bool):
                     best4096 = (name, us)
             except Exception as exc:
                 _emit(fh, {"phase": "released", "variant": name, "T": T, "ok": False,
+                           "error": f"{type(exc).__name__}: {exc}"[:400]})
+
+    # 2b. where the defaults change hands: every candidate at the token counts between
+    sweep = (2, 48) if smoke else SWEEP_TOKENS
+    for T in sweep:
+        x_t = rand_bf16((T, k_rel), 1.0, 200 + T)
+        rows = np.arange(T) if T <= 64 else np.unique(np.concatenate([[0, T - 1], rng.choice(T, 62, replace=False)]))
+        yard = Yard(x_t[rows], wf, w2)
+        x = as_words(x_t)
+        names = (["gemv_v3"] if T <= 8 else []) + (["gemv_v4"] if T <= 32 else []) \
+            + (["gemm_v5"] if T <= 256 else []) + ["gemm_v4"] + (["128x128/s3/sw128"] if T >= 32 else []) \
+            + (["gemm_v3"] if T > 32 else []) + ["cublas_v1"]
+        for name in names:
+            if name in skip or (smoke and name not in ("gemm_v4", "gemm_v5", "cublas_v1")):
+                continue
+            start(name)
+            try:
+                launch, out, chk = run_check(name, x, w, T, n_rel, rows, yard)
+                us = timer(launch, iters=10 if quick else 20)
+                _emit(fh, {"phase": "sweep", "variant": name, "T": T, "time_us": round(us, 2),
+                           "tflops": round(2.0 * T * k_rel * n_rel / us / 1e6, 1), **chk})
+            except Exception as exc:
+                _emit(fh, {"phase": "sweep", "variant": name, "T": T, "ok": False,
                            "error": f"{type(exc).__name__}: {exc}"[:400]})
 
     # 3. apply at T = 4096: our best projection + our gate, against cuBLAS + our gate
@@ -272,10 +296,21 @@ def _table(records: list) -> str:
                     else f"cuBLAS: {r.get('cublas_error', '?')[:80]}")
             lines.append(f"apply T={r['T']}: ours ({r['proj']}+{r['gate']}) {r['apply_ours_us']:.1f} us, {blas}; "
                          f"gate alone {r['gate_us']:.1f} us")
-    bad = [r for r in records if r.get("phase") in ("odd", "odd_released") and not r.get("ok")]
-    good = [r for r in records if r.get("phase") in ("odd", "odd_released") and r.get("ok")]
-    lines.append(f"odd-shape checks: {len(good)} passed, {len(bad)} failed"
-                 + "".join(f"\n  FAIL {r['variant']} {r['shape']}: {r.get('error') or r}" for r in bad))
+    sweep = [r for r in records if r.get("phase") == "sweep"]
+    if sweep:
+        lines.append("sweep (us; * fastest of ours; cuBLAS last):")
+        for T in sorted({r["T"] for r in sweep}):
+            rs = [r for r in sweep if r["T"] == T and "time_us" in r]
+            ours = [r for r in rs if r["variant"] != "cublas_v1"]
+            best = min(ours, key=lambda r: r["time_us"])["variant"] if ours else None
+            lines.append(f"  T={T:5d} " + "  ".join(
+                f"{r['variant']}{'*' if r['variant'] == best else ''} {r['time_us']:.1f}{'' if r['ok'] else ' BAD'}"
+                for r in rs) + "".join(f"  {r['variant']} ERROR" for r in sweep if r["T"] == T and "time_us" not in r))
+    bad = [r for r in records if r.get("phase") in ("odd", "odd_released", "sweep") and not r.get("ok")]
+    good = [r for r in records if r.get("phase") in ("odd", "odd_released", "sweep") and r.get("ok")]
+    lines.append(f"odd-shape and sweep checks: {len(good)} passed, {len(bad)} failed"
+                 + "".join(f"\n  FAIL {r['variant']} {r.get('shape', r.get('T'))}: {r.get('error') or r}"
+                           for r in bad))
     return "\n".join(lines)
 
 
@@ -326,7 +361,8 @@ def main(argv=None) -> int:
     best = [r for r in records if r.get("phase") == "best4096"]
     if args.ncu and best:
         name = best[-1]["variant"]
-        cmd = ["ncu", "--clock-control", "none", "--section", "SpeedOfLight", "--section", "WarpStateStats",
+        cmd = ["ncu", "--clock-control", "none", "--print-details", "all",
+               "--section", "SpeedOfLight", "--section", "WarpStateStats",
                "--section", "ComputeWorkloadAnalysis", "--section", "MemoryWorkloadAnalysis",
                "-k", "regex:gemm_wgmma", "-c", "1", sys.executable, "-m", "engram_numba.bench.prefill_dev",
                "--ncu-target", name]

@@ -214,6 +214,7 @@ CANDIDATES = {
     "64x256/s4/sw128": Variant(64, 256, 4, swizzle=True),
     "64x64/s3/sw128": Variant(64, 64, 3, swizzle=True),
     "64x128/s6/sw128": Variant(64, 128, 6, swizzle=True),
+    "128x128/s3/sw128": Variant(128, 128, 3, swizzle=True),
 }
 _KERNELS: dict = {}
 

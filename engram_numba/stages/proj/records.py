@@ -1,10 +1,12 @@
 """Kernel records of the projection stage (see `engram_numba.stages.registry`).
 
-Default rules, over ctx = {"T", "K", "N", "aligned", "simulator", "weight"}:
+Default rules, over ctx = {"T", "K", "N", "aligned", "simulator", "weight", "cc"}:
 numba's simulator, or x/wkv data not 16-byte aligned -> the naive kernels (gemv_v1 at T = 1,
-gemm_v1 above: plain loops are the cheap ones to simulate); on a GPU gemv_v3 at T = 1, gemv_v4
-for 2..GEMV_MAX_TOKENS tokens, gemm_v3 above. Timings quoted are from the H200 run at f7da6aa
-(bench/results/h200.json): K = 6144, N = 25600.
+gemm_v1 above: plain loops are the cheap ones to simulate); on a GPU gemv_v3 at T = 1; then on a
+Hopper GPU (cc 9.0: the warpgroup MMA) gemm_v5 for 2..WGMMA_SMALL_MAX_TOKENS tokens and gemm_v4
+above; on other GPUs gemv_v4 for 2..GEMV_MAX_TOKENS tokens and gemm_v3 above. Timings quoted are
+from the H200 runs at f7da6aa (bench/results/h200.json) and, for gemm_v4/v5 and cuBLAS, at 283c3ba
+(bench/results/h200_prefill_dev.json): K = 6144, N = 25600.
 """
 from __future__ import annotations
 
@@ -12,6 +14,7 @@ from ..registry import KernelRecord, register
 from . import cublas, cuda_gemm, cuda_gemv, cuda_wgmma
 
 GEMV_MAX_TOKENS = 32    # 2 passes of gemv_v4 (~2 x 100 us) beat gemm_v3's latency-bound ~280 us at T <= 128
+WGMMA_SMALL_MAX_TOKENS = 64   # gemm_v5's 64-token tiles read the weight once up to here; gemm_v4 (128) above
 
 
 def _naive(ctx) -> bool:
@@ -20,6 +23,11 @@ def _naive(ctx) -> bool:
 
 def _fast(ctx) -> bool:
     return not _naive(ctx)
+
+
+def _hopper(ctx) -> bool:
+    """A GPU whose tensor cores take wgmma (sm_90a: H100/H200)."""
+    return _fast(ctx) and tuple(ctx.get("cc") or ()) == (9, 0)
 
 
 SWEEP = {"gemv_v1": (1,), "gemv_v2": (1, 16), "gemv_v3": (1, 16), "gemv_v4": (1, 16, 128),
@@ -37,21 +45,27 @@ _RECORDS = [
      "GPU, aligned, T = 1", lambda c: _fast(c) and c["T"] <= 1),
     ("gemv_v4", cuda_gemv, False, "tensor-core GEMV: mma m16n8k16 with up to 16 tokens as M, one weight pass per "
      "16 tokens (100.7 us at T=16, cuBLAS 94.5 us)",
-     f"GPU, aligned, 2 <= T <= {GEMV_MAX_TOKENS}", lambda c: _fast(c) and 2 <= c["T"] <= GEMV_MAX_TOKENS),
+     f"GPU other than Hopper, aligned, 2 <= T <= {GEMV_MAX_TOKENS}",
+     lambda c: _fast(c) and not _hopper(c) and 2 <= c["T"] <= GEMV_MAX_TOKENS),
     ("gemm_v1", cuda_gemm, True, "naive: one thread per output (t, n), k in order (bit-exact; 81.6 ms at T=128)",
      "numba's simulator or unaligned data, T > 1", lambda c: _naive(c) and c["T"] > 1),
     ("gemm_v2", cuda_gemm, True, "tiled SIMT GEMM, 128x128 tiles, 8x8 register micro-tiles, double-buffered "
      "shared memory, k in order (bit-exact; 42 TFLOP/s at T=4096)", "never (pick it by name)", None),
     ("gemm_v3", cuda_gemm, False, "gemm_v2's tiling on the tensor cores: inline-PTX mma.sync m16n8k16 bf16 -> fp32 "
      "(202 TFLOP/s at T=4096, a quarter of cuBLAS; 276 us at T=128 against cuBLAS's 91)",
-     f"GPU, aligned, T > {GEMV_MAX_TOKENS}", lambda c: _fast(c) and c["T"] > GEMV_MAX_TOKENS),
+     f"GPU other than Hopper, aligned, T > {GEMV_MAX_TOKENS}",
+     lambda c: _fast(c) and not _hopper(c) and c["T"] > GEMV_MAX_TOKENS),
     # ---- Hopper (sm_90a) and the cuBLAS comparison (issue 11) ----
     ("gemm_v4", cuda_wgmma, False, "warpgroup MMA (wgmma m64n256k16, inline PTX) on 128x256 tiles, operands in "
-     "128B-swizzled shared memory fed by a 4-stage cp.async pipeline, 2 warpgroups, token-tile-fastest grid",
-     "never (pick it by name)", None),
+     "128B-swizzled shared memory fed by a 4-stage cp.async pipeline, 2 warpgroups, token-tile-fastest grid "
+     "(1.97 ms = 653 TFLOP/s at T=4096, 84% of cuBLAS's throughput; 106 us at T=128, cuBLAS 94)",
+     f"Hopper (cc 9.0), aligned, T > {WGMMA_SMALL_MAX_TOKENS}",
+     lambda c: _hopper(c) and c["T"] > WGMMA_SMALL_MAX_TOKENS),
     ("gemm_v5", cuda_wgmma, False, "gemm_v4 for few tokens: 64x128 tiles (both warpgroups on the same 64 token "
-     "rows, m64n64 each), 2 CTAs an SM, so T <= 64 puts 200 CTAs on the weight stream",
-     "never (pick it by name)", None),
+     "rows, m64n64 each), 2 CTAs an SM, so T <= 64 puts 200 CTAs on the weight stream (93.4 us at T=16, "
+     "cuBLAS 93.6, gemv_v4 100.7)",
+     f"Hopper (cc 9.0), aligned, 2 <= T <= {WGMMA_SMALL_MAX_TOKENS}",
+     lambda c: _hopper(c) and 2 <= c["T"] <= WGMMA_SMALL_MAX_TOKENS),
     ("cublas_v1", cublas, False, "cuBLAS through torch.matmul on the device arrays (no copies), fp32 accumulation: "
      "the comparison backend, never a default", "never (pick it by name)", None),
 ]

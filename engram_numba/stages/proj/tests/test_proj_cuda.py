@@ -42,7 +42,7 @@ from engram_numba.stages import registry
 from engram_numba.stages.proj import cublas, cuda_gemm, cuda_gemv, cuda_wgmma
 from engram_numba.stages.proj import launch as P
 from engram_numba.stages.proj.cuda_gemv import GEMV_TOKEN_BLOCKS
-from engram_numba.stages.proj.records import GEMV_MAX_TOKENS
+from engram_numba.stages.proj.records import GEMV_MAX_TOKENS, WGMMA_SMALL_MAX_TOKENS
 from engram_numba.stages.proj.reference import projection_exact, projection_reference
 
 POISON = 0xFFFF              # a bf16 NaN: any element left unwritten fails the ulp check
@@ -66,9 +66,14 @@ def launch_config(version, T, N):
     return (cuda_gemv if version.startswith("gemv") else cuda_gemm).launch_config(version, T, N)
 
 
-def proj_ctx(T, K=6144, N=25600, *, aligned=True, simulator=False):
-    """A default-rule context as on a GPU (or, with simulator=True, as in the simulator)."""
-    return {"T": T, "K": K, "N": N, "aligned": aligned, "simulator": simulator, "weight": "bf16"}
+HOPPER, AMPERE = (9, 0), (8, 0)
+
+
+def proj_ctx(T, K=6144, N=25600, *, aligned=True, simulator=False, cc=HOPPER):
+    """A default-rule context as on a GPU of compute capability cc (an H200 unless told), or, with
+    simulator=True, as in the simulator."""
+    return {"T": T, "K": K, "N": N, "aligned": aligned, "simulator": simulator, "weight": "bf16",
+            "cc": None if simulator else cc}
 
 
 def default_name(T, **kw) -> str:
@@ -207,7 +212,7 @@ def test_version_matches_reference(rng, version, shape):
 # The layouts and tiles the records do not use (the development script times them too): the
 # unswizzled layout, and the small-T tiles with 64 and 256 outputs.
 CANDIDATE_CASES = [("128x256/s4/noswz", (33, 264, 200)), ("64x64/s3/sw128", (70, 136, 70)),
-                   ("64x256/s4/sw128", (5, 72, 260))]
+                   ("64x256/s4/sw128", (5, 72, 260)), ("128x128/s3/sw128", (130, 200, 130))]
 
 
 @pytest.mark.parametrize("name,shape", CANDIDATE_CASES, ids=[n for n, _ in CANDIDATE_CASES])
@@ -236,18 +241,26 @@ def test_cublas_without_torch_says_what_to_install(monkeypatch):
 
 
 def test_default_versions(rng):
-    """version=None: on a GPU with aligned data gemv_v3 at T = 1, gemv_v4 up to GEMV_MAX_TOKENS,
-    gemm_v3 above; in the simulator (or for unaligned data) gemv_v1 at T = 1, gemm_v1 above. What
-    the launcher prepares is that default, and each agrees with the reference."""
-    assert default_name(1) == "gemv_v3"
-    assert default_name(2) == default_name(GEMV_MAX_TOKENS) == "gemv_v4"
-    assert default_name(GEMV_MAX_TOKENS + 1) == default_name(4096) == "gemm_v3"
-    for kw in ({"simulator": True}, {"aligned": False}, {"simulator": True, "aligned": False}):
+    """version=None: on a GPU with aligned data gemv_v3 at T = 1; then on a Hopper GPU (cc 9.0)
+    gemm_v5 up to WGMMA_SMALL_MAX_TOKENS and gemm_v4 above, on other GPUs gemv_v4 up to
+    GEMV_MAX_TOKENS and gemm_v3 above; in the simulator (or for unaligned data) gemv_v1 at T = 1,
+    gemm_v1 above. What the launcher prepares is that default, and each agrees with the reference."""
+    for cc in (HOPPER, AMPERE, (10, 0)):
+        assert default_name(1, cc=cc) == "gemv_v3"
+    assert default_name(2) == default_name(16) == default_name(WGMMA_SMALL_MAX_TOKENS) == "gemm_v5"
+    assert default_name(WGMMA_SMALL_MAX_TOKENS + 1) == default_name(128) == default_name(4096) == "gemm_v4"
+    for cc in (AMPERE, (10, 0)):        # no wgmma: the mma.sync kernels
+        assert default_name(2, cc=cc) == default_name(GEMV_MAX_TOKENS, cc=cc) == "gemv_v4"
+        assert default_name(GEMV_MAX_TOKENS + 1, cc=cc) == default_name(4096, cc=cc) == "gemm_v3"
+    for kw in ({"simulator": True}, {"aligned": False}, {"simulator": True, "aligned": False},
+               {"aligned": False, "cc": AMPERE}):
         assert default_name(1, **kw) == "gemv_v1" and default_name(9, **kw) == "gemm_v1", kw
         assert default_name(GEMV_MAX_TOKENS + 1, **kw) == "gemm_v1", kw
     # pick() builds the context from the environment (the simulator's rule when it runs)
+    hopper = not SIMULATOR and P.device_cc() == HOPPER
     assert P.pick(1, 6144, 25600).name == ("gemv_v1" if SIMULATOR else "gemv_v3")
-    assert P.pick(GEMV_MAX_TOKENS + 1, 6144, 25600).name == ("gemm_v1" if SIMULATOR else "gemm_v3")
+    assert P.pick(GEMV_MAX_TOKENS + 1, 6144, 25600).name == \
+        ("gemm_v1" if SIMULATOR else "gemm_v5" if hopper else "gemm_v3")
     assert P.pick(1, 6144, 25600, aligned=False).name == "gemv_v1"
     assert P.pick(7, 6144, 25600, version="gemm_v2").name == "gemm_v2"
     for T, K, N in ((1, 32, 5), (3, 32, 5), (GEMV_MAX_TOKENS + 1, 32, 5)):
@@ -264,11 +277,13 @@ def test_default_rules_partition_the_contexts():
     """Exactly one record claims every context (registry.default raises otherwise), and every
     record with a default rule is the default somewhere."""
     claimed = set()
-    for T in (1, 2, 3, 16, GEMV_MAX_TOKENS - 1, GEMV_MAX_TOKENS, GEMV_MAX_TOKENS + 1, 128, 1000, 4096, 5000):
+    for T in (1, 2, 3, 16, GEMV_MAX_TOKENS - 1, GEMV_MAX_TOKENS, GEMV_MAX_TOKENS + 1, WGMMA_SMALL_MAX_TOKENS,
+              WGMMA_SMALL_MAX_TOKENS + 1, 128, 1000, 4096, 5000):
         for aligned in (True, False):
             for simulator in (True, False):
-                for K, N in ((6144, 25600), (1536, 320), (16, 3)):
-                    claimed.add(default_name(T, K=K, N=N, aligned=aligned, simulator=simulator))
+                for cc in (HOPPER, AMPERE, (10, 0)):
+                    for K, N in ((6144, 25600), (1536, 320), (16, 3)):
+                        claimed.add(default_name(T, K=K, N=N, aligned=aligned, simulator=simulator, cc=cc))
     assert claimed == {r.name for r in registry.records("proj") if r.default_rule is not None}
 
 
@@ -515,3 +530,27 @@ def test_gpu_sequential_versions_match_reference_bit_for_bit(rng, released_weigh
         if not ok:
             failed.append(version)
     assert not failed, failed
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not _importable("torch"), reason="cublas_v1 needs PyTorch")
+def test_gpu_pipeline_diffs_our_projection_against_cublas():
+    """The comparison the cuBLAS record exists for: the same run through the pipeline with the
+    projection on gemm_v4 and on cuBLAS, both within 1 bf16 ulp of the float64 product of the
+    captured rows (well-conditioned elements), so within 2 of each other."""
+    from engram_numba.fixtures import TINY_MASK, TINY_PATH, TINY_TOKENS
+    from engram_numba.formats.schema_a import load_gguf
+    from engram_numba.pipeline import Pipeline
+    model = load_gguf(TINY_PATH)
+    runs = {v: Pipeline(model, {"proj": "cuda"}, cuda_versions={"proj": v}).run(TINY_TOKENS, token_mask=TINY_MASK)
+            for v in ("gemm_v4", "cublas_v1")}
+    for v, cap in runs.items():
+        assert cap.meta["cuda_kernels"]["proj"] == v
+    for lid in model.config.layer_ids:
+        x = runs["gemm_v4"][f"L{lid}.rows.bf16"].reshape(TINY_TOKENS.size, -1)
+        yard = Yardstick(x, np.ascontiguousarray(model.layers[lid].wkv_bf16()))
+        for v, cap in runs.items():
+            stats = error_stats(cap[f"L{lid}.proj.kv"], yard)
+            RESULTS.append(dict(test="pipeline-vs-cublas", layer=lid, version=v, passed=True, **stats))
+            assert_within_tolerance(stats)
+        assert bf16_ulp_distance(runs["gemm_v4"][f"L{lid}.proj.kv"], runs["cublas_v1"][f"L{lid}.proj.kv"]).max() <= 2
