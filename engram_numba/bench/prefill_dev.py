@@ -79,7 +79,7 @@ def _emit(fh, rec):
     print(json.dumps(rec), flush=True)
 
 
-def worker(out_dir: Path, skip: set, quick: bool, smoke: bool):
+def worker(out_dir: Path, skip: set, quick: bool, smoke: bool, only=None, tokens_arg=None, sweep_arg=None):
     from numba import cuda
 
     from ..bf16 import bf16_to_f32, f32_to_bf16
@@ -89,12 +89,16 @@ def worker(out_dir: Path, skip: set, quick: bool, smoke: bool):
     from .timing import DeviceTimer
 
     variants = {**W.VARIANTS, **W.CANDIDATES}
+    if only:       # --variants: these (and cuBLAS) in every phase
+        variants = {k: v for k, v in variants.items() if k in only}
+        skip = set(skip) | {n for n in ("gemv_v3", "gemv_v4", "gemm_v3", *W.VARIANTS, *W.CANDIDATES) if n not in only}
     fh = open(out_dir / "prefill_dev.jsonl", "a")
     timer = DeviceTimer()
     k_rel, n_rel, tokens, odd, odd_rel = K_REL, N_REL, TOKENS, ODD, ODD_RELEASED
     HC, DIM = 4, 5120
     if smoke:     # the script's own wiring in numba's simulator: tiny shapes, meaningless times
         k_rel, n_rel, tokens, odd, odd_rel, HC, DIM = 136, 320, (16, 130), ODD[:1], [(33, 72, 200)], 4, 64
+    tokens = tuple(tokens_arg) if tokens_arg else tokens
 
     def rand_bf16(shape, scale, seed):       # host bf16 words (fresh normal draws, never zeros)
         r = np.random.default_rng(seed).standard_normal(shape, dtype=np.float32)
@@ -149,9 +153,11 @@ def worker(out_dir: Path, skip: set, quick: bool, smoke: bool):
     rng = np.random.default_rng(3)
     per_T = {16: ["gemm_v5", "64x64/s3/sw128", "64x256/s4/sw128", "64x128/s6/sw128", "gemm_v4", "gemv_v4", "cublas_v1"],
              128: list(variants) + ["gemm_v3", "cublas_v1"],
-             4096: ["gemm_v4", "128x128/s3/sw128", "128x256/s4/noswz", "gemm_v5", "gemm_v3", "cublas_v1"]}
+             4096: ["gemm_v4", "gemm_v6", "128x128/s3/sw128", "128x256/s4/noswz", "gemm_v5", "gemm_v3", "cublas_v1"]}
     best4096 = None
     per_T[tokens[-1]] = per_T.pop(4096)
+    for T in tokens:
+        per_T.setdefault(T, list(variants) + ["cublas_v1"])
     if smoke:
         per_T = {T: [n for n in names if n in ("gemm_v4", "gemm_v5", "gemm_v3", "cublas_v1")]
                  for T, names in per_T.items()}
@@ -181,14 +187,14 @@ def worker(out_dir: Path, skip: set, quick: bool, smoke: bool):
                            "error": f"{type(exc).__name__}: {exc}"[:400]})
 
     # 2b. where the defaults change hands: every candidate at the token counts between
-    sweep = (2, 48) if smoke else SWEEP_TOKENS
+    sweep = (2, 48) if smoke else tuple(sweep_arg) if sweep_arg is not None else SWEEP_TOKENS
     for T in sweep:
         x_t = rand_bf16((T, k_rel), 1.0, 200 + T)
         rows = np.arange(T) if T <= 64 else np.unique(np.concatenate([[0, T - 1], rng.choice(T, 62, replace=False)]))
         yard = Yard(x_t[rows], wf, w2)
         x = as_words(x_t)
         names = (["gemv_v3"] if T <= 8 else []) + (["gemv_v4"] if T <= 32 else []) \
-            + (["gemm_v5"] if T <= 256 else []) + ["gemm_v4"] + (["128x128/s3/sw128"] if T >= 32 else []) \
+            + (["gemm_v5"] if T <= 256 else []) + ["gemm_v4", "gemm_v6"] + (["128x128/s3/sw128"] if T >= 32 else []) \
             + (["gemm_v3"] if T > 32 else []) + ["cublas_v1"]
         for name in names:
             if name in skip or (smoke and name not in ("gemm_v4", "gemm_v5", "cublas_v1")):
@@ -239,7 +245,7 @@ def worker(out_dir: Path, skip: set, quick: bool, smoke: bool):
         x_t, w2_t = rand_bf16((T, K), 1.0, 11 + T), rand_bf16((N, K), 0.05, 12 + N)
         wfo = bf16_to_f32(host_words(w2_t)).astype(np.float64)
         yard = Yard(host_words(x_t), wfo, wfo * wfo)
-        for name in ["gemm_v4", "gemm_v5", "128x256/s4/noswz", "cublas_v1"]:
+        for name in ["gemm_v4", "gemm_v5", "gemm_v6", "128x256/s4/noswz", "cublas_v1"]:
             if name in skip:
                 continue
             start(name)
@@ -322,6 +328,9 @@ def main(argv=None) -> int:
     ap.add_argument("--smoke", action="store_true", help="tiny shapes in numba's simulator (the script's wiring)")
     ap.add_argument("--worker", action="store_true")
     ap.add_argument("--skip", default="")
+    ap.add_argument("--variants", default="", help="only these variants (and cuBLAS), comma-separated")
+    ap.add_argument("--tokens", default="", help="released-shape token counts (default 16,128,4096)")
+    ap.add_argument("--sweep", default=None, help="sweep token counts ('' for none)")
     ap.add_argument("--ncu-target", default="")
     args = ap.parse_args(argv)
     out_dir = Path(args.out)
@@ -331,7 +340,9 @@ def main(argv=None) -> int:
         ncu_target(args.ncu_target)
         return 0
     if args.worker:
-        worker(out_dir, skip, args.quick, args.smoke)
+        ints = lambda a: [int(t) for t in a.split(",") if t]   # noqa: E731
+        worker(out_dir, skip, args.quick, args.smoke, only={s for s in args.variants.split(",") if s},
+               tokens_arg=ints(args.tokens), sweep_arg=None if args.sweep is None else ints(args.sweep))
         return 0
 
     log = out_dir / "prefill_dev.jsonl"
@@ -341,7 +352,9 @@ def main(argv=None) -> int:
             log.unlink()
         cmd = [sys.executable, "-m", "engram_numba.bench.prefill_dev", "--worker", "--out", str(out_dir),
                "--skip", ",".join(sorted(failed))] + (["--quick"] if args.quick else []) \
-            + (["--smoke"] if args.smoke else [])
+            + (["--smoke"] if args.smoke else []) + (["--variants", args.variants] if args.variants else []) \
+            + (["--tokens", args.tokens] if args.tokens else []) \
+            + (["--sweep", args.sweep] if args.sweep is not None else [])
         proc = subprocess.run(cmd, capture_output=True, text=True)
         (out_dir / f"worker{attempt}.log").write_text(proc.stdout[-200000:] + "\n--- stderr ---\n" + proc.stderr[-50000:])
         if "WORKER DONE" in proc.stdout:

@@ -13,8 +13,11 @@ Kernel versions
            flight share weight tiles in L2. Epilogue: accumulators -> bf16 pairs in shared
            memory -> coalesced stores.
   gemm_v5  small T: CTA tile 64 x 128 (both warpgroups share the 64 token rows, each takes 64 of
-           the 128 outputs: m64n64k16), 6 stages, so T <= 64 runs 200 CTAs that keep the weight
-           stream of every SM busy (T = 16: 400 tiles... see records.py for what it measured).
+           the 128 outputs: m64n64k16), 4 stages, 2 CTAs an SM, so T <= 64 runs 200 CTAs that
+           keep the weight stream of every SM busy.
+  gemm_v6  gemm_v4 with 128 x 200 tiles (m64n200k16): the released N = 25600 is 128 tiles, so
+           T <= 128 runs one wave on 128 of the 132 SMs (gemm_v4: 100) and T <= 256 two full waves
+           (gemm_v4: 200 tiles, the second wave half empty). records.py says where each wins.
 
 One kernel factory (`make_kernel(BM, BN, STAGES, swizzle)`) builds both; `VARIANTS` names the
 specialisations the records and the development script use.
@@ -54,12 +57,16 @@ class Variant:
     """One specialisation of the kernel: tile, pipeline depth and shared-memory layout."""
 
     def __init__(self, bm: int, bn: int, stages: int, swizzle: bool):
-        assert bm in (64, 128) and bn % 64 == 0 and 64 <= bn <= 256 and stages >= 3
-        self.bm, self.bn, self.stages, self.swizzle = bm, bn, stages, swizzle
-        # 2 warpgroups: split the 128 token rows (m64 each), or share 64 rows and split the outputs
+        # 2 warpgroups: split the 128 token rows (m64 each), or share 64 rows and split the outputs;
+        # a warpgroup's wgmma takes n = wg_n, a multiple of 8 (accumulator quads) up to 256
         self.wg_n = bn if bm == 128 else bn // 2
+        assert bm in (64, 128) and self.wg_n % 8 == 0 and 8 <= self.wg_n <= 256 and stages >= 3
+        assert swizzle or bn % 32 == 0
+        self.bm, self.bn, self.stages, self.swizzle = bm, bn, stages, swizzle
         self.stage_bytes = (bm + bn) * ROW_BYTES
-        self.stash_stride = bn // 2 + 4          # words a row of the bf16x2 output tile (+4: no conflicts)
+        # words a row of the bf16x2 output tile, padded to 4 mod 8: lanes (g, t) store word g*stride + t
+        # (+4j), 32 distinct banks
+        self.stash_stride = bn // 2 + (4 - bn // 2) % 8
         self.smem_bytes = max(stages * self.stage_bytes, bm * self.stash_stride * 4) + ALIGN_SLACK
         assert self.smem_bytes <= 227 * 1024, self.smem_bytes
         # CTAs an SM holds: 228 KiB of shared memory, 1 KiB of it reserved per CTA
@@ -74,7 +81,8 @@ def make_kernel(v: Variant):
     A_BYTES = BM * ROW_BYTES
     STAGE_BYTES = v.stage_bytes
     A_CHUNKS = BM * 8 // THREADS               # 16-byte chunks a thread copies a stage
-    B_CHUNKS = BN * 8 // THREADS
+    B_CHUNKS = (BN * 8 + THREADS - 1) // THREADS  # rounded up: with BN % 32 != 0 the last pass is partial
+    B_PARTIAL = BN % 32 != 0
     SPLIT_M = BM == 128
     SW = v.swizzle
     # a k16 step moves the descriptor 32 bytes along a swizzled 128-byte row, or 2 core matrices
@@ -100,6 +108,8 @@ def make_kernel(v: Variant):
             cp_async_16(smem, stage_off + off0 + 4096 * i, x32, np.int64(min(r, T - 1)) * K8 + kc,
                         16 if ok else 0)
         for i in range(B_CHUNKS):
+            if B_PARTIAL and row0 + 32 * i >= BN:      # past the tile (BN = 200: 8 of 32 rows)
+                continue
             r = n0 + row0 + 32 * i
             ok = k_ok and r < N
             cp_async_16(smem, stage_off + A_BYTES + off0 + 4096 * i, w32, np.int64(min(r, N - 1)) * K8 + kc,
@@ -207,6 +217,8 @@ def make_kernel(v: Variant):
 VARIANTS = {
     "gemm_v4": Variant(128, 256, 4, swizzle=True),
     "gemm_v5": Variant(64, 128, 4, swizzle=True),
+    # N = 25600 = 128 x 200: one wave of 128 CTAs at T <= 128, 2 (not 1.5) at T <= 256
+    "gemm_v6": Variant(128, 200, 4, swizzle=True),
 }
 # what the development script times besides the records' own (tile, stages, layout)
 CANDIDATES = {

@@ -32,7 +32,7 @@ def _hopper(ctx) -> bool:
 
 SWEEP = {"gemv_v1": (1,), "gemv_v2": (1, 16), "gemv_v3": (1, 16), "gemv_v4": (1, 16, 128),
          "gemm_v1": (128,), "gemm_v2": (16, 128, 4096), "gemm_v3": (16, 128, 4096),
-         "gemm_v4": (16, 128, 4096), "gemm_v5": (16, 128, 4096),
+         "gemm_v4": (16, 128, 4096), "gemm_v5": (16, 128, 4096), "gemm_v6": (128, 4096),
          "cublas_v1": (1, 16, 128, 4096)}   # where each competes
 
 _RECORDS = [
@@ -66,6 +66,8 @@ _RECORDS = [
      "cuBLAS 93.6, gemv_v4 100.7)",
      f"Hopper (cc 9.0), aligned, 2 <= T <= {WGMMA_SMALL_MAX_TOKENS}",
      lambda c: _hopper(c) and 2 <= c["T"] <= WGMMA_SMALL_MAX_TOKENS),
+    ("gemm_v6", cuda_wgmma, False, "gemm_v4 with 128x200 tiles (m64n200k16): N = 25600 is 128 tiles, so T <= 128 "
+     "fills 128 SMs in one wave and T <= 256 two full waves", "never (pick it by name)", None),
     ("cublas_v1", cublas, False, "cuBLAS through torch.matmul on the device arrays (no copies), fp32 accumulation: "
      "the comparison backend, never a default", "never (pick it by name)", None),
 ]

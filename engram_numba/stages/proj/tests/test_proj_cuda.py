@@ -182,6 +182,8 @@ SIM_CASES = {
                                          # the second output tile, 2 k tiles (pipeline deeper than K)
     "gemm_v5": [(5, 136, 130),           # 64x128 tiles: 2 output tiles, the second with 2 outputs
                 (70, 520, 9)],           # 2 token tiles, 9 k tiles (the ring of 4 stages wraps twice)
+    "gemm_v6": [(130, 136, 330)],        # 128x200 tiles (the last 8 of 32 copy rows idle): 2 x 2 tiles,
+                                         # 130 outputs in the second output tile
 }
 SIM_PARAMS = [(v, shape) for v, shapes in SIM_CASES.items() for shape in shapes]
 
@@ -315,6 +317,7 @@ def test_launch_config_released_shapes():
     assert launch_config("gemm_v4", 4096, 25600) == ((32, 100), 256)      # token tiles fastest
     assert launch_config("gemm_v4", 33, 200) == ((1, 1), 256)
     assert launch_config("gemm_v5", 16, 25600) == ((1, 200), 256)
+    assert launch_config("gemm_v6", 128, 25600) == ((1, 128), 256)
     for v in FAST + NAIVE:                               # every numba record has a launch configuration
         launch_config(v, 7, 25600)
     with pytest.raises(ValueError, match="no GEMM version 'gemm_v9'"):
@@ -402,7 +405,8 @@ def test_compile_targets_cover_every_kernel():
         names.update(mine)
     assert {"proj.gemv_v1", "proj.gemm_v1", "proj.gemv_v4", "proj.gemm_v2", "proj.gemm_v3"} <= names
     assert {f"proj.gemm_v4[{cuda_wgmma.VARIANTS['gemm_v4'].name}]",
-            f"proj.gemm_v5[{cuda_wgmma.VARIANTS['gemm_v5'].name}]"} <= names
+            f"proj.gemm_v5[{cuda_wgmma.VARIANTS['gemm_v5'].name}]",
+            f"proj.gemm_v6[{cuda_wgmma.VARIANTS['gemm_v6'].name}]"} <= names
     for tb in GEMV_TOKEN_BLOCKS:
         assert f"proj.gemv_v2[TB={tb}]" in names and f"proj.gemv_v3[TB={tb}]" in names
 
