@@ -2,11 +2,16 @@
 
 Default rules, over ctx = {"T", "K", "N", "aligned", "simulator", "weight", "cc"}:
 numba's simulator, or x/wkv data not 16-byte aligned -> the naive kernels (gemv_v1 at T = 1,
-gemm_v1 above: plain loops are the cheap ones to simulate); on a GPU gemv_v3 at T = 1; then on a
-Hopper GPU (cc 9.0: the warpgroup MMA) gemm_v5 for 2..WGMMA_SMALL_MAX_TOKENS tokens and gemm_v4
-above; on other GPUs gemv_v4 for 2..GEMV_MAX_TOKENS tokens and gemm_v3 above. Timings quoted are
-from the H200 runs at f7da6aa (bench/results/h200.json) and, for gemm_v4/v5 and cuBLAS, at 283c3ba
-(bench/results/h200_prefill_dev.json): K = 6144, N = 25600.
+gemm_v1 above: plain loops are the cheap ones to simulate); on a GPU gemv_v3 for T <= 2; then on
+a Hopper GPU (cc 9.0: the warpgroup MMA) gemm_v5 up to 64 tokens, gemm_v6 up to 512, gemm_v4
+above; on other GPUs gemv_v4 up to GEMV_MAX_TOKENS tokens and gemm_v3 above. Every boundary is
+where the H200 measurements changed hands (bench/results/h200_prefill_dev_*.json, CUDA events, L2
+flushed, K = 6144, N = 25600; older timings from f7da6aa, bench/results/h200.json):
+  T = 2     gemv_v3 90.0 us, gemm_v5 92.7, gemv_v4 99.7, cuBLAS 93.7
+  T = 8     gemm_v5 93.0, gemv_v4 100.1, gemv_v3 216.6, cuBLAS 93.1
+  T = 64    gemm_v5 96.5, gemm_v4 102.9, cuBLAS 94.4;   T = 80: gemm_v4 103.8, gemm_v5 140.4
+  T = 128   gemm_v6 101.2, gemm_v4 103.1, cuBLAS 93.4   (65..128 tokens are one padded 128-row tile)
+  T = 512   gemm_v6 278.7, gemm_v4 309.8, cuBLAS 220.3; T = 1024: gemm_v4 529.9, gemm_v6 540.5
 """
 from __future__ import annotations
 
@@ -14,7 +19,9 @@ from ..registry import KernelRecord, register
 from . import cublas, cuda_gemm, cuda_gemv, cuda_wgmma
 
 GEMV_MAX_TOKENS = 32    # 2 passes of gemv_v4 (~2 x 100 us) beat gemm_v3's latency-bound ~280 us at T <= 128
-WGMMA_SMALL_MAX_TOKENS = 64   # gemm_v5's 64-token tiles read the weight once up to here; gemm_v4 (128) above
+GEMV3_MAX_TOKENS = 2    # gemv_v3 at T = 2: 90.0 us against gemm_v5's 92.7 and gemv_v4's 99.7
+WGMMA_SMALL_MAX_TOKENS = 64   # gemm_v5's 64-token tiles read the weight once up to here
+WGMMA_MID_MAX_TOKENS = 512    # gemm_v6's 128 output tiles fill the waves better up to here; gemm_v4 above
 
 
 def _naive(ctx) -> bool:
@@ -42,11 +49,11 @@ _RECORDS = [
      "fp32, shuffle reductions (101 us at T=1, 72% of the copy floor)", "never (pick it by name)", None),
     ("gemv_v3", cuda_gemv, False, "K split over the whole block, 4 rows a block: 6400 short blocks keep the machine "
      "full to the end (83.6 us at T=1, 88% of the copy floor; cuBLAS 94 us)",
-     "GPU, aligned, T = 1", lambda c: _fast(c) and c["T"] <= 1),
+     f"GPU, aligned, T <= {GEMV3_MAX_TOKENS}", lambda c: _fast(c) and c["T"] <= GEMV3_MAX_TOKENS),
     ("gemv_v4", cuda_gemv, False, "tensor-core GEMV: mma m16n8k16 with up to 16 tokens as M, one weight pass per "
      "16 tokens (100.7 us at T=16, cuBLAS 94.5 us)",
-     f"GPU other than Hopper, aligned, 2 <= T <= {GEMV_MAX_TOKENS}",
-     lambda c: _fast(c) and not _hopper(c) and 2 <= c["T"] <= GEMV_MAX_TOKENS),
+     f"GPU other than Hopper, aligned, {GEMV3_MAX_TOKENS} < T <= {GEMV_MAX_TOKENS}",
+     lambda c: _fast(c) and not _hopper(c) and GEMV3_MAX_TOKENS < c["T"] <= GEMV_MAX_TOKENS),
     ("gemm_v1", cuda_gemm, True, "naive: one thread per output (t, n), k in order (bit-exact; 81.6 ms at T=128)",
      "numba's simulator or unaligned data, T > 1", lambda c: _naive(c) and c["T"] > 1),
     ("gemm_v2", cuda_gemm, True, "tiled SIMT GEMM, 128x128 tiles, 8x8 register micro-tiles, double-buffered "
@@ -58,16 +65,19 @@ _RECORDS = [
     # ---- Hopper (sm_90a) and the cuBLAS comparison (issue 11) ----
     ("gemm_v4", cuda_wgmma, False, "warpgroup MMA (wgmma m64n256k16, inline PTX) on 128x256 tiles, operands in "
      "128B-swizzled shared memory fed by a 4-stage cp.async pipeline, 2 warpgroups, token-tile-fastest grid "
-     "(1.97 ms = 653 TFLOP/s at T=4096, 84% of cuBLAS's throughput; 106 us at T=128, cuBLAS 94)",
-     f"Hopper (cc 9.0), aligned, T > {WGMMA_SMALL_MAX_TOKENS}",
-     lambda c: _hopper(c) and c["T"] > WGMMA_SMALL_MAX_TOKENS),
+     "(1.92-1.97 ms = 653-672 TFLOP/s at T=4096, 84% of cuBLAS's throughput; 103-106 us at T=128, cuBLAS 94)",
+     f"Hopper (cc 9.0), aligned, T > {WGMMA_MID_MAX_TOKENS}",
+     lambda c: _hopper(c) and c["T"] > WGMMA_MID_MAX_TOKENS),
     ("gemm_v5", cuda_wgmma, False, "gemm_v4 for few tokens: 64x128 tiles (both warpgroups on the same 64 token "
-     "rows, m64n64 each), 2 CTAs an SM, so T <= 64 puts 200 CTAs on the weight stream (93.4 us at T=16, "
-     "cuBLAS 93.6, gemv_v4 100.7)",
-     f"Hopper (cc 9.0), aligned, 2 <= T <= {WGMMA_SMALL_MAX_TOKENS}",
-     lambda c: _hopper(c) and 2 <= c["T"] <= WGMMA_SMALL_MAX_TOKENS),
+     "rows, m64n64 each), 2 CTAs an SM, so T <= 64 puts 200 CTAs on the weight stream (91.4-93.4 us at T=16, "
+     "level with cuBLAS's 91.7-93.6; gemv_v4 100.7)",
+     f"Hopper (cc 9.0), aligned, {GEMV3_MAX_TOKENS} < T <= {WGMMA_SMALL_MAX_TOKENS}",
+     lambda c: _hopper(c) and GEMV3_MAX_TOKENS < c["T"] <= WGMMA_SMALL_MAX_TOKENS),
     ("gemm_v6", cuda_wgmma, False, "gemm_v4 with 128x200 tiles (m64n200k16): N = 25600 is 128 tiles, so T <= 128 "
-     "fills 128 SMs in one wave and T <= 256 two full waves", "never (pick it by name)", None),
+     "fills 128 SMs in one wave and T <= 256 two full waves (101 us at T=128, 149 at T=192 (cuBLAS 171), 151 at "
+     "T=256 (cuBLAS 125), 279 at T=512)",
+     f"Hopper (cc 9.0), aligned, {WGMMA_SMALL_MAX_TOKENS} < T <= {WGMMA_MID_MAX_TOKENS}",
+     lambda c: _hopper(c) and WGMMA_SMALL_MAX_TOKENS < c["T"] <= WGMMA_MID_MAX_TOKENS),
     ("cublas_v1", cublas, False, "cuBLAS through torch.matmul on the device arrays (no copies), fp32 accumulation: "
      "the comparison backend, never a default", "never (pick it by name)", None),
 ]
