@@ -40,7 +40,8 @@ def test_record_fields(rec):
 @pytest.mark.parametrize("rec", RECORDS, ids=_rid)
 def test_record_compile_targets(rec):
     targets = rec.compile_targets()
-    assert isinstance(targets, list) and targets, "no compile targets"
+    # only a record that runs another library's kernels (rec.requires: cuBLAS through torch) has none
+    assert isinstance(targets, list) and (targets or rec.requires), "no compile targets"
     prefix = _rid(rec)
     for t in targets:
         assert isinstance(t, CompileTarget), t

@@ -1,4 +1,4 @@
-"""Compile every kernel for sm_90 without a GPU, and read ptxas's resource report.
+"""Compile every kernel for sm_90a without a GPU, and read ptxas's resource report.
 
 The simulator does no type checking, so a kernel can pass every simulator test and still fail to
 compile; this module is the compile-only test tier. Each kernel module lists what to compile in
@@ -9,6 +9,11 @@ turns each into PTX with `cuda.compile_ptx` and assembles that with nvJitLink (f
 Run `python -m engram_numba.device.compile_check` for the table. It needs numba's real CUDA
 target, not the simulator (numba picks one at import), so it restarts itself with
 NUMBA_ENABLE_CUDASIM=0 when it finds the simulator on; the tests run it in a subprocess.
+
+Target: sm_90a, what numba-cuda builds for on an H100/H200 (for a compute-capability-9.0 device its
+code generator appends the "a"). The arch-specific target is what the warpgroup-MMA kernels
+(`wgmma`, Hopper only) need; the other kernels compile the same way for it as for sm_90. The
+stand-in device still reports compute capability (9, 0); the "a" is passed to `compile_ptx`.
 """
 from __future__ import annotations
 
@@ -17,7 +22,8 @@ import re
 import sys
 from dataclasses import asdict, dataclass, field
 
-CC = (9, 0)
+CC = (9, 0, "a")        # compile_ptx's cc: compute capability and the arch-specific suffix
+ARCH = "sm_90a"         # what nvJitLink assembles the PTX for
 
 
 @dataclass
@@ -30,6 +36,7 @@ class CompileResult:
     spill_loads: int = -1
     spill_free_required: bool = True
     vector_io: bool = False
+    wgmma_serialized: bool = False
     ptx_lines: int = 0
     instructions: dict = field(default_factory=dict)  # counts of a few PTX instructions worth watching
     error: str = ""
@@ -38,7 +45,7 @@ class CompileResult:
 class _StandInDevice:
     """compile_ptx of a kernel that calls device functions asks the driver for the current
     device's compute capability; without a GPU there is none, so answer for it."""
-    compute_capability = CC
+    compute_capability = CC[:2]
     name = "sm_90 (compile only)"
 
 
@@ -47,7 +54,7 @@ def _patch_current_device():
     dispatcher.get_current_device = lambda: _StandInDevice()
 
 
-def ptxas_report(ptx: str, arch: str = "sm_90") -> dict:
+def ptxas_report(ptx: str, arch: str = ARCH) -> dict:
     """Assemble PTX with nvJitLink and parse its verbose log."""
     from cuda.bindings import nvjitlink as nj
     opts = [f"-arch={arch}", "-verbose"]
@@ -68,6 +75,9 @@ def ptxas_report(ptx: str, arch: str = "sm_90") -> dict:
     m = re.search(r"(\d+) bytes stack frame, (\d+) bytes spill stores, (\d+) bytes spill loads", log)
     if m:
         out["stack_bytes"], out["spill_stores"], out["spill_loads"] = map(int, m.groups())
+    # ptxas serializes a kernel's wgmma (waits after each) when it cannot prove them safe to overlap,
+    # e.g. when the kernel contains a call (64-bit integer division is one): correct but slow
+    out["wgmma_serialized"] = "wgmma.mma_async instructions are serialized" in log
     return out
 
 
@@ -77,6 +87,8 @@ WATCHED = {
     "shfl": r"shfl\.sync",
     "fma.rn.f32": r"fma\.rn\.f32",
     "mma": r"\bmma\.sync",
+    "wgmma": r"\bwgmma\.mma_async",
+    "cp.async": r"\bcp\.async\.c[ag]\b",
     "local": r"\.local\b",
 }
 
@@ -104,6 +116,7 @@ def compile_all(targets=None) -> list[CompileResult]:
                 name=t.name, ok=True, registers=rep["registers"], stack_bytes=rep.get("stack_bytes", -1),
                 spill_stores=rep.get("spill_stores", -1), spill_loads=rep.get("spill_loads", -1),
                 spill_free_required=t.spill_free, vector_io=t.vector_io, ptx_lines=ptx.count("\n"),
+                wgmma_serialized=rep["wgmma_serialized"],
                 instructions={k: len(re.findall(p, ptx)) for k, p in WATCHED.items()})
         except Exception as exc:  # report every failure, not just the first
             res = CompileResult(name=t.name, ok=False, spill_free_required=t.spill_free, vector_io=t.vector_io,
@@ -113,12 +126,13 @@ def compile_all(targets=None) -> list[CompileResult]:
 
 
 def format_table(results) -> str:
-    lines = [f"{'kernel':58s} {'ok':3s} {'regs':>4s} {'stack':>5s} {'spill st/ld':>11s}  v4ld v4st shfl"]
+    lines = [f"{'kernel':58s} {'ok':3s} {'regs':>4s} {'stack':>5s} {'spill st/ld':>11s}  v4ld v4st shfl wgmma"]
     for r in results:
         i = r.instructions
         lines.append(f"{r.name:58s} {'yes' if r.ok else 'NO':3s} {r.registers:4d} {r.stack_bytes:5d} "
                      f"{r.spill_stores:5d}/{r.spill_loads:<5d}  {i.get('ld.global.v4', 0):4d} "
-                     f"{i.get('st.global.v4', 0):4d} {i.get('shfl', 0):4d}"
+                     f"{i.get('st.global.v4', 0):4d} {i.get('shfl', 0):4d} {i.get('wgmma', 0):5d}"
+                     + (" serialized" if r.wgmma_serialized else "")
                      + (f"  {r.error.splitlines()[0][:80]}" if not r.ok else ""))
     return "\n".join(lines)
 

@@ -14,10 +14,11 @@ class PreparedLaunch:
 
     __slots__ = ("name", "configured", "args", "out", "grid", "block")
 
-    def __init__(self, name: str, kernel, grid, block, stream, args: tuple, out=None):
+    def __init__(self, name: str, kernel, grid, block, stream, args: tuple, out=None, sharedmem: int = 0):
         self.name = name
         self.grid, self.block = grid, block
-        self.configured = kernel[grid, block, stream]   # numba's launch configuration, reusable
+        # numba's launch configuration, reusable; sharedmem: bytes of dynamic shared memory
+        self.configured = kernel[grid, block, stream, sharedmem] if sharedmem else kernel[grid, block, stream]
         self.args = args
         self.out = out
 
@@ -39,3 +40,22 @@ class NoLaunch:
 
     def __call__(self):
         return self.out
+
+
+SHARED_STATIC_LIMIT = 48 * 1024
+
+
+def allow_dynamic_shared(kernel, args: tuple, nbytes: int) -> None:
+    """Let `kernel`'s specialisation for `args` launch with `nbytes` of dynamic shared memory.
+
+    Above 48 KiB a kernel must opt in (the driver's MAX_DYNAMIC_SHARED_SIZE_BYTES attribute) or its
+    launch fails; numba does not do it, so the launcher compiles the specialisation the launch will
+    pick (same argument types) and sets the attribute once. No-op in numba's simulator."""
+    from numba.cuda import config
+    if config.ENABLE_CUDASIM or nbytes <= SHARED_STATIC_LIMIT:
+        return
+    from numba.cuda.cudadrv.driver import binding, driver
+    compiled = kernel.compile(tuple(kernel.typeof_pyval(a) for a in args))
+    cufunc = compiled._codelibrary.get_cufunc()
+    attr = binding.CUfunction_attribute.CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES
+    driver.cuKernelSetAttribute(attr, int(nbytes), cufunc.handle, cufunc.device.id)

@@ -31,10 +31,20 @@ def _check_bf16_matrix(a, name: str, shape_doc: str):
         raise ValueError(f"{name} must be C-contiguous")
 
 
-def context(T: int, K: int, N: int, aligned: bool, weight: str = "bf16") -> dict:
-    """What the default rules of the proj records look at."""
+def device_cc():
+    """Compute capability of the current device, None in numba's simulator. The Hopper kernels
+    (wgmma, sm_90a) run only on 9.0: numba builds the arch-specific target for the device in use,
+    and later architectures have no wgmma."""
+    if SIMULATOR:
+        return None
+    return tuple(cuda.get_current_device().compute_capability)
+
+
+def context(T: int, K: int, N: int, aligned: bool, weight: str = "bf16", cc=None) -> dict:
+    """What the default rules of the proj records look at (cc: the device's compute capability,
+    taken from the current device when not given)."""
     return {"T": int(T), "K": int(K), "N": int(N), "aligned": bool(aligned), "simulator": SIMULATOR,
-            "weight": weight}
+            "weight": weight, "cc": tuple(cc) if cc is not None else device_cc()}
 
 
 def pick(T: int, K: int, N: int, aligned: bool = True, version: str | None = None,

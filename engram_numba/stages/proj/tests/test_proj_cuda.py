@@ -22,9 +22,10 @@ Tolerances, in bf16 ulps (units of the last place of the bf16 result):
 Outputs are poisoned (0xFFFF, a NaN) before every run, so an unwritten element fails. Simulator
 tier: tiny shapes, 1-4 blocks (the simulator runs each thread as a Python thread), every version,
 tiles that do not divide T/N/K. GPU tier (`gpu` marker): the released shape (K = 6144,
-N = 25600) at T in {1, 7, 128, 4096} and odd shapes, every applicable version, every element;
-each check appends a summary (with the kernel's median time) to RESULTS. Versions are the proj
-stage's kernel records ("gemv_v3", ...), iterated from the registry.
+N = 25600) at T in {1, 7, 16, 128, 4096} and odd shapes (T = 33, K = 264, N = 200 among them),
+every applicable version, every element; each check appends a summary (with the kernel's median
+time) to RESULTS. Versions are the proj stage's kernel records ("gemv_v3", "gemm_v4", ...,
+"cublas_v1" where PyTorch is installed), iterated from the registry.
 """
 from __future__ import annotations
 
@@ -38,10 +39,11 @@ from engram_numba.bf16 import bf16_to_f32, bf16_ulp_distance, f32_to_bf16
 from engram_numba.device.devarray import data_address
 from engram_numba.device.intrinsics import SIMULATOR
 from engram_numba.stages import registry
-from engram_numba.stages.proj import cuda_gemm, cuda_gemv
+from engram_numba.stages.proj import cublas, cuda_gemm, cuda_gemv, cuda_wgmma
 from engram_numba.stages.proj import launch as P
 from engram_numba.stages.proj.cuda_gemv import GEMV_TOKEN_BLOCKS
-from engram_numba.stages.proj.records import GEMV_MAX_TOKENS
+from engram_numba.stages.proj.records import (GEMV3_MAX_TOKENS, GEMV_MAX_TOKENS, WGMMA_MID_MAX_TOKENS,
+                                              WGMMA_SMALL_MAX_TOKENS)
 from engram_numba.stages.proj.reference import projection_exact, projection_reference
 
 POISON = 0xFFFF              # a bf16 NaN: any element left unwritten fails the ulp check
@@ -52,18 +54,27 @@ NAIVE = ("gemv_v1", "gemm_v1")
 # versions that sum in the reference's order: every record marked bit_exact (gemv_v1, gemm_v1 and
 # gemm_v2 among them, see test_sequential_versions_are_marked_bit_exact)
 SEQUENTIAL = tuple(r.name for r in registry.records("proj", "bf16") if r.bit_exact)
-FAST = tuple(v for v in VERSIONS if v not in NAIVE)
+# records that run another library's kernels (cuBLAS through torch): no numba kernel, no simulator
+EXTERNAL = tuple(r.name for r in registry.records("proj") if r.requires)
+FAST = tuple(v for v in VERSIONS if v not in NAIVE and v not in EXTERNAL)
 RESULTS: list[dict] = []     # GPU tier: one summary per check, for the results file
 
 
 def launch_config(version, T, N):
-    """(grid, block) of a proj record at T tokens and N outputs (GEMV or GEMM module)."""
+    """(grid, block) of a numba proj record at T tokens and N outputs (its kernel module's)."""
+    if version in cuda_wgmma.VARIANTS:
+        return cuda_wgmma.launch_config(version, T, N)
     return (cuda_gemv if version.startswith("gemv") else cuda_gemm).launch_config(version, T, N)
 
 
-def proj_ctx(T, K=6144, N=25600, *, aligned=True, simulator=False, weight="bf16"):
-    """A default-rule context as on a GPU (or, with simulator=True, as in the simulator)."""
-    return {"T": T, "K": K, "N": N, "aligned": aligned, "simulator": simulator, "weight": weight}
+HOPPER, AMPERE = (9, 0), (8, 0)
+
+
+def proj_ctx(T, K=6144, N=25600, *, aligned=True, simulator=False, cc=HOPPER, weight="bf16"):
+    """A default-rule context as on a GPU of compute capability cc (an H200 unless told), or, with
+    simulator=True, as in the simulator."""
+    return {"T": T, "K": K, "N": N, "aligned": aligned, "simulator": simulator, "weight": weight,
+            "cc": None if simulator else cc}
 
 
 def default_name(T, **kw) -> str:
@@ -166,12 +177,21 @@ SIM_CASES = {
     "gemv_v4": [(1, 64, 6),              # 15 padding tokens, rows past N
                 (16, 72, 33),            # a full m16 token group, 2 blocks, K8 = 9 (tail chunk)
                 (19, 1040, 5)],          # 2 token groups, 3 trips over K with a partial one
+    "gemm_v4": [(33, 264, 200),          # one 128x256 tile: rows past T and N, K % 64 == 8 (a 1-chunk
+                                         # last k tile), 5 k tiles through a 4-stage pipeline
+                (130, 72, 260)],         # 2 x 2 tiles: 2 rows in the second token tile, 4 outputs in
+                                         # the second output tile, 2 k tiles (pipeline deeper than K)
+    "gemm_v5": [(5, 136, 130),           # 64x128 tiles: 2 output tiles, the second with 2 outputs
+                (70, 520, 9)],           # 2 token tiles, 9 k tiles (the ring of 4 stages wraps twice)
+    "gemm_v6": [(130, 136, 330)],        # 128x200 tiles (the last 8 of 32 copy rows idle): 2 x 2 tiles,
+                                         # 130 outputs in the second output tile
 }
 SIM_PARAMS = [(v, shape) for v, shapes in SIM_CASES.items() for shape in shapes]
 
 
 def test_every_version_has_simulator_cases():
-    assert set(SIM_CASES) == set(registry.names("proj", "bf16"))
+    assert set(SIM_CASES) == {r.name for r in registry.records("proj", "bf16") if r.simulate}
+    assert set(SIM_CASES) | set(EXTERNAL) == set(registry.names("proj", "bf16"))
 
 
 def test_sequential_versions_are_marked_bit_exact():
@@ -192,19 +212,61 @@ def test_version_matches_reference(rng, version, shape):
     assert_within_tolerance(stats)
 
 
+# The layouts and tiles the records do not use (the development script times them too): the
+# unswizzled layout, and the small-T tiles with 64 and 256 outputs.
+CANDIDATE_CASES = [("128x256/s4/noswz", (33, 264, 200)), ("64x64/s3/sw128", (70, 136, 70)),
+                   ("64x256/s4/sw128", (5, 72, 260)), ("128x128/s3/sw128", (130, 200, 130))]
+
+
+@pytest.mark.parametrize("name,shape", CANDIDATE_CASES, ids=[n for n, _ in CANDIDATE_CASES])
+def test_wgmma_candidates_match_reference(rng, name, shape):
+    T, K, N = shape
+    x, w = make_inputs(rng, T, K, N)
+    out = poisoned(T, N)
+    cuda_wgmma.prepare_variant(name, cuda_wgmma.CANDIDATES[name], cuda.to_device(x), cuda.to_device(w), out)()
+    stats = error_stats(out.copy_to_host(), Yardstick(x, w), projection_reference(x, w))
+    print(json.dumps(dict(variant=name, shape=[T, K, N], **stats)))
+    assert_within_tolerance(stats)
+
+
+@pytest.mark.skipif(not SIMULATOR, reason="the simulator's refusal")
+def test_cublas_needs_a_gpu(rng):
+    x, w = make_inputs(rng, 2, 16, 3)
+    with pytest.raises(RuntimeError, match="cublas_v1 calls cuBLAS on a GPU; numba's CUDA simulator has none"):
+        P.project(cuda.to_device(x), cuda.to_device(w), version="cublas_v1")
+
+
+def test_cublas_without_torch_says_what_to_install(monkeypatch):
+    import sys
+    monkeypatch.setitem(sys.modules, "torch", None)      # import torch -> ImportError
+    with pytest.raises(RuntimeError, match=r"PyTorch, which is not installed: pip install 'engram-numba\[cublas\]'"):
+        cublas._torch()
+
+
 def test_default_versions(rng):
-    """version=None: on a GPU with aligned data gemv_v3 at T = 1, gemv_v4 up to GEMV_MAX_TOKENS,
-    gemm_v3 above; in the simulator (or for unaligned data) gemv_v1 at T = 1, gemm_v1 above. What
-    the launcher prepares is that default, and each agrees with the reference."""
-    assert default_name(1) == "gemv_v3"
-    assert default_name(2) == default_name(GEMV_MAX_TOKENS) == "gemv_v4"
-    assert default_name(GEMV_MAX_TOKENS + 1) == default_name(4096) == "gemm_v3"
-    for kw in ({"simulator": True}, {"aligned": False}, {"simulator": True, "aligned": False}):
+    """version=None: on a GPU with aligned data gemv_v3 up to GEMV3_MAX_TOKENS; then on a Hopper GPU
+    (cc 9.0) gemm_v5 up to WGMMA_SMALL_MAX_TOKENS, gemm_v6 up to WGMMA_MID_MAX_TOKENS and gemm_v4
+    above, on other GPUs gemv_v4 up to GEMV_MAX_TOKENS and gemm_v3 above; in the simulator (or for
+    unaligned data) gemv_v1 at T = 1, gemm_v1 above. What the launcher prepares is that default,
+    and each agrees with the reference."""
+    for cc in (HOPPER, AMPERE, (10, 0)):
+        assert default_name(1, cc=cc) == default_name(GEMV3_MAX_TOKENS, cc=cc) == "gemv_v3"
+    assert default_name(GEMV3_MAX_TOKENS + 1) == default_name(16) == default_name(WGMMA_SMALL_MAX_TOKENS) == "gemm_v5"
+    assert default_name(WGMMA_SMALL_MAX_TOKENS + 1) == default_name(128) == default_name(WGMMA_MID_MAX_TOKENS) \
+        == "gemm_v6"
+    assert default_name(WGMMA_MID_MAX_TOKENS + 1) == default_name(4096) == "gemm_v4"
+    for cc in (AMPERE, (10, 0)):        # no wgmma: the mma.sync kernels
+        assert default_name(GEMV3_MAX_TOKENS + 1, cc=cc) == default_name(GEMV_MAX_TOKENS, cc=cc) == "gemv_v4"
+        assert default_name(GEMV_MAX_TOKENS + 1, cc=cc) == default_name(4096, cc=cc) == "gemm_v3"
+    for kw in ({"simulator": True}, {"aligned": False}, {"simulator": True, "aligned": False},
+               {"aligned": False, "cc": AMPERE}):
         assert default_name(1, **kw) == "gemv_v1" and default_name(9, **kw) == "gemm_v1", kw
         assert default_name(GEMV_MAX_TOKENS + 1, **kw) == "gemm_v1", kw
     # pick() builds the context from the environment (the simulator's rule when it runs)
+    hopper = not SIMULATOR and P.device_cc() == HOPPER
     assert P.pick(1, 6144, 25600).name == ("gemv_v1" if SIMULATOR else "gemv_v3")
-    assert P.pick(GEMV_MAX_TOKENS + 1, 6144, 25600).name == ("gemm_v1" if SIMULATOR else "gemm_v3")
+    assert P.pick(GEMV_MAX_TOKENS + 1, 6144, 25600).name == \
+        ("gemm_v1" if SIMULATOR else "gemm_v5" if hopper else "gemm_v3")
     assert P.pick(1, 6144, 25600, aligned=False).name == "gemv_v1"
     assert P.pick(7, 6144, 25600, version="gemm_v2").name == "gemm_v2"
     for T, K, N in ((1, 32, 5), (3, 32, 5), (GEMV_MAX_TOKENS + 1, 32, 5)):
@@ -222,14 +284,16 @@ def test_default_rules_partition_the_contexts():
     with a default rule is the default somewhere, and a default reads the context's weight."""
     claimed = set()
     for weight in ("bf16", "q2k", "fp8"):
-        for T in (1, 2, 3, 8, 9, 16, GEMV_MAX_TOKENS - 1, GEMV_MAX_TOKENS, GEMV_MAX_TOKENS + 1, 128, 1000, 4096, 5000):
+        for T in (1, 2, 3, 8, 9, 16, GEMV_MAX_TOKENS - 1, GEMV_MAX_TOKENS, GEMV_MAX_TOKENS + 1, WGMMA_SMALL_MAX_TOKENS,
+                  WGMMA_SMALL_MAX_TOKENS + 1, 128, WGMMA_MID_MAX_TOKENS, WGMMA_MID_MAX_TOKENS + 1, 1000, 4096, 5000):
             for aligned in (True, False):
                 for simulator in (True, False):
-                    for K, N in ((6144, 25600), (1536, 320), (256, 3)):
-                        rec = registry.default("proj", proj_ctx(T, K=K, N=N, aligned=aligned, simulator=simulator,
-                                                                weight=weight))
-                        assert rec.encoding == weight, (rec.name, weight)
-                        claimed.add(rec.name)
+                    for cc in (HOPPER, AMPERE, (10, 0)):
+                        for K, N in ((6144, 25600), (1536, 320), (256, 3)):
+                            rec = registry.default("proj", proj_ctx(T, K=K, N=N, aligned=aligned, simulator=simulator,
+                                                                    cc=cc, weight=weight))
+                            assert rec.encoding == weight, (rec.name, weight)
+                            claimed.add(rec.name)
     assert claimed == {r.name for r in registry.records("proj") if r.default_rule is not None}
 
 
@@ -258,7 +322,11 @@ def test_launch_config_released_shapes():
     assert launch_config("gemm_v3", 4096, 25600) == ((200, 32), 256)
     assert launch_config("gemm_v1", 130, 320) == ((10, 17), (32, 8))
     assert launch_config("gemv_v1", 1, 25600) == (200, 128)
-    for v in VERSIONS:                                   # every bf16 record has a launch configuration
+    assert launch_config("gemm_v4", 4096, 25600) == ((32, 100), 256)      # token tiles fastest
+    assert launch_config("gemm_v4", 33, 200) == ((1, 1), 256)
+    assert launch_config("gemm_v5", 16, 25600) == ((1, 200), 256)
+    assert launch_config("gemm_v6", 128, 25600) == ((1, 128), 256)
+    for v in FAST + NAIVE:                               # every numba record has a launch configuration
         launch_config(v, 7, 25600)
     with pytest.raises(ValueError, match="no GEMM version 'gemm_v9'"):
         cuda_gemm.launch_config("gemm_v9", 1, 1)
@@ -338,9 +406,15 @@ def test_compile_targets_cover_every_kernel():
     names = set()
     for rec in registry.records("proj"):
         mine = [t.name for t in rec.compile_targets()]
+        if rec.requires:                                 # another library's kernels: nothing to compile
+            assert not mine, mine
+            continue
         assert mine and all(n == f"proj.{rec.name}" or n.startswith(f"proj.{rec.name}[") for n in mine), mine
         names.update(mine)
     assert {"proj.gemv_v1", "proj.gemm_v1", "proj.gemv_v4", "proj.gemm_v2", "proj.gemm_v3"} <= names
+    assert {f"proj.gemm_v4[{cuda_wgmma.VARIANTS['gemm_v4'].name}]",
+            f"proj.gemm_v5[{cuda_wgmma.VARIANTS['gemm_v5'].name}]",
+            f"proj.gemm_v6[{cuda_wgmma.VARIANTS['gemm_v6'].name}]"} <= names
     for tb in GEMV_TOKEN_BLOCKS:
         assert f"proj.gemv_v2[TB={tb}]" in names and f"proj.gemv_v3[TB={tb}]" in names
 
@@ -352,14 +426,24 @@ GPU_SHAPES = [(1, RELEASED_K, RELEASED_N), (7, RELEASED_K, RELEASED_N), (128, RE
               (4096, RELEASED_K, RELEASED_N),
               (3, RELEASED_K, RELEASED_N + 40),       # N not a multiple of any tile
               (130, 1536, 320),                       # the tiny model's K and N, T past one tile
-              (16, RELEASED_K, RELEASED_N)]           # a decode batch: two GEMV token groups
+              (16, RELEASED_K, RELEASED_N),           # a decode batch: two GEMV token groups
+              (33, 264, 200),                         # no tile divides T, N or K (K % 64 == 8)
+              (257, 6144 + 8, 25600 + 8)]             # a token past 2 wgmma tiles, a K tail, N % 256 == 8
 NAIVE_MAX_T = 130         # the naive kernels are ~1000x slower; only up to here
 GEMV_MAX_T = 130          # gemv at T tokens streams the weight ceil(T/8) times
+
+
+def _importable(requires: str) -> bool:
+    """A record's optional dependency ("torch", "torch or cupy") is installed ("" needs nothing)."""
+    import importlib.util
+    return not requires or any(importlib.util.find_spec(m.strip()) is not None for m in requires.split(" or "))
 
 
 def applicable_versions(T):
     vs = []
     for v in registry.names("proj", "bf16"):
+        if not _importable(registry.get("proj", v).requires):
+            continue
         if v in NAIVE and T > NAIVE_MAX_T:
             continue
         if v.startswith("gemv") and T > GEMV_MAX_T:
@@ -420,7 +504,7 @@ def test_gpu_projection(rng, released_weight, shape):
         entry = dict(test="projection", shape=[T, K, N], version=version, unit="bf16 ulp vs float64 exact",
                      time_us=t_us, tflops=(2.0 * T * K * N / t_us / 1e6) if t_us else None,
                      weight_gbps=(2.0 * N * K / t_us / 1e3) if t_us else None,
-                     launch=str(launch_config(version, T, N)), **stats)
+                     launch=str(launch_config(version, T, N)) if version not in EXTERNAL else "cuBLAS", **stats)
         try:
             assert_within_tolerance(stats)
             entry["passed"] = True
@@ -458,3 +542,27 @@ def test_gpu_sequential_versions_match_reference_bit_for_bit(rng, released_weigh
         if not ok:
             failed.append(version)
     assert not failed, failed
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not _importable("torch"), reason="cublas_v1 needs PyTorch")
+def test_gpu_pipeline_diffs_our_projection_against_cublas():
+    """The comparison the cuBLAS record exists for: the same run through the pipeline with the
+    projection on gemm_v4 and on cuBLAS, both within 1 bf16 ulp of the float64 product of the
+    captured rows (well-conditioned elements), so within 2 of each other."""
+    from engram_numba.fixtures import TINY_MASK, TINY_PATH, TINY_TOKENS
+    from engram_numba.formats.schema_a import load_gguf
+    from engram_numba.pipeline import Pipeline
+    model = load_gguf(TINY_PATH)
+    runs = {v: Pipeline(model, {"proj": "cuda"}, cuda_versions={"proj": v}).run(TINY_TOKENS, token_mask=TINY_MASK)
+            for v in ("gemm_v4", "cublas_v1")}
+    for v, cap in runs.items():
+        assert cap.meta["cuda_kernels"]["proj"] == v
+    for lid in model.config.layer_ids:
+        x = runs["gemm_v4"][f"L{lid}.rows.bf16"].reshape(TINY_TOKENS.size, -1)
+        yard = Yardstick(x, np.ascontiguousarray(model.layers[lid].wkv_bf16()))
+        for v, cap in runs.items():
+            stats = error_stats(cap[f"L{lid}.proj.kv"], yard)
+            RESULTS.append(dict(test="pipeline-vs-cublas", layer=lid, version=v, passed=True, **stats))
+            assert_within_tolerance(stats)
+        assert bf16_ulp_distance(runs["gemm_v4"][f"L{lid}.proj.kv"], runs["cublas_v1"][f"L{lid}.proj.kv"]).max() <= 2

@@ -1,0 +1,400 @@
+"""Development run of the prefill projection on a Hopper GPU: every wgmma variant checked, then timed.
+
+    python -m engram_numba.bench.prefill_dev [--out DIR] [--ncu] [--quick]
+
+One command does the whole batch (docs/gpu.md): a worker process checks every variant of
+`stages/proj/cuda_wgmma.py` (the records gemm_v4 / gemm_v5 and the other tiles and layouts in
+`CANDIDATES`) against the float64 product at tiny odd shapes, then at the released shape
+(K = 6144, N = 25600) for T in {16, 128, 4096} and at odd released-size shapes, and times each
+with CUDA events and L2 flushed (`timing.DeviceTimer`) next to gemm_v3 / gemv_v4 and cuBLAS
+(torch's `x @ w.T`) measured in the same process; then `apply` at T = 4096 (our projection + our
+gate against cuBLAS + our gate). Results stream to DIR/prefill_dev.jsonl as they come; if a
+variant kills the CUDA context (a bad descriptor can), the driver restarts the worker without it
+and says so. With --ncu, one launch of the fastest T = 4096 variant runs under Nsight Compute
+(SpeedOfLight, WarpStateStats, ComputeWorkloadAnalysis, MemoryWorkloadAnalysis) and its SASS is
+saved. The last lines printed are a compact table.
+
+Numerics: a check passes when every well-conditioned element (fp32 summation noise under half a
+bf16 ulp) is within 1 bf16 ulp of the float64 product rounded once, and the rest within the noise
+allowance (the yardstick of stages/proj/tests/test_proj_cuda.py).
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+
+K_REL, N_REL = 6144, 25600
+TOKENS = (16, 128, 4096)
+ODD = [(33, 264, 200), (130, 136, 260), (5, 520, 9)]            # tiny: every variant, first
+ODD_RELEASED = [(257, K_REL + 8, N_REL + 8), (33, K_REL, N_REL)]  # released-size odd shapes
+SWEEP_TOKENS = (2, 8, 32, 48, 64, 80, 96, 192, 256, 512, 1024)      # where the defaults change hands
+NOISE_SIGMAS, U = 8.0, 2.0 ** -24
+
+
+# ---- the yardstick (as in the proj tests) ----------------------------------------------------------
+
+def _ulp_size(v):
+    return 2.0 ** (np.floor(np.log2(np.maximum(np.abs(v), 2.0 ** -126))) - 7)
+
+
+class Yard:
+    """float64 product of sampled token rows, and which elements fp32 summation noise leaves alone."""
+
+    def __init__(self, x_rows, w_f64, w2_f64):
+        from ..bf16 import bf16_to_f32, f32_to_bf16
+        xf = bf16_to_f32(x_rows).astype(np.float64)
+        self.exact64 = xf @ w_f64.T
+        self.exact = f32_to_bf16(self.exact64)
+        K = x_rows.shape[1]
+        noise = NOISE_SIGMAS * U * np.sqrt(K / 2) * np.sqrt((xf * xf) @ w2_f64.T)
+        self.well = noise < 0.5 * _ulp_size(self.exact64)
+        self.allow = noise + 2.0 ** -7 * (np.abs(self.exact64) + noise)
+
+    def check(self, got_rows) -> dict:
+        from ..bf16 import bf16_to_f32, bf16_ulp_distance
+        ulps = bf16_ulp_distance(got_rows, self.exact)
+        g64 = bf16_to_f32(got_rows).astype(np.float64)
+        ill = ~self.well
+        out = {"max_ulp_well": int(ulps[self.well].max()) if self.well.any() else 0,
+               "max_ulp": int(ulps.max()), "frac_gt_1ulp": float((ulps > 1).mean()),
+               "ill_over_allow": float((np.abs(g64[ill] - self.exact64[ill]) / self.allow[ill]).max())
+               if ill.any() else 0.0,
+               "finite": bool(np.isfinite(g64).all())}
+        out["ok"] = bool(out["finite"] and out["max_ulp_well"] <= 1 and out["ill_over_allow"] <= 1.0)
+        return out
+
+
+# ---- the worker ------------------------------------------------------------------------------------
+
+def _emit(fh, rec):
+    fh.write(json.dumps(rec) + "\n")
+    fh.flush()
+    print(json.dumps(rec), flush=True)
+
+
+def worker(out_dir: Path, skip: set, quick: bool, smoke: bool, only=None, tokens_arg=None, sweep_arg=None):
+    from numba import cuda
+
+    from ..bf16 import bf16_to_f32, f32_to_bf16
+    from ..stages.gate.launch import prepare_gate
+    from ..stages.proj import cuda_wgmma as W
+    from ..stages.proj.launch import prepare_project
+    from .timing import DeviceTimer
+
+    variants = {**W.VARIANTS, **W.CANDIDATES}
+    if only:       # --variants: these (and cuBLAS) in every phase
+        variants = {k: v for k, v in variants.items() if k in only}
+        skip = set(skip) | {n for n in ("gemv_v3", "gemv_v4", "gemm_v3", *W.VARIANTS, *W.CANDIDATES) if n not in only}
+    fh = open(out_dir / "prefill_dev.jsonl", "a")
+    timer = DeviceTimer()
+    k_rel, n_rel, tokens, odd, odd_rel = K_REL, N_REL, TOKENS, ODD, ODD_RELEASED
+    HC, DIM = 4, 5120
+    if smoke:     # the script's own wiring in numba's simulator: tiny shapes, meaningless times
+        k_rel, n_rel, tokens, odd, odd_rel, HC, DIM = 136, 320, (16, 130), ODD[:1], [(33, 72, 200)], 4, 64
+    tokens = tuple(tokens_arg) if tokens_arg else tokens
+
+    def rand_bf16(shape, scale, seed):       # host bf16 words (fresh normal draws, never zeros)
+        r = np.random.default_rng(seed).standard_normal(shape, dtype=np.float32)
+        return f32_to_bf16(r * np.float32(scale))
+
+    def as_words(h):
+        return cuda.to_device(h)
+
+    def host_words(h):
+        return h
+
+    def launch_of(name, x, w, out):
+        if name in variants:
+            return W.prepare_variant(name, variants[name], x, w, out)
+        return prepare_project(x, w, out, version=name)          # gemm_v3, gemv_v4, cublas_v1
+
+    def run_check(name, x, w, T, N, rows, yard):
+        out = cuda.to_device(np.full((T, N), 0xFFFF, np.uint16))
+        launch = launch_of(name, x, w, out)
+        launch()
+        cuda.synchronize()
+        return launch, out, yard.check(out.copy_to_host()[rows])
+
+    def start(name):
+        print(f"START {name}", flush=True)
+
+    # 1. tiny odd shapes: every variant (a broken one shows here, cheaply)
+    for (T, K, N) in odd:
+        x_t, w_t = rand_bf16((T, K), 1.0, 1 + T), rand_bf16((N, K), 0.05, 2 + N)
+        wf = bf16_to_f32(host_words(w_t)).astype(np.float64)
+        yard = Yard(host_words(x_t), wf, wf * wf)
+        x, w = as_words(x_t), as_words(w_t)
+        for name in list(variants) + ["cublas_v1"]:
+            if name in skip or (smoke and name not in W.VARIANTS):
+                continue
+            start(name)
+            try:
+                t0 = time.time()
+                _, _, chk = run_check(name, x, w, T, N, slice(None), yard)
+                _emit(fh, {"phase": "odd", "variant": name, "shape": [T, K, N], "first_call_s": round(time.time() - t0, 2),
+                           **chk})
+            except Exception as exc:           # a launch error that is not sticky: note it, carry on
+                _emit(fh, {"phase": "odd", "variant": name, "shape": [T, K, N], "ok": False,
+                           "error": f"{type(exc).__name__}: {exc}"[:400]})
+
+    # 2. released shape: check sampled rows, then time
+    w_t = rand_bf16((n_rel, k_rel), 0.05, 7)
+    w_h = host_words(w_t)
+    wf = bf16_to_f32(w_h).astype(np.float64)
+    w2 = wf * wf
+    w = as_words(w_t)
+    rng = np.random.default_rng(3)
+    per_T = {16: ["gemm_v5", "64x64/s3/sw128", "64x256/s4/sw128", "64x128/s6/sw128", "gemm_v4", "gemv_v4", "cublas_v1"],
+             128: list(variants) + ["gemm_v3", "cublas_v1"],
+             4096: ["gemm_v4", "gemm_v6", "128x128/s3/sw128", "128x256/s4/noswz", "gemm_v5", "gemm_v3", "cublas_v1"]}
+    best4096 = None
+    per_T[tokens[-1]] = per_T.pop(4096)
+    for T in tokens:
+        per_T.setdefault(T, list(variants) + ["cublas_v1"])
+    if smoke:
+        per_T = {T: [n for n in names if n in ("gemm_v4", "gemm_v5", "gemm_v3", "cublas_v1")]
+                 for T, names in per_T.items()}
+    for T in tokens:
+        x_t = rand_bf16((T, k_rel), 1.0, 100 + T)
+        x_h = host_words(x_t)
+        rows = np.arange(T) if T <= 256 else np.unique(np.concatenate(
+            [[0, T - 1], rng.choice(T, 190, replace=False)]))
+        yard = Yard(x_h[rows], wf, w2)
+        x = as_words(x_t)
+        for name in per_T[T]:
+            if name in skip:
+                continue
+            start(name)
+            try:
+                launch, out, chk = run_check(name, x, w, T, n_rel, rows, yard)
+                iters = 10 if T == tokens[-1] or quick else 30
+                us = timer(launch, iters=iters)
+                rec = {"phase": "released", "variant": name, "T": T, "time_us": round(us, 2),
+                       "tflops": round(2.0 * T * k_rel * n_rel / us / 1e6, 1),
+                       "weight_gbps": round(2.0 * n_rel * k_rel / us / 1e3, 1), **chk}
+                _emit(fh, rec)
+                if T == tokens[-1] and name != "cublas_v1" and chk["ok"] and (best4096 is None or us < best4096[1]):
+                    best4096 = (name, us)
+            except Exception as exc:
+                _emit(fh, {"phase": "released", "variant": name, "T": T, "ok": False,
+                           "error": f"{type(exc).__name__}: {exc}"[:400]})
+
+    # 2b. where the defaults change hands: every candidate at the token counts between
+    sweep = (2, 48) if smoke else tuple(sweep_arg) if sweep_arg is not None else SWEEP_TOKENS
+    for T in sweep:
+        x_t = rand_bf16((T, k_rel), 1.0, 200 + T)
+        rows = np.arange(T) if T <= 64 else np.unique(np.concatenate([[0, T - 1], rng.choice(T, 62, replace=False)]))
+        yard = Yard(x_t[rows], wf, w2)
+        x = as_words(x_t)
+        names = (["gemv_v3"] if T <= 8 else []) + (["gemv_v4"] if T <= 32 else []) \
+            + (["gemm_v5"] if T <= 256 else []) + ["gemm_v4", "gemm_v6"] + (["128x128/s3/sw128"] if T >= 32 else []) \
+            + (["gemm_v3"] if T > 32 else []) + ["cublas_v1"]
+        for name in names:
+            if name in skip or (smoke and name not in ("gemm_v4", "gemm_v5", "cublas_v1")):
+                continue
+            start(name)
+            try:
+                launch, out, chk = run_check(name, x, w, T, n_rel, rows, yard)
+                us = timer(launch, iters=10 if quick else 20)
+                _emit(fh, {"phase": "sweep", "variant": name, "T": T, "time_us": round(us, 2),
+                           "tflops": round(2.0 * T * k_rel * n_rel / us / 1e6, 1), **chk})
+            except Exception as exc:
+                _emit(fh, {"phase": "sweep", "variant": name, "T": T, "ok": False,
+                           "error": f"{type(exc).__name__}: {exc}"[:400]})
+
+    # 3. apply at T = 4096: our best projection + our gate, against cuBLAS + our gate
+    T = tokens[-1]
+    if best4096 is not None:
+        x = as_words(rand_bf16((T, k_rel), 1.0, 104096))
+        kv = cuda.device_array((T, n_rel), dtype=np.uint16)
+        h = cuda.to_device(np.random.default_rng(5).standard_normal((T, HC, DIM)).astype(np.float32))
+        w_gate = cuda.to_device((1 + 0.1 * np.random.default_rng(6).standard_normal((HC, DIM))).astype(np.float32))
+        dot = cuda.device_array((T, HC), dtype=np.float32)
+        gate = cuda.device_array((T, HC), dtype=np.float32)
+        gate_l = prepare_gate(h, kv, w_gate, dot_out=dot, gate_out=gate)
+        ours = launch_of(best4096[0], x, w, kv)
+        blas = None
+
+        def apply_ours():
+            ours()
+            gate_l()
+
+        def apply_blas():
+            blas()
+            gate_l()
+        res = {"phase": "apply", "T": T, "proj": best4096[0], "gate": gate_l.name,
+               "gate_us": round(timer(gate_l, iters=10), 2),
+               "apply_ours_us": round(timer(apply_ours, iters=10), 2)}
+        try:
+            blas = launch_of("cublas_v1", x, w, kv)
+            res["apply_cublas_us"] = round(timer(apply_blas, iters=10), 2)
+            res["ratio"] = round(res["apply_ours_us"] / res["apply_cublas_us"], 3)
+        except Exception as exc:
+            res["cublas_error"] = f"{type(exc).__name__}: {exc}"[:300]
+        _emit(fh, res)
+
+    # 4. odd released-size shapes: checks only
+    for (T, K, N) in odd_rel:
+        x_t, w2_t = rand_bf16((T, K), 1.0, 11 + T), rand_bf16((N, K), 0.05, 12 + N)
+        wfo = bf16_to_f32(host_words(w2_t)).astype(np.float64)
+        yard = Yard(host_words(x_t), wfo, wfo * wfo)
+        for name in ["gemm_v4", "gemm_v5", "gemm_v6", "128x256/s4/noswz", "cublas_v1"]:
+            if name in skip:
+                continue
+            start(name)
+            try:
+                _, _, chk = run_check(name, as_words(x_t), as_words(w2_t), T, N, slice(None), yard)
+                _emit(fh, {"phase": "odd_released", "variant": name, "shape": [T, K, N], **chk})
+            except Exception as exc:
+                _emit(fh, {"phase": "odd_released", "variant": name, "shape": [T, K, N], "ok": False,
+                           "error": f"{type(exc).__name__}: {exc}"[:400]})
+    if best4096 is not None:
+        _emit(fh, {"phase": "best4096", "variant": best4096[0], "time_us": round(best4096[1], 2)})
+    print("WORKER DONE", flush=True)
+
+
+def ncu_target(name: str):
+    """One launch of variant `name` at T = 4096 (what Nsight Compute profiles)."""
+    from numba import cuda
+
+    from ..bf16 import f32_to_bf16
+    from ..stages.proj import cuda_wgmma as W
+    variants = {**W.VARIANTS, **W.CANDIDATES}
+    rng = np.random.default_rng(0)
+    xw = cuda.to_device(f32_to_bf16(rng.standard_normal((4096, K_REL), dtype=np.float32)))
+    ww = cuda.to_device(f32_to_bf16(rng.standard_normal((N_REL, K_REL), dtype=np.float32) * np.float32(0.05)))
+    out = cuda.device_array((4096, N_REL), dtype=np.uint16)
+    launch = W.prepare_variant(name, variants[name], xw, ww, out)
+    launch()
+    cuda.synchronize()
+    try:   # the SASS of what ran, for the record
+        sass = W.kernel_for(variants[name]).inspect_sass()
+        text = sass if isinstance(sass, str) else "\n\n".join(str(v) for v in sass.values())
+        Path(os.environ.get("OUT", ".")).joinpath(f"sass_{name.replace('/', '_')}.txt").write_text(text)
+    except Exception as exc:
+        print(f"no SASS: {exc}", flush=True)
+
+
+# ---- the driver --------------------------------------------------------------------------------------
+
+def _table(records: list) -> str:
+    lines = []
+    rel = [r for r in records if r.get("phase") == "released"]
+    blas = {r["T"]: r["time_us"] for r in rel if r["variant"] == "cublas_v1" and "time_us" in r}
+    lines.append(f"{'T':>5} {'variant':20} {'us':>9} {'TFLOP/s':>8} {'x cuBLAS':>8}  ok (max ulp well / all)")
+    for r in rel:
+        if "time_us" not in r:
+            lines.append(f"{r['T']:5d} {r['variant']:20} {'ERROR':>9}  {r.get('error', '')[:80]}")
+            continue
+        ratio = r["time_us"] / blas[r["T"]] if r["T"] in blas else float("nan")
+        lines.append(f"{r['T']:5d} {r['variant']:20} {r['time_us']:9.1f} {r['tflops']:8.1f} {ratio:8.2f}  "
+                     f"{r['ok']} ({r['max_ulp_well']}/{r['max_ulp']})")
+    for r in records:
+        if r.get("phase") == "apply":
+            blas = (f"cuBLAS+gate {r['apply_cublas_us']:.1f} us, ratio {r['ratio']}" if "ratio" in r
+                    else f"cuBLAS: {r.get('cublas_error', '?')[:80]}")
+            lines.append(f"apply T={r['T']}: ours ({r['proj']}+{r['gate']}) {r['apply_ours_us']:.1f} us, {blas}; "
+                         f"gate alone {r['gate_us']:.1f} us")
+    sweep = [r for r in records if r.get("phase") == "sweep"]
+    if sweep:
+        lines.append("sweep (us; * fastest of ours; cuBLAS last):")
+        for T in sorted({r["T"] for r in sweep}):
+            rs = [r for r in sweep if r["T"] == T and "time_us" in r]
+            ours = [r for r in rs if r["variant"] != "cublas_v1"]
+            best = min(ours, key=lambda r: r["time_us"])["variant"] if ours else None
+            lines.append(f"  T={T:5d} " + "  ".join(
+                f"{r['variant']}{'*' if r['variant'] == best else ''} {r['time_us']:.1f}{'' if r['ok'] else ' BAD'}"
+                for r in rs) + "".join(f"  {r['variant']} ERROR" for r in sweep if r["T"] == T and "time_us" not in r))
+    bad = [r for r in records if r.get("phase") in ("odd", "odd_released", "sweep") and not r.get("ok")]
+    good = [r for r in records if r.get("phase") in ("odd", "odd_released", "sweep") and r.get("ok")]
+    lines.append(f"odd-shape and sweep checks: {len(good)} passed, {len(bad)} failed"
+                 + "".join(f"\n  FAIL {r['variant']} {r.get('shape', r.get('T'))}: {r.get('error') or r}"
+                           for r in bad))
+    return "\n".join(lines)
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--out", default=os.environ.get("OUT", "prefill_dev_out"))
+    ap.add_argument("--ncu", action="store_true")
+    ap.add_argument("--quick", action="store_true")
+    ap.add_argument("--smoke", action="store_true", help="tiny shapes in numba's simulator (the script's wiring)")
+    ap.add_argument("--worker", action="store_true")
+    ap.add_argument("--skip", default="")
+    ap.add_argument("--variants", default="", help="only these variants (and cuBLAS), comma-separated")
+    ap.add_argument("--tokens", default="", help="released-shape token counts (default 16,128,4096)")
+    ap.add_argument("--sweep", default=None, help="sweep token counts ('' for none)")
+    ap.add_argument("--ncu-target", default="")
+    args = ap.parse_args(argv)
+    out_dir = Path(args.out)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    skip = {s for s in args.skip.split(",") if s}
+    if args.ncu_target:
+        ncu_target(args.ncu_target)
+        return 0
+    if args.worker:
+        ints = lambda a: [int(t) for t in a.split(",") if t]   # noqa: E731
+        worker(out_dir, skip, args.quick, args.smoke, only={s for s in args.variants.split(",") if s},
+               tokens_arg=ints(args.tokens), sweep_arg=None if args.sweep is None else ints(args.sweep))
+        return 0
+
+    log = out_dir / "prefill_dev.jsonl"
+    failed: set = set()
+    for attempt in range(3):
+        if log.exists():     # a restarted worker redoes everything but the variant that killed the last one
+            log.unlink()
+        cmd = [sys.executable, "-m", "engram_numba.bench.prefill_dev", "--worker", "--out", str(out_dir),
+               "--skip", ",".join(sorted(failed))] + (["--quick"] if args.quick else []) \
+            + (["--smoke"] if args.smoke else []) + (["--variants", args.variants] if args.variants else []) \
+            + (["--tokens", args.tokens] if args.tokens else []) \
+            + (["--sweep", args.sweep] if args.sweep is not None else [])
+        proc = subprocess.run(cmd, capture_output=True, text=True)
+        (out_dir / f"worker{attempt}.log").write_text(proc.stdout[-200000:] + "\n--- stderr ---\n" + proc.stderr[-50000:])
+        if "WORKER DONE" in proc.stdout:
+            break
+        started = [ln.split(" ", 1)[1] for ln in proc.stdout.splitlines() if ln.startswith("START ")]
+        culprit = started[-1] if started else None
+        print(f"worker {attempt} died (rc {proc.returncode}) during {culprit}: {proc.stderr.strip()[-600:]}", flush=True)
+        if culprit is None:
+            break
+        failed.add(culprit)
+    records = [json.loads(ln) for ln in log.read_text().splitlines()] if log.exists() else []
+    from .timing import commit
+    records.insert(0, {"phase": "meta", "commit": commit(), "python": sys.version.split()[0],
+                       "argv": sys.argv[1:], "unit": "time_us: CUDA-event median, L2 flushed; ulps vs float64"})
+    if failed:
+        records.append({"phase": "crashed", "variants": sorted(failed)})
+    best = [r for r in records if r.get("phase") == "best4096"]
+    if args.ncu and best:
+        name = best[-1]["variant"]
+        cmd = ["ncu", "--clock-control", "none", "--print-details", "all",
+               "--section", "SpeedOfLight", "--section", "WarpStateStats",
+               "--section", "ComputeWorkloadAnalysis", "--section", "MemoryWorkloadAnalysis",
+               "-k", "regex:gemm_wgmma", "-c", "1", sys.executable, "-m", "engram_numba.bench.prefill_dev",
+               "--ncu-target", name]
+        t0 = time.time()
+        try:
+            proc = subprocess.run(cmd, capture_output=True, text=True, env=dict(os.environ, OUT=str(out_dir)),
+                                  timeout=150)
+        except subprocess.TimeoutExpired as exc:
+            proc = subprocess.CompletedProcess(cmd, -1, str(exc.stdout or ""), "ncu timed out")
+        (out_dir / "ncu.txt").write_text(proc.stdout + "\n--- stderr ---\n" + proc.stderr[-20000:])
+        print(f"ncu on {name}: rc {proc.returncode} in {time.time() - t0:.0f} s", flush=True)
+        keep = ("Duration", "Compute (SM) Throughput", "Memory Throughput", "DRAM Throughput", "L1/TEX Cache",
+                "L2 Cache Throughput", "Warp Cycles Per Issued", "Stall", "Issue Slots", "Executed Ipc",
+                "Bank", "Tensor", "Registers", "Achieved Occupancy", "SM Busy", "Shared")
+        print("\n".join(ln for ln in proc.stdout.splitlines() if any(k in ln for k in keep))[:6000], flush=True)
+    (out_dir / "prefill_dev.json").write_text(json.dumps(records, indent=1))
+    print(_table(records), flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

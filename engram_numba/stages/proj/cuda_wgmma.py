@@ -1,0 +1,274 @@
+"""Hopper GEMM kernels of the projection: kv = bf16(x @ wkv^T) on the warpgroup MMA (sm_90a).
+
+Shapes and argument conventions in `cuda_common`; numerics as gemm_v3 (the tensor core sums each
+16-term product internally; within 1 bf16 ulp of the float64 answer where fp32 summation noise is
+small, docs/numerics.md). The helpers (`cp_async_16`, `wgmma_bf16`, descriptors, fences) and their
+simulator twins are in `device/intrinsics.py`; docs/design.md says how the pieces fit.
+
+Kernel versions
+  gemm_v4  CTA tile 128 x 256 (tokens x outputs), BK = 64, 4 shared-memory stages filled with
+           cp.async (zero-fill for rows past T or N and the K tail); 2 warpgroups, each one
+           m64n256k16 wgmma chain (128 fp32 accumulators a thread) on 64 token rows; operands
+           K-major in the 128-byte-swizzled layout; tiles in token-fastest order so the CTAs in
+           flight share weight tiles in L2. Epilogue: accumulators -> bf16 pairs in shared
+           memory -> coalesced stores.
+  gemm_v5  small T: CTA tile 64 x 128 (both warpgroups share the 64 token rows, each takes 64 of
+           the 128 outputs: m64n64k16), 4 stages, 2 CTAs an SM, so T <= 64 runs 200 CTAs that
+           keep the weight stream of every SM busy.
+  gemm_v6  gemm_v4 with 128 x 200 tiles (m64n200k16): the released N = 25600 is 128 tiles, so
+           T <= 128 runs one wave on 128 of the 132 SMs (gemm_v4: 100) and T <= 256 two full waves
+           (gemm_v4: 200 tiles, the second wave half empty). records.py says where each wins.
+
+One kernel factory (`make_kernel(BM, BN, STAGES, swizzle)`) builds both; `VARIANTS` names the
+specialisations the records and the development script use.
+
+The pipeline, per k tile kt (buffer kt % STAGES):
+    cp.async.wait_group STAGES-2    this thread's copies of tile kt have landed
+    fence.proxy.async               ... are visible to the async proxy (wgmma reads through it)
+    barrier                         ... and so are everyone else's
+    wgmma.fence; 4 x wgmma (k16 steps); wgmma.commit_group
+    wgmma.wait_group 1              this warpgroup's MMAs of tile kt-1 are done
+    barrier                         ... and the other warpgroup's: buffer (kt-1) % STAGES is free
+    cp.async tile kt+STAGES-1 into it; commit (an empty group past the end keeps the count)
+so the tensor cores always have the MMAs of tile kt queued while the threads wait and issue
+copies, and STAGES-1 tiles of copies are in flight.
+"""
+from __future__ import annotations
+
+import numpy as np
+from numba import cuda, types
+
+from ...device.intrinsics import (WGMMA_NO_SWIZZLE, WGMMA_SWIZZLE_128B, cp_async_16, cp_async_commit, device_function,
+                                  cp_async_waiter, fence_proxy_async, shared_address, wgmma_bf16, wgmma_commit,
+                                  wgmma_descriptor, wgmma_fence, wgmma_store_bf16x2, wgmma_waiter)
+from ...device.launch import PreparedLaunch, allow_dynamic_shared
+from ..registry import CompileTarget
+from .cuda_common import FAST_ARGS, INLINE, bounds, cdiv, fast_launch
+
+THREADS = 256                   # 2 warpgroups
+BK = 64                         # k values a stage: one 128-byte row per operand row
+ROW_BYTES = 2 * BK
+GROUP_BYTES = 8 * ROW_BYTES     # 8 rows: one 1024-byte atom (swizzled) or 8 core matrices (not)
+ALIGN_SLACK = 1024              # the 128-byte swizzle needs its atoms 1024-byte aligned
+SM_SHARED_BYTES = 228 * 1024    # shared memory of an H100/H200 SM
+
+
+class Variant:
+    """One specialisation of the kernel: tile, pipeline depth and shared-memory layout."""
+
+    def __init__(self, bm: int, bn: int, stages: int, swizzle: bool):
+        # 2 warpgroups: split the 128 token rows (m64 each), or share 64 rows and split the outputs;
+        # a warpgroup's wgmma takes n = wg_n, a multiple of 8 (accumulator quads) up to 256
+        self.wg_n = bn if bm == 128 else bn // 2
+        assert bm in (64, 128) and self.wg_n % 8 == 0 and 8 <= self.wg_n <= 256 and stages >= 3
+        assert swizzle or bn % 32 == 0
+        self.bm, self.bn, self.stages, self.swizzle = bm, bn, stages, swizzle
+        self.stage_bytes = (bm + bn) * ROW_BYTES
+        # words a row of the bf16x2 output tile, padded to 4 mod 8: lanes (g, t) store word g*stride + t
+        # (+4j), 32 distinct banks
+        self.stash_stride = bn // 2 + (4 - bn // 2) % 8
+        self.smem_bytes = max(stages * self.stage_bytes, bm * self.stash_stride * 4) + ALIGN_SLACK
+        assert self.smem_bytes <= 227 * 1024, self.smem_bytes
+        # CTAs an SM holds: 228 KiB of shared memory, 1 KiB of it reserved per CTA
+        self.blocks_per_sm = min(4, SM_SHARED_BYTES // (self.smem_bytes + 1024))
+        self.name = f"{bm}x{bn}x{BK}/s{stages}/{'sw128' if swizzle else 'noswz'}"
+
+
+def make_kernel(v: Variant):
+    BM, BN, STAGES = v.bm, v.bn, v.stages
+    WG_N = v.wg_n
+    NACC = WG_N // 2
+    A_BYTES = BM * ROW_BYTES
+    STAGE_BYTES = v.stage_bytes
+    A_CHUNKS = BM * 8 // THREADS               # 16-byte chunks a thread copies a stage
+    B_CHUNKS = (BN * 8 + THREADS - 1) // THREADS  # rounded up: with BN % 32 != 0 the last pass is partial
+    B_PARTIAL = BN % 32 != 0
+    SPLIT_M = BM == 128
+    SW = v.swizzle
+    # a k16 step moves the descriptor 32 bytes along a swizzled 128-byte row, or 2 core matrices
+    K_STEP = 32 if SW else 256
+    LBO = 16 if SW else 128
+    MODE = WGMMA_SWIZZLE_128B if SW else WGMMA_NO_SWIZZLE
+    STRIDE = v.stash_stride
+    ZERO = tuple(np.float32(0.0) for _ in range(NACC))
+    cp_wait = cp_async_waiter(STAGES - 2)
+    mma_wait1 = wgmma_waiter(1)
+    mma_wait0 = wgmma_waiter(0)
+    cp_wait0 = cp_async_waiter(0)
+
+    @device_function(**INLINE)
+    def _issue_stage(smem, stage_off, x32, w32, m0, n0, T, N, K8, kt, row0, q, off0):
+        """cp.async this thread's chunks of k tile kt into the stage at byte stage_off of smem."""
+        kq = kt * 8 + q                                  # this thread's 16-byte chunk along K
+        k_ok = kq < K8
+        kc = min(kq, K8 - 1)
+        for i in range(A_CHUNKS):
+            r = m0 + row0 + 32 * i
+            ok = k_ok and r < T
+            cp_async_16(smem, stage_off + off0 + 4096 * i, x32, np.int64(min(r, T - 1)) * K8 + kc,
+                        16 if ok else 0)
+        for i in range(B_CHUNKS):
+            if B_PARTIAL and row0 + 32 * i >= BN:      # past the tile (BN = 200: 8 of 32 rows)
+                continue
+            r = n0 + row0 + 32 * i
+            ok = k_ok and r < N
+            cp_async_16(smem, stage_off + A_BYTES + off0 + 4096 * i, w32, np.int64(min(r, N - 1)) * K8 + kc,
+                        16 if ok else 0)
+
+    @cuda.jit(**bounds(THREADS, v.blocks_per_sm))
+    def gemm_wgmma(x32, w32, out, T, K):
+        # x32: uint32 [T*K/2] flat view of x; w32: uint32 [N*K/2] of wkv; out: uint16 [T, N]
+        smem = cuda.shared.array(0, types.uint32)        # dynamic: STAGES x ([BM][64] x, [BN][64] w) bf16
+        tid = cuda.threadIdx.x
+        wg = tid >> 7
+        N = out.shape[1]
+        K8 = K >> 3
+        n_k = (K8 + 7) >> 3
+        # grid (token tiles, output tiles): CTAs start in token-tile-fastest order, so those in flight
+        # share weight tiles in L2 (a 2-D grid also keeps 64-bit divisions out: ptxas makes them
+        # calls, and any call in the kernel serializes its wgmma)
+        m0 = cuda.blockIdx.x * BM
+        n0 = cuda.blockIdx.y * BN
+        # shared addresses as int64 (numba types uint64 op int64 as float64)
+        base = np.int64(shared_address(smem))
+        pad = (1024 - (base & 1023)) & 1023
+        s0 = base + pad                                  # shared address of stage 0, 1024-aligned
+
+        # Copy assignment: this thread's chunks are rows row0 + 32 i, 16-byte chunk q of the row,
+        # at byte off0 + 4096 i of the operand's tile. Unswizzled, a warp copies 8 rows x 4 chunks
+        # (64 contiguous bytes of each row) and stores 512 contiguous bytes (core matrices are
+        # 8 rows x 16 bytes); swizzled, 4 whole rows, each quarter-warp's 8 chunks on 8 distinct
+        # bank groups. Rows past T (N) and chunks past K are zero-filled from a clamped address.
+        if SW:
+            row0 = tid >> 3
+            q = tid & 7
+            off0 = row0 * ROW_BYTES + ((q ^ (row0 & 7)) << 4)
+        else:
+            row0 = ((tid >> 6) << 3) + (tid & 7)
+            q = (tid >> 3) & 7
+            off0 = tid << 4
+
+        # descriptor constants; the address part is added per k step
+        d_hi = wgmma_descriptor(0, LBO, GROUP_BYTES, MODE)
+        if SPLIT_M:
+            a_wg = wg * (64 * ROW_BYTES)                 # this warpgroup's 64 token rows
+            b_wg = 0
+        else:
+            a_wg = 0
+            b_wg = wg * (WG_N * ROW_BYTES)               # this warpgroup's WG_N outputs
+
+        # prologue: tiles 0 .. STAGES-2
+        for s in range(STAGES - 1):
+            if s < n_k:
+                _issue_stage(smem, s0 - base + s * STAGE_BYTES, x32, w32, m0, n0, T, N, K8, s, row0, q, off0)
+            cp_async_commit()
+
+        acc = ZERO
+        for kt in range(n_k):
+            st = s0 + (kt % STAGES) * STAGE_BYTES
+            cp_wait()
+            fence_proxy_async()
+            cuda.syncthreads()
+            acc = wgmma_fence(acc)
+            for ks in range(BK // 16):
+                da = d_hi | wgmma_descriptor(st + a_wg + ks * K_STEP, 0, 0, 0)
+                db = d_hi | wgmma_descriptor(st + A_BYTES + b_wg + ks * K_STEP, 0, 0, 0)
+                acc = wgmma_bf16(acc, da, db, smem)
+            wgmma_commit()
+            acc = mma_wait1(acc)
+            cuda.syncthreads()
+            nk = kt + STAGES - 1
+            if nk < n_k:
+                _issue_stage(smem, s0 - base + (nk % STAGES) * STAGE_BYTES, x32, w32, m0, n0, T, N, K8, nk,
+                             row0, q, off0)
+            cp_async_commit()
+        acc = mma_wait0(acc)
+        cp_wait0()
+        cuda.syncthreads()                               # every MMA has read its last stage
+
+        # epilogue: bf16 pairs into a [BM][STRIDE] word tile, then row-contiguous global stores
+        p = tid & 127
+        w4 = p >> 5
+        lane = p & 31
+        wbase = (pad >> 2) + (16 * w4 + (lane >> 2)) * STRIDE + (lane & 3)
+        if SPLIT_M:
+            wbase += wg * 64 * STRIDE
+        else:
+            wbase += wg * (WG_N // 2)
+        wgmma_store_bf16x2(smem, wbase, STRIDE, acc)
+        cuda.syncthreads()
+        words = BN // 2
+        for i in range(tid, BM * words, THREADS):
+            r = i // words
+            c = i - r * words
+            t = m0 + r
+            n = n0 + 2 * c
+            if t < T and n < N:
+                word = smem[(pad >> 2) + r * STRIDE + c]
+                out[t, n] = np.uint16(word & np.uint32(0xFFFF))
+                if n + 1 < N:
+                    out[t, n + 1] = np.uint16(word >> np.uint32(16))
+
+    return gemm_wgmma
+
+
+# ---- the specialisations and their launch ---------------------------------------------------------
+
+VARIANTS = {
+    "gemm_v4": Variant(128, 256, 4, swizzle=True),
+    "gemm_v5": Variant(64, 128, 4, swizzle=True),
+    # N = 25600 = 128 x 200: one wave of 128 CTAs at T <= 128, 2 (not 1.5) at T <= 256
+    "gemm_v6": Variant(128, 200, 4, swizzle=True),
+}
+# what the development script times besides the records' own (tile, stages, layout)
+CANDIDATES = {
+    "128x256/s4/noswz": Variant(128, 256, 4, swizzle=False),
+    "64x256/s4/sw128": Variant(64, 256, 4, swizzle=True),
+    "64x64/s3/sw128": Variant(64, 64, 3, swizzle=True),
+    "64x128/s6/sw128": Variant(64, 128, 6, swizzle=True),
+    "128x128/s3/sw128": Variant(128, 128, 3, swizzle=True),
+}
+_KERNELS: dict = {}
+
+
+def kernel_for(v: Variant):
+    """The compiled-on-first-use kernel of a specialisation (one per Variant name)."""
+    if v.name not in _KERNELS:
+        _KERNELS[v.name] = make_kernel(v)
+    return _KERNELS[v.name]
+
+
+def grid_for(v: Variant, T: int, N: int) -> tuple:
+    return cdiv(T, v.bm), cdiv(N, v.bn)
+
+
+def launch_config(version: str, T: int, N: int):
+    """(grid, block) of `version` at T tokens and N outputs."""
+    if version not in VARIANTS:
+        raise ValueError(f"no wgmma GEMM version {version!r}")
+    return grid_for(VARIANTS[version], T, N), THREADS
+
+
+def prepare_variant(name: str, v: Variant, x, wkv, out, *, stream=0) -> PreparedLaunch:
+    """A launch of specialisation `v` (named `name`) on x [T, K], wkv [N, K] -> out [T, N]."""
+    T, N = x.shape[0], wkv.shape[0]
+    kernel = kernel_for(v)
+    launch = fast_launch(name, kernel, grid_for(v, T, N), THREADS, x, wkv, out, stream)
+    allow_dynamic_shared(kernel, launch.args, v.smem_bytes)
+    return PreparedLaunch(name, kernel, launch.grid, launch.block, stream, launch.args, out, sharedmem=v.smem_bytes)
+
+
+def make_prepare(version: str):
+    """prepare(x, wkv, out, *, stream=0) -> PreparedLaunch of `version` (a Hopper GPU: sm_90a)."""
+    v = VARIANTS[version]
+
+    def prepare(x, wkv, out, *, stream=0):
+        return prepare_variant(version, v, x, wkv, out, stream=stream)
+
+    prepare.__name__ = f"prepare_{version}"
+    return prepare
+
+
+def compile_targets(version: str) -> list:
+    v = VARIANTS[version]
+    return [CompileTarget(f"proj.{version}[{v.name}]", kernel_for(v), FAST_ARGS)]
