@@ -70,9 +70,16 @@ def gpu_record(request):
 def pytest_runtest_logreport(report):
     if "gpu" in report.keywords and (report.when == "call" or report.outcome != "passed"):
         _GPU_OUTCOMES[report.nodeid] = report.outcome
+        if report.outcome != "skipped":
+            # rewritten after every gpu test, so a run cut short by a time limit keeps what ran
+            _write_gpu_summary(exitstatus=-1)
 
 
 def pytest_sessionfinish(session, exitstatus):
+    _write_gpu_summary(int(exitstatus))
+
+
+def _write_gpu_summary(exitstatus: int) -> None:
     path = os.environ.get("ENGRAM_GPU_RESULTS")
     if not path:
         return
@@ -97,7 +104,8 @@ def pytest_sessionfinish(session, exitstatus):
             if isinstance(getattr(mod, attr, None), list):
                 records.extend(dict(r, module=name) for r in getattr(mod, attr))
     summary = {"commit": os.environ.get("ENGRAM_COMMIT", "unknown"), "device": device,
-               "python": platform.python_version(), "exitstatus": int(exitstatus), **counts,
+               "python": platform.python_version(), "exitstatus": int(exitstatus),
+               "finished": exitstatus != -1, **counts,
                "outcomes": _GPU_OUTCOMES, "records": records}
     with open(path, "w") as f:
         json.dump(summary, f, indent=1, default=str)

@@ -689,6 +689,11 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--table-gb", type=_float_at_least(0.001), default=2.0,
                    help="size of the random table on the device")
     s.add_argument("--variants-only", action="store_true", help="only time every kernel version")
+    s.add_argument("--sections", help="comma-separated parts to run: host, device, decode, corpus, variants "
+                                      "(default all); the JSON is rewritten after each part")
+    s.add_argument("--merge", action="store_true", help="add the sections run to the --out file of an earlier run")
+    s.add_argument("--corpus-table-gb", type=_float_at_least(0.001), default=None,
+                   help="corpus_stats: each layer's device table in GB (default the released 32.3 GB)")
     s.add_argument("--no-variants", action="store_true", help="skip the per-version sweep")
     s.add_argument("--hash-only", action="store_true",
                    help="only the hasher's 4096-token prefill at the released configuration (CPU, no GPU needed)")

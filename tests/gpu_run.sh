@@ -1,8 +1,11 @@
 #!/usr/bin/env bash
-# One batch on the H200 machine (docs/gpu.md): the gpu test tier, the sm_90 compile report,
-# then the benchmark suite. Run from the repository root with the wheels of .whl/ carried:
+# One batch on the GPU machine (docs/gpu.md): the gpu test tier, then the benchmark suite. Run from
+# the repository root with the wheels of .whl/ carried:
 #   ENGRAM_COMMIT=<hash> bash tests/gpu_run.sh [pytest -k expression] [--no-bench] [--bench-only]
-# Everything lands in $OUT (the device tool's output folder) or ./gpu_out.
+# Environment: TEST_TIMEOUT (seconds for the gpu tier, default 420), BENCH_ARGS (extra arguments of
+# `engram-numba bench`, e.g. "--quick --sections device,variants"). Everything lands in $OUT (the
+# device tool's output folder) or ./gpu_out; the test summary and the bench JSON are rewritten
+# after every test / section, so a run cut short by a time limit keeps what ran.
 set -uo pipefail
 OUT=${OUT:-$PWD/gpu_out}
 mkdir -p "$OUT"
@@ -20,10 +23,14 @@ done
 nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.sm,clocks.mem --format=csv > "$OUT/nvidia_smi.txt" 2>&1
 python3 -c "import numpy, numba, numba.cuda as c, gguf; print('numpy', numpy.__version__, 'numba', numba.__version__, 'numba-cuda', c.implementation, 'gguf ok')"
 if [ "$TESTS" = 1 ]; then
-  ENGRAM_GPU_RESULTS="$OUT/gpu_tests.json" timeout 420 python3 -m pytest -m gpu tests engram_numba -q -p no:cacheprovider \
-    --maxfail=20 ${KEXPR:+-k "$KEXPR"} 2>&1 | tail -n 60 > "$OUT/gpu_tests.log"
-  tail -n 25 "$OUT/gpu_tests.log"
+  ENGRAM_GPU_RESULTS="$OUT/gpu_tests.json" timeout "${TEST_TIMEOUT:-420}" python3 -m pytest -m gpu tests engram_numba \
+    -q -p no:cacheprovider -rfE ${KEXPR:+-k "$KEXPR"} > "$OUT/gpu_tests.log" 2>&1
+  echo "gpu tier exit status: $?"
+  tail -n 30 "$OUT/gpu_tests.log"
 fi
 if [ "$BENCH" = 1 ]; then
-  python3 -m engram_numba.cli bench --out "$OUT/h200.json" 2>&1 | tee "$OUT/bench.log" | tail -n 40
+  # shellcheck disable=SC2086
+  python3 -m engram_numba.cli bench --out "$OUT/h200.json" ${BENCH_ARGS:-} > "$OUT/bench.log" 2>&1
+  echo "bench exit status: $?"
+  tail -n 60 "$OUT/bench.log"
 fi

@@ -28,7 +28,7 @@ def test_run_per_stage_backends(capsys):
     (["run", "--tokens", " "], "--tokens is empty"),
     (["run", "--tokens", "1,99", "--backend", "cpu"], "token id 99 at position 1 is outside the model's token map [0, 64)"),
     (["run", "--tokens", "1,-3"], "token id -3 at position 1"),
-    (["run", "/no/such/model.gguf"], "model file /no/such/model.gguf does not exist"),
+    (["run", "/no/such/model.gguf"], "model /no/such/model.gguf does not exist"),
     (["run", "/"], "is a directory"),
     (["run", "--capture", "/no/such/dir/cap.npz"], "folder /no/such/dir does not exist"),
     (["info", "/no/such/file.gguf"], "does not exist"),

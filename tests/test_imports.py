@@ -146,7 +146,8 @@ def test_readme_python_blocks_run(tmp_path, monkeypatch):
     matplotlib.use("Agg")
     blocks = _python_blocks(REPO / "README.md")
     assert blocks, "the README has no python blocks"
-    monkeypatch.chdir(tmp_path)
+    (tmp_path / "data").symlink_to(REPO / "data")     # the README's paths are relative to the repository
+    monkeypatch.chdir(tmp_path)                       # what the blocks write lands in tmp_path
     ns: dict = {}
     for i, block in enumerate(blocks):
         exec(compile(block, f"README.md python block {i}", "exec"), ns)

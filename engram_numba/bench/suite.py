@@ -428,6 +428,28 @@ def bench_host(log=print, n_calls: int = 500, reader_vocab: int = 100_000, smoke
     return out
 
 
+SECTIONS = ("host", "device", "decode", "corpus", "variants")
+_DECODE_STAGES = ("projection_q2k", "projection_fp8", "decode_step", "engine_build")
+
+
+def _sections(text) -> tuple:
+    if not text:
+        return SECTIONS
+    names = tuple(x.strip() for x in str(text).split(",") if x.strip())
+    bad = [x for x in names if x not in SECTIONS]
+    if bad:
+        raise ValueError(f"unknown bench section(s) {bad}; sections are {list(SECTIONS)}")
+    return names
+
+
+def _section_of(record: dict) -> str:
+    if record["stage"] in _DECODE_STAGES:
+        return "decode"
+    if record["stage"] == "corpus_stats":
+        return "corpus"
+    return "device"
+
+
 def main(args=None) -> int:
     from numba import cuda
     from numba.cuda import config
@@ -453,16 +475,44 @@ def main(args=None) -> int:
         out.write_text(json.dumps(result, indent=1))
         print(f"wrote {out}")
         return 0
+    sections = _sections(getattr(args, "sections", None))
+    previous = {}
+    if getattr(args, "merge", False) and out.exists():
+        previous = json.loads(out.read_text())           # add these sections to an earlier run's file
+        result = {k: v for k, v in previous.items() if k not in ("records", "variants", "host")} | result
+        result["records"] = [r for r in previous.get("records", []) if _section_of(r) not in sections]
+        if "variants" not in sections and "variants" in previous:
+            result["variants"] = previous["variants"]
+        if "host" not in sections and "host" in previous:
+            result["host"] = previous["host"]
+
+    def save():                                           # after every section: a timeout keeps what ran
+        out.write_text(json.dumps(result, indent=1, default=str))
+
+    result.setdefault("records", [])
     # Host figures first: torch.compile (in bench_device) leaves worker threads that would
     # compete with the Python being timed.
-    host = bench_host(smoke=smoke)
-    result.update(bench_device(shape, quick=quick))
-    bench_decode.add_to(result, shape, quick)      # projection_q2k/_fp8, decode_step, engine_build
-    result["records"] += corpus_bench(shape, quick=quick)["records"]     # corpus_stats end to end
-    if not getattr(args, "no_variants", False):
+    if "host" in sections:
+        result["host"] = bench_host(smoke=smoke)
+        save()
+    if "device" in sections:
+        dev = bench_device(shape, quick=quick)
+        result["records"] = dev.pop("records") + result["records"]
+        result.update(dev)
+        save()
+    if "copy_gbps" not in result:
+        result["copy_gbps"] = round(measure_copy_gbps(DeviceTimer()), 1)
+        result["device"] = device_name()
+    if "decode" in sections:
+        bench_decode.add_to(result, shape, quick)      # projection_q2k/_fp8, decode_step, engine_build
+        save()
+    if "corpus" in sections:
+        result["records"] += corpus_bench(shape, quick=quick, table_gb=getattr(args, "corpus_table_gb", None))["records"]
+        save()
+    if "variants" in sections and not getattr(args, "no_variants", False):
         result["variants"] = bench_variants(shape, quick)
-    result["host"] = host
-    out.write_text(json.dumps(result, indent=1))
+        save()
+    save()
     png = Path(getattr(args, "png", None) or out.with_suffix(".png"))
     plot_results(result, png)
     print(markdown_table(result))
