@@ -22,7 +22,8 @@ def markdown_table(result: dict) -> str:
              "|---|---:|---|---:|---:|---:|---:|---:|---|"]
     for r in result["records"]:
         base = ", ".join(f"{k} {v:.1f}" for k, v in r["baselines"].items()) or "-"
-        lines.append(f"| {r['stage']} | {r['T']} | {r.get('kernel', '-')} | {r['time_us']:.1f} | {r['floor_us']:.1f} "
+        what = r.get("kernel", "-") + (f" ({r['variant']})" if r.get("variant") else "")
+        lines.append(f"| {r['stage']} | {r['T']} | {what} | {r['time_us']:.1f} | {r['floor_us']:.1f} "
                      f"| {r['pct_of_floor']:.1f} | {r['gbps']:.0f} | {_num(r['tflops'], '{}')} | {base} |")
     if result.get("variants"):
         lines += ["", "Every kernel version in the registry where it competes (llm.c style: v1 is the naive "

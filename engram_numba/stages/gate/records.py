@@ -3,14 +3,15 @@
 Default rules, over ctx = {"T", "hc", "dim", "aligned", "simulator", "layout", "tps"}: numba's
 simulator or unaligned data -> gate_v1 (its plain loops are the cheap ones to simulate); on a GPU
 gate_v2 from V2_MIN_T tokens on and wherever v3's registers would not hold a thread's chunks,
-gate_v3 below V2_MIN_T. Timings quoted are from the H200 run at f7da6aa (dim 5120, hc 4).
+gate_v3 below V2_MIN_T. Timings quoted are from the H200 runs (dim 5120, hc 4; bench/results/h200.json).
 """
 from __future__ import annotations
 
 from ..registry import KernelRecord, register
 from . import cuda
 
-V2_MIN_T = 256      # from here on gate_v2 is the default (T=4096: v2 249.6 us, v3 290.7 us)
+V2_MIN_T = 128      # from here on gate_v2 is the default (H200 at 2b45250, stream layout: T=128 v2 15.5 us,
+                    # v3 16.9; T=4096 v2 249.2, v3 286.8; below, v3 wins: T=1 7.1 vs 8.3, T=16 7.6 vs 9.2)
 
 
 def _naive(ctx) -> bool:
@@ -26,11 +27,12 @@ _RECORDS = [
               "2225 us at T=4096)",
      "numba's simulator or unaligned data", _naive),
     (2, False, "one block per token or per (t, c), the three sums in one pass of 16-byte loads, warp shuffles, "
-               "h re-read in the update pass (T=4096: 249.6 us, 83% of the floor; torch.compile 257 us)",
+               "h re-read in the update pass (T=4096: 249.2 us, 83% of the floor, torch.compile 255.6; T=128: 15.5 us, v3 16.9)",
      f"GPU, aligned, T >= {V2_MIN_T} or dim too large for gate_v3",
      lambda c: not _naive(c) and (c["T"] >= V2_MIN_T or not _v3_fits(c))),
     (3, False, "v2 with each thread's h values held in registers between the passes, every load issued before "
-               "the block reduction (T=4096: 290.7 us; small T not yet measured)",
+               "the block reduction (wins below 128 tokens: T=1 7.1 us against v2's 8.3, T=16 7.6 against 9.2; loses at "
+               "T=128, 16.9 against 15.5, and T=4096, 286.8 against 249.2; T 17..127 not measured)",
      f"GPU, aligned, T < {V2_MIN_T} and at most {cuda.V3_MAX_CHUNKS} chunks a thread",
      lambda c: not _naive(c) and c["T"] < V2_MIN_T and _v3_fits(c)),
 ]

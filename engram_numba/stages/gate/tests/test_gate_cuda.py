@@ -414,7 +414,7 @@ def test_default_rules_on_a_gpu_and_in_the_simulator():
     """The defaults of records.py (what `default_version` was): on a GPU with aligned data
     gate_v3 below V2_MIN_T tokens where a thread's chunks fit its registers, else gate_v2; in the
     simulator, or for unaligned data, gate_v1."""
-    for T in (1, 7, 128, V2_MIN_T - 1):
+    for T in (1, 7, 16, V2_MIN_T - 1):
         for hc in range(1, MAX_HC + 1):
             for dim in (8, 64, 5120):
                 assert G._v3_applies(T, hc, dim, None)
