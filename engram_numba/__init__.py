@@ -59,6 +59,7 @@ _PUBLIC = {
     "diff": ("analysis.diff", "diff"),
     "DiffReport": ("analysis.diff", "DiffReport"),
     "gate_stats": ("analysis.stats", "gate_stats"),
+    "gate_cost": ("analysis.quant_cost", "gate_cost"),
     "GateStats": ("analysis.stats", "GateStats"),
     "row_id_reuse": ("analysis.stats", "row_id_reuse"),
     "ngram_windows": ("analysis.stats", "ngram_windows"),
