@@ -1,4 +1,4 @@
-"""What the rows stage's K-quant, Q8_0 and FP8 kernels share (cuda_kquants.py, cuda_fp8.py).
+"""What the rows stage's kernels share (cuda_q2k.py, cuda_kquants.py, cuda_fp8.py).
 
 Every decode kernel writes bf16 words, uint16 [n, 256] (seen by the fast kernels as a flat
 uint32 array of bf16 pairs), and comes in two forms: `decode` (raw rows [n, row_bytes] in order)
@@ -14,6 +14,7 @@ Launch shapes:
 from __future__ import annotations
 
 import numpy as np
+from numba import cuda, types
 
 from ...device.intrinsics import device_function, store_u32x4
 
@@ -25,6 +26,45 @@ THREADS_V1 = 256
 THREADS_FAST = 256
 NAN_BF16 = 0x7FC0                # the row written for an out-of-range id
 NAN_BF16X2 = 0x7FC07FC0
+
+# argument types of the compile-only tier
+U8_2D = types.uint8[:, ::1]
+U16_2D = types.uint16[:, ::1]
+U32_2D = types.uint32[:, ::1]
+U32_1D = types.uint32[::1]
+ID_TYPES = ((types.int32[::1], "i32"), (types.int64[::1], "i64"))
+
+
+def make_naive_kernels(value):
+    """The v1 (naive) pair of an encoding: `value(raw, r, e)` -> the bf16 word of value e of row r
+    (r may be 64-bit); one thread per output value.
+
+        decode(raw uint8 [n, row_bytes], out uint16 [n, 256])
+        gather(table uint8 [rows, row_bytes], ids int32/int64 [n], out uint16 [n, 256], bad uint32 [1])
+    """
+    @cuda.jit
+    def decode(raw, out):
+        i = cuda.grid(1)
+        if i >= raw.shape[0] * ROW_VALUES:
+            return
+        out[i // ROW_VALUES, i % ROW_VALUES] = value(raw, i // ROW_VALUES, i % ROW_VALUES)
+
+    @cuda.jit
+    def gather(table, ids, out, bad):
+        i = cuda.grid(1)
+        if i >= ids.shape[0] * ROW_VALUES:
+            return
+        r = i // ROW_VALUES
+        e = i % ROW_VALUES
+        rid = np.int64(ids[r])
+        if rid < 0 or rid >= table.shape[0]:
+            out[r, e] = NAN_BF16
+            if e == 0:
+                cuda.atomic.add(bad, 0, np.uint32(1))
+            return
+        out[r, e] = value(table, rid, e)
+
+    return decode, gather
 
 
 @device_function

@@ -29,7 +29,8 @@ from ...device.intrinsics import (cvt_pack_bf16x2, device_function, f32_to_bf16_
                                   u32_as_f32)
 from ...device.launch import PreparedLaunch
 from ..registry import CompileTarget
-from .cuda_common import NAN_BF16, OUT_CHUNKS, ROW_VALUES, launch_config, nan_lane, out_words
+from .cuda_common import (NAN_BF16, OUT_CHUNKS, ROW_VALUES, U8_2D, U16_2D, U32_1D, U32_2D, launch_config,
+                          nan_lane, out_words)
 from .fp8 import FP8_ROW_BYTES, NAN_F32_BITS
 
 INLINE_SCALE_BYTE = 256     # scales' first byte in a 264-byte row
@@ -220,22 +221,16 @@ def make_prepare(version: int):
 
 # ---- compile-only tier ---------------------------------------------------------------------------
 
-_U8_2D = types.uint8[:, ::1]
-_U16_2D = types.uint16[:, ::1]
-_U32_2D = types.uint32[:, ::1]
-_U32_1D = types.uint32[::1]
-
-
 def compile_targets(version: int) -> list:
     """Every specialisation of fp8_v{version}: decode, and gather with int32 and int64 ids (the
     inline and the separate-scales layouts share the gather's types)."""
     decode, gather = KERNELS[version]
     fast = version != 1
-    src_t, out_t = (_U32_2D, _U32_1D) if fast else (_U8_2D, _U16_2D)
+    src_t, out_t = (U32_2D, U32_1D) if fast else (U8_2D, U16_2D)
     out = [CompileTarget(f"rows.fp8_v{version}.decode", decode, (src_t, out_t), spill_free=fast, vector_io=fast)]
     for ids_t, tag in ((types.int32[::1], "i32"), (types.int64[::1], "i64")):
         out.append(CompileTarget(f"rows.fp8_v{version}.gather[{tag}]", gather,
-                                 (src_t, src_t, types.int64, ids_t, out_t, _U32_1D), spill_free=fast, vector_io=fast))
+                                 (src_t, src_t, types.int64, ids_t, out_t, U32_1D), spill_free=fast, vector_io=fast))
     return out
 
 

@@ -30,7 +30,8 @@ from ...device.intrinsics import (byte_perm, cvt_pack_bf16x2, device_function, f
                                   load_u32x4, mul_rn, store_u32x4, sub_rn)
 from ...device.launch import PreparedLaunch
 from ..registry import CompileTarget
-from .cuda_common import NAN_BF16, OUT_CHUNKS, ROW_VALUES, launch_config, nan_lane, out_words
+from .cuda_common import (OUT_CHUNKS, U8_2D, U16_2D, U32_1D, U32_2D, launch_config, make_naive_kernels, nan_lane,
+                          out_words)
 from .kquants import Q3_K_BYTES, Q4_K_BYTES, Q8_0_ROW_BYTES
 
 ALIGN = {"q3_k": 2, "q4_k": 16, "q8_0": 4}       # input alignment (bytes) of each v2
@@ -84,34 +85,6 @@ def _q8_0_value(raw, r, e):
     c = np.int32(raw[r, o + 2 + e % 32])
     q = c - np.int32(256) if c >= 128 else c
     return f32_to_bf16_bits(mul_rn(f16_bits_to_f32(_u16(raw, r, o)), np.float32(q)))
-
-
-def _make_v1(value):
-    @cuda.jit
-    def decode(raw, out):
-        # raw: uint8 [n, row_bytes]; out: uint16 [n, 256]
-        i = cuda.grid(1)
-        if i >= raw.shape[0] * ROW_VALUES:
-            return
-        out[i // ROW_VALUES, i % ROW_VALUES] = value(raw, i // ROW_VALUES, i % ROW_VALUES)
-
-    @cuda.jit
-    def gather(table, ids, out, bad):
-        # table: uint8 [rows, row_bytes]; ids: int32/int64 [n]; out: uint16 [n, 256]; bad: uint32 [1]
-        i = cuda.grid(1)
-        if i >= ids.shape[0] * ROW_VALUES:
-            return
-        r = i // ROW_VALUES
-        e = i % ROW_VALUES
-        rid = np.int64(ids[r])
-        if rid < 0 or rid >= table.shape[0]:
-            out[r, e] = NAN_BF16
-            if e == 0:
-                cuda.atomic.add(bad, 0, np.uint32(1))
-            return
-        out[r, e] = value(table, rid, e)
-
-    return decode, gather
 
 
 # ---- v2 lanes: (src view, row, out32, dst row, lane t) -------------------------------------------
@@ -304,9 +277,9 @@ def _make_v2(lane):
 
 
 KERNELS = {
-    ("q3_k", 1): _make_v1(_q3_k_value), ("q3_k", 2): _make_v2(_q3_k_lane),
-    ("q4_k", 1): _make_v1(_q4_k_value), ("q4_k", 2): _make_v2(_q4_k_lane),
-    ("q8_0", 1): _make_v1(_q8_0_value), ("q8_0", 2): _make_v2(_q8_0_lane),
+    ("q3_k", 1): make_naive_kernels(_q3_k_value), ("q3_k", 2): _make_v2(_q3_k_lane),
+    ("q4_k", 1): make_naive_kernels(_q4_k_value), ("q4_k", 2): _make_v2(_q4_k_lane),
+    ("q8_0", 1): make_naive_kernels(_q8_0_value), ("q8_0", 2): _make_v2(_q8_0_lane),
 }    # (encoding, version) -> (decode in order, gather by id)
 ROW_BYTES = {"q3_k": Q3_K_BYTES, "q4_k": Q4_K_BYTES, "q8_0": Q8_0_ROW_BYTES}
 
@@ -351,11 +324,7 @@ def make_prepare(encoding: str, version: int):
 
 # ---- compile-only tier ---------------------------------------------------------------------------
 
-_U8_2D = types.uint8[:, ::1]
-_U16_2D = types.uint16[:, ::1]
-_U32_2D = types.uint32[:, ::1]
-_U32_1D = types.uint32[::1]
-_V2_SRC = {"q3_k": _U16_2D, "q4_k": _U32_1D, "q8_0": _U32_2D}
+_V2_SRC = {"q3_k": U16_2D, "q4_k": U32_1D, "q8_0": U32_2D}
 
 
 def compile_targets(encoding: str, version: int) -> list:
@@ -363,14 +332,14 @@ def compile_targets(encoding: str, version: int) -> list:
     decode, gather = KERNELS[(encoding, version)]
     name = f"rows.{encoding}_v{version}"
     if version == 1:
-        out = [CompileTarget(f"{name}.decode", decode, (_U8_2D, _U16_2D), spill_free=False)]
+        out = [CompileTarget(f"{name}.decode", decode, (U8_2D, U16_2D), spill_free=False)]
         for ids_t, tag in ((types.int32[::1], "i32"), (types.int64[::1], "i64")):
-            out.append(CompileTarget(f"{name}.gather[{tag}]", gather, (_U8_2D, ids_t, _U16_2D, _U32_1D),
+            out.append(CompileTarget(f"{name}.gather[{tag}]", gather, (U8_2D, ids_t, U16_2D, U32_1D),
                                      spill_free=False))
         return out
     src_t = _V2_SRC[encoding]
-    out = [CompileTarget(f"{name}.decode", decode, (src_t, _U32_1D), vector_io=True)]
+    out = [CompileTarget(f"{name}.decode", decode, (src_t, U32_1D), vector_io=True)]
     for ids_t, tag in ((types.int32[::1], "i32"), (types.int64[::1], "i64")):
-        out.append(CompileTarget(f"{name}.gather[{tag}]", gather, (src_t, types.int64, ids_t, _U32_1D, _U32_1D),
+        out.append(CompileTarget(f"{name}.gather[{tag}]", gather, (src_t, types.int64, ids_t, U32_1D, U32_1D),
                                  vector_io=True))
     return out

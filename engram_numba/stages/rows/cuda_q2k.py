@@ -42,6 +42,7 @@ from ...device.intrinsics import (byte_perm, cvt_pack_bf16x2, device_function, f
                                 pack_bf16x2, store_u32x4, sub_rn)
 from ...device.launch import PreparedLaunch
 from ..registry import CompileTarget
+from .cuda_common import U8_2D, U16_2D, U32_1D, U32_2D, make_naive_kernels
 from .q2k import ENGRAM_ROW_BYTES, ROW_VALUES
 
 ROW_WORDS = ENGRAM_ROW_BYTES // 4      # 21 uint32 words a block; rows are 4-byte aligned (84 = 4*21)
@@ -76,32 +77,7 @@ def _value_v1(blocks, r, e):
     return f32_to_bf16_bits(sub_rn(mul_rn(scale, np.float32(q)), offset))
 
 
-@cuda.jit
-def _dequant_v1(blocks, out):
-    # blocks: uint8 [n, 84]; out: uint16 [n, 256]
-    i = cuda.grid(1)
-    if i >= blocks.shape[0] * ROW_VALUES:
-        return
-    r = i // ROW_VALUES
-    e = i % ROW_VALUES
-    out[r, e] = _value_v1(blocks, r, e)
-
-
-@cuda.jit
-def _gather_v1(table, ids, out, bad):
-    # table: uint8 [rows, 84]; ids: int32/int64 [n]; out: uint16 [n, 256]; bad: uint32 [1]
-    i = cuda.grid(1)
-    if i >= ids.shape[0] * ROW_VALUES:
-        return
-    r = i // ROW_VALUES
-    e = i % ROW_VALUES
-    rid = np.int64(ids[r])
-    if rid < 0 or rid >= table.shape[0]:
-        out[r, e] = NAN_BF16
-        if e == 0:
-            cuda.atomic.add(bad, 0, np.uint32(1))
-        return
-    out[r, e] = _value_v1(table, rid, e)
+_dequant_v1, _gather_v1 = make_naive_kernels(_value_v1)
 
 
 # ---- v2..v4: 8 lanes a row, byte_perm lookup tables --------------------------------------------
@@ -320,23 +296,17 @@ def make_prepare(version: int):
 
 # ---- compile-only tier ---------------------------------------------------------------------------
 
-_U8_2D = types.uint8[:, ::1]
-_U16_2D = types.uint16[:, ::1]
-_U32_2D = types.uint32[:, ::1]
-_U32_1D = types.uint32[::1]
-
-
 def compile_targets(version: int) -> list:
     """Every specialisation of q2k_v{version}: decode, and gather with int32 and int64 ids."""
     dequant, gather = KERNELS[version]
     if version == 1:
-        out = [CompileTarget("rows.q2k_v1.decode", dequant, (_U8_2D, _U16_2D), spill_free=False)]
+        out = [CompileTarget("rows.q2k_v1.decode", dequant, (U8_2D, U16_2D), spill_free=False)]
         for ids_t, tag in ((types.int32[::1], "i32"), (types.int64[::1], "i64")):
-            out.append(CompileTarget(f"rows.q2k_v1.gather[{tag}]", gather, (_U8_2D, ids_t, _U16_2D, _U32_1D),
+            out.append(CompileTarget(f"rows.q2k_v1.gather[{tag}]", gather, (U8_2D, ids_t, U16_2D, U32_1D),
                                      spill_free=False))
         return out
-    out = [CompileTarget(f"rows.q2k_v{version}.decode", dequant, (_U32_2D, _U32_1D), vector_io=True)]
+    out = [CompileTarget(f"rows.q2k_v{version}.decode", dequant, (U32_2D, U32_1D), vector_io=True)]
     for ids_t, tag in ((types.int32[::1], "i32"), (types.int64[::1], "i64")):
-        out.append(CompileTarget(f"rows.q2k_v{version}.gather[{tag}]", gather, (_U32_2D, ids_t, _U32_1D, _U32_1D),
+        out.append(CompileTarget(f"rows.q2k_v{version}.gather[{tag}]", gather, (U32_2D, ids_t, U32_1D, U32_1D),
                                  vector_io=True))
     return out
