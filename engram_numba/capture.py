@@ -120,9 +120,9 @@ class Capture(Mapping):
         """Write every array and the meta to one file: `.safetensors` by its suffix, else `.npz`."""
         arrays = {k: np.ascontiguousarray(v) for k, v in self._arrays.items()}
         if str(path).endswith(".safetensors"):
-            from .highway import write_safetensors
+            from .formats.safetensors import write_arrays
             bf16 = [k for k, v in arrays.items() if v.dtype == np.uint16 and short_name(k) in BF16_POINTS]
-            write_safetensors(path, arrays, {SAFETENSORS_META_KEY: json.dumps(self.meta, default=str),
+            write_arrays(path, arrays, {SAFETENSORS_META_KEY: json.dumps(self.meta, default=str),
                                              "format": "engram-capture"}, bf16_names=bf16)
             return
         np.savez_compressed(path, __meta__=np.array(json.dumps(self.meta, default=str)), **arrays)
@@ -130,11 +130,11 @@ class Capture(Mapping):
     @classmethod
     def load(cls, path) -> "Capture":
         """Read a capture written by `save` (.npz or .safetensors, told apart by content)."""
-        from .highway import SafetensorsFile, is_safetensors
+        from .formats.safetensors import SafetensorsFile, is_safetensors
         if is_safetensors(path):
-            st = SafetensorsFile(path)
+            st = SafetensorsFile(path, what="capture file")
             meta = json.loads(st.metadata.get(SAFETENSORS_META_KEY, "{}"))
-            arrays = {name: np.array(st.array(name)) for name in st.tensors}
+            arrays = {name: np.array(st.raw(name)) for name in st.tensors}
             st.close()
             return cls(arrays, meta)
         with np.load(path, allow_pickle=False) as f:

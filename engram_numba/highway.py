@@ -17,21 +17,21 @@ One sequence per file. A leading batch axis of 1 ([1, T, hc, dim], [1, T]) is ac
 dropped. A capture saved by `Capture.save("x.safetensors")` is read as well: its
 `L{layer_id}.highway.in` and `tokens.ids` / `tokens.mask` stand for the tensors above.
 
-The reader parses the safetensors header itself and memory-maps the data, so a file of any size
-opens at once and `chunk(layer_id, t0, t1)` touches only those tokens (bf16 is widened to fp32 per
+The file is read with `formats.safetensors` (the header parsed and checked by hand, the data
+memory-mapped), so a file of any size opens at once and `chunk(layer_id, t0, t1)` touches only those tokens (bf16 is widened to fp32 per
 chunk, exactly). Every check (names, ranks, dtypes, byte ranges, T across tensors; with a model:
 its layers, hc, dim and token-id range) runs in `load_highway`, and each error names the tensor.
 """
 from __future__ import annotations
 
 import json
-import math
-import os
 import re
-import struct
 from pathlib import Path
 
 import numpy as np
+
+from .formats.errors import EngramFileError, TruncatedFileError
+from .formats.safetensors import SafetensorsFile, write_arrays
 
 FORMAT = "engram-highway"
 FORMAT_VERSION = "1"
@@ -40,136 +40,12 @@ TOKEN_MASK = "token_mask"
 _HIGHWAY_NAME = re.compile(r"^engram\.(\d+)\.highway_in$")
 _CAPTURE_NAME = re.compile(r"^L(\d+)\.highway\.in$")
 
-# safetensors dtype name -> numpy dtype the bytes are viewed as (BF16 as uint16 words)
-SAFETENSORS_DTYPES = {
-    "F64": np.float64, "F32": np.float32, "F16": np.float16, "BF16": np.uint16,
-    "I64": np.int64, "I32": np.int32, "I16": np.int16, "I8": np.int8,
-    "U64": np.uint64, "U32": np.uint32, "U16": np.uint16, "U8": np.uint8, "BOOL": np.bool_,
-    "F8_E4M3": np.uint8, "F8_E5M2": np.uint8, "F8_E8M0": np.uint8,
-}
-_NUMPY_TO_SAFETENSORS = {np.dtype(np.float64): "F64", np.dtype(np.float32): "F32", np.dtype(np.float16): "F16",
-                         np.dtype(np.int64): "I64", np.dtype(np.int32): "I32", np.dtype(np.int16): "I16",
-                         np.dtype(np.int8): "I8", np.dtype(np.uint64): "U64", np.dtype(np.uint32): "U32",
-                         np.dtype(np.uint16): "U16", np.dtype(np.uint8): "U8", np.dtype(np.bool_): "BOOL"}
-MAX_HEADER_BYTES = 100 << 20
-
-
 def highway_tensor_name(layer_id: int) -> str:
     return f"engram.{int(layer_id)}.highway_in"
 
 
 class HighwayFileError(ValueError):
     """A highway file that cannot be used: the message names the file and the tensor."""
-
-
-# A minimal safetensors reader and writer ---------------------------------------------------------
-
-class SafetensorsFile:
-    """The header of a .safetensors file and zero-copy views of its tensors (memory-mapped).
-
-    tensors: name -> (dtype name, shape tuple, (begin, end) byte offsets into the data)
-    metadata: the `__metadata__` strings (empty dict when absent)
-    """
-
-    def __init__(self, path):
-        self.path = str(path)
-        size = os.path.getsize(self.path)
-        with open(self.path, "rb") as f:
-            head = f.read(8)
-            if len(head) < 8:
-                raise HighwayFileError(f"{self.path}: {size} bytes is too short for a safetensors file")
-            (n,) = struct.unpack("<Q", head)
-            if n > MAX_HEADER_BYTES or 8 + n > size:
-                raise HighwayFileError(f"{self.path}: not a safetensors file (header length {n} does not fit "
-                                       f"its {size} bytes)")
-            raw = f.read(n)
-        try:
-            header = json.loads(raw.decode("utf-8"))
-        except (UnicodeDecodeError, json.JSONDecodeError) as exc:
-            raise HighwayFileError(f"{self.path}: not a safetensors file (its header is not JSON: {exc})") from None
-        if not isinstance(header, dict):
-            raise HighwayFileError(f"{self.path}: not a safetensors file (header is not a JSON object)")
-        meta = header.pop("__metadata__", None) or {}
-        if not isinstance(meta, dict):
-            raise HighwayFileError(f"{self.path}: __metadata__ must be an object of strings")
-        self.metadata = {str(k): str(v) for k, v in meta.items()}
-        self.data_offset = 8 + n
-        data_size = size - self.data_offset
-        self.tensors: dict[str, tuple[str, tuple, tuple]] = {}
-        for name, info in header.items():
-            try:
-                dtype, shape, (b, e) = info["dtype"], tuple(int(x) for x in info["shape"]), info["data_offsets"]
-            except (KeyError, TypeError, ValueError):
-                raise HighwayFileError(f"{self.path}: tensor {name!r} has a malformed header entry {info!r}") from None
-            if dtype not in SAFETENSORS_DTYPES:
-                raise HighwayFileError(f"{self.path}: tensor {name!r} has dtype {dtype}, which this reader does not know")
-            want = math.prod(shape) * np.dtype(SAFETENSORS_DTYPES[dtype]).itemsize
-            if not (0 <= b <= e <= data_size) or e - b != want:
-                raise HighwayFileError(f"{self.path}: tensor {name!r} ({dtype} {list(shape)}) has byte range "
-                                       f"[{b}, {e}) but needs {want} bytes inside the {data_size} data bytes "
-                                       "(a truncated or corrupt file)")
-            self.tensors[name] = (dtype, shape, (int(b), int(e)))
-        self._map = np.memmap(self.path, dtype=np.uint8, mode="r") if size > self.data_offset else np.zeros(0, np.uint8)
-
-    def array(self, name: str) -> np.ndarray:
-        """A read-only view [shape] of one tensor (BF16 as uint16 words, F8 as uint8 codes)."""
-        dtype, shape, (b, e) = self.tensors[name]
-        raw = self._map[self.data_offset + b:self.data_offset + e]
-        return np.asarray(raw).view(SAFETENSORS_DTYPES[dtype]).reshape(shape)
-
-    def close(self) -> None:
-        self._map = None
-
-
-def write_safetensors(path, arrays: dict, metadata: dict | None = None, bf16_names=()) -> Path:
-    """Write numpy arrays to a .safetensors file, streaming each tensor (no copy of the whole file
-    in memory). uint16 arrays named in `bf16_names`, and ml_dtypes.bfloat16 arrays, are stored as
-    BF16; `metadata` values are written as strings."""
-    path = Path(path)
-    header: dict = {}
-    if metadata:
-        header["__metadata__"] = {str(k): str(v) for k, v in metadata.items()}
-    plan = []
-    offset = 0
-    bf16_names = set(bf16_names)
-    for name, arr in arrays.items():
-        a = np.asarray(arr)
-        if a.dtype.name == "bfloat16":
-            a, dt = a.view(np.uint16), "BF16"
-        elif name in bf16_names:
-            if a.dtype != np.uint16:
-                raise ValueError(f"{name}: bf16 words must be uint16, got {a.dtype}")
-            dt = "BF16"
-        else:
-            dt = _NUMPY_TO_SAFETENSORS.get(a.dtype)
-            if dt is None:
-                raise ValueError(f"{name}: dtype {a.dtype} cannot be written to safetensors")
-        a = np.ascontiguousarray(a)
-        header[name] = {"dtype": dt, "shape": list(a.shape), "data_offsets": [offset, offset + a.nbytes]}
-        plan.append(a)
-        offset += a.nbytes
-    raw = json.dumps(header, separators=(",", ":"), ensure_ascii=False).encode("utf-8")
-    raw += b" " * (-(8 + len(raw)) % 8)                     # data starts 8-byte aligned
-    with open(path, "wb") as f:
-        f.write(struct.pack("<Q", len(raw)))
-        f.write(raw)
-        for a in plan:
-            if a.nbytes:
-                f.write(memoryview(a.reshape(-1)).cast("B"))
-    return path
-
-
-def is_safetensors(path) -> bool:
-    """True when the file's first 8 bytes are a plausible safetensors header length followed by '{'."""
-    try:
-        with open(path, "rb") as f:
-            head = f.read(9)
-    except OSError:
-        return False
-    if len(head) < 9 or head[8:9] != b"{":
-        return False
-    (n,) = struct.unpack("<Q", head[:8])
-    return 0 < n <= MAX_HEADER_BYTES
 
 
 # The highway file --------------------------------------------------------------------------------
@@ -190,14 +66,14 @@ class HighwayFile:
         self.metadata = dict(st.metadata)
         self._names = names                                     # layer id -> tensor name
         self.layer_ids = sorted(names)
-        first = st.array(names[self.layer_ids[0]])
+        first = st.raw(names[self.layer_ids[0]])
         self.n_tokens, self.hc, self.dim = (int(x) for x in first.shape[-3:])
-        self.dtype = "bf16" if st.tensors[names[self.layer_ids[0]]][0] == "BF16" else "fp32"
-        ids = st.array(ids_name)
+        self.dtype = "bf16" if st.tensors[names[self.layer_ids[0]]].type_name == "BF16" else "fp32"
+        ids = st.raw(ids_name)
         self.token_ids = np.array(ids.reshape(-1), dtype=np.int64)          # [T]
         self.token_mask = None
         if mask_name is not None:
-            self.token_mask = np.array(st.array(mask_name).reshape(-1) != 0)  # [T] bool
+            self.token_mask = np.array(st.raw(mask_name).reshape(-1) != 0)  # [T] bool
         self.tensor_names = dict(names)
         self.token_ids_name, self.token_mask_name = ids_name, mask_name
 
@@ -222,7 +98,7 @@ class HighwayFile:
             name = self._names[int(layer_id)]
         except (KeyError, ValueError, TypeError):
             raise KeyError(f"{self.path} has no highway for layer {layer_id}; it has layers {self.layer_ids}") from None
-        a = self._st.array(name)
+        a = self._st.raw(name)
         return a.reshape(a.shape[-3:])
 
     def raw(self, layer_id: int) -> np.ndarray:
@@ -300,7 +176,12 @@ def load_highway(path, model=None) -> HighwayFile:
         raise HighwayFileError(f"highway file {p} does not exist")
     if p.is_dir():
         raise HighwayFileError(f"highway file {p} is a directory")
-    st = SafetensorsFile(p)
+    try:
+        st = SafetensorsFile(p, what="highway file")
+    except TruncatedFileError as exc:
+        raise HighwayFileError(f"{exc} (a truncated or corrupt file)") from None
+    except EngramFileError as exc:
+        raise HighwayFileError(str(exc)) from None
     names = {}
     for name in st.tensors:
         m = _HIGHWAY_NAME.match(name)
@@ -320,10 +201,10 @@ def load_highway(path, model=None) -> HighwayFile:
     dtypes = set()
     for lid in sorted(names):
         name = names[lid]
-        dtype, shape, _ = st.tensors[name]
+        dtype, shape = st.tensors[name].type_name, st.tensors[name].shape
         sq = _squeeze_batch(shape, 3)
         if sq is None:
-            hint = (f"; one sequence per file (save hidden[b] for each batch row b)"
+            hint = ("; one sequence per file (save hidden[b] for each batch row b)"
                     if len(shape) == 4 else "")
             raise HighwayFileError(f"{p}: tensor {name!r} has shape {list(shape)}, expected [T, hc, dim]{hint}")
         if dtype not in ("BF16", "F32"):
@@ -338,19 +219,19 @@ def load_highway(path, model=None) -> HighwayFile:
         raise HighwayFileError(f"{p}: the highway tensors mix dtypes {sorted(dtypes)}; store every layer in one dtype")
     if ids_name not in st.tensors:
         raise HighwayFileError(f"{p}: tensor {ids_name!r} ([T] int64 token ids) is missing; it must come with the highway")
-    dtype, shape, _ = st.tensors[ids_name]
+    dtype, shape = st.tensors[ids_name].type_name, st.tensors[ids_name].shape
     sq = _squeeze_batch(shape, 1)
     if dtype not in ("I64", "I32", "I16", "I8", "U32", "U16", "U8"):
         raise HighwayFileError(f"{p}: tensor {ids_name!r} is {dtype}; token ids must be integers (I64)")
     if sq != (T,):
         raise HighwayFileError(f"{p}: tensor {ids_name!r} has shape {list(shape)} but the highway has T={T} tokens")
     if mask_name in st.tensors:
-        dtype, shape, _ = st.tensors[mask_name]
+        dtype, shape = st.tensors[mask_name].type_name, st.tensors[mask_name].shape
         if dtype not in ("BOOL", "U8"):
             raise HighwayFileError(f"{p}: tensor {mask_name!r} is {dtype}; a token mask is BOOL or U8 (1 = live token)")
         if _squeeze_batch(shape, 1) != (T,):
             raise HighwayFileError(f"{p}: tensor {mask_name!r} has shape {list(shape)} but the highway has T={T} tokens")
-        m = st.array(mask_name)
+        m = st.raw(mask_name)
         if dtype == "U8" and m.size and int(m.max()) > 1:
             raise HighwayFileError(f"{p}: tensor {mask_name!r} holds values other than 0 and 1")
     else:
@@ -402,4 +283,4 @@ def save_highway(path, highways: dict, token_ids, token_mask=None, *, dtype: str
             "hc": str(shape[1]), "dim": str(shape[2])}
     meta.update({str(k): str(v) for k, v in (extra_metadata or {}).items()})
     bf16_names = [highway_tensor_name(lid) for lid in highways] if dtype == "bf16" else []
-    return write_safetensors(path, arrays, meta, bf16_names=bf16_names)
+    return write_arrays(path, arrays, meta, bf16_names=bf16_names)

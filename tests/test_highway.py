@@ -11,8 +11,9 @@ from engram_numba.bf16 import bf16_to_f32, f32_to_bf16
 from engram_numba.capture import Capture
 from engram_numba.fixtures import TINY_MASK, TINY_PATH, TINY_TOKENS
 from engram_numba.formats.schema_a import load_gguf
-from engram_numba.highway import (HighwayFileError, SafetensorsFile, highway_tensor_name, load_highway,
-                                  save_highway, write_safetensors)
+from engram_numba.formats.safetensors import SafetensorsFile
+from engram_numba.formats.safetensors import write_arrays as write_safetensors
+from engram_numba.highway import HighwayFileError, highway_tensor_name, load_highway, save_highway
 from engram_numba.pipeline import Pipeline
 
 
@@ -157,8 +158,8 @@ def test_capture_saved_as_safetensors_round_trips_and_is_a_highway_file(tmp_path
     path = tmp_path / "cap.safetensors"
     ref.save(path)
     st = SafetensorsFile(path)
-    assert st.tensors["L1.proj.kv"][0] == "BF16" and st.tensors["L1.rows.raw"][0] == "U8"
-    assert st.tensors["tokens.mask"][0] == "BOOL" and st.tensors["L1.highway.in"][0] == "F32"
+    assert st.tensors["L1.proj.kv"].type_name == "BF16" and st.tensors["L1.rows.raw"].type_name == "U8"
+    assert st.tensors["tokens.mask"].type_name == "BOOL" and st.tensors["L1.highway.in"].type_name == "F32"
     assert json.loads(st.metadata["engram_numba.meta"]) == json.loads(json.dumps(ref.meta, default=str))
     back = Capture.load(path)
     assert back.meta == ref.meta and diff(ref, back).all_equal

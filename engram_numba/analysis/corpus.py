@@ -48,7 +48,8 @@ from typing import Iterable, Iterator
 
 import numpy as np
 
-from ..highway import HighwayFile, is_safetensors, load_highway
+from ..formats.safetensors import is_safetensors
+from ..highway import HighwayFile, load_highway
 from ..stages.hash.cpu import EngramHasher
 from .streaming import DEFAULT_MAX_CONTEXTS, Chunk, StreamingGateStats, ngram_windows_from_history
 

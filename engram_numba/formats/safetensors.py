@@ -27,7 +27,7 @@ from .gguf import TensorInfo, check_no_overlap, check_regular_file
 MAX_HEADER_BYTES = 100 * 2**20     # the safetensors library's own limit
 # dtype -> (bytes per element, numpy dtype of the raw view, ml_dtypes name of the typed view or None)
 DTYPES: dict[str, tuple[int, str, str | None]] = {
-    "BOOL": (1, "u1", None), "U8": (1, "u1", None), "I8": (1, "i1", None),
+    "BOOL": (1, "?", None), "U8": (1, "u1", None), "I8": (1, "i1", None),
     "F8_E4M3": (1, "u1", "float8_e4m3fn"), "F8_E5M2": (1, "u1", "float8_e5m2"), "F8_E8M0": (1, "u1", "float8_e8m0fnu"),
     "U16": (2, "<u2", None), "I16": (2, "<i2", None), "F16": (2, "<f2", None), "BF16": (2, "<u2", "bfloat16"),
     "U32": (4, "<u4", None), "I32": (4, "<i4", None), "F32": (4, "<f4", None),
@@ -65,7 +65,7 @@ class SafetensorsFile:
         try:
             header = json.loads(text.decode("utf-8"))
         except (UnicodeDecodeError, json.JSONDecodeError) as exc:
-            raise SafetensorsHeaderError(f"{self.path}: the header is not valid JSON ({exc})") from None
+            raise SafetensorsHeaderError(f"{self.path}: the header is not JSON (not valid JSON: {exc})") from None
         if not isinstance(header, dict):
             raise SafetensorsHeaderError(f"{self.path}: the header is a JSON {type(header).__name__}, not an object")
         meta = header.pop("__metadata__", None) or {}
@@ -168,3 +168,43 @@ def write_safetensors(path, tensors: dict, metadata: dict | None = None) -> Path
                 f.write(np.ascontiguousarray(data).reshape(-1).view(np.uint8))
         f.truncate(start + pos)
     return path
+
+
+_NUMPY_DTYPES = {np.dtype(np.float64): "F64", np.dtype(np.float32): "F32", np.dtype(np.float16): "F16",
+                 np.dtype(np.int64): "I64", np.dtype(np.int32): "I32", np.dtype(np.int16): "I16",
+                 np.dtype(np.int8): "I8", np.dtype(np.uint64): "U64", np.dtype(np.uint32): "U32",
+                 np.dtype(np.uint16): "U16", np.dtype(np.uint8): "U8", np.dtype(np.bool_): "BOOL"}
+
+
+def write_arrays(path, arrays: dict, metadata: dict | None = None, bf16_names=()) -> Path:
+    """`write_safetensors` for plain numpy arrays: the dtype follows the array's; uint16 arrays
+    named in `bf16_names`, and ml_dtypes.bfloat16 arrays, are stored as BF16."""
+    tensors = {}
+    bf16_names = set(bf16_names)
+    for name, arr in arrays.items():
+        a = np.ascontiguousarray(arr)
+        if a.dtype.name == "bfloat16":
+            a, dt = a.view(np.uint16), "BF16"
+        elif name in bf16_names:
+            if a.dtype != np.uint16:
+                raise ValueError(f"{name}: bf16 words must be uint16, got {a.dtype}")
+            dt = "BF16"
+        else:
+            dt = _NUMPY_DTYPES.get(a.dtype)
+            if dt is None:
+                raise ValueError(f"{name}: dtype {a.dtype} cannot be written to safetensors")
+        tensors[name] = (dt, a.shape, a)
+    return write_safetensors(path, tensors, metadata)
+
+
+def is_safetensors(path) -> bool:
+    """True when the file's first 8 bytes are a plausible safetensors header length followed by '{'."""
+    try:
+        with open(path, "rb") as f:
+            head = f.read(9)
+    except OSError:
+        return False
+    if len(head) < 9 or head[8:9] != b"{":
+        return False
+    (n,) = struct.unpack("<Q", head[:8])
+    return 0 < n <= MAX_HEADER_BYTES
