@@ -114,13 +114,7 @@ def _load(path: Path | None):
 
 
 def _tokens(args, model, fallback):
-    tokens = fallback if args.tokens is None else parse_token_list(args.tokens)
-    vocab = model.hash_tables.token_map.size
-    bad = (tokens < 0) | (tokens >= vocab)
-    if bad.any():
-        i = int(np.argmax(bad))
-        raise UserError(f"token id {int(tokens[i])} at position {i} is outside the model's token map [0, {vocab})")
-    return tokens
+    return _check_ids(fallback if args.tokens is None else parse_token_list(args.tokens), model)
 
 
 # commands ----------------------------------------------------------------------------------------

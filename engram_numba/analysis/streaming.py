@@ -69,6 +69,24 @@ STATE_VERSION = 1
 
 # The per-element reducer ----------------------------------------------------------------------
 
+@njit(cache=True, nogil=True, inline="always")
+def _add_exact(bits, s1, s2, c):  # pragma: no cover - jitted
+    """Add one fp32 value (its bits) to the exponent-binned integer sums s1 (of the signed
+    significand) and s2 (of its square) of column c; returns (exponent bin, significand)."""
+    e = (bits >> 23) & 0xFF
+    m = np.int64(bits & 0x7FFFFF)
+    if e == 0:
+        e = 1                                                 # denormals share the first bin
+    else:
+        m |= 0x800000
+    if bits >> 31:
+        s1[c, e] -= m
+    else:
+        s1[c, e] += m
+    s2[c, e] += m * m
+    return e, m
+
+
 @njit(cache=True, nogil=True)
 def _reduce_layer(gate_bits, dot_bits, gate, dot, live, cids, g1, g2, d1, d2, dabs, counts, minmax,
                   fine, tok_sum, fine_bins, clamp):  # pragma: no cover - jitted
@@ -89,18 +107,7 @@ def _reduce_layer(gate_bits, dot_bits, gate, dot, live, cids, g1, g2, d1, d2, da
                 counts[c, 1] += 1
             else:
                 counts[c, 0] += 1
-                bits = gate_bits[t, c]
-                e = (bits >> 23) & 0xFF
-                m = np.int64(bits & 0x7FFFFF)
-                if e == 0:
-                    e = 1
-                else:
-                    m |= 0x800000
-                if bits >> 31:
-                    g1[c, e] -= m
-                else:
-                    g1[c, e] += m
-                g2[c, e] += m * m
+                e, m = _add_exact(gate_bits[t, c], g1, g2, c)
                 gv = np.float64(g)
                 if gv < minmax[c, 0]:
                     minmax[c, 0] = gv
@@ -118,18 +125,7 @@ def _reduce_layer(gate_bits, dot_bits, gate, dot, live, cids, g1, g2, d1, d2, da
                 counts[c, 5] += 1
                 continue
             counts[c, 3] += 1
-            bits = dot_bits[t, c]
-            e = (bits >> 23) & 0xFF
-            m = np.int64(bits & 0x7FFFFF)
-            if e == 0:
-                e = 1
-            else:
-                m |= 0x800000
-            if bits >> 31:
-                d1[c, e] -= m
-            else:
-                d1[c, e] += m
-            d2[c, e] += m * m
+            e, m = _add_exact(dot_bits[t, c], d1, d2, c)
             dabs[c, e] += m
             dv = np.float64(d)
             if dv < minmax[c, 2]:

@@ -13,6 +13,7 @@ from numba import njit
 
 from ..config import check_layer_id
 from ..stages.hash.tables import INT64_MAX
+from ..stages.proj.weights import wkv_to_bf16
 from .errors import EngramFileError, HashOverflowError
 from .rowcheck import nonfinite_rows
 
@@ -130,12 +131,6 @@ class EngramRowReader:
 
 
 # wkv -------------------------------------------------------------------------------------------
-
-def wkv_to_bf16(raw, encoding: str, scales=None, chunk_rows: int = 1024) -> np.ndarray:
-    """The projection as the GEMM uses it: uint16 bf16 words [N, K] (the stages' wkv library)."""
-    from ..stages.proj.weights import wkv_to_bf16 as decode
-    return decode(raw, encoding, scales=scales, chunk_rows=chunk_rows)
-
 
 # The layer -------------------------------------------------------------------------------------
 

@@ -40,6 +40,17 @@ def device_cc():
     return tuple(cuda.get_current_device().compute_capability)
 
 
+def _output(out, T: int, N: int, stream):
+    """out checked as device uint16 [T, N], or allocated on `stream` when None."""
+    if out is None:
+        return cuda.device_array((T, N), dtype=np.uint16, stream=stream)
+    out = as_device_array(out, "out")
+    _check_bf16_matrix(out, "out", "[T, N]")
+    if tuple(out.shape) != (T, N):
+        raise ValueError(f"out must be [T, N] = {(T, N)}, got {tuple(out.shape)}")
+    return out
+
+
 def context(T: int, K: int, N: int, aligned: bool, weight: str = "bf16", cc=None) -> dict:
     """What the default rules of the proj records look at (cc: the device's compute capability,
     taken from the current device when not given)."""
@@ -75,13 +86,7 @@ def prepare_project(x, wkv, out=None, *, stream=0, version=None):
         raise ValueError(f"K = {K} must be a positive multiple of 8 (rows are read as 16-byte chunks)")
     aligned = data_address(x) % 16 == 0 and data_address(wkv) % 16 == 0
     rec = pick(max(T, 1), K, N, aligned, version)
-    if out is None:
-        out = cuda.device_array((T, N), dtype=np.uint16, stream=stream)
-    else:
-        out = as_device_array(out, "out")
-        _check_bf16_matrix(out, "out", "[T, N]")
-        if tuple(out.shape) != (T, N):
-            raise ValueError(f"out must be [T, N] = {(T, N)}, got {tuple(out.shape)}")
+    out = _output(out, T, N, stream)
     if not (T and N):
         return NoLaunch(rec.name, out)
     return rec.prepare(x, wkv, out, stream=stream)
@@ -153,13 +158,7 @@ def prepare_project_q(x, wkv_raw, wkv_scales=None, out=None, *, weight: str, str
     wkv_raw, wkv_scales, N, w_aligned = check_quant_weight(wkv_raw, wkv_scales, K, weight)
     aligned = data_address(x) % 16 == 0 and w_aligned
     rec = pick(max(T, 1), K, N, aligned, version, weight)
-    if out is None:
-        out = cuda.device_array((T, N), dtype=np.uint16, stream=stream)
-    else:
-        out = as_device_array(out, "out")
-        _check_bf16_matrix(out, "out", "[T, N]")
-        if tuple(out.shape) != (T, N):
-            raise ValueError(f"out must be [T, N] = {(T, N)}, got {tuple(out.shape)}")
+    out = _output(out, T, N, stream)
     if not (T and N):
         return NoLaunch(rec.name, out)
     return rec.prepare(x, wkv_raw, wkv_scales, out, stream=stream)
