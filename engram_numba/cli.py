@@ -261,6 +261,36 @@ def _stats_out_dir(path: str) -> Path:
     return out
 
 
+def _stats_on_dask(args, model, files, tokenizer_path, out):
+    """`stats --workers N` / `--scheduler ADDRESS`: the corpus in shards over Dask workers."""
+    from .analysis import distributed as dist
+    if args.workers is not None and args.scheduler is not None:
+        raise UserError("give --workers (a cluster on this host) or --scheduler (an existing one), not both")
+    if args.workers is not None and args.workers < 1:
+        raise UserError(f"--workers must be >= 1, got {args.workers}")
+    if args.shard_mb <= 0:
+        raise UserError(f"--shard-mb must be > 0, got {args.shard_mb}")
+    for flag, bad in (("--continuous", args.continuous), ("--limit-tokens", args.limit_tokens is not None),
+                      ("--token-table", args.token_table)):
+        if bad:
+            raise UserError(f"{flag} needs the corpus in one process: drop --workers/--scheduler for it")
+    try:
+        dist.require_distributed("--workers/--scheduler")
+    except ImportError as exc:
+        raise UserError(str(exc)) from None
+    try:
+        st = dist.distributed_corpus_stats(
+            model.path, files, out=out, workers=args.workers, scheduler=args.scheduler,
+            shard_bytes=max(1, int(args.shard_mb * (1 << 20))), backend=args.backend, chunk_tokens=args.chunk_tokens,
+            tokenizer=tokenizer_path, field=args.field, split=args.split, fmt=args.format,
+            max_contexts=args.max_contexts, contexts=not args.no_contexts, rows=not args.no_rows,
+            residual=args.residual, progress=True)
+    except RuntimeError as exc:
+        raise UserError(str(exc)) from None
+    print(dist.RunSummary(**{k: v for k, v in st.meta["distributed"].items() if k not in ("tokens_per_s",)}))
+    return st
+
+
 def cmd_stats(args) -> int:
     import matplotlib
     matplotlib.use("Agg")
@@ -320,11 +350,14 @@ def cmd_stats(args) -> int:
         if args.token_table:
             token_table = out / ("tokens_long." + args.tables)
         t0 = time.perf_counter()
-        st = corpus_stats(model, files, backend=args.backend, chunk_tokens=args.chunk_tokens,
+        if args.workers is not None or args.scheduler is not None:
+            st = _stats_on_dask(args, model, files, tokenizer_path, out)
+        else:
+            st = corpus_stats(model, files, backend=args.backend, chunk_tokens=args.chunk_tokens,
                           continuous=args.continuous, tokenizer=tokenizer_path, field=args.field, split=args.split,
-                          fmt=args.format, limit_tokens=args.limit_tokens, max_contexts=args.max_contexts,
-                          contexts=not args.no_contexts, rows=not args.no_rows, progress=True,
-                          residual=args.residual, token_table=token_table)
+                              fmt=args.format, limit_tokens=args.limit_tokens, max_contexts=args.max_contexts,
+                              contexts=not args.no_contexts, rows=not args.no_rows, progress=True,
+                              residual=args.residual, token_table=token_table)
         wall = time.perf_counter() - t0
         print(f"streamed {st.n_documents} documents, {st.n_tokens} tokens through {st.meta['backends']} in "
               f"{wall:.2f} s ({st.n_tokens / max(wall, 1e-9):,.0f} tokens/s)")
@@ -627,7 +660,7 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--backend", type=backend_spec, default="cpu",
                    help="reference | cpu | cuda, or per stage (default cpu)")
     s.add_argument("--out", default="engram_stats", help="output folder (default engram_stats)")
-    s.add_argument("--format", choices=["text", "jsonl", "npy", "ids", "highway"], default=None,
+    s.add_argument("--format", choices=["text", "jsonl", "npy", "ids", "highway", "parquet", "arrow"], default=None,
                    help="corpus format of every file (default: by suffix; other suffixes are text)")
     s.add_argument("--field", default="text", help="JSONL field holding the text or token ids (default text)")
     s.add_argument("--split", choices=["line", "paragraph", "file"], default="line",
@@ -646,6 +679,16 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--token-table", action="store_true", help="also write the long per-token table")
     s.add_argument("--residual", choices=["fp32", "bf16"], default="fp32")
     s.add_argument("--merge", action="store_true", help="merge saved statistics (CORPUS = stats.npz files)")
+    s.add_argument("--workers", type=int, default=None,
+                   help="run on a Dask cluster of N workers on this host (one per GPU with --backend cuda, else CPU "
+                        "workers); shard results go to OUT/parts/ and a rerun skips finished shards "
+                        "(needs the distributed extra)")
+    s.add_argument("--scheduler", default=None,
+                   help="run on an existing Dask cluster (`dask scheduler` + `dask worker` on each host), e.g. "
+                        "tcp://head:8786; --out must be on a file system every worker shares")
+    s.add_argument("--shard-mb", type=float, default=32.0,
+                   help="with --workers/--scheduler: cut corpus files into shards of about this many MB "
+                        "(on document boundaries; default 32)")
     s.set_defaults(func=cmd_stats)
 
     s = sub.add_parser("diff", help="diff two backends stage by stage, two models, or two saved captures")

@@ -10,12 +10,15 @@ What a corpus is (`corpus` is a path, or a list of paths; a folder means its fil
                          list of raw token ids
     *.npy                token ids: a 1-D array is one document, a 2-D array one per row
     *.ids                token ids as whitespace-separated integers, one document per line
+    *.parquet            one document per row of the column `field` (text, or a list of token ids)
+    *.arrow / a folder   Arrow IPC files, as parquet; a folder written by Hugging Face datasets'
+                         `save_to_disk` (state.json + dataset_info.json) is its Arrow files in order
     *.safetensors        a highway file (engram_numba.load_highway): one document whose token
                          ids and hidden states come from another engine
     anything else        text, UTF-8: one document per line (split="line", the default), per
                          paragraph (split="paragraph": blocks separated by blank lines), or the
                          whole file (split="file"); empty documents are skipped
-`fmt` forces one of "text", "jsonl", "npy", "ids", "highway" for every file. In memory:
+`fmt` forces one of FORMATS for every file. In memory:
 `texts=[...]` (strings) or `documents=[...]` (int arrays, or HighwayFile objects).
 
 Each document is a fresh sequence (its own hash history, positions from 0, its own BOS when the
@@ -53,7 +56,7 @@ from ..highway import HighwayFile, load_highway
 from ..stages.hash.cpu import EngramHasher
 from .streaming import DEFAULT_MAX_CONTEXTS, Chunk, StreamingGateStats, ngram_windows_from_history
 
-FORMATS = ("text", "jsonl", "npy", "ids", "highway")
+FORMATS = ("text", "jsonl", "npy", "ids", "highway", "parquet", "arrow")
 SPLITS = ("line", "paragraph", "file")
 SYNTHETIC_CORPUS = ("synthetic (N(0,1) by position in the sequence, seed 0, as Pipeline.run draws it; "
                     "no transformer blocks)")
@@ -86,6 +89,10 @@ def corpus_format(path, fmt: str | None = None) -> str:
         return "npy"
     if suffix == ".ids":
         return "ids"
+    if suffix == ".parquet":
+        return "parquet"
+    if suffix == ".arrow":
+        return "arrow"
     if suffix == ".safetensors" or is_safetensors(p):
         return "highway"
     return "text"
@@ -94,7 +101,8 @@ def corpus_format(path, fmt: str | None = None) -> str:
 def corpus_files(corpus) -> list[Path]:
     """The files of a corpus argument (a path or a list of them; a folder is its files, sorted),
     each checked to exist before any work."""
-    items = [corpus] if isinstance(corpus, (str, os.PathLike)) else list(corpus)
+    from .shards import expand_dataset_dirs
+    items = expand_dataset_dirs(corpus)
     out = []
     for item in items:
         if not isinstance(item, (str, os.PathLike)):
@@ -115,21 +123,23 @@ def corpus_files(corpus) -> list[Path]:
     return out
 
 
-def _text_documents(path: Path, split: str) -> Iterator[tuple[str, str]]:
-    with open(path, encoding="utf-8") as f:
+def _text_documents(path: Path, split: str, stream=None, first_line: int = 1) -> Iterator[tuple[str, str]]:
+    """stream, first_line: read a part of the file (an open text stream) whose first line has
+    that number (a shard, analysis/shards.py)."""
+    with (open(path, encoding="utf-8") if stream is None else stream) as f:
         if split == "file":
             t = f.read()
             if t.strip():
                 yield f"{path}", t
             return
         if split == "line":
-            for i, line in enumerate(f, 1):
+            for i, line in enumerate(f, first_line):
                 line = line.rstrip("\n")
                 if line.strip():
                     yield f"{path}:{i}", line
             return
-        block, start = [], 1
-        for i, line in enumerate(f, 1):
+        block, start = [], first_line
+        for i, line in enumerate(f, first_line):
             if line.strip():
                 if not block:
                     start = i
@@ -141,9 +151,9 @@ def _text_documents(path: Path, split: str) -> Iterator[tuple[str, str]]:
             yield f"{path}:{start}", "".join(block).rstrip("\n")
 
 
-def _jsonl_documents(path: Path, field: str) -> Iterator[tuple[str, object]]:
-    with open(path, encoding="utf-8") as f:
-        for i, line in enumerate(f, 1):
+def _jsonl_documents(path: Path, field: str, stream=None, first_line: int = 1) -> Iterator[tuple[str, object]]:
+    with (open(path, encoding="utf-8") if stream is None else stream) as f:
+        for i, line in enumerate(f, first_line):
             if not line.strip():
                 continue
             where = f"{path}:{i}"
@@ -167,7 +177,7 @@ def _jsonl_documents(path: Path, field: str) -> Iterator[tuple[str, object]]:
                                  f"got {type(value).__name__}")
 
 
-def _id_documents(path: Path, fmt: str) -> Iterator[tuple[str, np.ndarray]]:
+def _id_documents(path: Path, fmt: str, stream=None, first_line: int = 1) -> Iterator[tuple[str, np.ndarray]]:
     if fmt == "npy":
         arr = np.load(path, allow_pickle=False, mmap_mode="r")
         if arr.size and (not np.issubdtype(arr.dtype, np.integer) or arr.dtype == np.bool_):
@@ -181,8 +191,8 @@ def _id_documents(path: Path, fmt: str) -> Iterator[tuple[str, np.ndarray]]:
         else:
             raise ValueError(f"{path}: expected a 1-D (one document) or 2-D (one per row) array, got shape {arr.shape}")
         return
-    with open(path, encoding="utf-8") as f:
-        for i, line in enumerate(f, 1):
+    with (open(path, encoding="utf-8") if stream is None else stream) as f:
+        for i, line in enumerate(f, first_line):
             parts = line.split()
             if not parts:
                 continue
@@ -245,6 +255,9 @@ def iter_documents(files=None, *, texts=None, documents=None, tokenizer=None, fi
         elif kind in ("npy", "ids"):
             for name, ids in _id_documents(path, kind):
                 yield Document(name, ids)
+        elif kind in ("parquet", "arrow"):
+            from .shards import record_documents
+            yield from encoded(record_documents(path, kind, field))
         else:
             hw = load_highway(path, model)
             yield Document(str(path), hw.token_ids, hw.token_mask, hw)

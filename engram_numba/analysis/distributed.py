@@ -1,0 +1,549 @@
+"""Corpus statistics on Dask distributed: every GPU of a node, or several nodes, one exact result.
+
+    st = distributed_corpus_stats("model.gguf", "corpus/", out="study", workers=8, backend="cuda")
+    st = distributed_corpus_stats("model.gguf", "corpus/", out="study", client=Client("tcp://host:8786"))
+    engram-numba stats corpus/ --model model.gguf --backend cuda --workers 8 --out study
+    engram-numba stats corpus/ --model model.gguf --backend cuda --scheduler tcp://host:8786 --out study
+
+How it runs:
+- The corpus is cut into shards (`analysis/shards.py`: files, or byte / record ranges of large
+  files, always on document boundaries). One Dask task per shard runs `corpus_stats` on it and
+  returns its mergeable statistics (`StreamingGateStats`); the shards' statistics are summed in a
+  binary tree in shard order, on the workers, and only the total comes to the client. No
+  per-token array ever crosses the network: a task takes a shard's description (its file, its
+  byte or record range) and gives statistics back.
+- Each worker opens the model once (a memory map) and builds its pipeline (for the cuda backend
+  its `EngramV41` with device tables, on the one GPU its CUDA_VISIBLE_DEVICES shows it) once,
+  kept in the worker process (`resident`) and reused by every task with the same model and
+  settings. Tables are never pickled or sent.
+- Every shard's statistics are written to OUT/parts/shard-NNNNN.npz as it finishes (written to a
+  temporary name, then renamed: a file there is whole), with the model's identity, the settings
+  and the shard's description inside. Running the same study again skips the shards whose files
+  are there, and a file made by another model, other settings, another cut of the corpus or a
+  corpus file that changed since is refused by name, as is one that cannot be read.
+- A worker that dies mid-run has its tasks (and any merge that lived in its memory) recomputed by
+  Dask on the others; shards are pure functions of their description, so the result is the same.
+- The result equals `corpus_stats` on the same corpus in one process, exactly (every count,
+  histogram, exact moment, token and context table, row bitmap): every document is a fresh
+  sequence, so no hash history, position or n-gram window crosses a shard boundary. Two things
+  depend on how the work was cut and are kept deterministic rather than equal: `n_chunks` (the
+  chunks each shard was packed into) and, once a context table reaches its cap and prunes, which
+  contexts survive (pruning happens where tables are full: after a chunk, a shard or a merge, as
+  it already does between chunks in one process). Merging in a fixed tree over shard order makes
+  both independent of which worker ran what and when. With the cuda backend and a quantised
+  `wkv`, a chunk of at most 16 tokens takes the GEMV kernel and a longer one the GEMM: their fp32
+  sums round differently, so the last chunk of each shard can differ in the last bf16 bit from
+  the one-process run (cpu and reference backends: exact).
+- Not supported across shards (refused): `continuous=True` (one sequence over the whole corpus),
+  `limit_tokens` and the per-token table.
+
+The output folder must be visible at the same path to every worker (one host, or a shared file
+system); the run checks it before any work. Dask is the optional `distributed` extra.
+"""
+from __future__ import annotations
+
+import json
+import os
+import socket
+import threading
+import time
+from dataclasses import dataclass, field as dc_field
+from pathlib import Path
+
+import numpy as np
+
+from .shards import DEFAULT_SHARD_BYTES, Shard, plan_documents, plan_shards, shard_documents
+from .streaming import DEFAULT_MAX_CONTEXTS, StreamingGateStats
+
+DISTRIBUTED_EXTRA = "pip install 'engram-numba[distributed]'  (dask and distributed)"
+PARTS = "parts"
+PART_VERSION = 1
+DEFAULT_DOCS_PER_SHARD = 256        # in-memory documents per shard
+
+
+def require_distributed(what: str = "running on Dask"):
+    """The `distributed` module, or an ImportError that says how to install it."""
+    try:
+        import distributed
+    except ImportError:
+        raise ImportError(f"{what} needs Dask distributed, which is not installed: {DISTRIBUTED_EXTRA}") from None
+    return distributed
+
+
+def _jsonable(x):
+    return json.loads(json.dumps(x, sort_keys=True, default=str))
+
+
+# The model, opened once per worker -------------------------------------------------------------
+
+class PathModel:
+    """A model file (any format `load_model` opens), opened on each worker from its path."""
+
+    def __init__(self, path):
+        self.path = str(Path(path).resolve())
+
+    @property
+    def key(self) -> str:
+        return self.path
+
+    def open(self, settings: dict):
+        """(model, engine or None: the pipeline builds its own)."""
+        from ..formats.load import load_model
+        return load_model(self.path), None
+
+
+def model_identity(model) -> dict:
+    """What a partial result was computed with: the model's path, shapes and a digest of its hash
+    constants, token map and gate vectors (a digest of every table would read hundreds of GB)."""
+    import hashlib
+    cfg, t = model.config, model.hash_tables
+    h = hashlib.sha256()
+    desc = {"layer_ids": list(cfg.layer_ids), "dim": cfg.dim, "hc": cfg.hc, "n_hash_cols": cfg.n_hash_cols,
+            "table_rows": [int(x) for x in t.table_rows], "pad_id": int(t.pad_id)}
+    h.update(json.dumps(desc, sort_keys=True).encode())
+    for a in (t.multipliers, t.primes, t.offsets, t.token_map):
+        h.update(np.ascontiguousarray(a).tobytes())
+    for lid in cfg.layer_ids:
+        layer = model.layers[lid] if hasattr(model, "layers") else None
+        for name in ("q_weight", "k_weight"):
+            v = getattr(layer, name, None)
+            if v is not None:
+                h.update(np.ascontiguousarray(v).tobytes())
+    return {"path": str(getattr(model, "path", "")), "sha256": h.hexdigest(), **desc}
+
+
+@dataclass
+class _Resident:
+    model: object
+    engine: object
+    tokenizer: object
+    identity: dict
+    synthetic: object = None            # the device-cached synthetic highway (cuda pipelines)
+    lock: object = dc_field(default_factory=threading.Lock)     # one task at a time on an engine
+
+
+_RESIDENT: dict = {}                 # in each worker process: key -> _Resident
+_RESIDENT_LOCK = threading.Lock()
+
+
+def resident(source, settings: dict) -> _Resident:
+    """This process's opened model and engine for `source` and these settings (built once)."""
+    key = (source.key, json.dumps(_jsonable({k: settings.get(k) for k in
+                                             ("backend", "residual", "chunk_tokens", "cuda_versions", "tokenizer")}),
+                                  sort_keys=True))
+    with _RESIDENT_LOCK:
+        r = _RESIDENT.get(key)
+        if r is not None:
+            return r
+        from ..pipeline import Pipeline
+        from ..text import NoTokenizerError, tokenizer_for
+        model, engine = source.open(settings)
+        pipe = Pipeline(model, settings["backend"], residual=settings["residual"],
+                        cuda_versions=settings["cuda_versions"])
+        if engine is None and pipe.device_resident:
+            engine = pipe._impl["cuda"]._engine_for(int(settings["chunk_tokens"]))
+        try:
+            tok = tokenizer_for(model, settings["tokenizer"])
+        except NoTokenizerError:
+            if settings["tokenizer"] is not None:
+                raise
+            tok = None
+        synth = None
+        if engine is not None:
+            from .corpus import DeviceSyntheticBlocks
+            synth = DeviceSyntheticBlocks(model.config.hc, model.config.dim, int(settings["chunk_tokens"]))
+        r = _Resident(model, engine, tok, model_identity(model), synth)
+        _RESIDENT[key] = r
+        return r
+
+
+# One shard ----------------------------------------------------------------------------------------
+
+def part_path(out, index: int) -> Path:
+    return Path(out) / PARTS / f"shard-{index:05d}.npz"
+
+
+def _expected(identity: dict, settings: dict, shard: Shard) -> dict:
+    return _jsonable({"version": PART_VERSION, "model": identity["sha256"], "settings": settings,
+                      "shard": shard.spec()})
+
+
+def write_partial(st: StreamingGateStats, path: Path) -> None:
+    """Save to a temporary name in the same folder, then rename: a partial file is whole or absent."""
+    tmp = path.with_name(f".{path.stem}.{os.getpid()}.{threading.get_ident()}.tmp.npz")
+    try:
+        st.save(tmp)
+        os.replace(tmp, path)
+    finally:
+        if tmp.exists():
+            tmp.unlink()
+
+
+def read_partial_header(path: Path) -> dict:
+    """The partial-result description inside a shard file; a clear error when it is not one."""
+    try:
+        with np.load(path, allow_pickle=False) as f:
+            head = json.loads(str(f["__state__"]))
+        return head["meta"]["partial"]
+    except Exception as exc:  # noqa: BLE001 - any failure means the file is not a usable partial
+        raise ValueError(f"partial statistics file {path} cannot be read ({type(exc).__name__}: {exc}); "
+                         "delete it and run again to recompute that shard") from None
+
+
+def check_partial(path: Path, want: dict) -> None:
+    """Refuse, by name, a partial file made for another study."""
+    have = read_partial_header(path)
+    diffs = []
+    for k in ("version", "model", "settings", "shard"):
+        if have.get(k) != want[k]:
+            if isinstance(want[k], dict) and isinstance(have.get(k), dict):
+                keys = sorted(set(want[k]) | set(have[k]))
+                diffs += [f"{k}.{x}: {have[k].get(x)!r} here, {want[k].get(x)!r} now" for x in keys
+                          if have[k].get(x) != want[k].get(x)]
+            else:
+                diffs.append(f"{k}: {have.get(k)!r} here, {want[k]!r} now")
+    if diffs:
+        raise ValueError(f"partial statistics file {path} belongs to another study (" + "; ".join(diffs[:4]) +
+                         "): delete it, or give another output folder")
+
+
+def run_shard(shard: Shard, documents, source, settings: dict, out, identity: dict) -> StreamingGateStats:
+    """One task: the statistics of one shard, written to its partial file, returned for the merge."""
+    from .corpus import corpus_stats
+    r = resident(source, settings)
+    if r.identity["sha256"] != identity["sha256"]:
+        raise ValueError(f"host {socket.gethostname()}: the model at {source.key} is not the one the client opened "
+                         "(its hash constants, token map or gate vectors differ): give every host the same file")
+    t0 = time.perf_counter()
+    docs = shard_documents(shard, tokenizer=r.tokenizer, field=settings["field"],
+                           add_special_tokens=settings["add_special_tokens"], model=r.model, documents=documents)
+    with r.lock:
+        st = corpus_stats(r.model, documents=docs, backend=settings["backend"], chunk_tokens=settings["chunk_tokens"],
+                          tokenizer=r.tokenizer, bins=settings["bins"], max_contexts=settings["max_contexts"],
+                          contexts=settings["contexts"], rows=settings["rows"], residual=settings["residual"],
+                          cuda_versions=settings["cuda_versions"], engine=r.engine,
+                          device_highway=None if r.synthetic is None else r.synthetic.device)
+    st.tokenizer = None
+    st.meta["corpus"] = shard.name
+    st.meta["partial"] = _expected(identity, settings, shard)
+    st.meta["shard_run"] = {"shard": shard.index, "worker": _worker_name(), "seconds": time.perf_counter() - t0,
+                            "tokens": st.n_tokens}
+    if out is not None:
+        write_partial(st, part_path(out, shard.index))
+    return st
+
+
+def load_partial(path) -> StreamingGateStats:
+    return StreamingGateStats.load(path)
+
+
+def _merge_two(a: StreamingGateStats, b: StreamingGateStats) -> StreamingGateStats:
+    return a + b
+
+
+def _shard_info(st: StreamingGateStats) -> dict:
+    return dict(st.meta.get("shard_run", {}))
+
+
+def _worker_name() -> str:
+    try:
+        from distributed import get_worker
+        w = get_worker()
+        return str(w.name if w.name is not None else w.address)
+    except Exception:  # noqa: BLE001 - not on a Dask worker
+        return f"{socket.gethostname()}:{os.getpid()}"
+
+
+def _visible(path: str) -> bool:
+    return os.path.isdir(path) and os.access(path, os.W_OK)
+
+
+# Clusters ----------------------------------------------------------------------------------------
+
+def visible_gpus() -> list[str]:
+    """The GPUs this host shows (CUDA_VISIBLE_DEVICES, else nvidia-smi), without starting CUDA here."""
+    env = os.environ.get("CUDA_VISIBLE_DEVICES")
+    if env is not None:
+        return [x.strip() for x in env.split(",") if x.strip() and x.strip() != "-1"]
+    import shutil
+    import subprocess
+    if shutil.which("nvidia-smi") is None:
+        return []
+    try:
+        out = subprocess.run(["nvidia-smi", "-L"], capture_output=True, text=True, timeout=20).stdout
+    except (OSError, subprocess.SubprocessError):
+        return []
+    return [str(i) for i, line in enumerate(l for l in out.splitlines() if l.startswith("GPU "))]
+
+
+def uses_gpu(backend) -> bool:
+    """The backend runs a stage with @cuda.jit on a real GPU (not the simulator)."""
+    from numba.cuda import config
+    if config.ENABLE_CUDASIM:
+        return False
+    stages = backend.values() if isinstance(backend, dict) else [backend]
+    return "cuda" in stages
+
+
+def local_cluster(n_workers: int | None = None, *, gpu: bool = False, dashboard: bool = True, gpus=None):
+    """A Dask cluster on this host: one worker process per GPU (gpu=True; n_workers > GPUs puts
+    several on each, round robin; each sees only its own GPU through CUDA_VISIBLE_DEVICES), or
+    n_workers CPU workers sharing the cores. Workers are spawned processes (never forked, so no
+    CUDA context or OpenMP pool is inherited), one task at a time each."""
+    distributed = require_distributed("a local cluster")
+    import dask
+    from distributed import Nanny, Scheduler, SpecCluster
+    cores = os.cpu_count() or 1
+    if gpu:
+        gpus = list(gpus) if gpus is not None else visible_gpus()
+        if not gpus:
+            raise RuntimeError("the cuda backend needs a GPU, and this host shows none (CUDA_VISIBLE_DEVICES, nvidia-smi)")
+        n = len(gpus) if n_workers is None else int(n_workers)
+    else:
+        n = max(1, cores) if n_workers is None else int(n_workers)
+    if n < 1:
+        raise ValueError(f"workers must be at least 1, got {n}")
+    threads = str(max(1, cores // n))
+    specs = {}
+    for i in range(n):
+        env = {"NUMBA_NUM_THREADS": threads, "OMP_NUM_THREADS": threads}
+        if gpu:
+            env["CUDA_VISIBLE_DEVICES"] = str(gpus[i % len(gpus)])
+        specs[f"engram-{i}"] = {"cls": Nanny, "options": {"nthreads": 1, "env": env, "name": f"engram-{i}"}}
+    with dask.config.set({"distributed.worker.multiprocessing-method": "spawn",
+                          "distributed.scheduler.worker-ttl": None}):
+        cluster = SpecCluster(workers=specs, scheduler={"cls": Scheduler, "options": {
+            "dashboard_address": ":0" if dashboard else None, "dashboard": dashboard}},
+            silence_logs=40, name="engram-numba")
+    del distributed
+    return cluster
+
+
+# The driver ---------------------------------------------------------------------------------------
+
+@dataclass
+class RunSummary:
+    workers: int = 0
+    shards: int = 0
+    computed: int = 0
+    skipped: int = 0
+    tokens: int = 0
+    wall_s: float = 0.0
+    dashboard: str | None = None
+    per_worker: dict = dc_field(default_factory=dict)
+
+    def to_json(self) -> dict:
+        return {"workers": self.workers, "shards": self.shards, "computed": self.computed, "skipped": self.skipped,
+                "tokens": self.tokens, "wall_s": round(self.wall_s, 3),
+                "tokens_per_s": round(self.tokens / self.wall_s, 1) if self.wall_s > 0 else None,
+                "dashboard": self.dashboard, "per_worker": self.per_worker}
+
+    def __str__(self) -> str:
+        j = self.to_json()
+        lines = [f"{self.workers} worker(s), {self.shards} shard(s) ({self.computed} computed, {self.skipped} from "
+                 f"earlier partial files), {self.tokens:,} tokens computed in {self.wall_s:.2f} s"
+                 + (f" ({j['tokens_per_s']:,.0f} tokens/s)" if j["tokens_per_s"] else "")]
+        for w, d in sorted(self.per_worker.items()):
+            lines.append(f"  {w}: {d['shards']} shard(s), {d['tokens']:,} tokens, {d['busy_s']:.2f} s busy, "
+                         f"{d['tokens_per_s']:,.0f} tokens/s")
+        return "\n".join(lines)
+
+
+def _settings(backend, chunk_tokens, tokenizer, field, split, fmt, add_special_tokens, bins, max_contexts,
+              contexts, rows, residual, cuda_versions) -> dict:
+    tok = tokenizer
+    if tok is not None and not isinstance(tok, (str, os.PathLike)):
+        tok = getattr(tok, "source", None)
+        if tok is None:
+            raise ValueError("tokenizer= must be a path (a tokenizer.json, a folder or a GGUF) to run on Dask, so that "
+                             "every worker loads the same one")
+    return _jsonable({"backend": backend, "chunk_tokens": int(chunk_tokens),
+                      "tokenizer": None if tok is None else str(Path(tok).resolve()), "field": field, "split": split,
+                      "fmt": fmt, "add_special_tokens": bool(add_special_tokens), "bins": int(bins),
+                      "max_contexts": int(max_contexts), "contexts": bool(contexts), "rows": bool(rows),
+                      "residual": residual, "cuda_versions": cuda_versions})
+
+
+def distributed_corpus_stats(model, corpus=None, *, documents=None, out, client=None, workers: int | None = None,
+                             scheduler: str | None = None, shard_bytes: int = DEFAULT_SHARD_BYTES,
+                             docs_per_shard: int = DEFAULT_DOCS_PER_SHARD, backend="cpu", chunk_tokens: int = 4096,
+                             tokenizer=None, field: str = "text", split: str = "line", fmt: str | None = None,
+                             add_special_tokens: bool = True, bins: int = 20,
+                             max_contexts: int = DEFAULT_MAX_CONTEXTS, contexts: bool = True, rows: bool = True,
+                             residual: str = "fp32", cuda_versions: dict | None = None, progress: bool = True,
+                             log=print, continuous: bool = False, limit_tokens=None,
+                             token_table=None) -> StreamingGateStats:
+    """`corpus_stats` over Dask workers (module doc): the same statistics, exactly.
+
+    model:      a model path (every worker opens it), an opened model (its .path is used), or an
+                object with .key and .open(settings) -> (model, engine or None) (benchmarks).
+    corpus:     paths as `corpus_stats` takes them; or documents=[token-id arrays] (sent with the tasks).
+    out:        the output folder; shard results go to OUT/parts/ (resume: run the same call again).
+    client:     a distributed.Client; or scheduler="tcp://host:8786" (an existing cluster); or
+                workers=N: a local cluster of N workers (GPU backends: one per GPU by default).
+    shard_bytes: the size a file is cut at (documents never split); docs_per_shard for documents=.
+    The rest as `corpus_stats`. Returns the merged statistics; meta["distributed"] holds the run
+    summary (workers, shards, tokens, wall time, per-worker throughput).
+    """
+    from ..formats.load import load_model
+    from ..text import tokenizer_for
+    from .corpus import SYNTHETIC_CORPUS, _describe_corpus, corpus_files, corpus_format
+
+    if continuous:
+        raise ValueError("continuous=True runs the corpus as one sequence, which cannot be cut into shards: run it "
+                         "in one process (corpus_stats)")
+    if limit_tokens is not None:
+        raise ValueError("limit_tokens counts tokens in corpus order, which shards do not share: cut the corpus "
+                         "instead, or run it in one process")
+    if token_table is not None:
+        raise ValueError("the per-token table is written by one process: run corpus_stats for it")
+    if isinstance(chunk_tokens, bool) or not isinstance(chunk_tokens, (int, np.integer)) or chunk_tokens < 1:
+        raise ValueError(f"chunk_tokens must be a positive integer, got {chunk_tokens!r}")
+    if sum(x is not None for x in (client, workers, scheduler)) > 1:
+        raise ValueError("give one of client=, scheduler= and workers=")
+    if workers is not None and (isinstance(workers, bool) or int(workers) < 1):
+        raise ValueError(f"workers must be at least 1, got {workers!r}")
+    if corpus is None and documents is None:
+        raise ValueError("no corpus: give a path (or paths), or documents=[...]")
+    require_distributed("distributed_corpus_stats")
+    from distributed import Client, as_completed
+
+    # -- everything checked and planned before any cluster starts
+    if isinstance(model, (str, os.PathLike)):
+        source = PathModel(model)
+        opened = load_model(source.path)
+    elif hasattr(model, "key") and hasattr(model, "open"):
+        source = model
+        opened, _ = model.open({})
+    else:
+        if not Path(str(getattr(model, "path", ""))).exists():
+            raise ValueError("an opened model must have a .path the workers can open (or pass the path itself)")
+        source, opened = PathModel(model.path), model
+    identity = model_identity(opened)
+    settings = _settings(backend, chunk_tokens, tokenizer, field, split, fmt, add_special_tokens, bins, max_contexts,
+                         contexts, rows, residual, cuda_versions)
+    StreamingGateStats.empty(opened, bins=bins, max_contexts=max_contexts, contexts=contexts, rows=False)  # checks
+    files = corpus_files(corpus) if corpus is not None else []
+    kinds = {corpus_format(f, fmt) for f in files}
+    if "highway" in kinds and (len(kinds) > 1 or documents is not None):
+        raise ValueError("the corpus mixes documents with highway files and documents without: run them separately "
+                         "(a statistic over both would mix real and synthetic hidden states)")
+    if kinds & {"text", "jsonl", "parquet", "arrow"}:
+        tok = tokenizer_for(opened, settings["tokenizer"], need_encode="text" in kinds)
+    else:
+        tok = None
+    plan = [(s, None) for s in plan_shards(files, fmt=fmt, split=split, shard_bytes=shard_bytes, field=field)]
+    if documents is not None:
+        base = len(plan)
+        for s, docs in plan_documents(documents, docs_per_shard):
+            plan.append((Shard(base + s.index, s.path, s.kind, s.unit, s.start, s.stop, digest=s.digest), docs))
+    out = Path(out).resolve()
+    parts = out / PARTS
+    parts.mkdir(parents=True, exist_ok=True)
+    plan_file = parts / "plan.json"
+    plan_json = _jsonable({"version": PART_VERSION, "model": identity, "settings": settings,
+                           "shards": [s.spec() for s, _ in plan]})
+    if plan_file.exists():
+        try:
+            old = json.loads(plan_file.read_text(encoding="utf-8"))
+        except ValueError:
+            raise ValueError(f"{plan_file} cannot be read: delete {parts} to start the study again") from None
+        if old != plan_json:
+            what = [k for k in ("version", "model", "settings", "shards") if old.get(k) != plan_json[k]]
+            raise ValueError(f"{out} holds partial statistics of another study ({', '.join(what)} differ, see "
+                             f"{plan_file}): give another output folder, or delete {parts}")
+    else:
+        tmp = plan_file.with_suffix(".tmp")
+        tmp.write_text(json.dumps(plan_json, indent=1), encoding="utf-8")
+        os.replace(tmp, plan_file)
+    for stale in parts.glob(".shard-*.tmp.npz"):
+        stale.unlink(missing_ok=True)
+    done = {}
+    for s, _ in plan:
+        p = part_path(out, s.index)
+        if p.exists():
+            check_partial(p, _expected(identity, settings, s))
+            done[s.index] = p
+
+    # -- the cluster
+    own = None
+    if client is None:
+        if scheduler is not None:
+            client = Client(scheduler)
+        else:
+            own = local_cluster(workers, gpu=uses_gpu(backend))
+            client = Client(own)
+        owned_client = True
+    else:
+        owned_client = False
+    summary = RunSummary(shards=len(plan), skipped=len(done), computed=len(plan) - len(done))
+    try:
+        info = client.scheduler_info()
+        summary.workers = len(info.get("workers", {}))
+        if "dashboard" in info.get("services", {}):
+            summary.dashboard = client.dashboard_link
+            log(f"Dask dashboard: {summary.dashboard}")
+        seen = client.run(_visible, str(parts))
+        blind = [w for w, ok in seen.items() if not ok]
+        if blind:
+            raise ValueError(f"the output folder {out} is not writable at that path on worker(s) "
+                             f"{', '.join(map(str, blind[:4]))}: give a folder on a file system every worker shares")
+        t0 = time.perf_counter()
+        leaves, infos = [], []
+        for s, docs in plan:
+            if s.index in done:
+                leaves.append(client.submit(load_partial, str(done[s.index]), pure=False,
+                                            key=f"engram-load-{s.index}-{os.urandom(4).hex()}"))
+            else:
+                f = client.submit(run_shard, s, docs, source, settings, str(out), identity, pure=False,
+                                  key=f"engram-shard-{s.index}-{os.urandom(4).hex()}")
+                leaves.append(f)
+                infos.append(client.submit(_shard_info, f, pure=False))
+        level = leaves
+        while len(level) > 1:
+            nxt = [client.submit(_merge_two, level[i], level[i + 1], pure=False) if i + 1 < len(level) else level[i]
+                   for i in range(0, len(level), 2)]
+            level = nxt
+        total_f = level[0]
+        bar = None
+        if progress and infos:
+            from tqdm.auto import tqdm
+            bar = tqdm(total=len(plan), initial=len(done), desc="shards", unit="shard")
+        per = summary.per_worker
+        try:
+            for _, inf in as_completed(infos, with_results=True):
+                w = per.setdefault(inf["worker"], {"shards": 0, "tokens": 0, "busy_s": 0.0, "tokens_per_s": 0.0})
+                w["shards"] += 1
+                w["tokens"] += int(inf["tokens"])
+                w["busy_s"] += float(inf["seconds"])
+                w["tokens_per_s"] = w["tokens"] / w["busy_s"] if w["busy_s"] > 0 else 0.0
+                summary.tokens += int(inf["tokens"])
+                if bar is not None:
+                    el = time.perf_counter() - t0
+                    bar.set_postfix_str(f"{summary.tokens / max(el, 1e-9):,.0f} tok/s; " + ", ".join(
+                        f"{k} {v['tokens_per_s']:,.0f}" for k, v in sorted(per.items())), refresh=False)
+                    bar.update(1)
+            st = total_f.result()
+        finally:
+            if bar is not None:
+                bar.close()
+        summary.wall_s = time.perf_counter() - t0
+        for w in per.values():
+            w["busy_s"] = round(w["busy_s"], 3)
+            w["tokens_per_s"] = round(w["tokens_per_s"], 1)
+    finally:
+        if owned_client:
+            client.close()
+        if own is not None:
+            own.close()
+    st.tokenizer = tok
+    for k in ("partial", "shard_run"):
+        st.meta.pop(k, None)
+    st.meta.update({"model": identity["path"], "corpus": _describe_corpus(files, None, documents),
+                    "highway": (f"imported from {len(files)} highway file(s)" if kinds == {"highway"} else
+                                SYNTHETIC_CORPUS),
+                    "tokenizer": getattr(tok, "source", None) if tok is not None else st.meta.get("tokenizer"),
+                    "tokens_per_s": summary.to_json()["tokens_per_s"], "distributed": summary.to_json(),
+                    "output": str(out)})
+    st.meta.pop("timing", None)
+    return st
