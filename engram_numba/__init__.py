@@ -52,6 +52,7 @@ _PUBLIC = {
     "HighwayFile": ("highway", "HighwayFile"),
     # corpus statistics and tables
     "corpus_stats": ("analysis.corpus", "corpus_stats"),
+    "distributed_corpus_stats": ("analysis.distributed", "distributed_corpus_stats"),
     "StreamingGateStats": ("analysis.streaming", "StreamingGateStats"),
     "merge_stats": ("analysis.streaming", "merge"),
     "token_table": ("analysis.tables", "token_table"),

@@ -43,6 +43,7 @@ system); the run checks it before any work. Dask is the optional `distributed` e
 from __future__ import annotations
 
 import json
+import logging
 import os
 import socket
 import threading
@@ -309,12 +310,13 @@ def local_cluster(n_workers: int | None = None, *, gpu: bool = False, dashboard:
         env = {"NUMBA_NUM_THREADS": threads, "OMP_NUM_THREADS": threads}
         if gpu:
             env["CUDA_VISIBLE_DEVICES"] = str(gpus[i % len(gpus)])
-        specs[f"engram-{i}"] = {"cls": Nanny, "options": {"nthreads": 1, "env": env, "name": f"engram-{i}"}}
+        specs[f"engram-{i}"] = {"cls": Nanny, "options": {"nthreads": 1, "env": env, "name": f"engram-{i}",
+                                                         "silence_logs": logging.WARNING}}
     with dask.config.set({"distributed.worker.multiprocessing-method": "spawn",
                           "distributed.scheduler.worker-ttl": None}):
         cluster = SpecCluster(workers=specs, scheduler={"cls": Scheduler, "options": {
             "dashboard_address": ":0" if dashboard else None, "dashboard": dashboard}},
-            silence_logs=40, name="engram-numba")
+            silence_logs=logging.WARNING, name="engram-numba")
     del distributed
     return cluster
 
