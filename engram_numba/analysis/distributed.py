@@ -30,10 +30,12 @@ How it runs:
   chunks each shard was packed into) and, once a context table reaches its cap and prunes, which
   contexts survive (pruning happens where tables are full: after a chunk, a shard or a merge, as
   it already does between chunks in one process). Merging in a fixed tree over shard order makes
-  both independent of which worker ran what and when. With the cuda backend and a quantised
-  `wkv`, a chunk of at most 16 tokens takes the GEMV kernel and a longer one the GEMM: their fp32
-  sums round differently, so the last chunk of each shard can differ in the last bf16 bit from
-  the one-process run (cpu and reference backends: exact).
+  both independent of which worker ran what and when. With the cuda backend the projection
+  kernel is picked by the chunk's token count (GEMV for a few tokens, GEMM for many), and they
+  sum in different orders: a token's kv can differ by a bf16 rounding with the chunk it lands in,
+  in one process too (with another chunk_tokens). Shards end in shorter chunks than one pass
+  does, so on cuda the gate statistics agree with one process to that rounding, and exactly only
+  with the cpu and reference backends (token, document, context and row counts: always exactly).
 - Not supported across shards (refused): `continuous=True` (one sequence over the whole corpus),
   `limit_tokens` and the per-token table.
 
@@ -60,6 +62,7 @@ DISTRIBUTED_EXTRA = "pip install 'engram-numba[distributed]'  (dask and distribu
 PARTS = "parts"
 PART_VERSION = 1
 DEFAULT_DOCS_PER_SHARD = 256        # in-memory documents per shard
+ENGINE_RESOURCE = "engram"          # a worker's pipeline: shard tasks take it, merges run beside
 
 
 def require_distributed(what: str = "running on Dask"):
@@ -87,10 +90,14 @@ class PathModel:
     def key(self) -> str:
         return self.path
 
-    def open(self, settings: dict):
-        """(model, engine or None: the pipeline builds its own)."""
+    def model(self):
+        """The opened model (host side: what the client checks and plans with)."""
         from ..formats.load import load_model
-        return load_model(self.path), None
+        return load_model(self.path)
+
+    def open(self, settings: dict):
+        """On a worker: (model, engine or None: the pipeline builds its own)."""
+        return self.model(), None
 
 
 def model_identity(model) -> dict:
@@ -169,6 +176,31 @@ def _expected(identity: dict, settings: dict, shard: Shard) -> dict:
                       "shard": shard.spec()})
 
 
+_WRITER = None                       # in each worker process: one thread that writes partial files
+_WRITES: list = []
+
+
+def _write_later(st: StreamingGateStats, path: Path) -> None:
+    """Write on the worker's writer thread (compressing a released-size state takes seconds: the
+    next shard runs meanwhile); `flush_writes` waits for them."""
+    global _WRITER
+    from concurrent.futures import ThreadPoolExecutor
+    with _RESIDENT_LOCK:
+        if _WRITER is None:
+            _WRITER = ThreadPoolExecutor(1, thread_name_prefix="engram-partials")
+        _WRITES.append(_WRITER.submit(write_partial, st, path))
+
+
+def flush_writes() -> int:
+    """Wait for this process's pending partial files; raise the first failure. Returns how many."""
+    with _RESIDENT_LOCK:
+        pending = list(_WRITES)
+        _WRITES.clear()
+    for f in pending:
+        f.result()
+    return len(pending)
+
+
 def write_partial(st: StreamingGateStats, path: Path) -> None:
     """Save to a temporary name in the same folder, then rename: a partial file is whole or absent."""
     tmp = path.with_name(f".{path.stem}.{os.getpid()}.{threading.get_ident()}.tmp.npz")
@@ -230,8 +262,23 @@ def run_shard(shard: Shard, documents, source, settings: dict, out, identity: di
     st.meta["shard_run"] = {"shard": shard.index, "worker": _worker_name(), "seconds": time.perf_counter() - t0,
                             "tokens": st.n_tokens}
     if out is not None:
-        write_partial(st, part_path(out, shard.index))
+        _write_later(st, part_path(out, shard.index))
     return st
+
+
+def warm_worker(source, settings: dict, documents) -> str:
+    """Open the model and build the engine on this worker, and run a few documents (compiles the
+    kernels): benchmarks time what follows."""
+    from .corpus import corpus_stats
+    r = resident(source, settings)
+    with r.lock:
+        if r.synthetic is not None:
+            r.synthetic.device(np.arange(int(settings["chunk_tokens"])))
+        corpus_stats(r.model, documents=list(documents), backend=settings["backend"],
+                     chunk_tokens=settings["chunk_tokens"], tokenizer=r.tokenizer, residual=settings["residual"],
+                     cuda_versions=settings["cuda_versions"], engine=r.engine,
+                     device_highway=None if r.synthetic is None else r.synthetic.device)
+    return _worker_name()
 
 
 def load_partial(path) -> StreamingGateStats:
@@ -290,7 +337,7 @@ def local_cluster(n_workers: int | None = None, *, gpu: bool = False, dashboard:
     """A Dask cluster on this host: one worker process per GPU (gpu=True; n_workers > GPUs puts
     several on each, round robin; each sees only its own GPU through CUDA_VISIBLE_DEVICES), or
     n_workers CPU workers sharing the cores. Workers are spawned processes (never forked, so no
-    CUDA context or OpenMP pool is inherited), one task at a time each."""
+    CUDA context or OpenMP pool is inherited), each running one shard at a time with merges beside."""
     distributed = require_distributed("a local cluster")
     import dask
     from distributed import Nanny, Scheduler, SpecCluster
@@ -305,12 +352,14 @@ def local_cluster(n_workers: int | None = None, *, gpu: bool = False, dashboard:
     if n < 1:
         raise ValueError(f"workers must be at least 1, got {n}")
     threads = str(max(1, cores // n))
+    # two threads: a shard task (one at a time: it holds the worker's one ENGINE_RESOURCE) beside merges
     specs = {}
     for i in range(n):
         env = {"NUMBA_NUM_THREADS": threads, "OMP_NUM_THREADS": threads}
         if gpu:
             env["CUDA_VISIBLE_DEVICES"] = str(gpus[i % len(gpus)])
-        specs[f"engram-{i}"] = {"cls": Nanny, "options": {"nthreads": 1, "env": env, "name": f"engram-{i}",
+        specs[f"engram-{i}"] = {"cls": Nanny, "options": {"nthreads": 2, "env": env, "name": f"engram-{i}",
+                                                         "resources": {ENGINE_RESOURCE: 1},
                                                          "silence_logs": logging.WARNING}}
     with dask.config.set({"distributed.worker.multiprocessing-method": "spawn",
                           "distributed.scheduler.worker-ttl": None}):
@@ -378,7 +427,8 @@ def distributed_corpus_stats(model, corpus=None, *, documents=None, out, client=
     """`corpus_stats` over Dask workers (module doc): the same statistics, exactly.
 
     model:      a model path (every worker opens it), an opened model (its .path is used), or an
-                object with .key and .open(settings) -> (model, engine or None) (benchmarks).
+                object like `PathModel`: .key, .model() (host side) and .open(settings) -> (model,
+                engine or None), built once per worker process (benchmarks use one).
     corpus:     paths as `corpus_stats` takes them; or documents=[token-id arrays] (sent with the tasks).
     out:        the output folder; shard results go to OUT/parts/ (resume: run the same call again).
     client:     a distributed.Client; or scheduler="tcp://host:8786" (an existing cluster); or
@@ -416,7 +466,7 @@ def distributed_corpus_stats(model, corpus=None, *, documents=None, out, client=
         opened = load_model(source.path)
     elif hasattr(model, "key") and hasattr(model, "open"):
         source = model
-        opened, _ = model.open({})
+        opened = model.model()
     else:
         if not Path(str(getattr(model, "path", ""))).exists():
             raise ValueError("an opened model must have a .path the workers can open (or pass the path itself)")
@@ -490,6 +540,8 @@ def distributed_corpus_stats(model, corpus=None, *, documents=None, out, client=
         if blind:
             raise ValueError(f"the output folder {out} is not writable at that path on worker(s) "
                              f"{', '.join(map(str, blind[:4]))}: give a folder on a file system every worker shares")
+        every = [w.get("resources", {}).get(ENGINE_RESOURCE, 0) >= 1 for w in info.get("workers", {}).values()]
+        res = {ENGINE_RESOURCE: 1} if every and all(every) else None
         t0 = time.perf_counter()
         leaves, infos = [], []
         for s, docs in plan:
@@ -498,7 +550,7 @@ def distributed_corpus_stats(model, corpus=None, *, documents=None, out, client=
                                             key=f"engram-load-{s.index}-{os.urandom(4).hex()}"))
             else:
                 f = client.submit(run_shard, s, docs, source, settings, str(out), identity, pure=False,
-                                  key=f"engram-shard-{s.index}-{os.urandom(4).hex()}")
+                                  key=f"engram-shard-{s.index}-{os.urandom(4).hex()}", resources=res)
                 leaves.append(f)
                 infos.append(client.submit(_shard_info, f, pure=False))
         level = leaves
@@ -526,6 +578,7 @@ def distributed_corpus_stats(model, corpus=None, *, documents=None, out, client=
                         f"{k} {v['tokens_per_s']:,.0f}" for k, v in sorted(per.items())), refresh=False)
                     bar.update(1)
             st = total_f.result()
+            client.run(flush_writes)
         finally:
             if bar is not None:
                 bar.close()

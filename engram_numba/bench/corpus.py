@@ -155,6 +155,115 @@ class _Memory:
         return out
 
 
+class BenchSource:
+    """The bench model as a Dask worker opens it (`distributed_corpus_stats`' model protocol):
+    the same random weights (same seed), and device tables filled on the worker's own GPU."""
+
+    def __init__(self, shape_name: str, rows_per_col: int, chunk: int):
+        self.shape_name, self.rows_per_col, self.chunk = shape_name, int(rows_per_col), int(chunk)
+
+    @property
+    def key(self) -> str:
+        return f"bench:{self.shape_name}:{self.rows_per_col}:{self.chunk}"
+
+    def model(self) -> BenchModel:
+        from .timing import RELEASED, SMOKE
+        return BenchModel(RELEASED if self.shape_name == RELEASED.name else SMOKE, self.rows_per_col)
+
+    def open(self, settings: dict):
+        from numba import cuda
+
+        from ..engine import EngramV41
+        model = self.model()
+        eng = EngramV41(model, max_tokens=self.chunk, device_tables=False)
+        rng = np.random.default_rng(11)
+        for lid in model.config.layer_ids:
+            eng.layers[lid].table = _fill_device_table(model.layers[lid].n_rows, rng, cuda)
+        return model, eng
+
+
+def run_distributed(model, eng, docs, shape: BenchShape, rows_per_col: int, chunk: int, workers: int = 2,
+                    log=print, docs_per_shard: int | None = None) -> list[dict]:
+    """The corpus_stats_distributed records: the same corpus and settings as corpus_stats (device
+    tables, the synthetic highway cached on the device), in process, then through Dask: `workers`
+    worker processes sharing this one GPU (each with its own engine and tables: the scheduler's
+    overhead), then one worker alone (the in-process ratio). Frees `eng`'s tables first."""
+    import gc
+    import tempfile
+
+    from numba import cuda
+
+    from ..analysis import distributed as dist
+    from ..analysis.corpus import DeviceSyntheticBlocks, corpus_stats
+    cfg = model.config
+    synth = DeviceSyntheticBlocks(cfg.hc, cfg.dim, chunk)
+    synth.device(np.arange(chunk))                                          # the blocks, cached
+    kw = dict(backend="cuda", chunk_tokens=chunk)
+    corpus_stats(model, documents=docs[:2], engine=eng, device_highway=synth.device, **kw)
+    st = corpus_stats(model, documents=docs, engine=eng, device_highway=synth.device, **kw)
+    tps_in = st.n_tokens / st.meta["timing"]["wall_s"]
+    log(f"  in process: {st.n_tokens:,} tokens, {tps_in:,.0f} tokens/s")
+    for lid in cfg.layer_ids:
+        eng.layers[lid].table = None
+    del synth, eng
+    gc.collect()
+    try:
+        cuda.current_context().deallocations.clear()
+    except AttributeError:                                                  # the simulator
+        pass
+    source = BenchSource(shape.name, rows_per_col, chunk)
+    settings = dist._settings("cuda", chunk, None, "text", "line", None, True, 20, dist.DEFAULT_MAX_CONTEXTS, True,
+                              True, "fp32", None)
+    per = docs_per_shard or max(1, len(docs) // (4 * workers))
+    t0 = time.perf_counter()
+    cluster = dist.local_cluster(workers, gpu=True, gpus=["0"], dashboard=False)
+    from distributed import Client
+    client = Client(cluster)
+    records = []
+    try:
+        addrs = sorted(client.scheduler_info()["workers"])
+        warm = [client.submit(dist.warm_worker, source, settings, docs[:2], workers=[a], allow_other_workers=False,
+                              pure=False) for a in addrs]
+        client.gather(warm)
+        log(f"  {workers} Dask workers on the one GPU started and warm in {time.perf_counter() - t0:.1f} s")
+        for n in (workers, 1):
+            if n != len(client.scheduler_info()["workers"]):
+                cluster.scale(n)
+                deadline = time.time() + 120
+                while len(client.scheduler_info()["workers"]) != n and time.time() < deadline:
+                    time.sleep(0.2)
+            with tempfile.TemporaryDirectory() as out:
+                got = dist.distributed_corpus_stats(source, documents=docs, docs_per_shard=per, out=out,
+                                                    client=client, progress=False, log=lambda *a: None, **kw)
+            sm = got.meta["distributed"]
+            busy = sum(w["busy_s"] for w in sm["per_worker"].values())
+            in_task = sm["tokens"] / busy * len(sm["per_worker"]) if busy else 0.0
+            rec = {"stage": "corpus_stats_distributed", "T": chunk, "variant": f"{n} Dask worker(s) on 1 GPU",
+                   "workers": n, "shards": sm["shards"], "n_tokens": sm["tokens"],
+                   "tokens_per_s": round(sm["tokens_per_s"], 1),
+                   "in_process_tokens_per_s": round(tps_in, 1),
+                   "ratio_to_in_process": round(sm["tokens_per_s"] / tps_in, 3),
+                   "in_task_tokens_per_s": round(in_task, 1),
+                   "in_task_ratio_to_in_process": round(in_task / tps_in, 3),
+                   "wall_s": sm["wall_s"], "per_worker": sm["per_worker"],
+                   "fixed_overhead_s": round(sm["wall_s"] - busy / max(len(sm["per_worker"]), 1), 3),
+                   "time_us": round(1e6 * chunk / max(sm["tokens_per_s"], 1e-9), 1), "floor_us": 0.0, "bytes": 0,
+                   "flops": 0, "gbps": 0.0, "tflops": 0.0, "baselines": {}, "kernel": "corpus_stats via Dask",
+                   "validated": bool(got.n_tokens == st.n_tokens and got.n_documents == st.n_documents and
+                                     np.array_equal(got.tok_count, st.tok_count) and
+                                     all(np.array_equal(a, b) for a, b in zip(got.row_bitmaps, st.row_bitmaps))),
+                   "same_gate_histogram": bool(np.array_equal(got.fine, st.fine))}
+            records.append(rec)
+            log(f"  through Dask, {n} worker(s) on the one GPU: {rec['tokens_per_s']:,.0f} tokens/s end to end "
+                f"(x{rec['ratio_to_in_process']:.3f} of in process; {sm['shards']} shards, wall {sm['wall_s']:.2f} s, "
+                f"fixed cost {rec['fixed_overhead_s']:.2f} s), {in_task:,.0f} tokens/s inside the tasks "
+                f"(x{rec['in_task_ratio_to_in_process']:.3f}); same statistics: {rec['validated']}")
+    finally:
+        client.close()
+        cluster.close()
+    return records
+
+
 def _h2d_gbps(timer: DeviceTimer, cuda, nbytes: int, pinned: bool) -> float:
     host = cuda.pinned_array(nbytes, dtype=np.uint8) if pinned else np.empty(nbytes, dtype=np.uint8)
     host[:] = 1
@@ -164,9 +273,11 @@ def _h2d_gbps(timer: DeviceTimer, cuda, nbytes: int, pinned: bool) -> float:
 
 
 def run(shape: BenchShape = RELEASED, quick: bool = False, log=print, table_gb: float | None = None,
-        n_chunks: int | None = None) -> dict:
+        n_chunks: int | None = None, distributed: int = 0, dist_chunks: int | None = None) -> dict:
     """The corpus_stats records (module doc). table_gb: each layer's table size in GB (default:
-    the released 32.3 GB; the smoke shape uses a tiny table)."""
+    the released 32.3 GB; the smoke shape uses a tiny table). distributed: also the
+    corpus_stats_distributed records with this many Dask workers sharing the GPU (then one), over
+    dist_chunks chunks (default n_chunks); needs the distributed extra."""
     from numba import cuda
 
     from ..analysis.corpus import corpus_stats
@@ -287,6 +398,10 @@ def run(shape: BenchShape = RELEASED, quick: bool = False, log=print, table_gb: 
             f"{dev_sum:.0f} us (x{time_us / dev_sum:.2f}); producer {st.meta['timing']['produce_s']:.2f} s, "
             f"gates {st.meta['timing']['gates_s']:.2f} s, reduce {st.meta['timing']['reduce_s']:.2f} s, "
             f"wall {wall:.2f} s" + (f"; {rec['bound']}" if "bound" in rec else ""))
+    if distributed:
+        ddocs = docs if dist_chunks is None else _documents(dist_chunks * chunk, vocab, np.random.default_rng(12),
+                                                             lo=2 if smoke else 256, hi=6 if smoke else 4096)
+        records += run_distributed(model, eng, ddocs, shape, rows_per_col, chunk, workers=int(distributed), log=log)
     memory = mem.report()
     for r in records:
         r.update(memory)
@@ -306,12 +421,16 @@ def main(argv=None) -> int:
     p.add_argument("--smoke", action="store_true", help="tiny shapes in the simulator")
     p.add_argument("--chunks", type=int, default=None, help="4096-token chunks per variant")
     p.add_argument("--out", default=None, help="write the result JSON here")
+    p.add_argument("--distributed", type=int, default=0,
+                   help="also corpus_stats_distributed: this many Dask workers sharing the GPU, then one")
+    p.add_argument("--dist-chunks", type=int, default=None, help="4096-token chunks of the distributed runs")
     args = p.parse_args(argv)
     if not args.smoke and (config.ENABLE_CUDASIM or not cuda.is_available()):
         print("error: the corpus bench needs a CUDA GPU (or --smoke)", file=sys.stderr)
         return 2
     from .timing import SMOKE
-    res = run(SMOKE if args.smoke else RELEASED, quick=args.quick, table_gb=args.table_gb, n_chunks=args.chunks)
+    res = run(SMOKE if args.smoke else RELEASED, quick=args.quick, table_gb=args.table_gb, n_chunks=args.chunks,
+              distributed=args.distributed, dist_chunks=args.dist_chunks)
     res.update({"commit": commit(), "device": device_name()})
     if args.out:
         with open(args.out, "w") as f:
