@@ -266,8 +266,8 @@ def _stats_on_dask(args, model, files, tokenizer_path, out):
     from .analysis import distributed as dist
     if args.workers is not None and args.scheduler is not None:
         raise UserError("give --workers (a cluster on this host) or --scheduler (an existing one), not both")
-    if args.workers is not None and args.workers < 1:
-        raise UserError(f"--workers must be >= 1, got {args.workers}")
+    if args.workers is not None and args.workers < 0:
+        raise UserError(f"--workers must be >= 1 (or given alone: one per GPU / CPU core), got {args.workers}")
     if args.shard_mb <= 0:
         raise UserError(f"--shard-mb must be > 0, got {args.shard_mb}")
     for flag, bad in (("--continuous", args.continuous), ("--limit-tokens", args.limit_tokens is not None),
@@ -280,7 +280,8 @@ def _stats_on_dask(args, model, files, tokenizer_path, out):
         raise UserError(str(exc)) from None
     try:
         st = dist.distributed_corpus_stats(
-            model.path, files, out=out, workers=args.workers, scheduler=args.scheduler,
+            model.path, files, out=out, workers=args.workers or None if args.scheduler is None else None,
+            scheduler=args.scheduler,
             shard_bytes=max(1, int(args.shard_mb * (1 << 20))), backend=args.backend, chunk_tokens=args.chunk_tokens,
             tokenizer=tokenizer_path, field=args.field, split=args.split, fmt=args.format,
             max_contexts=args.max_contexts, contexts=not args.no_contexts, rows=not args.no_rows,
@@ -679,9 +680,9 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--token-table", action="store_true", help="also write the long per-token table")
     s.add_argument("--residual", choices=["fp32", "bf16"], default="fp32")
     s.add_argument("--merge", action="store_true", help="merge saved statistics (CORPUS = stats.npz files)")
-    s.add_argument("--workers", type=int, default=None,
-                   help="run on a Dask cluster of N workers on this host (one per GPU with --backend cuda, else CPU "
-                        "workers); shard results go to OUT/parts/ and a rerun skips finished shards "
+    s.add_argument("--workers", type=int, nargs="?", const=0, default=None, metavar="N",
+                   help="run on a Dask cluster of N workers on this host (alone: one per GPU with a GPU backend, one "
+                        "per CPU core otherwise); shard results go to OUT/parts/ and a rerun skips finished shards "
                         "(needs the distributed extra)")
     s.add_argument("--scheduler", default=None,
                    help="run on an existing Dask cluster (`dask scheduler` + `dask worker` on each host), e.g. "

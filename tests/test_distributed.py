@@ -200,3 +200,23 @@ def test_a_worker_killed_mid_run_changes_nothing(tmp_path, client, study):
     n = st.meta["distributed"]["shards"]
     assert killed and killed[0] < n                    # the worker died with shards still to do
     assert len(list((out / "parts").glob("shard-*.npz"))) == n
+
+
+@pytest.mark.slow
+def test_the_stats_command_on_a_scheduler_writes_the_one_process_results(tmp_path, client, study, capsys):
+    from engram_numba import cli
+    from engram_numba.analysis.streaming import StreamingGateStats
+    root, want = study
+    out = tmp_path / "study"
+    addr = client.scheduler.address
+    rc = cli.main(["stats", str(root), "--scheduler", addr, "--out", str(out), "--shard-mb", "0.003",
+                   "--tables", "csv"])
+    text = capsys.readouterr().out
+    assert rc == 0, text
+    assert "2 worker(s)" in text and "shard(s)" in text and "tokens/s" in text
+    assert_same_stats(want, StreamingGateStats.load(out / "stats.npz"))
+    assert (out / "summary.md").is_file() and list((out / "parts").glob("shard-*.npz"))
+    for bad, msg in ((["--workers", "2", "--scheduler", addr], "not both"),
+                     (["--scheduler", addr, "--continuous"], "--continuous needs the corpus in one process")):
+        assert cli.main(["stats", str(root), "--out", str(tmp_path / "x"), *bad]) == 2
+        assert msg in capsys.readouterr().err
