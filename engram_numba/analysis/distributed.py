@@ -111,13 +111,23 @@ def model_identity(model) -> dict:
     h.update(json.dumps(desc, sort_keys=True).encode())
     for a in (t.multipliers, t.primes, t.offsets, t.token_map):
         h.update(np.ascontiguousarray(a).tobytes())
+    encodings = []
     for lid in cfg.layer_ids:
         layer = model.layers[lid] if hasattr(model, "layers") else None
+        encodings.append(str(getattr(layer, "table_encoding", "")))
         for name in ("q_weight", "k_weight"):
             v = getattr(layer, name, None)
             if v is not None:
                 h.update(np.ascontiguousarray(v).tobytes())
-    return {"path": str(getattr(model, "path", "")), "sha256": h.hexdigest(), **desc}
+        table = getattr(layer, "table", None)
+        try:                                  # the first and last rows: a re-quantised table differs
+            if table is not None and len(table):
+                h.update(np.ascontiguousarray(table[:2]).tobytes())
+                h.update(np.ascontiguousarray(table[-2:]).tobytes())
+        except (TypeError, ValueError, IndexError):
+            pass
+    h.update(json.dumps([encodings, str(getattr(model, "format", ""))]).encode())
+    return {"path": str(getattr(model, "path", "")), "sha256": h.hexdigest(), "table_encodings": encodings, **desc}
 
 
 @dataclass
@@ -345,7 +355,8 @@ def local_cluster(n_workers: int | None = None, *, gpu: bool = False, dashboard:
     if gpu:
         gpus = list(gpus) if gpus is not None else visible_gpus()
         if not gpus:
-            raise RuntimeError("the cuda backend needs a GPU, and this host shows none (CUDA_VISIBLE_DEVICES, nvidia-smi)")
+            raise RuntimeError("the cuda backend needs a GPU, and this host shows none "
+                               "(CUDA_VISIBLE_DEVICES, nvidia-smi)")
         n = len(gpus) if n_workers is None else int(n_workers)
     else:
         n = max(1, cores) if n_workers is None else int(n_workers)
@@ -438,7 +449,7 @@ def distributed_corpus_stats(model, corpus=None, *, documents=None, out, client=
     summary (workers, shards, tokens, wall time, per-worker throughput).
     """
     from ..formats.load import load_model
-    from ..text import tokenizer_for
+    from ..text import NoTokenizerError, tokenizer_for
     from .corpus import SYNTHETIC_CORPUS, _describe_corpus, corpus_files, corpus_format
 
     if continuous:
@@ -480,9 +491,11 @@ def distributed_corpus_stats(model, corpus=None, *, documents=None, out, client=
     if "highway" in kinds and (len(kinds) > 1 or documents is not None):
         raise ValueError("the corpus mixes documents with highway files and documents without: run them separately "
                          "(a statistic over both would mix real and synthetic hidden states)")
-    if kinds & {"text", "jsonl", "parquet", "arrow"}:
+    try:
         tok = tokenizer_for(opened, settings["tokenizer"], need_encode="text" in kinds)
-    else:
+    except NoTokenizerError:
+        if "text" in kinds or settings["tokenizer"] is not None:
+            raise
         tok = None
     plan = [(s, None) for s in plan_shards(files, fmt=fmt, split=split, shard_bytes=shard_bytes, field=field)]
     if documents is not None:
@@ -543,7 +556,7 @@ def distributed_corpus_stats(model, corpus=None, *, documents=None, out, client=
         every = [w.get("resources", {}).get(ENGINE_RESOURCE, 0) >= 1 for w in info.get("workers", {}).values()]
         res = {ENGINE_RESOURCE: 1} if every and all(every) else None
         t0 = time.perf_counter()
-        leaves, infos = [], []
+        leaves, infos, merges = [], [], []
         for s, docs in plan:
             if s.index in done:
                 leaves.append(client.submit(load_partial, str(done[s.index]), pure=False,
@@ -554,9 +567,14 @@ def distributed_corpus_stats(model, corpus=None, *, documents=None, out, client=
                 leaves.append(f)
                 infos.append(client.submit(_shard_info, f, pure=False))
         level = leaves
-        while len(level) > 1:
-            nxt = [client.submit(_merge_two, level[i], level[i + 1], pure=False) if i + 1 < len(level) else level[i]
-                   for i in range(0, len(level), 2)]
+        while len(level) > 1:                        # the tree, in shard order
+            nxt = []
+            for i in range(0, len(level), 2):
+                if i + 1 < len(level):
+                    merges.append(client.submit(_merge_two, level[i], level[i + 1], pure=False))
+                    nxt.append(merges[-1])
+                else:
+                    nxt.append(level[i])
             level = nxt
         total_f = level[0]
         bar = None
@@ -579,6 +597,9 @@ def distributed_corpus_stats(model, corpus=None, *, documents=None, out, client=
                     bar.update(1)
             st = total_f.result()
             client.run(flush_writes)
+        except BaseException:
+            client.cancel(leaves + infos + merges)      # a shared cluster goes on with other work
+            raise
         finally:
             if bar is not None:
                 bar.close()

@@ -151,7 +151,8 @@ def _arrow_batches(reader):
 
 def _check_column(path, schema, field: str) -> None:
     if field not in schema.names:
-        raise ValueError(f"{path}: no column {field!r} (columns: {', '.join(schema.names[:12])}); pick one with --field")
+        raise ValueError(f"{path}: no column {field!r} (columns: {', '.join(schema.names[:12])}); "
+                         "pick one with --field")
 
 
 # Planning ----------------------------------------------------------------------------------------
