@@ -101,7 +101,7 @@ def corpus_format(path, fmt: str | None = None) -> str:
 def corpus_files(corpus) -> list[Path]:
     """The files of a corpus argument (a path or a list of them; a folder is its files, sorted),
     each checked to exist before any work."""
-    from .shards import expand_dataset_dirs
+    from .records import expand_dataset_dirs
     items = expand_dataset_dirs(corpus)
     out = []
     for item in items:
@@ -256,8 +256,8 @@ def iter_documents(files=None, *, texts=None, documents=None, tokenizer=None, fi
             for name, ids in _id_documents(path, kind):
                 yield Document(name, ids)
         elif kind in ("parquet", "arrow"):
-            from .shards import record_documents
-            yield from encoded(record_documents(path, kind, field))
+            from .records import record_values
+            yield from encoded(record_values(path, kind, field))
         else:
             hw = load_highway(path, model)
             yield Document(str(path), hw.token_ids, hw.token_mask, hw)

@@ -22,25 +22,24 @@ statistics of the corpus in one pass. A shard is described by plain JSON (`Shard
 the file's size and modification time, so a partial result made from a file that changed since
 is recognised as foreign.
 
-Reading parquet and Arrow needs pyarrow (the `analysis` extra); they stream one record batch at
-a time. The text column is `field` (default "text"), as for JSONL: strings are tokenized, lists
-of integers are token ids; empty strings and nulls are skipped.
+Parquet and Arrow records are read by `records.py` (pyarrow, one record batch at a time).
 """
 from __future__ import annotations
 
 import hashlib
 import io
-import json
-import os
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Iterator
 
 import numpy as np
 
+from ..highway import load_highway
+from .corpus import SPLITS, Document, _id_documents, _jsonl_documents, _text_documents, corpus_format
+from .records import _arrow_batches, _open_arrow, _require_pyarrow, record_values
+
 DEFAULT_SHARD_BYTES = 32 << 20       # about a minute of text on one CPU worker, seconds on a GPU
 _SCAN_BLOCK = 16 << 20
-HF_DATASET_FILES = ("dataset_info.json", "state.json")
 
 
 @dataclass(frozen=True)
@@ -68,91 +67,6 @@ class Shard:
             return f"{self.path}"
         what = "bytes" if self.unit == "bytes" else "rows"
         return f"{self.path}[{what} {self.start}:{self.stop}]"
-
-
-# Folders and formats ----------------------------------------------------------------------------
-
-def is_hf_dataset(path) -> bool:
-    """A folder written by Hugging Face `datasets` `save_to_disk` (Arrow files + state.json)."""
-    p = Path(path)
-    return p.is_dir() and all((p / f).is_file() for f in HF_DATASET_FILES)
-
-
-def hf_dataset_files(path) -> list[Path]:
-    """The Arrow files of a saved dataset, in the order state.json lists them."""
-    p = Path(path)
-    try:
-        state = json.loads((p / "state.json").read_text(encoding="utf-8"))
-        names = [d["filename"] for d in state["_data_files"]]
-    except (OSError, ValueError, KeyError, TypeError) as exc:
-        raise ValueError(f"{p / 'state.json'}: not a datasets state file ({type(exc).__name__}: {exc})") from None
-    files = [p / n for n in names]
-    for f in files:
-        if not f.is_file():
-            raise FileNotFoundError(f"{p / 'state.json'} lists {f.name}, which is not in {p}")
-    if not files:
-        raise ValueError(f"{p / 'state.json'} lists no data files")
-    return files
-
-
-def expand_dataset_dirs(corpus):
-    """A corpus argument with every saved-dataset folder replaced by its Arrow files (a
-    DatasetDict folder is refused, naming its splits)."""
-    items = [corpus] if isinstance(corpus, (str, os.PathLike)) else list(corpus)
-    out = []
-    for item in items:
-        p = Path(item) if isinstance(item, (str, os.PathLike)) else None
-        if p is not None and p.is_dir() and (p / "dataset_dict.json").is_file():
-            try:
-                splits = json.loads((p / "dataset_dict.json").read_text(encoding="utf-8")).get("splits", [])
-            except (OSError, ValueError, AttributeError):
-                splits = []
-            raise ValueError(f"{p} is a dataset with several splits ({', '.join(map(str, splits)) or '?'}): "
-                             f"give one split's folder, e.g. {p / (str(splits[0]) if splits else 'train')}")
-        if p is not None and is_hf_dataset(p):
-            out += hf_dataset_files(p)
-        else:
-            out.append(item)
-    return out
-
-
-def _require_pyarrow(path):
-    try:
-        import pyarrow
-        import pyarrow.ipc  # noqa: F401
-        import pyarrow.parquet  # noqa: F401
-    except ImportError:
-        raise ImportError(f"{path}: reading parquet and Arrow corpora needs pyarrow, which is not installed: "
-                          "pip install 'engram-numba[analysis]'") from None
-    return pyarrow
-
-
-def _open_arrow(path):
-    """A reader of an Arrow IPC file or stream (datasets writes streams), memory-mapped."""
-    pa = _require_pyarrow(path)
-    source = pa.memory_map(str(path), "r")
-    try:
-        return pa.ipc.open_file(source)
-    except pa.ArrowInvalid:
-        source.seek(0)
-        try:
-            return pa.ipc.open_stream(source)
-        except pa.ArrowInvalid as exc:
-            raise ValueError(f"{path}: not an Arrow IPC file or stream ({exc})") from None
-
-
-def _arrow_batches(reader):
-    if hasattr(reader, "num_record_batches"):
-        for i in range(reader.num_record_batches):
-            yield reader.get_batch(i)
-    else:
-        yield from reader
-
-
-def _check_column(path, schema, field: str) -> None:
-    if field not in schema.names:
-        raise ValueError(f"{path}: no column {field!r} (columns: {', '.join(schema.names[:12])}); "
-                         "pick one with --field")
 
 
 # Planning ----------------------------------------------------------------------------------------
@@ -211,7 +125,6 @@ def _line_cuts(path: Path, shard_bytes: int, paragraph: bool) -> list[tuple[int,
 def plan_shards(files, *, fmt: str | None = None, split: str = "line", shard_bytes: int = DEFAULT_SHARD_BYTES,
                 field: str = "text") -> list[Shard]:
     """The shards of a corpus (files as `corpus_files` gives them), in corpus order."""
-    from .corpus import SPLITS, corpus_format
     if split not in SPLITS:
         raise ValueError(f"split must be one of {SPLITS}, got {split!r}")
     if isinstance(shard_bytes, bool) or not isinstance(shard_bytes, (int, np.integer)) or shard_bytes < 1:
@@ -287,68 +200,12 @@ def _range_text(shard: Shard):
     return io.TextIOWrapper(io.BytesIO(data), encoding="utf-8")
 
 
-def _record_values(shard: Shard, field: str) -> Iterator[tuple[str, object]]:
-    """(name, value) of every record of a parquet / Arrow shard, one record batch at a time."""
-    if shard.kind == "parquet":
-        pa = _require_pyarrow(shard.path)
-        pf = pa.parquet.ParquetFile(shard.path)
-        _check_column(shard.path, pf.schema_arrow, field)
-        meta = pf.metadata
-        groups, first, row = [], None, 0
-        for g in range(meta.num_row_groups):
-            n = meta.row_group(g).num_rows
-            if row + n > shard.start and row < shard.stop:
-                groups.append(g)
-                first = row if first is None else first
-            row += n
-        batches = pf.iter_batches(batch_size=4096, row_groups=groups, columns=[field]) if groups else iter(())
-        row = first or 0
-    else:
-        reader = _open_arrow(shard.path)
-        _check_column(shard.path, reader.schema, field)
-        batches = _arrow_batches(reader)
-        row = 0
-    for batch in batches:
-        n = batch.num_rows
-        if row + n <= shard.start:
-            row += n
-            continue
-        if row >= shard.stop:
-            break
-        a, b = max(shard.start - row, 0), min(shard.stop - row, n)
-        values = batch.column(batch.schema.get_field_index(field)).slice(a, b - a).to_pylist()
-        for k, v in enumerate(values):
-            yield f"{shard.path}[{row + a + k}]", v
-        row += n
-
-
-def _checked_values(shard: Shard, field: str) -> Iterator[tuple[str, object]]:
-    for where, value in _record_values(shard, field):
-        if value is None or (isinstance(value, str) and not value.strip()):
-            continue
-        if isinstance(value, str):
-            yield where, value
-        elif isinstance(value, list) and all(isinstance(x, int) and not isinstance(x, bool) for x in value):
-            if value:
-                yield where, np.asarray(value, dtype=np.int64)
-        else:
-            raise ValueError(f"{where}: column {field!r} must hold strings or lists of token ids, "
-                             f"got {type(value).__name__}")
-
-
-def record_documents(path, kind: str, field: str = "text") -> Iterator[tuple[str, object]]:
-    """(name, text or token ids) of every record of a whole parquet / Arrow file."""
-    path = Path(path)
-    yield from _checked_values(Shard(0, str(path), kind, "rows", 0, 1 << 62), field)
-
-
 def shard_pairs(shard: Shard, *, field: str = "text") -> Iterator[tuple[str, object]]:
     """(name, text or token ids) of every document of a text / JSONL / .ids / parquet / Arrow
     shard, in order; names as the whole-file readers give them."""
-    from .corpus import _id_documents, _jsonl_documents, _text_documents
     path = Path(shard.path)
     if shard.kind in ("parquet", "arrow"):
-        yield from _checked_values(shard, field)
+        yield from record_values(shard.path, shard.kind, field, shard.start, shard.stop)
     elif shard.unit == "file":
         if shard.kind == "text":
             yield from _text_documents(path, "file")
@@ -374,8 +231,6 @@ def shard_documents(shard: Shard, *, tokenizer=None, field: str = "text", add_sp
                     model=None, documents=None, batch: int = 256):
     """The Document objects of one shard, in order (texts tokenized in batches, as the corpus
     reader does)."""
-    from ..highway import load_highway
-    from .corpus import Document
     if shard.kind == "documents":
         for k, d in enumerate(documents):
             yield Document(f"documents[{shard.start + k}]", d)
