@@ -199,7 +199,8 @@ def run_distributed(model, eng, docs, shape: BenchShape, rows_per_col: int, chun
     synth = DeviceSyntheticBlocks(cfg.hc, cfg.dim, chunk)
     synth.device(np.arange(chunk))                                          # the blocks, cached
     kw = dict(backend="cuda", chunk_tokens=chunk)
-    corpus_stats(model, documents=docs[:2], engine=eng, device_highway=synth.device, **kw)
+    dist.warm_run(lambda d: corpus_stats(model, documents=d, engine=eng, device_highway=synth.device, **kw),
+                  model, chunk)
     st = corpus_stats(model, documents=docs, engine=eng, device_highway=synth.device, **kw)
     tps_in = st.n_tokens / st.meta["timing"]["wall_s"]
     log(f"  in process: {st.n_tokens:,} tokens, {tps_in:,.0f} tokens/s")
@@ -222,8 +223,8 @@ def run_distributed(model, eng, docs, shape: BenchShape, rows_per_col: int, chun
     records = []
     try:
         addrs = sorted(client.scheduler_info()["workers"])
-        warm = [client.submit(dist.warm_worker, source, settings, docs[:2], workers=[a], allow_other_workers=False,
-                              pure=False) for a in addrs]
+        warm = [client.submit(dist.warm_worker, source, settings, workers=[a], allow_other_workers=False, pure=False)
+                for a in addrs]
         client.gather(warm)
         log(f"  {workers} Dask workers on the one GPU started and warm in {time.perf_counter() - t0:.1f} s")
         for n in (workers, 1):
