@@ -199,6 +199,7 @@ def test_a_worker_killed_mid_run_changes_nothing(tmp_path, client, study):
     assert_same_stats(want, st)
     n = st.meta["distributed"]["shards"]
     assert killed and killed[0] < n                    # the worker died with shards still to do
+    client.wait_for_workers(2, timeout=300)            # its nanny brings it back for the next test
     assert len(list((out / "parts").glob("shard-*.npz"))) == n
 
 
@@ -213,7 +214,7 @@ def test_the_stats_command_on_a_scheduler_writes_the_one_process_results(tmp_pat
                    "--tables", "csv"])
     text = capsys.readouterr().out
     assert rc == 0, text
-    assert "2 worker(s)" in text and "shard(s)" in text and "tokens/s" in text
+    assert "worker(s)" in text and "shard(s)" in text and "tokens/s" in text and "engram-" in text
     assert_same_stats(want, StreamingGateStats.load(out / "stats.npz"))
     assert (out / "summary.md").is_file() and list((out / "parts").glob("shard-*.npz"))
     for bad, msg in ((["--workers", "2", "--scheduler", addr], "not both"),

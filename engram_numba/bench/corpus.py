@@ -226,6 +226,7 @@ def run_distributed(model, eng, docs, shape: BenchShape, rows_per_col: int, chun
         warm = [client.submit(dist.warm_worker, source, settings, workers=[a], allow_other_workers=False, pure=False)
                 for a in addrs]
         client.gather(warm)
+        del warm                                                             # nothing held when workers go
         log(f"  {workers} Dask workers on the one GPU started and warm in {time.perf_counter() - t0:.1f} s")
         for n in (workers, 1):
             if n != len(client.scheduler_info()["workers"]):
