@@ -267,3 +267,34 @@ def test_rank_rows_and_hit_rates_against_a_direct_count(rng):
     rates = cache_hit_rates(ids, test, [0, 10, 1000])
     assert rates[0] == 0.0 and rates[1000] == np.isin(test, ranked).mean()
     assert rates[10] == pytest.approx(np.isin(test, ranked[:10]).mean())
+
+
+# -- corpus runs prefetch the next chunk ----------------------------------------------------------
+def test_corpus_lookahead_prefetches_job_k_plus_1_before_job_k_is_computed():
+    from engram_numba.analysis.corpus import _ahead
+    log = []
+    for job in _ahead(iter([1, 2, 3]), lambda j: log.append(("prefetch", j))):
+        log.append(("compute", job))
+    assert log == [("prefetch", 1), ("prefetch", 2), ("compute", 1), ("prefetch", 3), ("compute", 2),
+                   ("compute", 3)]
+    assert list(_ahead(iter([1, 2]), None)) == [1, 2]
+
+
+@pytest.mark.slow
+def test_corpus_stats_with_host_tables_prefetches_and_equals_device_tables(model):
+    from engram_numba.analysis.corpus import corpus_stats
+    docs = [np.array([48]), np.array([17])]                              # two one-token chunks
+    runs = {}
+    for where in ("device", "host"):
+        eng = EngramV41(model, max_tokens=1, tables=where)
+        with pytest.warns(UserWarning, match="simulator"):
+            runs[where] = corpus_stats(model, documents=docs, backend="cuda", chunk_tokens=1, engine=eng,
+                                       contexts=False)
+        if where == "host":
+            assert eng.cache_report()["prefetch"] == {"issued": 2, "taken": 4, "missed": 0}   # all prefetched
+    a, b = runs["device"], runs["host"]
+    assert a.n_tokens == b.n_tokens == 2
+    for r, s in zip(a, b):
+        assert (r.n, r.mean, r.std, r.q50) == (s.n, s.mean, s.std, s.q50)
+    for x, y in zip(a.row_bitmaps, b.row_bitmaps):
+        np.testing.assert_array_equal(x, y)

@@ -95,6 +95,17 @@ def _grid(n: int) -> int:
     return max(1, (n + FETCH_THREADS - 1) // FETCH_THREADS)
 
 
+def nonblocking_stream():
+    """A stream that does not synchronise with the legacy default stream (stream 0): a prefetch
+    on it overlaps kernels and copies that callers queue on stream 0. The simulator's streams."""
+    if SIMULATOR:
+        return cuda.stream()
+    from numba.cuda.cudadrv.driver import Stream, _stream_finalizer, binding, driver
+    ctx = cuda.current_context()
+    handle = driver.cuStreamCreate(binding.CUstream_flags.CU_STREAM_NON_BLOCKING.value)
+    return Stream(handle, finalizer=_stream_finalizer(ctx.deallocations, handle))
+
+
 # -- word views ------------------------------------------------------------------------------------
 def word_dtype(*widths: int):
     """uint32 when every byte width is a multiple of 4, else uint8."""
@@ -291,7 +302,7 @@ class RowFetcher:
         self.order = [hl.layer_id for hl in layers]
         self.max_rows = int(max_rows)
         self.compute = compute_stream
-        self.side = side_stream if side_stream is not None else cuda.stream()
+        self.side = side_stream if side_stream is not None else nonblocking_stream()
         ev = event_factory or (lambda name: cuda.event() if SIMULATOR else cuda.event(timing=False))
         L = len(self.order)
         self.ids_host = [cuda.pinned_array((L, self.max_rows), dtype=np.int64) for _ in range(N_BUFFERS)]
