@@ -382,7 +382,7 @@ def _host_runs(model, dev_eng, docs, chunk, timer, mem, log, cache_gbs, smoke, d
     hl = host._fetcher.layers[lid]
     n_rows = host.layers[lid].n_rows
     gather = {}
-    for n in ((256, 4096) if smoke else (4096, 98304, 1 << 20)):
+    for n in ((64,) if smoke else (4096, 98304, 1 << 20)):
         ids = cuda.to_device(rng.integers(0, n_rows, n, dtype=np.int64))
         outb = cuda.device_array((n, hl.W), dtype=hl.words)
         nocache = cuda.to_device(np.full(1, -1, np.int32))
@@ -393,7 +393,7 @@ def _host_runs(model, dev_eng, docs, chunk, timer, mem, log, cache_gbs, smoke, d
             def fetch(src=src):
                 fetch_rows_v1[(n * hl.W + FETCH_THREADS - 1) // FETCH_THREADS, FETCH_THREADS](
                     src, src, hl.cache.table, nocache, ids, outb, hits, 0)
-            us = timer(fetch, iters=3 if smoke else 20, flush=False)
+            us = timer(fetch, iters=1 if smoke else 20, flush=False)
             row[name] = {"us": round(us, 1), "rows_per_s": round(n / (us * 1e-6)), "gbps": round(n * 84 / (us * 1e-6) / 1e9, 2)}
         row["copy_floor_rows_per_s"] = round(h2d_pinned_gbps * 1e9 / 84)
         gather[n] = row
@@ -453,8 +453,8 @@ def _host_runs(model, dev_eng, docs, chunk, timer, mem, log, cache_gbs, smoke, d
 
     # -- decode tokens: graphs gathering straight from host memory, against device tables
     hs = {}
-    seq = np.random.default_rng(7).integers(0, vocab, (4 if smoke else 32) + (8 if smoke else 512))
-    warm = 4 if smoke else 32
+    seq = np.random.default_rng(7).integers(0, vocab, (1 if smoke else 32) + (2 if smoke else 512))
+    warm = 1 if smoke else 32
     h0 = np.random.default_rng(8).standard_normal((1, cfg.hc, cfg.dim)).astype(np.float32)
     for name, e in (("device", dev_eng), ("host", host)):
         hasher = EngramHasher(model.hash_tables, capacity=seq.size + 8)
