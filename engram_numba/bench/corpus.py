@@ -357,7 +357,7 @@ def _host_runs(model, dev_eng, docs, chunk, timer, mem, log, cache_gbs, smoke, d
     from numba import cuda
 
     from ..analysis.corpus import corpus_stats
-    from ..device.hostrows import FETCH_THREADS, cache_hit_rates, fetch_rows_v1, rank_rows
+    from ..device.hostrows import FETCH_BLOCKS, FETCH_THREADS, cache_hit_rates, fetch_rows_v1, rank_rows
     from ..engine import EngramV41
     from ..placement import PlacementError
     from ..stages.hash.cpu import EngramHasher
@@ -389,16 +389,18 @@ def _host_runs(model, dev_eng, docs, chunk, timer, mem, log, cache_gbs, smoke, d
         hits = cuda.to_device(np.zeros(1, np.int64))
         dev_words = dev_eng.layers[lid].table.view(hl.words)
         row = {}
-        for name, src in (("host", hl.word_parts[0]), ("device", dev_words)):
-            def fetch(src=src):
-                fetch_rows_v1[(n * hl.W + FETCH_THREADS - 1) // FETCH_THREADS, FETCH_THREADS](
-                    src, src, hl.cache.table, nocache, ids, outb, hits, 0)
+        full = (n * hl.W + FETCH_THREADS - 1) // FETCH_THREADS
+        for name, src, grid in (("host", hl.word_parts[0], full), ("device", dev_words, full),
+                                (f"host, {FETCH_BLOCKS} blocks", hl.word_parts[0], min(full, FETCH_BLOCKS))):
+            def fetch(src=src, grid=grid):
+                fetch_rows_v1[grid, FETCH_THREADS](src, src, hl.cache.table, nocache, ids, outb, hits, 0)
             us = timer(fetch, iters=1 if smoke else 20, flush=False)
             row[name] = {"us": round(us, 1), "rows_per_s": round(n / (us * 1e-6)), "gbps": round(n * 84 / (us * 1e-6) / 1e9, 2)}
         row["copy_floor_rows_per_s"] = round(h2d_pinned_gbps * 1e9 / 84)
         gather[n] = row
         log(f"  random rows from pinned host memory, {n} rows: {row['host']['rows_per_s'] / 1e6:.1f} M rows/s "
-            f"({row['host']['gbps']} GB/s); device table {row['device']['rows_per_s'] / 1e6:.0f} M rows/s; "
+            f"({row['host']['gbps']} GB/s; {row[f'host, {FETCH_BLOCKS} blocks']['rows_per_s'] / 1e6:.1f} M rows/s "
+            f"with {FETCH_BLOCKS} blocks); device table {row['device']['rows_per_s'] / 1e6:.0f} M rows/s; "
             f"bulk-copy floor {row['copy_floor_rows_per_s'] / 1e6:.0f} M rows/s ({h2d_pinned_gbps:.1f} GB/s)")
     out["random_row_reads"] = gather
 
@@ -418,10 +420,12 @@ def _host_runs(model, dev_eng, docs, chunk, timer, mem, log, cache_gbs, smoke, d
         rep = host.cache_report()
         return {l_: (rep[l_]["hits"], rep[l_]["misses"]) for l_ in host.host_layers}, dict(rep["prefetch"])
 
-    variants = [("host tables, no prefetch", False, 0.0), ("host tables, prefetch", True, 0.0)]
-    variants += [(f"host tables, prefetch, cache {gb:g} GB a layer", True, gb) for gb in cache_gbs]
+    variants = [("host tables, no prefetch", False, 0.0, FETCH_BLOCKS)]
+    variants += [(f"host tables, prefetch, fetch grid {b or 'full'}", True, 0.0, b) for b in (0, 16, FETCH_BLOCKS, 256)]
+    variants += [(f"host tables, prefetch, cache {gb:g} GB a layer", True, gb, FETCH_BLOCKS) for gb in cache_gbs]
     dev_tps = device_rec["tokens_per_s"]
-    for name, pre, gb in variants:
+    for name, pre, gb, blocks in variants:
+        host._fetcher.max_blocks = blocks
         for l_ in cfg.layer_ids:
             host.fill_cache(l_, ranked[l_][: slots.get(gb, 0)], ranked=True) if gb else host.fill_cache(l_, [], ranked=True)
         corpus_stats(model, documents=docs[:2], backend="cuda", engine=host, device_highway=from_device,
@@ -438,7 +442,7 @@ def _host_runs(model, dev_eng, docs, chunk, timer, mem, log, cache_gbs, smoke, d
         n_chunks = max(1, pf1["issued"] - pf0["issued"]) if pre else max(1, (hits + misses) // (chunk * cfg.n_hash_cols * len(after)))
         time_us = 1e6 * chunk / tps
         rec = {"stage": "corpus_stats", "T": chunk, "variant": name, "tables": "host", "cache_gb": gb,
-               "prefetch": pre, "tokens_per_s": round(tps, 1), "time_us": round(time_us, 1),
+               "prefetch": pre, "fetch_blocks": blocks, "tokens_per_s": round(tps, 1), "time_us": round(time_us, 1),
                "pct_of_device_tables": round(100.0 * tps / dev_tps, 1), "device_tables_tokens_per_s": dev_tps,
                "floor_us": round(device_sum_us, 1), "device_sum_us": round(device_sum_us, 1),
                "pct_of_floor": round(100.0 * device_sum_us / time_us, 1), "n_tokens": st.n_tokens,

@@ -37,6 +37,7 @@ from numba import cuda, int64
 from .intrinsics import SIMULATOR
 
 FETCH_THREADS = 256
+FETCH_BLOCKS = 64             # the fetch kernel's grid on a side stream (0: one thread a word)
 N_BUFFERS = 2                 # raw buffers a host layer: the one being decoded, the one being filled
 COUNTER_SLOTS = 4096          # per-fetch hit counters kept on the device (a ring)
 
@@ -54,10 +55,11 @@ def fetch_rows_v1(part1, part2, cache, remap, ids, out, hits, hit_slot):
         counted[0] = 0
     cuda.syncthreads()
     i = cuda.grid(1)
+    stride = cuda.gridsize(1)
     W = out.shape[1]
     W1 = part1.shape[1]
     n = ids.shape[0]
-    if i < n * W:
+    while i < n * W:                  # grid-stride: a bounded grid leaves SMs to the compute stream
         r = i // W
         w = i - r * W
         row = ids[r]
@@ -72,6 +74,7 @@ def fetch_rows_v1(part1, part2, cache, remap, ids, out, hits, hit_slot):
             out[r, w] = part1[row, w]
         else:
             out[r, w] = part2[row, w - W1]
+        i += stride
     cuda.syncthreads()
     if cuda.threadIdx.x == 0 and counted[0] > 0:
         cuda.atomic.add(hits, hit_slot, counted[0])
@@ -319,6 +322,9 @@ class RowFetcher:
         self.issued = 0
         self.taken = 0
         self.missed = 0                              # takes that found no matching prefetch
+        # A host read waits ~1 us on PCIe and address translation: a full grid of such blocks holds
+        # every SM and stalls the compute stream's kernels, so the side stream gets a bounded grid.
+        self.max_blocks = FETCH_BLOCKS
 
     @property
     def device_bytes(self) -> int:
@@ -363,7 +369,8 @@ class RowFetcher:
             hl = self.layers[lid]
             out = self.raw[k][lid][:n]
             counter = hl.cache.next_counter(n)
-            fetch_rows_v1[_grid(n * hl.W), FETCH_THREADS, self.side](
+            grid = _grid(n * hl.W) if not self.max_blocks else min(_grid(n * hl.W), self.max_blocks)
+            fetch_rows_v1[grid, FETCH_THREADS, self.side](
                 hl.word_parts[0], hl.word_parts[1], hl.cache.table, hl.cache.remap, dev[li, :n], out,
                 hl.cache.hits, counter)
         self.fetched[k].record(self.side)
