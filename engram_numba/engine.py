@@ -364,7 +364,7 @@ class EngramV41:
         lw, ws = self._layer(layer_id)
         if lw.table is None:
             raise ValueError(f"rows_from_ids needs layer {lw.layer_id}'s table on the device or in host memory (its "
-                             f"placement is {lw.placement!r}): build EngramV41(..., tables='device' or 'host'), "
+                             f"placement is {lw.placement!r}): build EngramV41(..., device_tables=True) or tables='host', "
                              f"or read its rows with model.rows(layer_id) and call rows_from_raw")
         if is_device_like(row_ids):
             raise TypeError("rows_from_ids takes host row ids (they are range-checked before upload)")
