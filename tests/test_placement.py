@@ -298,3 +298,21 @@ def test_corpus_stats_with_host_tables_prefetches_and_equals_device_tables(model
         assert (r.n, r.mean, r.std, r.q50) == (s.n, s.mean, s.std, s.q50)
     for x, y in zip(a.row_bitmaps, b.row_bitmaps):
         np.testing.assert_array_equal(x, y)
+
+
+def test_fetch_kernel_compiles_for_sm90():
+    """Compile-only (the simulator does no type checking): the fetch kernel for 4-byte words and for
+    bytes, in a subprocess with the simulator off (no GPU needed)."""
+    import os
+    import subprocess
+    import sys
+    code = ("from numba import cuda, types\n"
+            "from engram_numba.device.hostrows import fetch_rows_v1 as k\n"
+            "for w in (types.uint32[:, ::1], types.uint8[:, ::1]):\n"
+            "    sig = (w, w, w, types.int32[::1], types.int64[::1], w, types.int64[::1], types.int64)\n"
+            "    ptx, _ = cuda.compile_ptx(k.py_func, sig, cc=(9, 0))\n"
+            "    assert 'atom.shared' in ptx or 'atom.add' in ptx or 'red.' in ptx, 'no atomic'\n"
+            "print('ok')\n")
+    env = {**os.environ, "NUMBA_ENABLE_CUDASIM": "0"}
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=300)
+    assert proc.returncode == 0 and "ok" in proc.stdout, proc.stderr[-2000:]
