@@ -316,3 +316,29 @@ def test_fetch_kernel_compiles_for_sm90():
     env = {**os.environ, "NUMBA_ENABLE_CUDASIM": "0"}
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=300)
     assert proc.returncode == 0 and "ok" in proc.stdout, proc.stderr[-2000:]
+
+
+# -- the CLI -------------------------------------------------------------------------------------
+@pytest.mark.parametrize("argv, why", [
+    (["--table-placement", "host"], "needs the cuda backend"),
+    (["--backend", "cuda", "--table-placement", "1=device,2=host"], "names layer(s) [2]"),
+    (["--backend", "cuda", "--table-placement", "gpu"], "tables must be None, one of"),
+])
+def test_cli_stats_table_placement_refusals(tmp_path, capsys, argv, why):
+    from engram_numba.cli import main
+    corpus = tmp_path / "c.txt"
+    corpus.write_text("the cat\n")
+    code = main(["stats", str(corpus), "--out", str(tmp_path / "o"), "--tables", "csv", *argv])
+    err = capsys.readouterr().err
+    assert code != 0 and why in err and "Traceback" not in err and err.startswith("error:")
+    assert not (tmp_path / "o").exists()                       # refused before any output
+
+
+def test_cli_table_placement_spec():
+    import argparse
+
+    from engram_numba.cli import table_placement_spec
+    assert table_placement_spec("1=device, 14=host") == {1: "device", 14: "host"}
+    assert table_placement_spec("device<=100GB") == "device<=100GB"
+    with pytest.raises(argparse.ArgumentTypeError, match="not one of"):
+        table_placement_spec("1=gpu")

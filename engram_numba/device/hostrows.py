@@ -37,7 +37,7 @@ from numba import cuda, int64
 from .intrinsics import SIMULATOR
 
 FETCH_THREADS = 256
-FETCH_BLOCKS = 16             # the fetch kernel's grid on a side stream (0: one thread a word); the best of 16/64/256/full on the H200
+FETCH_BLOCKS = 16             # the fetch kernel's grid on a side stream (0: one thread a word); best of 16/64/256/full
 N_BUFFERS = 2                 # raw buffers a host layer: the one being decoded, the one being filled
 COUNTER_SLOTS = 4096          # per-fetch hit counters kept on the device (a ring)
 
