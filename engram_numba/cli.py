@@ -292,6 +292,33 @@ def _stats_on_dask(args, model, files, tokenizer_path, out):
     return st
 
 
+def table_placement_spec(text: str):
+    """--table-placement: device | host | mmap | auto | device<=N GB | LAYER=PLACEMENT,... ."""
+    from .placement import PLACEMENTS
+    text = text.strip()
+    if "=" in text and "<=" not in text:
+        spec = {}
+        for part in text.split(","):
+            lid, _, where = part.partition("=")
+            try:
+                spec[int(lid)] = where.strip()
+            except ValueError:
+                raise argparse.ArgumentTypeError(f"--table-placement: {part!r} is not LAYER=PLACEMENT") from None
+            if spec[int(lid)] not in PLACEMENTS:
+                raise argparse.ArgumentTypeError(f"--table-placement: {where.strip()!r} is not one of {PLACEMENTS}")
+        return spec
+    return text
+
+
+def _placed_engine(model, args):
+    """The EngramV41 of `stats --table-placement` (refused with the plan's numbers if it cannot fit)."""
+    from .engine import EngramV41
+    backend = args.backend if isinstance(args.backend, dict) else {s: args.backend for s in ("rows", "proj", "gate")}
+    if any(backend.get(s) != "cuda" for s in ("rows", "proj", "gate")):
+        raise UserError("--table-placement needs the cuda backend for rows, proj and gate (--backend cuda)")
+    return EngramV41(model, max_tokens=args.chunk_tokens, tables=args.table_placement)
+
+
 def cmd_stats(args) -> int:
     import matplotlib
     matplotlib.use("Agg")
@@ -346,6 +373,10 @@ def cmd_stats(args) -> int:
         kinds = {corpus_format(f, args.format) for f in files}
         if "text" in kinds or tokenizer_path:
             _tokenizer_or_error(model, tokenizer_path, need_encode="text" in kinds)
+        if args.table_placement and (args.workers is not None or args.scheduler is not None):
+            raise UserError("--table-placement applies to one process: with --workers/--scheduler each worker "
+                            "places its tables itself (device when they fit)")
+        engine = _placed_engine(model, args) if args.table_placement else None     # refused before any output
         out.mkdir(parents=True, exist_ok=True)
         token_table = None
         if args.token_table:
@@ -354,8 +385,8 @@ def cmd_stats(args) -> int:
         if args.workers is not None or args.scheduler is not None:
             st = _stats_on_dask(args, model, files, tokenizer_path, out)
         else:
-            st = corpus_stats(model, files, backend=args.backend, chunk_tokens=args.chunk_tokens,
-                          continuous=args.continuous, tokenizer=tokenizer_path, field=args.field, split=args.split,
+            st = corpus_stats(model, files, backend=args.backend, chunk_tokens=args.chunk_tokens, engine=engine,
+                              continuous=args.continuous, tokenizer=tokenizer_path, field=args.field, split=args.split,
                               fmt=args.format, limit_tokens=args.limit_tokens, max_contexts=args.max_contexts,
                               contexts=not args.no_contexts, rows=not args.no_rows, progress=True,
                               residual=args.residual, token_table=token_table)
@@ -678,6 +709,10 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--tables", choices=["parquet", "csv"], default="parquet",
                    help="aggregate tables as parquet (needs the analysis extra) or CSV")
     s.add_argument("--token-table", action="store_true", help="also write the long per-token table")
+    s.add_argument("--table-placement", type=table_placement_spec, default=None,
+                   help="cuda backend: where the engram tables live: device | host (pinned, read by the GPU, the "
+                        "next chunk prefetched) | mmap | auto | 'device<=N GB' | LAYER=PLACEMENT,... "
+                        "(default: device); docs/placement.md")
     s.add_argument("--residual", choices=["fp32", "bf16"], default="fp32")
     s.add_argument("--merge", action="store_true", help="merge saved statistics (CORPUS = stats.npz files)")
     s.add_argument("--workers", type=int, nargs="?", const=0, default=None, metavar="N",

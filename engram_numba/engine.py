@@ -39,6 +39,7 @@ from .device.devarray import as_device_array, data_address, is_device_like
 from .device.graphs import CapturedGraph, HostToDeviceCopy
 from .device.intrinsics import SIMULATOR
 from .device.upload import Uploader
+from .placement import fetched_rows, host_tables_for, make_fetcher, plan_tables
 from .stages import registry
 from .stages.gate.launch import prepare_gate
 from .stages.gate.reference import RESIDUALS
@@ -93,11 +94,14 @@ class EngramLayerWeights:
     table_scales: object = None  # fp8 with separate scales: table is codes [rows, 256], these [rows, 8]
     wkv_encoding: str = "bf16"   # how `wkv` is held on the device (the projection's weight encoding)
     wkv_scales: object = None    # fp8: [ceil(N/32), K/32] uint8 e8m0 tile scales; else None
+    placement: str = "device"    # where `table` lives: "device", "host" (pinned mapped memory: `table`
+                                 # is its device view, read through UVA) or "mmap" (table None)
 
     @property
     def nbytes(self) -> int:
-        return sum(int(a.nbytes) for a in (self.wkv, self.wkv_scales, self.w_gate, self.table, self.table_scales)
-                   if a is not None)
+        """Device bytes of this layer's weights (a host table's bytes are in host memory)."""
+        tables = (self.table, self.table_scales) if self.placement == "device" else ()
+        return sum(int(a.nbytes) for a in (self.wkv, self.wkv_scales, self.w_gate, *tables) if a is not None)
 
 
 class _LayerWorkspace:
@@ -126,7 +130,15 @@ class EngramV41:
         `wkv_scales` (FP8: e8m0 uint8 [N/32, K/32]; else None).
     max_tokens: the most tokens one call may carry; workspaces are sized for it once.
     device_tables: upload each layer's table (30 GiB a layer in Q2_K at the released size), so
-        rows are gathered on the GPU and never cross PCIe.
+        rows are gathered on the GPU and never cross PCIe (the same as tables="device").
+    tables: where each layer's table lives (engram_numba.placement): "device", "host" (pinned
+        mapped host memory, read by the GPU through UVA), "mmap" (CPU reads + upload per call),
+        {layer id: placement}, "auto" or "device<=N GB". Checked against free device memory and
+        available host memory before anything is allocated (PlacementError). None: device_tables.
+    cache_gb: GB of device memory per host-resident table for its hottest rows (a number, or
+        {layer id: GB}); fill it with `fill_cache`. Rows of host layers go through the fetcher
+        (`prefetch`) when a cache is set or a prefetch was issued, else they are gathered straight
+        from host memory.
     residual: default residual precision, "fp32" (engine) or "bf16" (DeepSeek's reference).
     versions: kernel version per stage by record name, {"rows": "q2k_v4", "proj": "gemm_v2",
         "gate": "gate_v2"} (see `engram_numba.stages.catalog`); a stage not named takes its default.
@@ -139,7 +151,8 @@ class EngramV41:
     """
 
     def __init__(self, model, max_tokens: int, *, device_tables: bool = False, residual: str = "fp32",
-                 stream=0, versions: dict | None = None, wkv_format: str | None = None, graphs: bool = True):
+                 stream=0, versions: dict | None = None, wkv_format: str | None = None, graphs: bool = True,
+                 tables=None, cache_gb=None):
         cfg = model.config
         if not 1 <= cfg.hc <= MAX_HC:
             raise ValueError(f"EngramV41 supports hc in 1..={MAX_HC}, the model has hc = {cfg.hc}")
@@ -157,11 +170,16 @@ class EngramV41:
         t_build = time.perf_counter()
         # every layer's wkv format is settled (and refused, if it must be) before anything is uploaded
         wkv_formats = {lid: self._resolve_wkv_format(lid, model.layers[lid], wkv_format) for lid in cfg.layer_ids}
+        # ... and so is every table's placement (refused when it cannot fit: nothing allocated yet)
+        self.placement = plan_tables(model, self.max_tokens, wkv_formats, tables, device_tables, cache_gb)
         self.layers: dict[int, EngramLayerWeights] = {}
+        self._host_tables: dict = {}       # layer id -> [HostTable] (the table, and separate scales if any)
+        self._fetcher = None
         uploader = Uploader()
         try:
             for lid in cfg.layer_ids:
                 lf = model.layers[lid]
+                where = self.placement.layers[lid].placement
                 w_gate = (np.asarray(lf.q_weight, np.float32) * np.asarray(lf.k_weight, np.float32)).astype(np.float32)
                 table = lf.table
                 enc = get_encoding(getattr(lf, "table_encoding", "q2k"))
@@ -174,19 +192,27 @@ class EngramV41:
                     raise ValueError(f"layer {lid}: its {enc.name} table has {table.shape[1]} bytes a row, "
                                      f"expected {width}")
                 wkv, wkv_scales = self._wkv_setup(lid, lf, wkv_formats[lid], uploader)
+                d_table = d_scales = None
+                if where == "device":
+                    d_table = uploader.upload(table, f"layer {lid} table")
+                    d_scales = uploader.upload(scales, f"layer {lid} table scales") if scales is not None else None
+                elif where == "host":
+                    held = self._host_tables[lid] = host_tables_for(lid, table, scales, uploader.stats)
+                    d_table = held[0].dev
+                    d_scales = held[1].dev if len(held) > 1 else None
                 self.layers[lid] = EngramLayerWeights(
                     layer_id=lid, wkv=wkv,
                     w_gate=cuda.to_device(np.ascontiguousarray(w_gate)),
                     n_rows=int(table.shape[0]), encoding=enc.name, row_bytes=enc.row_bytes,
-                    table=uploader.upload(table, f"layer {lid} table") if device_tables else None,
-                    table_scales=(uploader.upload(scales, f"layer {lid} table scales")
-                                  if device_tables and scales is not None else None),
-                    wkv_encoding=wkv_formats[lid], wkv_scales=wkv_scales,
+                    table=d_table, table_scales=d_scales,
+                    wkv_encoding=wkv_formats[lid], wkv_scales=wkv_scales, placement=where,
                 )
         finally:
             uploader.close()
         self.wkv_format = {lid: lw.wkv_encoding for lid, lw in self.layers.items()}
         self._ws = {lid: _LayerWorkspace(self.max_tokens, cfg, self.layers[lid].row_bytes) for lid in cfg.layer_ids}
+        if self._host_tables:
+            self._fetcher = make_fetcher(self, self.placement)
         self._mask = cuda.device_array(self.max_tokens, dtype=np.uint8)
         # Prepared launches (validated arguments, views, kernel and grid), reused by calls with
         # the same layer, token count and arrays: Python work per decode step stays small.
@@ -199,7 +225,10 @@ class EngramV41:
         self._decode_bad = None        # device uint32 [1]: out-of-range row ids the decode graphs met
         if not SIMULATOR:
             cuda.synchronize()
-        self.build_report = {"seconds": round(time.perf_counter() - t_build, 4), "device_tables": bool(device_tables),
+        self.build_report = {"seconds": round(time.perf_counter() - t_build, 4),
+                             "device_tables": all(lw.placement == "device" for lw in self.layers.values()),
+                             "tables": {lid: lw.placement for lid, lw in self.layers.items()},
+                             "placement": self.placement.as_dict(),
                              "wkv_format": dict(self.wkv_format), **uploader.stats.as_dict()}
 
     # -- wkv: the projection's weight, in the encoding it is read in ---------------------------
@@ -334,7 +363,9 @@ class EngramV41:
         gather + dequant from the device-resident table. Ids are range-checked on the host first."""
         lw, ws = self._layer(layer_id)
         if lw.table is None:
-            raise ValueError("rows_from_ids needs the tables on the device: build EngramV41(..., device_tables=True)")
+            raise ValueError(f"rows_from_ids needs layer {lw.layer_id}'s table on the device or in host memory (its "
+                             f"placement is {lw.placement!r}): build EngramV41(..., device_tables=True) or tables='host', "
+                             f"or read its rows with model.rows(layer_id) and call rows_from_raw")
         if is_device_like(row_ids):
             raise TypeError("rows_from_ids takes host row ids (they are range-checked before upload)")
         ids = np.asarray(row_ids)
@@ -352,6 +383,9 @@ class EngramV41:
             raise ValueError(f"row id {int(flat[i])} (token {i // C}, column {i % C}) is outside layer "
                              f"{lw.layer_id}'s table of {lw.n_rows} rows")
         n = T * C
+        if lw.placement == "host" and self._fetcher is not None:
+            if fetched_rows(self, lw, ws, flat, T):
+                return
         ws.ids[:n].copy_to_device(np.ascontiguousarray(flat), stream=self.stream)
         launch = self._plan(("gather", lw.layer_id, n), lambda: prepare_gather(
             lw.table, ws.ids[:n], ws.rows[:n], encoding=lw.encoding, stream=self.stream,
@@ -359,6 +393,77 @@ class EngramV41:
         self._last_launch[("rows", lw.layer_id)] = launch
         launch()
         self._loaded(ws, T)
+
+    # -- host-resident tables: prefetch and the hot-row cache -------------------------------------
+    @property
+    def host_layers(self) -> list:
+        """Layer ids whose tables live in pinned host memory."""
+        return [lid for lid, lw in self.layers.items() if lw.placement == "host"]
+
+    def prefetch(self, row_ids) -> bool:
+        """Start fetching the host layers' rows for `row_ids` [T, layers, C] (`EngramHasher.hash`)
+        on a side stream, into the next of two device buffers; a later `rows_from_ids` (or `step`,
+        or `Pipeline.gates_from_ids`) with the same ids decodes from that buffer instead of reading
+        host memory then. Call it for chunk k+1 before computing chunk k. Ids are range-checked
+        first. Returns False when no layer's table is in host memory (nothing to do)."""
+        if self._fetcher is None:
+            return False
+        if is_device_like(row_ids):
+            raise TypeError("prefetch takes host row ids [T, layers, C]")
+        ids = np.asarray(row_ids)
+        cfg = self.config
+        L, C = len(cfg.layer_ids), cfg.n_hash_cols
+        if not np.issubdtype(ids.dtype, np.integer) or ids.ndim != 3 or ids.shape[1:] != (L, C):
+            raise ValueError(f"prefetch: row_ids must be integers [T, {L}, {C}], got {ids.dtype}{list(ids.shape)}")
+        self._check_tokens(ids.shape[0], "prefetch")
+        by_layer = {}
+        for li, lid in enumerate(cfg.layer_ids):
+            if self.layers[lid].placement != "host":
+                continue
+            flat = np.ascontiguousarray(ids[:, li, :]).reshape(-1).astype(np.int64, copy=False)
+            bad = (flat < 0) | (flat >= self.layers[lid].n_rows)
+            if bad.any():
+                i = int(np.argmax(bad))
+                raise ValueError(f"prefetch: row id {int(flat[i])} (token {i // C}, column {i % C}) is outside "
+                                 f"layer {lid}'s table of {self.layers[lid].n_rows} rows")
+            by_layer[lid] = flat
+        self._fetcher.issue(by_layer)
+        return True
+
+    def fill_cache(self, layer_id, row_ids, *, ranked: bool = False) -> int:
+        """Fill host layer `layer_id`'s hot-row cache with the rows `row_ids` reads most often (any
+        shape, e.g. a sample corpus's ids of this layer; ranked=True: already most-wanted first).
+        Returns the rows held (at most the cache's slots)."""
+        from .device.hostrows import rank_rows
+        lw, _ = self._layer(layer_id)
+        cache = self._cache_of(lw)
+        order = np.asarray(row_ids, dtype=np.int64).reshape(-1) if ranked else rank_rows(row_ids, lw.n_rows)
+        held = self._host_tables[lw.layer_id]
+
+        def read(rows):
+            parts = [h.rows(rows) for h in held]
+            return parts[0] if len(parts) == 1 else np.concatenate(parts, axis=1)
+        return cache.fill(order, read)
+
+    def cache_report(self, layer_id=None) -> dict:
+        """Hits, misses and bytes moved per fetch of each host layer's cache ({layer id: report}),
+        and the fetcher's prefetch counts. Synchronises."""
+        if self._fetcher is None:
+            return {}
+        f = self._fetcher
+        lids = self.host_layers if layer_id is None else [self._layer(layer_id)[0].layer_id]
+        out = {lid: f.layers[lid].cache.report() for lid in lids}
+        out["prefetch"] = {"issued": f.issued, "taken": f.taken, "missed": f.missed}
+        return out
+
+    def _cache_of(self, lw):
+        if lw.placement != "host" or self._fetcher is None:
+            raise ValueError(f"layer {lw.layer_id}'s table is placed {lw.placement!r}: a hot-row cache is for "
+                             f"host-resident tables (tables={{{lw.layer_id}: 'host'}})")
+        cache = self._fetcher.layers[lw.layer_id].cache
+        if not cache.n_slots:
+            raise ValueError(f"layer {lw.layer_id} has no cache: build EngramV41(..., cache_gb=...) with a budget")
+        return cache
 
     def _plan(self, key, make):
         plan = self._plans.get(key)
@@ -627,7 +732,15 @@ class EngramV41:
     def device_bytes(self) -> int:
         ws = sum(sum(int(a.nbytes) for a in (w.raw, w.ids, w.rows, w.kv, w.dot, w.gate)) for w in self._ws.values())
         scratch = int(self._wkv_scratch.nbytes) if self._wkv_scratch is not None else 0
-        return ws + sum(lw.nbytes for lw in self.layers.values()) + int(self._mask.nbytes) + scratch
+        fetch = 0
+        if self._fetcher is not None:
+            fetch = self._fetcher.device_bytes + sum(h.cache.device_bytes for h in self._fetcher.layers.values())
+        return ws + sum(lw.nbytes for lw in self.layers.values()) + int(self._mask.nbytes) + scratch + fetch
+
+    @property
+    def host_bytes(self) -> int:
+        """Pinned host bytes of the host-resident tables."""
+        return sum(h.nbytes for held in self._host_tables.values() for h in held)
 
 
 class _DecodedWeightProjection:

@@ -193,6 +193,10 @@ class _CudaBackend(_HostBackend):
                                      versions=self.versions)
         return self._engine
 
+    def use_engine(self, engine) -> None:
+        """Run on `engine` (an EngramV41 of this model) instead of building one."""
+        self._engine = engine
+
     def kernel_names(self) -> dict:
         """The record each cuda stage ran last (what `Capture.meta` reports)."""
         if self._engine is None:
@@ -311,6 +315,20 @@ class Pipeline:
             except (NoTokenizerError, ImportError):
                 self._tokenizer = False
         return self._tokenizer or None
+
+    def use_cuda_engine(self, engine) -> None:
+        """Run the cuda stages on `engine` (an `EngramV41` of this model: its table placement,
+        cache and workspaces) instead of one the pipeline builds with device tables."""
+        if "cuda" not in self._impl:
+            raise ValueError("use_cuda_engine: no stage of this pipeline runs on the cuda backend")
+        if engine.model is not self.model and engine.config != self.config:
+            raise ValueError("use_cuda_engine: the engine was built for another model")
+        self._impl["cuda"].use_engine(engine)
+
+    @property
+    def cuda_engine(self):
+        """The EngramV41 the cuda stages run on (None until one is built or given)."""
+        return self._impl["cuda"]._engine if "cuda" in self._impl else None
 
     @property
     def device_resident(self) -> bool:

@@ -455,7 +455,8 @@ def corpus_stats(model, corpus=None, *, texts=None, documents=None, backend="cpu
                  max_contexts: int = DEFAULT_MAX_CONTEXTS, contexts: bool = True, rows: bool = True,
                  limit_tokens: int | None = None, progress: bool = False, residual: str = "fp32",
                  cuda_versions: dict | None = None, token_table=None, threads: bool = True,
-                 reducer_threads: int | None = None, engine=None, device_highway=None) -> StreamingGateStats:
+                 reducer_threads: int | None = None, engine=None, device_highway=None,
+                 prefetch: bool = True) -> StreamingGateStats:
     """Stream a corpus through the pipeline and keep only statistics (module doc).
 
     model:        an opened model (load_gguf / load_model).
@@ -470,7 +471,11 @@ def corpus_stats(model, corpus=None, *, texts=None, documents=None, backend="cpu
     threads:      tokenize+hash and the statistics on their own threads (False: all in order on one).
     reducer_threads: threads the statistics use inside a chunk (layers and context orders side by
                   side; default min(5, CPU count); 1 = none). Results are the same either way.
-    engine:       an `EngramV41` (device tables, max_tokens >= chunk_tokens) for the cuda backend to use.
+    engine:       an `EngramV41` (max_tokens >= chunk_tokens) for the cuda backend to use. When some of
+                  its tables live in host memory (`tables={..: "host"}`), each chunk's rows are
+                  prefetched on a side stream while the chunk before it computes (bit-identical
+                  to the unprefetched run; `engine.cache_report()` has the fetch counts).
+    prefetch:     False: no prefetch (host-table rows are read when their chunk computes).
     device_highway: for benchmarks, a callable (job positions [T]) -> device highway [T, hc, dim]
                   used instead of the synthetic one.
     Returns a StreamingGateStats; its meta holds the settings and timing (seconds per stage).
@@ -504,7 +509,10 @@ def corpus_stats(model, corpus=None, *, texts=None, documents=None, backend="cpu
             raise ValueError("engine= is for the cuda backend (rows, proj and gate on cuda)")
         if engine.max_tokens < chunk_tokens:
             raise ValueError(f"engine has max_tokens {engine.max_tokens} < chunk_tokens {chunk_tokens}")
-        pipe._impl["cuda"]._engine = engine
+        pipe.use_cuda_engine(engine)
+    prefetch_job = None
+    if engine is not None and engine.host_layers and prefetch:
+        prefetch_job = lambda job: engine.prefetch(job.row_ids)  # noqa: E731
     writer = TokenTableWriter(token_table) if token_table is not None else None
     cfg = model.config
     stats = StreamingGateStats.empty(model, bins=bins, max_contexts=max_contexts, contexts=contexts, rows=rows)
@@ -563,9 +571,9 @@ def corpus_stats(model, corpus=None, *, texts=None, documents=None, backend="cpu
     t_wall = time.perf_counter()
     try:
         if threads:
-            _run_threaded(jobs, gates, reduce, bar, timing)
+            _run_threaded(jobs, gates, reduce, bar, timing, prefetch_job)
         else:
-            for job in jobs:
+            for job in _ahead(jobs, prefetch_job):
                 timing["produce_s"] += job.seconds
                 reduce(job, gates(job))
                 if bar is not None:
@@ -593,8 +601,25 @@ def corpus_stats(model, corpus=None, *, texts=None, documents=None, backend="cpu
     return stats
 
 
-def _run_threaded(jobs: Iterator[_Job], gates, reduce, bar, timing: dict) -> None:
-    """producer (tokenize + hash) -> this thread (device work) -> reducer (statistics), in order."""
+def _ahead(jobs: Iterator, prefetch) -> Iterator:
+    """The jobs in order; with `prefetch`, job k+1 is handed to it before job k is yielded (so its
+    rows are fetched while job k computes)."""
+    if prefetch is None:
+        yield from jobs
+        return
+    pending = None
+    for job in jobs:
+        prefetch(job)
+        if pending is not None:
+            yield pending
+        pending = job
+    if pending is not None:
+        yield pending
+
+
+def _run_threaded(jobs: Iterator[_Job], gates, reduce, bar, timing: dict, prefetch=None) -> None:
+    """producer (tokenize + hash) -> this thread (device work) -> reducer (statistics), in order.
+    prefetch(job), if given, is called on this thread for job k+1 before job k's device work."""
     to_main: queue.Queue = queue.Queue(maxsize=2)
     to_reduce: queue.Queue = queue.Queue(maxsize=2)
     stop = threading.Event()
@@ -635,15 +660,21 @@ def _run_threaded(jobs: Iterator[_Job], gates, reduce, bar, timing: dict) -> Non
 
     producer = threading.Thread(target=produce, name="engram-corpus-producer", daemon=True)
     reducer = threading.Thread(target=consume, name="engram-corpus-reducer", daemon=True)
-    producer.start()
-    reducer.start()
-    try:
+    def received():
         while not stop.is_set():
             try:
                 job = to_main.get(timeout=0.1)
             except queue.Empty:
                 continue
             if job is DONE:
+                return
+            yield job
+
+    producer.start()
+    reducer.start()
+    try:
+        for job in _ahead(received(), prefetch):
+            if stop.is_set():
                 break
             chunk = gates(job)
             if not put(to_reduce, (job, chunk)):

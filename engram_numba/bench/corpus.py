@@ -43,10 +43,32 @@ from .timing import RELEASED, BenchShape, DeviceTimer, commit, device_name
 CHUNK = 4096
 
 
+class TiledTable:
+    """A [rows, 84] Q2_K table that repeats one block of random finite rows, made row range by
+    row range on demand (what the host-table run copies into pinned memory, without holding a
+    second 32 GB copy in pageable memory)."""
+
+    def __init__(self, n_rows: int, block: np.ndarray):
+        self.shape = (int(n_rows), int(block.shape[1]))
+        self.dtype = np.dtype(np.uint8)
+        self.block = block                                  # [B, 84]
+        self.nbytes = self.shape[0] * self.shape[1]
+
+    def __getitem__(self, sl):
+        if not isinstance(sl, slice):
+            rows = np.asarray(sl, dtype=np.int64)
+            return self.block[rows % self.block.shape[0]]
+        r0, r1, step = sl.indices(self.shape[0])
+        B = self.block.shape[0]
+        if step == 1 and r0 % B + (r1 - r0) <= B:
+            return self.block[r0 % B: r0 % B + (r1 - r0)]
+        return self.block[np.arange(r0, r1, step) % B]
+
+
 @dataclass
 class _Layer:
     layer_id: int
-    table: np.ndarray        # [rows, 84] zero-stride stand-in (the real table lives on the device)
+    table: object            # [rows, 84]: a TiledTable (copied only by a host-table engine)
     _wkv: np.ndarray
     q_weight: np.ndarray
     k_weight: np.ndarray
@@ -73,7 +95,7 @@ class BenchModel:
     """The released shapes with random weights and no host tables (the protocol's fields that
     the pipeline, the engine and corpus_stats use)."""
 
-    def __init__(self, shape: BenchShape, table_rows_per_col: int, seed: int = 0):
+    def __init__(self, shape: BenchShape, table_rows_per_col: int, seed: int = 0, block_rows: int = 1 << 20):
         from ..config import COMPRESSED_VOCAB_SIZE, EngramConfig
         from ..stages.hash.tables import EngramHashTables
         from ..bf16 import f32_to_bf16
@@ -88,10 +110,12 @@ class BenchModel:
         rng = np.random.default_rng(seed)
         cfg = self.config
         self.layers = {}
+        from ..stages.rows.encodings import random_raw_rows
+        block = random_raw_rows("q2k", int(min(block_rows, self.hash_tables.table_rows.max())), rng)
         for li, lid in enumerate(cfg.layer_ids):
             rows = int(self.hash_tables.table_rows[li])
             wkv = f32_to_bf16((rng.standard_normal((cfg.proj_out, cfg.proj_in), dtype=np.float32) * 0.02))
-            self.layers[lid] = _Layer(lid, np.broadcast_to(np.zeros(84, np.uint8), (rows, 84)), wkv,
+            self.layers[lid] = _Layer(lid, TiledTable(rows, block), wkv,
                                       (1 + 0.1 * rng.standard_normal((cfg.hc, cfg.dim))).astype(np.float32),
                                       (1 + 0.1 * rng.standard_normal((cfg.hc, cfg.dim))).astype(np.float32))
         self.path = f"bench model ({shape.name} shapes, random weights, {int(self.hash_tables.table_rows[0]):,} rows a table)"
@@ -103,12 +127,12 @@ class BenchModel:
         return _NoReader(self.layers[layer_id].n_rows)
 
 
-def _fill_device_table(n_rows: int, rng, cuda, block_rows: int = 1 << 20):
+def _fill_device_table(n_rows: int, block_rows: np.ndarray, cuda):
     """A device table [n_rows, 84] of random finite Q2_K rows: one random block uploaded, then
-    repeated by device-to-device copies (gathers read random rows all over it, as in use)."""
-    from ..stages.rows.encodings import random_raw_rows
+    repeated by device-to-device copies (gathers read random rows all over it, as in use); the
+    same bytes as the model's TiledTable, so host and device tables give the same results."""
     table = cuda.device_array((n_rows, 84), dtype=np.uint8)
-    block = cuda.to_device(random_raw_rows("q2k", min(block_rows, n_rows), rng))
+    block = cuda.to_device(block_rows)
     for r0 in range(0, n_rows, block.shape[0]):
         n = min(block.shape[0], n_rows - r0)
         table[r0:r0 + n].copy_to_device(block[:n])
@@ -275,7 +299,8 @@ def _h2d_gbps(timer: DeviceTimer, cuda, nbytes: int, pinned: bool) -> float:
 
 
 def run(shape: BenchShape = RELEASED, quick: bool = False, log=print, table_gb: float | None = None,
-        n_chunks: int | None = None, distributed: int = 0, dist_chunks: int | None = None) -> dict:
+        n_chunks: int | None = None, distributed: int = 0, dist_chunks: int | None = None,
+        host: bool = True, cache_gbs=(0.25, 1.0, 4.0)) -> dict:
     """The corpus_stats records (module doc). table_gb: each layer's table size in GB (default:
     the released 32.3 GB; the smoke shape uses a tiny table). distributed: also the
     corpus_stats_distributed records with this many Dask workers sharing the GPU (then one), over
@@ -300,12 +325,22 @@ def run(shape: BenchShape = RELEASED, quick: bool = False, log=print, table_gb: 
         rows_per_col = ENGRAM_VOCAB_SIZE                     # the released tables: 384M rows, 32.3 GB each
     else:
         rows_per_col = max(int(table_gb * 1e9 / 84 / shape.cols), 1024)
+    if host and not smoke:                 # both tables must fit in pinnable host memory: shrink if not
+        from ..placement import HOST_RESERVE, host_available_bytes
+        avail = host_available_bytes()
+        if avail is not None:
+            fit = int((avail - HOST_RESERVE - (12 << 30)) / 2 / 84 / shape.cols)
+            if fit < rows_per_col:
+                log(f"corpus bench: host memory ({avail / 1e9:.0f} GB available) holds two tables of "
+                    f"{fit * shape.cols * 84 / 1e9:.1f} GB at most: both runs use that size")
+                rows_per_col = max(fit, 1024)
     t0 = time.perf_counter()
     model = BenchModel(shape, rows_per_col)
     cfg = model.config
     eng = EngramV41(model, max_tokens=chunk, device_tables=False)
     for lid in cfg.layer_ids:
-        eng.layers[lid].table = _fill_device_table(model.layers[lid].n_rows, rng, cuda)
+        eng.layers[lid].table = _fill_device_table(model.layers[lid].n_rows, model.layers[lid].table.block, cuda)
+        eng.layers[lid].placement = "device"
     mem.sample()
     table_gb_real = model.layers[1].n_rows * 84 / 1e9
     log(f"corpus bench: {model.path}; tables {table_gb_real:.1f} GB a layer on the device "
@@ -386,7 +421,8 @@ def run(shape: BenchShape = RELEASED, quick: bool = False, log=print, table_gb: 
                "bytes": 0, "flops": 4 * chunk * cfg.proj_in * cfg.proj_out, "gbps": 0.0,
                "tflops": round(4 * chunk * cfg.proj_in * cfg.proj_out / (time_us * 1e-6) / 1e12, 2),
                "baselines": {}, "kernel": "+".join(f"{k}:{v}" for k, v in st.meta.get("cuda_kernels", {}).items()),
-               "validated": bool(np.isfinite(st[1, 0].mean) and st.n_tokens == sum(d.size for d in docs))}
+               "validated": bool(np.isfinite(st[1, 0].mean) and st.n_tokens == sum(d.size for d in docs)),
+               "tables": "device", "cache_gb": 0.0}
         if name.startswith("host"):
             kind = name.split()[1]
             rec["h2d_gbps"] = round(h2d[kind], 1)
@@ -400,6 +436,11 @@ def run(shape: BenchShape = RELEASED, quick: bool = False, log=print, table_gb: 
             f"{dev_sum:.0f} us (x{time_us / dev_sum:.2f}); producer {st.meta['timing']['produce_s']:.2f} s, "
             f"gates {st.meta['timing']['gates_s']:.2f} s, reduce {st.meta['timing']['reduce_s']:.2f} s, "
             f"wall {wall:.2f} s" + (f"; {rec['bound']}" if "bound" in rec else ""))
+    host_info = None
+    if host:
+        host_info = _host_runs(model, eng, docs, chunk, timer, mem, log, cache_gbs, smoke, records[0], from_device,
+                               h2d["pinned"], base_sum + stage_us["highway.d2d"])
+        records += host_info.pop("records")
     if distributed:
         ddocs = docs if dist_chunks is None else _documents(dist_chunks * chunk, vocab, np.random.default_rng(12),
                                                              lo=2 if smoke else 256, hi=6 if smoke else 4096)
@@ -410,7 +451,158 @@ def run(shape: BenchShape = RELEASED, quick: bool = False, log=print, table_gb: 
         r["table_gb_per_layer"] = round(table_gb_real, 2)
     log(f"  memory: {memory}")
     return {"records": records, "memory": memory, "h2d_gbps": {k: round(v, 1) for k, v in h2d.items()},
-            "table_gb_per_layer": round(table_gb_real, 2)}
+            "table_gb_per_layer": round(table_gb_real, 2), "host_tables": host_info}
+
+
+def _token_ids_by_layer(model, docs) -> list:
+    """Each layer's row ids [n, C] over documents hashed one by one (as corpus_stats does)."""
+    from ..stages.hash.cpu import EngramHasher
+    hasher = EngramHasher(model.hash_tables, capacity=max(d.size for d in docs) + 8)
+    per = [[] for _ in model.config.layer_ids]
+    for d in docs:
+        hasher.reset()
+        ids = hasher.hash(d)
+        for li in range(len(per)):
+            per[li].append(ids[:, li, :])
+    return [np.concatenate(p) for p in per]
+
+
+def _host_runs(model, dev_eng, docs, chunk, timer, mem, log, cache_gbs, smoke, device_rec, from_device,
+               h2d_pinned_gbps, device_sum_us) -> dict:
+    """The same corpus with both tables in pinned host memory (module doc): no prefetch, prefetch,
+    prefetch + a static cache at each budget; the random-row read rate from pinned memory; decode
+    tokens on host against device tables."""
+    from numba import cuda
+
+    from ..analysis.corpus import corpus_stats
+    from ..device.hostrows import FETCH_BLOCKS, FETCH_THREADS, cache_hit_rates, fetch_rows_v1, rank_rows
+    from ..engine import EngramV41
+    from ..placement import PlacementError
+    from ..stages.hash.cpu import EngramHasher
+    cfg = model.config
+    out = {"records": []}
+    t0 = time.perf_counter()
+    try:
+        host = EngramV41(model, max_tokens=chunk, tables="host", cache_gb=max(cache_gbs) if cache_gbs else None)
+    except PlacementError as exc:
+        log(f"  host tables: refused ({exc})")
+        out["refused"] = str(exc)
+        return out
+    out["build_s"] = round(time.perf_counter() - t0, 1)
+    out["build_report"] = {k: v for k, v in host.build_report.items() if k != "uploads"}
+    out["pinned_gb"] = round(host.host_bytes / 1e9, 2)
+    mem.sample()
+    log(f"  host tables: {out['pinned_gb']} GB pinned in {out['build_s']} s; placement {host.build_report['placement']}")
+
+    # -- random rows from pinned host memory: the fetch kernel, against the same from the device table
+    rng = np.random.default_rng(5)
+    lid = cfg.layer_ids[0]
+    hl = host._fetcher.layers[lid]
+    n_rows = host.layers[lid].n_rows
+    gather = {}
+    for n in ((64,) if smoke else (4096, 98304, 1 << 20)):
+        ids = cuda.to_device(rng.integers(0, n_rows, n, dtype=np.int64))
+        outb = cuda.device_array((n, hl.W), dtype=hl.words)
+        nocache = cuda.to_device(np.full(1, -1, np.int32))
+        hits = cuda.to_device(np.zeros(1, np.int64))
+        dev_words = dev_eng.layers[lid].table.view(hl.words)
+        row = {}
+        full = (n * hl.W + FETCH_THREADS - 1) // FETCH_THREADS
+        for name, src, grid in (("host", hl.word_parts[0], full), ("device", dev_words, full),
+                                (f"host, {FETCH_BLOCKS} blocks", hl.word_parts[0], min(full, FETCH_BLOCKS))):
+            def fetch(src=src, grid=grid):
+                fetch_rows_v1[grid, FETCH_THREADS](src, src, hl.cache.table, nocache, ids, outb, hits, 0)
+            us = timer(fetch, iters=1 if smoke else 20, flush=False)
+            row[name] = {"us": round(us, 1), "rows_per_s": round(n / (us * 1e-6)), "gbps": round(n * 84 / (us * 1e-6) / 1e9, 2)}
+        row["copy_floor_rows_per_s"] = round(h2d_pinned_gbps * 1e9 / 84)
+        gather[n] = row
+        log(f"  random rows from pinned host memory, {n} rows: {row['host']['rows_per_s'] / 1e6:.1f} M rows/s "
+            f"({row['host']['gbps']} GB/s; {row[f'host, {FETCH_BLOCKS} blocks']['rows_per_s'] / 1e6:.1f} M rows/s "
+            f"with {FETCH_BLOCKS} blocks); device table {row['device']['rows_per_s'] / 1e6:.0f} M rows/s; "
+            f"bulk-copy floor {row['copy_floor_rows_per_s'] / 1e6:.0f} M rows/s ({h2d_pinned_gbps:.1f} GB/s)")
+    out["random_row_reads"] = gather
+
+    # -- the static cache: ranked from a training corpus of the same law, measured on the bench corpus
+    vocab = model.hash_tables.token_map.size
+    n_tok = sum(d.size for d in docs)
+    train_docs = _documents(n_tok, vocab, np.random.default_rng(99), lo=2 if smoke else 256, hi=6 if smoke else 4096)
+    train = _token_ids_by_layer(model, train_docs)
+    test = _token_ids_by_layer(model, docs)
+    ranked = {l_: rank_rows(train[li]) for li, l_ in enumerate(cfg.layer_ids)}
+    slots = {gb: int(gb * 1e9) // 84 for gb in cache_gbs}
+    out["hit_rate_host_model"] = {str(gb): {str(l_): round(cache_hit_rates(train[li], test[li], [s])[s], 4)
+                                            for li, l_ in enumerate(cfg.layer_ids)} for gb, s in slots.items()}
+    out["distinct_train_rows"] = {str(l_): int(ranked[l_].size) for l_ in cfg.layer_ids}
+
+    def totals():
+        rep = host.cache_report()
+        return {l_: (rep[l_]["hits"], rep[l_]["misses"]) for l_ in host.host_layers}, dict(rep["prefetch"])
+
+    variants = [("host tables, no prefetch", False, 0.0, FETCH_BLOCKS)]
+    variants += [(f"host tables, prefetch, fetch grid {b or 'full'}", True, 0.0, b) for b in (0, 16, FETCH_BLOCKS, 256)]
+    variants += [(f"host tables, prefetch, cache {gb:g} GB a layer", True, gb, FETCH_BLOCKS) for gb in cache_gbs]
+    dev_tps = device_rec["tokens_per_s"]
+    for name, pre, gb, blocks in variants:
+        host._fetcher.max_blocks = blocks
+        for l_ in cfg.layer_ids:
+            host.fill_cache(l_, ranked[l_][: slots.get(gb, 0)], ranked=True) if gb else host.fill_cache(l_, [], ranked=True)
+        corpus_stats(model, documents=docs[:2], backend="cuda", engine=host, device_highway=from_device,
+                     chunk_tokens=chunk, prefetch=pre)                                      # warm-up
+        before, pf0 = totals()
+        st = corpus_stats(model, documents=docs, backend="cuda", engine=host, device_highway=from_device,
+                          chunk_tokens=chunk, prefetch=pre)
+        after, pf1 = totals()
+        mem.sample()
+        wall = st.meta["timing"]["wall_s"]
+        tps = st.n_tokens / wall
+        hits = sum(after[l_][0] - before[l_][0] for l_ in after)
+        misses = sum(after[l_][1] - before[l_][1] for l_ in after)
+        n_chunks = max(1, pf1["issued"] - pf0["issued"]) if pre else max(1, (hits + misses) // (chunk * cfg.n_hash_cols * len(after)))
+        time_us = 1e6 * chunk / tps
+        rec = {"stage": "corpus_stats", "T": chunk, "variant": name, "tables": "host", "cache_gb": gb,
+               "prefetch": pre, "fetch_blocks": blocks, "tokens_per_s": round(tps, 1), "time_us": round(time_us, 1),
+               "pct_of_device_tables": round(100.0 * tps / dev_tps, 1), "device_tables_tokens_per_s": dev_tps,
+               "floor_us": round(device_sum_us, 1), "device_sum_us": round(device_sum_us, 1),
+               "pct_of_floor": round(100.0 * device_sum_us / time_us, 1), "n_tokens": st.n_tokens,
+               "hit_rate": round(hits / max(1, hits + misses), 4), "host_bytes_per_chunk": int(misses * 84 / n_chunks),
+               "cache_bytes_per_chunk": int(hits * 84 / n_chunks), "prefetch_counts": {k: pf1[k] - pf0[k] for k in pf1},
+               "timing_s": st.meta["timing"], "statistics": "full", "bytes": 0, "flops": 0, "gbps": 0.0, "tflops": 0.0,
+               "baselines": {"device tables": device_rec["time_us"]},
+               "validated": bool(st.n_tokens == device_rec["n_tokens"] and (not pre or pf1["missed"] == pf0["missed"]))}
+        out["records"].append(rec)
+        log(f"  corpus_stats [{name}]: {tps:,.0f} tokens/s ({rec['pct_of_device_tables']}% of device tables), "
+            f"cache hit rate {rec['hit_rate']:.3f}, {rec['host_bytes_per_chunk'] / 1e6:.2f} MB from host a chunk")
+
+    # -- decode tokens: graphs gathering straight from host memory, against device tables
+    hs = {}
+    seq = np.random.default_rng(7).integers(0, vocab, (1 if smoke else 32) + (2 if smoke else 512))
+    warm = 1 if smoke else 32
+    h0 = np.random.default_rng(8).standard_normal((1, cfg.hc, cfg.dim)).astype(np.float32)
+    for name, e in (("device", dev_eng), ("host", host)):
+        hasher = EngramHasher(model.hash_tables, capacity=seq.size + 8)
+        h = cuda.to_device(h0)
+        for tok in seq[:warm]:
+            e.decode(int(tok), h, hasher)
+        cuda.synchronize()
+        t1 = time.perf_counter()
+        for tok in seq[warm:]:
+            e.decode(int(tok), h, hasher)
+        cuda.synchronize()
+        hs[name] = {"wall_us_per_token": round((time.perf_counter() - t1) / (seq.size - warm) * 1e6, 2),
+                    "final": h.copy_to_host(), "graphed": bool(e.graphs_available)}
+    same = bool(np.array_equal(hs["device"]["final"], hs["host"]["final"]))
+    for name in ("device", "host"):
+        rec = {"stage": "decode_step", "T": 1, "variant": f"{name} tables (corpus bench model, bf16 wkv)",
+               "tables": name, "cache_gb": 0.0, "time_us": hs[name]["wall_us_per_token"],
+               "graphed": hs[name]["graphed"], "tokens": int(seq.size - warm), "bytes": 0, "flops": 0, "gbps": 0.0,
+               "tflops": 0.0, "floor_us": 0.0, "pct_of_floor": 0.0, "baselines": {}, "validated": same}
+        if name == "host":
+            rec["delta_us_vs_device_tables"] = round(hs["host"]["wall_us_per_token"] - hs["device"]["wall_us_per_token"], 2)
+        out["records"].append(rec)
+    log(f"  decode: device tables {hs['device']['wall_us_per_token']} us/token, host tables "
+        f"{hs['host']['wall_us_per_token']} us/token; same highway bits: {same}")
+    host._fetcher.close()
+    return out
 
 
 def main(argv=None) -> int:
@@ -426,13 +618,17 @@ def main(argv=None) -> int:
     p.add_argument("--distributed", type=int, default=0,
                    help="also corpus_stats_distributed: this many Dask workers sharing the GPU, then one")
     p.add_argument("--dist-chunks", type=int, default=None, help="4096-token chunks of the distributed runs")
+    p.add_argument("--no-host", action="store_true", help="skip the host-table runs")
+    p.add_argument("--cache-gb", default="0.25,1,4", help="cache budgets per layer for the host runs (GB, comma list)")
     args = p.parse_args(argv)
     if not args.smoke and (config.ENABLE_CUDASIM or not cuda.is_available()):
         print("error: the corpus bench needs a CUDA GPU (or --smoke)", file=sys.stderr)
         return 2
     from .timing import SMOKE
+    cache_gbs = tuple(float(x) for x in args.cache_gb.split(",") if x.strip())
     res = run(SMOKE if args.smoke else RELEASED, quick=args.quick, table_gb=args.table_gb, n_chunks=args.chunks,
-              distributed=args.distributed, dist_chunks=args.dist_chunks)
+              distributed=args.distributed, dist_chunks=args.dist_chunks, host=not args.no_host,
+              cache_gbs=cache_gbs)
     res.update({"commit": commit(), "device": device_name()})
     if args.out:
         with open(args.out, "w") as f:

@@ -317,6 +317,7 @@ def bench_decode_step(shape: BenchShape, quick: bool, log, timer, copy_gbps, smo
                       validated=bool(info.get("q2k_graph_equals_ungraphed", True)
                                      and info.get("bf16_graph_equals_ungraphed", True)),
                       variants={k: {kk: round(vv, 2) for kk, vv in v.items()} for k, v in results.items()})
+    rec["tables"], rec["cache_gb"] = "device", 0.0
     torch_best = min((v["wall_us_per_token"] for k, v in results.items() if k.startswith("torch")), default=None)
     if torch_best:
         rec["speedup_vs_torch_best"] = round(torch_best / rec["time_us"], 2)

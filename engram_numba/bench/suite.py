@@ -13,7 +13,9 @@ Records (names kept stable across versions so results stay comparable), at the r
     apply           projection + gate as `EngramV41.apply` runs them
     projection_q2k, projection_fp8, decode_step, engine_build   the decode path (bench/decode.py)
     corpus_stats    `corpus_stats` end to end in 4096-token chunks, tokens/s against the stages'
-                    device-time sum (bench/corpus.py: device and host highways, peak memory)
+                    device-time sum (bench/corpus.py: device and host highways, peak memory; tables in
+                    pinned host memory with prefetch and a hot-row cache against device tables, and
+                    decode_step records of both placements)
 and the version sweep ("variants"): every kernel record of the registry at the token counts it
 competes at (`KernelRecord.sweep`), each checked against the numpy reference before it is timed.
 Method in `timing.py`; baselines (measured in the same run when torch imports) in

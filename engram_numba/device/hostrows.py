@@ -1,0 +1,406 @@
+"""Table rows that live in host memory: pinned mapped tables, a side-stream prefetch of the next
+chunk's rows, and a static hot-row cache in device memory.
+
+A table placed in host memory (`EngramV41(..., tables={14: "host"})`) is copied once into pinned,
+*mapped* host memory: a kernel reads it through its device address (UVA, zero-copy), so the
+rows stage's gather kernels run on it unchanged. What it costs: a scattered row read from host
+memory is bound by address translation and PCIe latency, ~43 M rows/s on an H200 against
+~4 G rows/s from device memory. Two things hide that:
+
+* `RowFetcher`: the rows of the next chunk are copied (raw, in the file's encoding) into a device
+  buffer on a side stream while the current chunk computes; the compute stream then decodes from
+  that buffer. Two buffers a layer, and events order the reuse:
+      issue(k):  host waits `fetched[k]` (the previous copy out of pinned ids buffer k is done)
+                 side stream waits `consumed[k]` (the decode that last read raw buffer k is done)
+                 ids k -> device, fetch kernel -> raw k, record `fetched[k]` on the side stream
+      take(k):   compute stream waits `fetched[k]`; decode raw k; record `consumed[k]` on it
+* `RowCache`: a static cache of hot rows in device memory (a budget in bytes): the rows a corpus
+  reads most often, ranked from its row ids (`rank_rows`). A dense remap (int32 a table row:
+  slot, or -1) lives on the device, so the lookup is one coalesced 4-byte read inside the fetch
+  kernel; hits are counted per fetch in device counters (`RowCache.report`).
+  Why static and not CLOCK/LFU: the row ids of an n-gram hash are a fixed function of the text,
+  so which rows are hot is a property of the language, stable from one corpus to the next
+  (measured: `cache_hit_rates` on held-out chunks); a static cache costs no bookkeeping on the
+  critical path and never writes the cache while kernels read it.
+
+The fetch kernel moves 4-byte words when every row width is a multiple of 4 (Q2_K 84 B = 21
+words, FP8 264 B = 66 words), else bytes; consecutive threads read consecutive words of a row, so
+one row is one or two PCIe read bursts.
+"""
+from __future__ import annotations
+
+from concurrent.futures import ThreadPoolExecutor
+
+import numpy as np
+from numba import cuda, int64
+
+from .intrinsics import SIMULATOR
+
+FETCH_THREADS = 256
+FETCH_BLOCKS = 16             # the fetch kernel's grid on a side stream (0: one thread a word); best of 16/64/256/full
+N_BUFFERS = 2                 # raw buffers a host layer: the one being decoded, the one being filled
+COUNTER_SLOTS = 4096          # per-fetch hit counters kept on the device (a ring)
+
+
+# -- kernels ---------------------------------------------------------------------------------------
+@cuda.jit
+def fetch_rows_v1(part1, part2, cache, remap, ids, out, hits, hit_slot):
+    """out[r, :] = the raw row ids[r]: from the cache when remap[ids[r]] >= 0, else words 0..W1-1
+    from part1 and W1.. from part2 (FP8 codes and their scales held apart; part2 unused when
+    W1 = W). part1/part2: [rows, W1] / [rows, W - W1] words (host-mapped or device); cache
+    [slots, W]; remap int32 [rows] or [1] (no cache: [-1]); ids int64 [n]; out [n, W];
+    hits int64 [COUNTER_SLOTS] += the cache hits of this launch at hit_slot."""
+    counted = cuda.shared.array(1, int64)
+    if cuda.threadIdx.x == 0:
+        counted[0] = 0
+    cuda.syncthreads()
+    i = cuda.grid(1)
+    stride = cuda.gridsize(1)
+    W = out.shape[1]
+    W1 = part1.shape[1]
+    n = ids.shape[0]
+    while i < n * W:                  # grid-stride: a bounded grid leaves SMs to the compute stream
+        r = i // W
+        w = i - r * W
+        row = ids[r]
+        slot = -1
+        if row < remap.shape[0]:
+            slot = remap[row]
+        if slot >= 0:
+            out[r, w] = cache[slot, w]
+            if w == 0:
+                cuda.atomic.add(counted, 0, 1)
+        elif w < W1:
+            out[r, w] = part1[row, w]
+        else:
+            out[r, w] = part2[row, w - W1]
+        i += stride
+    cuda.syncthreads()
+    if cuda.threadIdx.x == 0 and counted[0] > 0:
+        cuda.atomic.add(hits, hit_slot, counted[0])
+
+
+@cuda.jit
+def _fill_i32(a, value):
+    i = cuda.grid(1)
+    if i < a.shape[0]:
+        a[i] = value
+
+
+@cuda.jit
+def _scatter_slots(remap, rows):
+    i = cuda.grid(1)
+    if i < rows.shape[0]:
+        remap[rows[i]] = i
+
+
+def _grid(n: int) -> int:
+    return max(1, (n + FETCH_THREADS - 1) // FETCH_THREADS)
+
+
+def nonblocking_stream():
+    """A stream that does not synchronise with the legacy default stream (stream 0): a prefetch
+    on it overlaps kernels and copies that callers queue on stream 0. The simulator's streams."""
+    if SIMULATOR:
+        return cuda.stream()
+    from numba.cuda.cudadrv.driver import Stream, _stream_finalizer, binding, driver
+    ctx = cuda.current_context()
+    handle = driver.cuStreamCreate(binding.CUstream_flags.CU_STREAM_NON_BLOCKING.value)
+    return Stream(handle, finalizer=_stream_finalizer(ctx.deallocations, handle))
+
+
+# -- word views ------------------------------------------------------------------------------------
+def word_dtype(*widths: int):
+    """uint32 when every byte width is a multiple of 4, else uint8."""
+    return np.uint32 if all(int(w) % 4 == 0 for w in widths) else np.uint8
+
+
+def as_words(dev_u8, dtype):
+    """A device uint8 [n, b] array seen as [n, b / itemsize] words (no copy)."""
+    return dev_u8 if np.dtype(dtype) == np.uint8 else dev_u8.view(dtype)
+
+
+# -- host tables -----------------------------------------------------------------------------------
+class HostTable:
+    """A table copied into pinned, mapped host memory. `dev` is its device view (what kernels
+    read, through UVA); `host` the numpy view of the same bytes. In numba's simulator it is a
+    device array (the simulator has no host/device split)."""
+
+    def __init__(self, shape, what: str = "table"):
+        self.shape = tuple(int(x) for x in shape)
+        self.what = what
+        self.nbytes = int(np.prod(self.shape))
+        self._mapped = cuda.mapped_array(self.shape, dtype=np.uint8)
+        if SIMULATOR:
+            self.dev = self._mapped
+            self.host = None
+        else:
+            self.dev = self._mapped.view(np.uint8)                           # DeviceNDArray over mapped memory
+            self.host = np.ndarray.view(self._mapped, np.ndarray)            # [rows, width] uint8
+
+    def fill(self, src, threads: int = 8, chunk_rows: int = 1 << 18) -> float:
+        """Copy `src` ([rows, width] uint8: an array, a memmap, or anything whose row slices
+        `src[r0:r1]` give arrays) in; returns the seconds it took."""
+        import time
+        t0 = time.perf_counter()
+        rows = self.shape[0]
+        if SIMULATOR:
+            self.dev.copy_to_device(np.ascontiguousarray(np.asarray(src[0:rows]), dtype=np.uint8))
+            return time.perf_counter() - t0
+
+        def part(r0):
+            r1 = min(rows, r0 + chunk_rows)
+            np.copyto(self.host[r0:r1], np.asarray(src[r0:r1], dtype=np.uint8))
+
+        with ThreadPoolExecutor(max(1, threads), thread_name_prefix="engram-hostfill") as pool:
+            list(pool.map(part, range(0, rows, chunk_rows)))
+        return time.perf_counter() - t0
+
+    def rows(self, ids: np.ndarray) -> np.ndarray:
+        """Host copy of rows `ids` (for the cache fill)."""
+        if self.host is not None:
+            return self.host[ids]
+        return self.dev.copy_to_host()[ids]
+
+
+# -- the hot-row cache -----------------------------------------------------------------------------
+def rank_rows(row_ids, n_rows: int | None = None) -> np.ndarray:
+    """Row ids by how often `row_ids` (any shape, e.g. [T, C] of one layer from the hasher) reads
+    them, most frequent first (ties: the smaller id first)."""
+    flat = np.asarray(row_ids).reshape(-1).astype(np.int64, copy=False)
+    if n_rows is not None and flat.size and (flat.min() < 0 or flat.max() >= n_rows):
+        raise ValueError(f"row ids must lie in [0, {n_rows}), got {int(flat.min())}..{int(flat.max())}")
+    rows, counts = np.unique(flat, return_counts=True)
+    order = np.lexsort((rows, -counts))
+    return rows[order]
+
+
+def cache_hit_rates(train_ids, test_ids, slots) -> dict:
+    """Hit rate of a static cache of the `slots` most frequent rows of `train_ids`, on the reads
+    of `test_ids` (held out): {slots: hit rate}. The host-side twin of the device counters."""
+    ranked = rank_rows(train_ids)
+    test = np.asarray(test_ids).reshape(-1)
+    out = {}
+    for s in slots:
+        s = int(s)
+        hot = np.sort(ranked[:s])
+        if test.size == 0 or hot.size == 0:
+            out[s] = 0.0
+            continue
+        pos = np.minimum(np.searchsorted(hot, test), hot.size - 1)
+        out[s] = float(np.mean(hot[pos] == test))
+    return out
+
+
+class RowCache:
+    """Hot rows of one host table in device memory (module doc). Budget -> `n_slots` rows of
+    `row_bytes`; the remap costs 4 B a table row on the device as well (`device_bytes`)."""
+
+    def __init__(self, n_rows: int, row_bytes: int, budget_bytes: int, words):
+        self.n_rows, self.row_bytes = int(n_rows), int(row_bytes)
+        self.words = np.dtype(words)
+        self.W = self.row_bytes // self.words.itemsize
+        self.n_slots = max(0, min(int(budget_bytes) // self.row_bytes, self.n_rows))
+        self.rows = np.zeros(0, np.int64)               # row ids held, by slot
+        if self.n_slots:
+            self.table = cuda.device_array((self.n_slots, self.W), dtype=self.words)   # [slots, W] words
+            self.remap = cuda.device_array(self.n_rows, dtype=np.int32)               # row -> slot, or -1
+            _fill_i32[_grid(self.n_rows), FETCH_THREADS](self.remap, -1)
+        else:
+            self.table = cuda.device_array((1, self.W), dtype=self.words)
+            self.remap = cuda.to_device(np.full(1, -1, np.int32))
+        self.hits = cuda.to_device(np.zeros(COUNTER_SLOTS, np.int64))
+        self.fetches: list[int] = []                    # rows read by each fetch, in order
+
+    @staticmethod
+    def device_bytes_for(n_rows: int, row_bytes: int, budget_bytes: int) -> int:
+        slots = max(0, min(int(budget_bytes) // int(row_bytes), int(n_rows)))
+        return slots * int(row_bytes) + (4 * int(n_rows) if slots else 4) + 8 * COUNTER_SLOTS
+
+    @property
+    def device_bytes(self) -> int:
+        return int(self.table.nbytes) + int(self.remap.nbytes) + int(self.hits.nbytes)
+
+    def fill(self, ranked_rows, read_rows) -> int:
+        """Hold the first `n_slots` rows of `ranked_rows` (most wanted first; `rank_rows`);
+        read_rows(ids) -> their raw bytes [k, row_bytes] uint8. Returns the rows held."""
+        if not self.n_slots:
+            return 0
+        ranked = np.asarray(ranked_rows, dtype=np.int64).reshape(-1)
+        if ranked.size and (ranked.min() < 0 or ranked.max() >= self.n_rows):
+            raise ValueError(f"cache rows must lie in [0, {self.n_rows}), got {int(ranked.min())}..{int(ranked.max())}")
+        _, first = np.unique(ranked, return_index=True)
+        rows = ranked[np.sort(first)][: self.n_slots]         # distinct, rank order kept
+        raw = np.ascontiguousarray(read_rows(rows), dtype=np.uint8)
+        if raw.shape != (rows.size, self.row_bytes):
+            raise ValueError(f"cache fill: read {list(raw.shape)} bytes, expected [{rows.size}, {self.row_bytes}]")
+        if self.rows.size:                                    # refill: forget the old slots first
+            _fill_i32[_grid(self.n_rows), FETCH_THREADS](self.remap, -1)
+        if rows.size:
+            self.table[: rows.size].copy_to_device(raw.view(self.words).reshape(rows.size, self.W))
+            d_rows = cuda.to_device(rows)
+            _scatter_slots[_grid(rows.size), FETCH_THREADS](self.remap, d_rows)
+        self.rows = rows
+        if not SIMULATOR:
+            cuda.synchronize()
+        return int(rows.size)
+
+    def next_counter(self, n_rows_read: int) -> int:
+        """The counter slot of the next fetch (which reads n_rows_read rows)."""
+        k = len(self.fetches) % COUNTER_SLOTS
+        self.fetches.append(int(n_rows_read))
+        return k
+
+    def report(self) -> dict:
+        """Per fetch (the last COUNTER_SLOTS): hits, misses, bytes from host memory and from the
+        cache; and the totals. Synchronises."""
+        if not SIMULATOR:
+            cuda.synchronize()
+        hits = self.hits.copy_to_host()
+        n = len(self.fetches)
+        first = max(0, n - COUNTER_SLOTS)
+        per = []
+        for j in range(first, n):
+            h = int(hits[j % COUNTER_SLOTS])
+            m = self.fetches[j] - h
+            per.append({"fetch": j, "rows": self.fetches[j], "hits": h, "misses": m,
+                        "host_bytes": m * self.row_bytes, "cache_bytes": h * self.row_bytes})
+        th = sum(p["hits"] for p in per)
+        tr = sum(p["rows"] for p in per)
+        return {"slots": self.n_slots, "rows_held": int(self.rows.size), "budget_bytes": self.n_slots * self.row_bytes,
+                "device_bytes": self.device_bytes, "fetches": n, "hits": th, "misses": tr - th,
+                "hit_rate": (th / tr) if tr else 0.0, "host_bytes": (tr - th) * self.row_bytes,
+                "cache_bytes": th * self.row_bytes, "per_fetch": per}
+
+
+# -- the fetcher: raw rows of host layers, one chunk ahead -----------------------------------------
+class HostLayer:
+    """What the fetcher needs of one host-resident layer."""
+
+    def __init__(self, layer_id: int, parts: list, row_bytes: int, n_rows: int, cache: RowCache | None):
+        self.layer_id = int(layer_id)
+        self.parts = parts            # [device uint8 views]: the whole row, or (codes, scales)
+        self.row_bytes = int(row_bytes)
+        self.n_rows = int(n_rows)
+        widths = [int(p.shape[1]) for p in parts]
+        if sum(widths) != self.row_bytes:
+            raise ValueError(f"layer {layer_id}: host table parts are {widths} bytes wide, a row is {row_bytes}")
+        self.words = np.dtype(word_dtype(*widths))
+        self.word_parts = [as_words(p, self.words) for p in parts]
+        if len(self.word_parts) == 1:
+            self.word_parts.append(self.word_parts[0])        # part2 unused (W1 = W)
+        self.W = self.row_bytes // self.words.itemsize
+        self.cache = cache if cache is not None else RowCache(n_rows, row_bytes, 0, self.words)
+
+
+class RowFetcher:
+    """Raw rows of the host layers, fetched on a side stream into double buffers (module doc).
+
+    layers: [HostLayer]; max_rows: rows a layer a chunk (max_tokens * n_hash_cols);
+    compute_stream: the stream that decodes (the engine's). `event_factory` and `side_stream` are
+    for tests (the simulator's events are no-ops, so the ordering is checked on recorded calls)."""
+
+    def __init__(self, layers, max_rows: int, compute_stream=0, *, side_stream=None, event_factory=None):
+        self.layers = {hl.layer_id: hl for hl in layers}
+        self.order = [hl.layer_id for hl in layers]
+        self.max_rows = int(max_rows)
+        self.compute = compute_stream
+        self.side = side_stream if side_stream is not None else nonblocking_stream()
+        ev = event_factory or (lambda name: cuda.event() if SIMULATOR else cuda.event(timing=False))
+        L = len(self.order)
+        self.ids_host = [cuda.pinned_array((L, self.max_rows), dtype=np.int64) for _ in range(N_BUFFERS)]
+        self.ids_dev = [cuda.device_array((L, self.max_rows), dtype=np.int64) for _ in range(N_BUFFERS)]
+        self.raw = [{lid: cuda.device_array((self.max_rows, self.layers[lid].W), dtype=self.layers[lid].words)
+                     for lid in self.order} for _ in range(N_BUFFERS)]
+        self.fetched = [ev(f"fetched{k}") for k in range(N_BUFFERS)]
+        self.consumed = [ev(f"consumed{k}") for k in range(N_BUFFERS)]
+        self.fetch_pending = [False] * N_BUFFERS     # fetched[k] recorded, not yet waited on by the host
+        self.consume_recorded = [False] * N_BUFFERS
+        self.slot_rows = [dict() for _ in range(N_BUFFERS)]   # lid -> rows fetched into buffer k (untaken)
+        self.queue: list[int] = []                   # buffers holding fetched, untaken rows, oldest first
+        self.next = 0
+        self.issued = 0
+        self.taken = 0
+        self.missed = 0                              # takes that found no matching prefetch
+        # A host read waits ~1 us on PCIe and address translation: a full grid of such blocks holds
+        # every SM and stalls the compute stream's kernels, so the side stream gets a bounded grid.
+        self.max_blocks = FETCH_BLOCKS
+
+    @property
+    def device_bytes(self) -> int:
+        return sum(int(a.nbytes) for a in self.ids_dev) + sum(int(a.nbytes) for r in self.raw for a in r.values())
+
+    def raw_bytes_view(self, k: int, lid: int, n: int):
+        """Buffer k of layer lid as uint8 [n, row_bytes] (what the decode kernel reads)."""
+        hl = self.layers[lid]
+        return self.raw[k][lid][:n].view(np.uint8) if hl.words != np.uint8 else self.raw[k][lid][:n]
+
+    def issue(self, ids_by_layer: dict) -> int:
+        """Start fetching {layer id: row ids [n] int64 (checked in range)} on the side stream;
+        returns the buffer index."""
+        k = self.next
+        self.next = (k + 1) % N_BUFFERS
+        if self.fetch_pending[k]:
+            self.fetched[k].synchronize()            # the copy out of ids_host[k] is done
+            self.fetch_pending[k] = False
+        if k in self.queue:                          # never taken: dropped
+            self.queue.remove(k)
+        self.slot_rows[k] = {}
+        if self.consume_recorded[k]:
+            self.consumed[k].wait(self.side)         # the decode that last read raw[k] is done
+        host, dev = self.ids_host[k], self.ids_dev[k]
+        for li, lid in enumerate(self.order):
+            ids = ids_by_layer.get(lid)
+            if ids is None:
+                continue
+            n = int(ids.shape[0])
+            if n > self.max_rows:
+                raise ValueError(f"prefetch: {n} rows for layer {lid} exceed the fetcher's {self.max_rows}")
+            host[li, :n] = ids
+            self.slot_rows[k][lid] = n
+        for li, lid in enumerate(self.order):
+            n = self.slot_rows[k].get(lid)
+            if n:
+                dev[li, :n].copy_to_device(host[li, :n], stream=self.side)
+        for li, lid in enumerate(self.order):
+            n = self.slot_rows[k].get(lid)
+            if not n:
+                continue
+            hl = self.layers[lid]
+            out = self.raw[k][lid][:n]
+            counter = hl.cache.next_counter(n)
+            grid = _grid(n * hl.W) if not self.max_blocks else min(_grid(n * hl.W), self.max_blocks)
+            fetch_rows_v1[grid, FETCH_THREADS, self.side](
+                hl.word_parts[0], hl.word_parts[1], hl.cache.table, hl.cache.remap, dev[li, :n], out,
+                hl.cache.hits, counter)
+        self.fetched[k].record(self.side)
+        self.fetch_pending[k] = True
+        self.queue.append(k)
+        self.issued += 1
+        return k
+
+    def match(self, lid: int, ids: np.ndarray):
+        """The buffer holding prefetched rows `ids` of layer lid (oldest first), or None."""
+        n = int(ids.shape[0])
+        for k in self.queue:
+            if self.slot_rows[k].get(lid) == n and np.array_equal(self.ids_host[k][self.order.index(lid), :n], ids):
+                return k
+        return None
+
+    def take(self, lid: int, k: int):
+        """Let the compute stream wait for buffer k's fetch; returns its uint8 view for layer lid."""
+        n = self.slot_rows[k].pop(lid)
+        if not self.slot_rows[k]:
+            self.queue.remove(k)
+        self.fetched[k].wait(self.compute)
+        self.taken += 1
+        return self.raw_bytes_view(k, lid, n)
+
+    def release(self, k: int) -> None:
+        """The compute stream's reads of buffer k are queued: record that point."""
+        self.consumed[k].record(self.compute)
+        self.consume_recorded[k] = True
+
+    def close(self) -> None:
+        if not SIMULATOR:
+            self.side.synchronize()

@@ -1,0 +1,320 @@
+"""Where each engram layer's table lives, decided (and refused) before anything is allocated.
+
+    EngramV41(model, 4096, tables="device")                 # every table uploaded (= device_tables=True)
+    EngramV41(model, 4096, tables={1: "device", 14: "host"})
+    EngramV41(model, 4096, tables="device<=100GB")          # device while the tables fit in 100 GB, then host
+    EngramV41(model, 4096, tables="auto")                   # device while it fits, then host, then mmap
+    EngramV41(model, 4096, tables="host", cache_gb=8)       # host tables, 8 GB of hot rows on the device each
+
+Placements:
+  device  the table is uploaded; rows are gathered on the GPU (4 G rows/s from HBM).
+  host    the table is copied into pinned, mapped host memory; kernels read it through UVA
+          (zero-copy, ~43 M scattered rows/s on an H200), a chunk ahead on a side stream when the
+          caller prefetches (`EngramV41.prefetch`, done by `corpus_stats`), through an optional
+          device cache of hot rows (`cache_gb`). See engram_numba/device/hostrows.py.
+  mmap    the table stays in the file's memory map: the CPU reads the rows and uploads them per
+          call (nothing pinned, nothing on the device; the slowest, and the only choice when the
+          table fits neither).
+
+`plan_placement` sizes everything a choice needs (tables, caches, and the engine's weights and
+workspaces, estimated) against the free device memory and the host memory the kernel reports
+available (MemAvailable), and raises `PlacementError` naming the layer and the numbers when a
+choice cannot fit: the engine calls it before its first allocation, so a refusal leaves nothing
+allocated.
+"""
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, field
+
+import numpy as np
+
+PLACEMENTS = ("device", "host", "mmap")
+DEVICE_RESERVE = 512 << 20        # left free on the device (the CUDA context's own needs, kernels' stacks)
+HOST_RESERVE = 4 << 30            # left to the OS and the process when pinning host tables
+_UNTIL = re.compile(r"^\s*device\s*<=\s*([0-9]*\.?[0-9]+)\s*(gb|gib)?\s*$", re.IGNORECASE)
+
+
+class PlacementError(ValueError):
+    """A table placement that cannot be honoured (does not fit, or is not a placement)."""
+
+
+def device_free_bytes():
+    """Free device memory in bytes, or None where it is unknown (numba's simulator)."""
+    from numba import cuda
+    from numba.cuda import config
+    if config.ENABLE_CUDASIM:
+        return None
+    free, _ = cuda.current_context().get_memory_info()
+    return int(free)
+
+
+def host_available_bytes():
+    """Host memory the kernel says is available (MemAvailable), or None where unknown."""
+    try:
+        with open("/proc/meminfo") as f:
+            for line in f:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    return None
+
+
+@dataclass
+class LayerPlacement:
+    layer_id: int
+    placement: str
+    table_bytes: int          # the table (and its separate scales), wherever it lives
+    cache_bytes: int = 0      # device bytes of its hot-row cache (rows + remap), host tables only
+    cache_budget_bytes: int = 0
+
+
+@dataclass
+class PlacementPlan:
+    layers: dict = field(default_factory=dict)     # layer id -> LayerPlacement
+    other_device_bytes: int = 0                    # weights, workspaces, fetch buffers (estimated)
+    device_free: int | None = None
+    host_available: int | None = None
+    policy: str = ""
+
+    @property
+    def device_bytes(self) -> int:
+        return self.other_device_bytes + sum(lp.cache_bytes + (lp.table_bytes if lp.placement == "device" else 0)
+                                             for lp in self.layers.values())
+
+    @property
+    def host_pinned_bytes(self) -> int:
+        return sum(lp.table_bytes for lp in self.layers.values() if lp.placement == "host")
+
+    @property
+    def kind(self) -> str:
+        """"device", "host", "mmap" when every layer agrees, else "mixed" (the bench records' field)."""
+        kinds = {lp.placement for lp in self.layers.values()}
+        return kinds.pop() if len(kinds) == 1 else "mixed"
+
+    def as_dict(self) -> dict:
+        gb = lambda b: round(b / 1e9, 3)  # noqa: E731
+        return {"policy": self.policy, "tables": {lid: lp.placement for lid, lp in self.layers.items()},
+                "kind": self.kind, "table_gb": {lid: gb(lp.table_bytes) for lid, lp in self.layers.items()},
+                "cache_gb": {lid: gb(lp.cache_budget_bytes) for lid, lp in self.layers.items() if lp.cache_budget_bytes},
+                "device_gb_planned": gb(self.device_bytes), "host_pinned_gb": gb(self.host_pinned_bytes),
+                "device_free_gb": None if self.device_free is None else gb(self.device_free),
+                "host_available_gb": None if self.host_available is None else gb(self.host_available)}
+
+
+def _check_placement(value, where: str) -> str:
+    if value not in PLACEMENTS:
+        raise PlacementError(f"{where}: a table placement is one of {PLACEMENTS}, got {value!r}")
+    return value
+
+
+def _cache_budgets(cache_gb, layer_ids) -> dict:
+    if cache_gb is None:
+        return {lid: 0 for lid in layer_ids}
+    if isinstance(cache_gb, dict):
+        unknown = set(cache_gb) - set(layer_ids)
+        if unknown:
+            raise PlacementError(f"cache_gb names layer(s) {sorted(unknown)}, engram layers are {list(layer_ids)}")
+        vals = {lid: cache_gb.get(lid, 0) for lid in layer_ids}
+    else:
+        vals = {lid: cache_gb for lid in layer_ids}
+    out = {}
+    for lid, v in vals.items():
+        if isinstance(v, bool) or not isinstance(v, (int, float, np.integer, np.floating)) or not np.isfinite(v) or v < 0:
+            raise PlacementError(f"cache_gb for layer {lid} must be a number >= 0 (GB), got {v!r}")
+        out[lid] = int(round(float(v) * 1e9))
+    return out
+
+
+def plan_placement(sizes: dict, tables=None, *, device_tables: bool = False, cache_gb=None,
+                   other_device_bytes: int = 0, row_bytes: dict | None = None, n_rows: dict | None = None,
+                   device_free=None, host_available=None) -> PlacementPlan:
+    """Decide each layer's placement (module doc) or raise PlacementError.
+
+    sizes: {layer id: table bytes (with separate scales)}, in model order; tables: None (then
+    device_tables picks "device" or "mmap"), a placement for every layer, {layer id: placement}
+    (layers not named take the device_tables default), "auto", "device<=N GB", or a callable
+    (layer id, table bytes, device bytes planned so far) -> placement. cache_gb: GB of hot rows
+    per host layer (a number, or {layer id: GB}). other_device_bytes: what the engine allocates
+    besides tables and caches. device_free / host_available: the limits (default: measured)."""
+    from .device.hostrows import RowCache
+    layer_ids = list(sizes)
+    default = "device" if device_tables else "mmap"
+    if device_free is None:
+        device_free = device_free_bytes()
+    if host_available is None:
+        host_available = host_available_bytes()
+    dev_cap = None if device_free is None else max(0, int(device_free) - DEVICE_RESERVE)
+    host_cap = None if host_available is None else max(0, int(host_available) - HOST_RESERVE)
+    budgets = _cache_budgets(cache_gb, layer_ids)
+
+    def cache_dev(lid):
+        if not budgets[lid]:
+            return 0
+        return RowCache.device_bytes_for(n_rows[lid], row_bytes[lid], budgets[lid])
+
+    policy = "device_tables=True" if tables is None and device_tables else repr(tables)
+    if tables is None:
+        choose = lambda lid, nb, planned: default  # noqa: E731
+    elif isinstance(tables, str) and tables in PLACEMENTS:
+        choose = lambda lid, nb, planned: tables  # noqa: E731
+    elif isinstance(tables, str) and tables == "auto":
+        def choose(lid, nb, planned):
+            if dev_cap is None or planned + nb + cache_dev(lid) <= dev_cap:
+                return "device"
+            host_used = sum(p.table_bytes for p in plan.layers.values() if p.placement == "host")
+            if host_cap is None or host_used + nb <= host_cap:
+                return "host"
+            return "mmap"
+    elif isinstance(tables, str) and _UNTIL.match(tables):
+        m = _UNTIL.match(tables)
+        limit = float(m.group(1)) * (2 ** 30 if (m.group(2) or "").lower() == "gib" else 1e9)
+
+        def choose(lid, nb, planned):
+            used = sum(p.table_bytes for p in plan.layers.values() if p.placement == "device")
+            return "device" if used + nb <= limit else "host"
+    elif isinstance(tables, dict):
+        unknown = set(tables) - set(layer_ids)
+        if unknown:
+            raise PlacementError(f"tables names layer(s) {sorted(unknown)}, engram layers are {layer_ids}")
+        for lid, v in tables.items():
+            _check_placement(v, f"tables[{lid}]")
+        choose = lambda lid, nb, planned: tables.get(lid, default)  # noqa: E731
+    elif callable(tables):
+        choose = tables
+        policy = getattr(tables, "__name__", "callable")
+    else:
+        raise PlacementError(f"tables must be None, one of {PLACEMENTS}, 'auto', 'device<=N GB', a dict "
+                             f"{{layer id: placement}} or a callable, got {tables!r}")
+
+    plan = PlacementPlan(other_device_bytes=int(other_device_bytes), device_free=device_free,
+                         host_available=host_available, policy=policy)
+    for lid in layer_ids:
+        nb = int(sizes[lid])
+        p = _check_placement(choose(lid, nb, plan.device_bytes), f"layer {lid}")
+        if budgets[lid] and p != "host":
+            raise PlacementError(f"layer {lid}: cache_gb is for host-resident tables, but its table is placed "
+                                 f"on {p!r} (give a cache budget only to host layers: cache_gb={{layer id: GB}})")
+        plan.layers[lid] = LayerPlacement(lid, p, nb, cache_dev(lid) if p == "host" else 0,
+                                          budgets[lid] if p == "host" else 0)
+    gb = lambda b: f"{b / 1e9:.2f} GB"  # noqa: E731
+    if dev_cap is not None and plan.device_bytes > dev_cap:
+        parts = [f"layer {lid} table {gb(lp.table_bytes)}" for lid, lp in plan.layers.items() if lp.placement == "device"]
+        parts += [f"layer {lid} cache {gb(lp.cache_bytes)}" for lid, lp in plan.layers.items() if lp.cache_bytes]
+        parts.append(f"weights and workspaces {gb(plan.other_device_bytes)}")
+        raise PlacementError(f"tables do not fit on the device: the plan needs {gb(plan.device_bytes)} "
+                             f"({', '.join(parts)}), the device has {gb(device_free)} free "
+                             f"({gb(DEVICE_RESERVE)} kept back); place a table in host memory "
+                             f"(tables={{layer id: 'host'}}), use tables='auto', or a smaller cache_gb")
+    if host_cap is not None and plan.host_pinned_bytes > host_cap:
+        parts = [f"layer {lid} {gb(lp.table_bytes)}" for lid, lp in plan.layers.items() if lp.placement == "host"]
+        raise PlacementError(f"host tables do not fit in pinnable host memory: {gb(plan.host_pinned_bytes)} "
+                             f"({', '.join(parts)}) against {gb(host_available)} available "
+                             f"({gb(HOST_RESERVE)} kept back); leave a table in the memory map (tables={{layer id: "
+                             f"'mmap'}}) or on the device")
+    return plan
+
+
+# -- what EngramV41 calls (kept here so the engine only names the steps) ---------------------------
+def _wkv_bytes(cfg, fmt: str) -> int:
+    N, K = cfg.proj_out, cfg.proj_in
+    if fmt == "q2k":
+        return N * (K // 256) * 84
+    if fmt == "fp8":
+        return N * K + (-(-N // 32)) * (K // 32)
+    return N * K * 2
+
+
+def engine_device_estimate(cfg, max_tokens: int, wkv_formats: dict, row_bytes: dict, host_layers) -> int:
+    """Device bytes an EngramV41 allocates besides its tables and caches (weights, workspaces,
+    the scratch of a decoded wkv, the fetch buffers of host layers): an estimate for the plan."""
+    from .stages.proj.records import QUANT_GEMV_MAX_TOKENS
+    C, T, N = cfg.n_hash_cols, int(max_tokens), cfg.proj_out
+    total = T
+    for lid, fmt in wkv_formats.items():
+        total += _wkv_bytes(cfg, fmt) + 4 * cfg.hc * cfg.dim
+        total += T * C * (row_bytes[lid] + 8 + 512) + T * N * 2 + 2 * T * cfg.hc * 4
+    if any(f != "bf16" for f in wkv_formats.values()) and T > QUANT_GEMV_MAX_TOKENS:
+        total += N * cfg.proj_in * 2
+    for lid in host_layers:
+        total += 2 * T * C * (row_bytes[lid] + 8)
+    return int(total)
+
+
+def plan_tables(model, max_tokens: int, wkv_formats: dict, tables, device_tables: bool, cache_gb) -> PlacementPlan:
+    """The engine's placement plan (raises PlacementError before anything is allocated)."""
+    from .stages.rows.encodings import get_encoding
+    cfg = model.config
+    sizes, rbytes, nrows = {}, {}, {}
+    for lid in cfg.layer_ids:
+        lf = model.layers[lid]
+        t = lf.table
+        scales = getattr(lf, "table_scales", None)
+        sizes[lid] = int(t.shape[0]) * int(t.shape[1]) + (0 if scales is None else int(np.prod(scales.shape)))
+        rbytes[lid] = get_encoding(getattr(lf, "table_encoding", "q2k")).row_bytes
+        nrows[lid] = int(t.shape[0])
+    # the fetch buffers depend on which layers go to host memory: plan once to learn it, then again
+    # with the full estimate (the second plan is the one checked against the limits)
+    first = plan_placement(sizes, tables, device_tables=device_tables, cache_gb=cache_gb, row_bytes=rbytes,
+                           n_rows=nrows, device_free=1 << 62, host_available=1 << 62)
+    hosts = [lid for lid, lp in first.layers.items() if lp.placement == "host"]
+    other = engine_device_estimate(cfg, max_tokens, wkv_formats, rbytes, hosts)
+    return plan_placement(sizes, tables, device_tables=device_tables, cache_gb=cache_gb, row_bytes=rbytes,
+                          n_rows=nrows, other_device_bytes=other)
+
+
+def host_tables_for(lid: int, table, scales, stats=None) -> list:
+    """Copy layer lid's table (and separate scales) into pinned mapped host memory."""
+    import time
+
+    from .device.hostrows import HostTable
+    from .device.upload import UploadRecord
+    held = []
+    for arr, what in ((table, f"layer {lid} table (host)"), (scales, f"layer {lid} table scales (host)")):
+        if arr is None:
+            continue
+        t0 = time.perf_counter()
+        ht = HostTable(tuple(arr.shape), what)
+        ht.fill(arr)
+        held.append(ht)
+        if stats is not None:
+            stats.records.append(UploadRecord(what, ht.nbytes, time.perf_counter() - t0, "pinned host copy"))
+    return held
+
+
+def make_fetcher(engine, plan: PlacementPlan):
+    """The engine's RowFetcher over its host layers, with their (empty) caches."""
+    from .device.hostrows import HostLayer, RowCache, RowFetcher, word_dtype
+    layers = []
+    for lid, held in engine._host_tables.items():
+        lw = engine.layers[lid]
+        parts = [h.dev for h in held]
+        budget = plan.layers[lid].cache_budget_bytes
+        cache = RowCache(lw.n_rows, lw.row_bytes, budget, word_dtype(*[p.shape[1] for p in parts])) if budget else None
+        layers.append(HostLayer(lid, parts, lw.row_bytes, lw.n_rows, cache))
+    return RowFetcher(layers, engine.max_tokens * engine.config.n_hash_cols, engine.stream)
+
+
+def fetched_rows(engine, lw, ws, flat: np.ndarray, T: int) -> bool:
+    """Rows of a host layer through the fetcher: a matching prefetch, or (with a cache) a fetch
+    now; then the decode on the engine's stream. False: neither (the caller gathers straight
+    from host memory)."""
+    from .device.devarray import data_address
+    from .stages.rows.launch import prepare_decode
+    fetcher = engine._fetcher
+    k = fetcher.match(lw.layer_id, flat)
+    if k is None:
+        fetcher.missed += 1
+        if not fetcher.layers[lw.layer_id].cache.n_slots:
+            return False
+        k = fetcher.issue({lw.layer_id: flat})
+    src = fetcher.take(lw.layer_id, k)
+    n = int(flat.size)
+    launch = engine._plan(("decode", lw.layer_id, n, data_address(src)), lambda: prepare_decode(
+        src, ws.rows[:n], encoding=lw.encoding, stream=engine.stream, version=engine.versions.get("rows")))
+    engine._last_launch[("rows", lw.layer_id)] = launch
+    launch()
+    fetcher.release(k)
+    engine._loaded(ws, T)
+    return True

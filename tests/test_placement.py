@@ -1,0 +1,344 @@
+"""Table placement (device / host / mmap), the host-row fetcher's prefetch ordering and the hot-row
+cache, in numba's simulator on the tiny model: results bit-identical to device tables, refusals
+made before anything is allocated."""
+import numpy as np
+import pytest
+from numba import cuda
+
+from engram_numba import placement
+from engram_numba.device.hostrows import HostLayer, RowFetcher, cache_hit_rates, rank_rows
+from engram_numba.engine import EngramV41
+from engram_numba.fixtures import TINY_PATH, TINY_TOKENS
+from engram_numba.formats.load import load_model
+from engram_numba.placement import PlacementError, plan_placement
+from engram_numba.stages.hash.cpu import EngramHasher
+
+T = 3
+GB = 10 ** 9
+
+
+@pytest.fixture(scope="module")
+def model():
+    return load_model(TINY_PATH)
+
+
+@pytest.fixture(scope="module")
+def device_engine(model):
+    return EngramV41(model, max_tokens=4, tables="device")
+
+
+def _ids(model, tokens):
+    return EngramHasher(model.hash_tables).hash(tokens)          # [T, L, C]
+
+
+# -- the plan -------------------------------------------------------------------------------------
+def test_plan_policies():
+    sizes = {1: 30 * GB, 14: 30 * GB}
+    kw = dict(row_bytes={1: 84, 14: 84}, n_rows={1: 30 * GB // 84, 14: 30 * GB // 84})
+    p = plan_placement(sizes, {1: "device", 14: "host"}, device_free=100 * GB, host_available=100 * GB, **kw)
+    assert p.as_dict()["tables"] == {1: "device", 14: "host"} and p.kind == "mixed"
+    assert p.host_pinned_bytes == 30 * GB and p.device_bytes == 30 * GB
+    p = plan_placement(sizes, "device<=40GB", device_free=100 * GB, host_available=100 * GB, **kw)
+    assert [lp.placement for lp in p.layers.values()] == ["device", "host"]
+    p = plan_placement(sizes, "auto", device_free=45 * GB, host_available=20 * GB, **kw)
+    assert [lp.placement for lp in p.layers.values()] == ["device", "mmap"]      # host too small: mmap
+    p = plan_placement(sizes, "auto", device_free=45 * GB, host_available=60 * GB, **kw)
+    assert [lp.placement for lp in p.layers.values()] == ["device", "host"]
+    p = plan_placement(sizes, None, device_tables=True, device_free=None, host_available=None, **kw)
+    assert p.kind == "device"
+    p = plan_placement(sizes, "host", cache_gb={14: 2}, device_free=100 * GB, host_available=100 * GB, **kw)
+    assert p.layers[14].cache_budget_bytes == 2 * GB and p.layers[1].cache_bytes == 0
+    assert p.layers[14].cache_bytes == 2 * GB // 84 * 84 + 4 * (30 * GB // 84) + 8 * 4096   # rows + remap + counters
+
+
+@pytest.mark.parametrize("tables, cache, match", [
+    ({1: "gpu"}, None, "placement is one of"),
+    ({2: "host"}, None, "names layer"),
+    ({1: "device", 14: "device"}, None, "do not fit on the device"),
+    ("host", None, "do not fit in pinnable host memory"),
+    ({1: "device", 14: "host"}, {1: 1}, "cache_gb is for host-resident tables"),
+    ("host", -1, "must be a number >= 0"),
+    (3.5, None, "tables must be"),
+])
+def test_plan_refusals_name_the_problem(tables, cache, match):
+    sizes = {1: 30 * GB, 14: 30 * GB}
+    kw = dict(row_bytes={1: 84, 14: 84}, n_rows={1: 30 * GB // 84, 14: 30 * GB // 84})
+    with pytest.raises(PlacementError, match=match):
+        plan_placement(sizes, tables, cache_gb=cache, device_free=40 * GB, host_available=40 * GB, **kw)
+
+
+@pytest.mark.parametrize("where, probe", [("device", "device_free_bytes"), ("host", "host_available_bytes")])
+def test_refusal_leaves_nothing_allocated(model, monkeypatch, where, probe):
+    calls = []
+    for name in ("to_device", "device_array", "mapped_array", "pinned_array", "stream", "event"):
+        real = getattr(cuda, name)
+        monkeypatch.setattr(cuda, name, lambda *a, _n=name, _r=real, **k: (calls.append(_n), _r(*a, **k))[1])
+    monkeypatch.setattr(placement, probe, lambda: 1000)          # 1000 bytes: nothing fits
+    with pytest.raises(PlacementError, match=r"layer 4 .*GB|layer 1 .*GB"):
+        EngramV41(model, max_tokens=4, tables=where)
+    assert calls == []
+
+
+# -- bit-identical to device tables ---------------------------------------------------------------
+def test_mixed_placement_rows_bit_identical_prefill_and_decode(model, device_engine, rng):
+    mixed = EngramV41(model, max_tokens=4, tables={1: "device", 4: "host"})
+    assert mixed.build_report["tables"] == {1: "device", 4: "host"}
+    assert mixed.build_report["placement"]["kind"] == "mixed"
+    assert mixed.layers[4].placement == "host" and mixed.host_bytes == model.layers[4].table.nbytes
+    assert mixed.device_bytes < device_engine.device_bytes       # the host table is not on the device
+    for n in (T, 1):                                               # a prefill chunk, a decode token
+        ids = _ids(model, rng.choice(TINY_TOKENS, n))
+        for li, lid in enumerate((1, 4)):
+            for e in (device_engine, mixed):
+                e.rows_from_ids(lid, ids[:, li, :])
+            np.testing.assert_array_equal(mixed.rows_bf16(lid).copy_to_host(),
+                                          device_engine.rows_bf16(lid).copy_to_host())
+
+
+@pytest.mark.slow
+def test_mixed_placement_decode_step_bit_identical(model, device_engine, rng):
+    mixed = EngramV41(model, max_tokens=4, tables={1: "device", 4: "host"})
+    h0 = rng.standard_normal((1, model.config.hc, model.config.dim)).astype(np.float32)
+    out = []
+    for e in (device_engine, mixed):                               # a decode step: one token, both layers
+        h = cuda.to_device(h0)
+        e.decode(int(TINY_TOKENS[4]), h, EngramHasher(model.hash_tables))
+        out.append(h.copy_to_host())
+    np.testing.assert_array_equal(out[0], out[1])
+
+
+@pytest.mark.gpu
+def test_host_tables_on_the_gpu_bit_identical(model, rng, gpu_record):
+    """On a GPU: decode graphs that gather straight from mapped host memory, and prefetched,
+    cached chunks, end on the same highway bits as device tables."""
+    dev = EngramV41(model, max_tokens=4, tables="device", stream=cuda.stream())
+    host = EngramV41(model, max_tokens=4, tables={1: "device", 4: "host"}, cache_gb={4: 30 * 84 / 1e9},
+                     stream=cuda.stream())
+    host.fill_cache(4, _ids(model, TINY_TOKENS)[:, 1, :])
+    hc, dim = model.config.hc, model.config.dim
+    h0 = rng.standard_normal((1, hc, dim)).astype(np.float32)
+    outs = []
+    for e in (dev, host):
+        h = cuda.to_device(h0)
+        hs = EngramHasher(model.hash_tables)
+        for tok in TINY_TOKENS[:6]:
+            e.decode(int(tok), h, hs)
+        e.decode_stream.synchronize()
+        outs.append(h.copy_to_host())
+    np.testing.assert_array_equal(outs[0], outs[1])
+    chunks = [TINY_TOKENS[0:4], TINY_TOKENS[4:8], TINY_TOKENS[8:12]]
+    hp = rng.standard_normal((4, hc, dim)).astype(np.float32)
+    res = []
+    for e, pre in ((dev, False), (host, True)):
+        hs = EngramHasher(model.hash_tables)
+        ids = [hs.hash(c) for c in chunks]
+        got = []
+        if pre:
+            e.prefetch(ids[0])
+        for k, c in enumerate(chunks):
+            if pre and k + 1 < len(chunks):
+                e.prefetch(ids[k + 1])
+            h = cuda.to_device(hp)
+            for li, lid in enumerate(model.config.layer_ids):
+                e.rows_from_ids(lid, ids[k][:, li, :])
+                e.apply(lid, h)
+            got.append(h.copy_to_host())
+        res.append(got)
+    for a, b in zip(*res):
+        np.testing.assert_array_equal(a, b)
+    rep = host.cache_report()
+    assert rep["prefetch"]["missed"] == 0 and rep["prefetch"]["taken"] == 3
+    gpu_record(test="host tables: decode graph + prefetched cached chunks == device tables",
+               hit_rate=round(rep[4]["hit_rate"], 3), passed=True)
+
+
+def test_host_fp8_split_scales_prefetched_rows_bit_identical(rng):
+    m = load_model(TINY_PATH.parent / "tiny_v41_hf")             # fp8 codes [rows, 256] + scales [rows, 8]
+    dev = EngramV41(m, max_tokens=2, tables="device")
+    host = EngramV41(m, max_tokens=2, tables="host")
+    ids = _ids(m, rng.choice(TINY_TOKENS, 2))
+    assert host.prefetch(ids)
+    lid = m.config.layer_ids[1]
+    for e in (dev, host):
+        e.rows_from_ids(lid, ids[:, 1, :])
+    assert host._fetcher.taken == 1 and host._fetcher.missed == 0  # decoded from the prefetched buffer
+    np.testing.assert_array_equal(host.rows_bf16(lid).copy_to_host(), dev.rows_bf16(lid).copy_to_host())
+
+
+def test_prefetch_checks_ids_first(model):
+    host = EngramV41(model, max_tokens=4, tables={4: "host"})
+    ids = _ids(model, TINY_TOKENS[:2])
+    bad = ids.copy()
+    bad[1, 1, 2] = model.layers[4].table.shape[0]
+    with pytest.raises(ValueError, match=r"row id \d+ \(token 1, column 2\) is outside layer 4"):
+        host.prefetch(bad)
+    with pytest.raises(ValueError, match="row_ids must be integers"):
+        host.prefetch(ids[:, :1])
+    assert host._fetcher.issued == 0
+    assert not EngramV41(model, max_tokens=4, tables="device").prefetch(ids)   # no host layer: nothing to do
+
+
+# -- prefetch ordering ----------------------------------------------------------------------------
+class _LogEvent:
+    def __init__(self, name, log):
+        self.name, self.log = name, log
+
+    def record(self, stream=0):
+        self.log.append(("record", self.name, stream))
+
+    def wait(self, stream=0):
+        self.log.append(("wait", self.name, stream))
+
+    def synchronize(self):
+        self.log.append(("sync", self.name))
+
+
+def test_prefetch_buffers_are_reused_only_after_their_consumer(rng):
+    log = []
+    table = cuda.to_device(rng.integers(0, 256, (50, 84), dtype=np.uint8))
+    f = RowFetcher([HostLayer(7, [table], 84, 50, None)], max_rows=6, compute_stream="compute",
+                   side_stream=cuda.stream(), event_factory=lambda n: _LogEvent(n, log))
+    side = f.side
+    chunks = [rng.integers(0, 50, 6) for _ in range(4)]
+    assert f.issue({7: chunks[0]}) == 0
+    assert f.issue({7: chunks[1]}) == 1
+    assert f.match(7, chunks[1]) == 1 and f.match(7, chunks[0]) == 0 and f.match(7, chunks[2]) is None
+    got = f.take(7, 0)                                             # consumer of chunk 0
+    np.testing.assert_array_equal(got.copy_to_host(), table.copy_to_host()[chunks[0]])
+    f.release(0)
+    mark = len(log)
+    assert f.issue({7: chunks[2]}) == 0                            # buffer 0 again
+    ops = log[mark:]
+    # the host waits for the ids copy of chunk 0, the side stream for chunk 0's decode, before any write
+    assert ops[0] == ("sync", "fetched0") and ops[1] == ("wait", "consumed0", side)
+    assert ops[-1] == ("record", "fetched0", side)
+    assert log.index(("record", "consumed0", "compute")) < mark + 1
+    assert log[log.index(("wait", "fetched0", "compute")) - 1] == ("record", "fetched1", side)  # take waited
+    f.take(7, 1)
+    f.release(1)
+    mark = len(log)
+    f.issue({7: chunks[3]})
+    assert log[mark:mark + 2] == [("sync", "fetched1"), ("wait", "consumed1", side)]
+    np.testing.assert_array_equal(f.take(7, f.match(7, chunks[2])).copy_to_host(), table.copy_to_host()[chunks[2]])
+
+
+def test_a_stale_prefetch_is_not_used(model, device_engine):
+    host = EngramV41(model, max_tokens=4, tables={4: "host"}, cache_gb={4: 20 * 84 / 1e9})
+    a, b = _ids(model, TINY_TOKENS[:2]), _ids(model, TINY_TOKENS[5:7])
+    host.prefetch(a)
+    host.rows_from_ids(4, b[:, 1, :])                              # not what was prefetched: fetched now
+    device_engine.rows_from_ids(4, b[:, 1, :])
+    np.testing.assert_array_equal(host.rows_bf16(4).copy_to_host(), device_engine.rows_bf16(4).copy_to_host())
+    assert host._fetcher.missed == 1
+
+
+# -- the hot-row cache ----------------------------------------------------------------------------
+def test_cache_hits_and_bytes_per_fetch(model, device_engine, rng):
+    slots = 12
+    host = EngramV41(model, max_tokens=4, tables="host", cache_gb=slots * 84 / 1e9)
+    train = _ids(model, rng.choice(TINY_TOKENS, 8))[:, 1, :]
+    ranked = rank_rows(train)
+    assert host.fill_cache(4, train) == min(slots, ranked.size)
+    hot = set(ranked[:slots].tolist())
+    reports = []
+    for toks in (TINY_TOKENS[:3], TINY_TOKENS[3:6]):
+        ids = _ids(model, toks)
+        host.rows_from_ids(4, ids[:, 1, :])
+        device_engine.rows_from_ids(4, ids[:, 1, :])
+        np.testing.assert_array_equal(host.rows_bf16(4).copy_to_host(), device_engine.rows_bf16(4).copy_to_host())
+        reports.append(sum(int(r) in hot for r in ids[:, 1, :].reshape(-1)))
+    rep = host.cache_report(4)[4]
+    assert [p["hits"] for p in rep["per_fetch"]] == reports
+    n = model.config.n_hash_cols * 3
+    assert [p["misses"] for p in rep["per_fetch"]] == [n - h for h in reports]
+    assert rep["host_bytes"] == (2 * n - sum(reports)) * 84 and rep["cache_bytes"] == sum(reports) * 84
+    with pytest.raises(ValueError, match="cache rows must lie in"):
+        host.fill_cache(4, [model.layers[4].table.shape[0]], ranked=True)
+    with pytest.raises(ValueError, match="no cache|placed 'device'"):
+        device_engine.fill_cache(4, train)
+
+
+def test_rank_rows_and_hit_rates_against_a_direct_count(rng):
+    ids = rng.zipf(1.3, 5000) % 300
+    ranked = rank_rows(ids)
+    counts = np.bincount(ids, minlength=300)
+    assert np.all(np.diff(counts[ranked]) <= 0) and ranked.size == np.count_nonzero(counts)
+    test = rng.zipf(1.3, 3000) % 300
+    rates = cache_hit_rates(ids, test, [0, 10, 1000])
+    assert rates[0] == 0.0 and rates[1000] == np.isin(test, ranked).mean()
+    assert rates[10] == pytest.approx(np.isin(test, ranked[:10]).mean())
+
+
+# -- corpus runs prefetch the next chunk ----------------------------------------------------------
+def test_corpus_lookahead_prefetches_job_k_plus_1_before_job_k_is_computed():
+    from engram_numba.analysis.corpus import _ahead
+    log = []
+    for job in _ahead(iter([1, 2, 3]), lambda j: log.append(("prefetch", j))):
+        log.append(("compute", job))
+    assert log == [("prefetch", 1), ("prefetch", 2), ("compute", 1), ("prefetch", 3), ("compute", 2),
+                   ("compute", 3)]
+    assert list(_ahead(iter([1, 2]), None)) == [1, 2]
+
+
+@pytest.mark.slow
+def test_corpus_stats_with_host_tables_prefetches_and_equals_device_tables(model):
+    from engram_numba.analysis.corpus import corpus_stats
+    docs = [np.array([48]), np.array([17])]                              # two one-token chunks
+    runs = {}
+    for where in ("device", "host"):
+        eng = EngramV41(model, max_tokens=1, tables=where)
+        with pytest.warns(UserWarning, match="simulator"):
+            runs[where] = corpus_stats(model, documents=docs, backend="cuda", chunk_tokens=1, engine=eng,
+                                       contexts=False)
+        if where == "host":
+            assert eng.cache_report()["prefetch"] == {"issued": 2, "taken": 4, "missed": 0}   # all prefetched
+    a, b = runs["device"], runs["host"]
+    assert a.n_tokens == b.n_tokens == 2
+    for r, s in zip(a, b):
+        assert (r.n, r.mean, r.std, r.q50) == (s.n, s.mean, s.std, s.q50)
+    for x, y in zip(a.row_bitmaps, b.row_bitmaps):
+        np.testing.assert_array_equal(x, y)
+
+
+def test_fetch_kernel_compiles_for_sm90():
+    """Compile-only (the simulator does no type checking): the fetch kernel for 4-byte words and for
+    bytes, in a subprocess with the simulator off (no GPU needed)."""
+    import os
+    import subprocess
+    import sys
+    code = ("from numba import cuda, types\n"
+            "from engram_numba.device.hostrows import fetch_rows_v1 as k\n"
+            "for w in (types.uint32[:, ::1], types.uint8[:, ::1]):\n"
+            "    sig = (w, w, w, types.int32[::1], types.int64[::1], w, types.int64[::1], types.int64)\n"
+            "    ptx, _ = cuda.compile_ptx(k.py_func, sig, cc=(9, 0))\n"
+            "    assert 'atom.shared' in ptx or 'atom.add' in ptx or 'red.' in ptx, 'no atomic'\n"
+            "print('ok')\n")
+    env = {**os.environ, "NUMBA_ENABLE_CUDASIM": "0"}
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=300)
+    assert proc.returncode == 0 and "ok" in proc.stdout, proc.stderr[-2000:]
+
+
+# -- the CLI -------------------------------------------------------------------------------------
+@pytest.mark.parametrize("argv, why", [
+    (["--table-placement", "host"], "needs the cuda backend"),
+    (["--backend", "cuda", "--table-placement", "1=device,2=host"], "names layer(s) [2]"),
+    (["--backend", "cuda", "--table-placement", "gpu"], "tables must be None, one of"),
+])
+def test_cli_stats_table_placement_refusals(tmp_path, capsys, argv, why):
+    from engram_numba.cli import main
+    corpus = tmp_path / "c.txt"
+    corpus.write_text("the cat\n")
+    code = main(["stats", str(corpus), "--out", str(tmp_path / "o"), "--tables", "csv", *argv])
+    err = capsys.readouterr().err
+    assert code != 0 and why in err and "Traceback" not in err and err.startswith("error:")
+    assert not (tmp_path / "o").exists()                       # refused before any output
+
+
+def test_cli_table_placement_spec():
+    import argparse
+
+    from engram_numba.cli import table_placement_spec
+    assert table_placement_spec("1=device, 14=host") == {1: "device", 14: "host"}
+    assert table_placement_spec("device<=100GB") == "device<=100GB"
+    with pytest.raises(argparse.ArgumentTypeError, match="not one of"):
+        table_placement_spec("1=gpu")
