@@ -22,7 +22,7 @@ picked by name.
 from __future__ import annotations
 
 from ..registry import KernelRecord, register
-from . import cublas, cuda_gemm, cuda_gemv, cuda_gemv_fp8, cuda_gemv_q2k, cuda_wgmma
+from . import cublas, cuda_gemm, cuda_gemv, cuda_gemv_fp8, cuda_gemv_q2k, cuda_gemv_q2kr, cuda_wgmma
 
 GEMV_MAX_TOKENS = 32    # 2 passes of gemv_v4 (~2 x 100 us) beat gemm_v3's latency-bound ~280 us at T <= 128
 GEMV3_MAX_TOKENS = 2    # gemv_v3 at T = 2: 90.0 us against gemm_v5's 92.7 and gemv_v4's 99.7
@@ -124,6 +124,13 @@ _QUANT_RECORDS = [
     ("gemv_q2k_v3", "q2k", cuda_gemv_q2k, False,
      "v2 factored on exact weights: A = sc*q (exact in bf16), d scales a block's mma chain, the min term "
      "dmin*m*sum(x) as 3 more mma on exact bf16 parts of the sub-block sums of x",
+     "never (pick it by name)", None),
+    ("gemv_q2k_v4", "q2k_r", cuda_gemv_q2kr, False,
+     "v2's math on q2k_r, the Q2_K weight re-laid out at load (same bytes): six 16-byte loads a lane per "
+     "16 rows x 512 k, each warp's loads for its whole K share issued before any decode, 6 warps a block",
+     "q2k_r weights", lambda c: c["weight"] == "q2k_r"),
+    ("gemv_q2k_v5", "q2k_r", cuda_gemv_q2kr, False,
+     "v4 with 12 warps a block, each loading one unit (24 words a lane): fewer registers, more warps an SM",
      "never (pick it by name)", None),
     ("gemv_fp8_v1", "fp8", cuda_gemv_fp8, True,
      "naive: one thread per output column, e4m3 x e8m0 weights decoded exactly in fp32, k in order "
