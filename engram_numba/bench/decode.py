@@ -500,7 +500,8 @@ def bench_engine_build(shape: BenchShape, log, table_gib: float, smoke: bool) ->
            "seconds": round(secs, 3), "open_seconds": round(t_open, 4), "table_bytes": int(table_bytes),
            "h2d_pinned_gbps": round(h2d, 1), "build_report": report}
     log(f"engine_build: {secs:.2f} s for {nbytes / 1e9:.1f} GB ({rec['gbps']} GB/s; pinned H2D floor "
-        f"{h2d:.1f} GB/s; open {t_open * 1e3:.1f} ms)")
+        f"{h2d:.1f} GB/s; open {t_open * 1e3:.1f} ms; readers {report.get('read_seconds')} s summed, waited "
+        f"{report.get('wait_read_seconds')} s on reads and {report.get('wait_copy_seconds')} s on copies)")
     return rec
 
 
