@@ -22,10 +22,11 @@ import numpy as np
 from numba import cuda, float32, types
 
 from ...device.devarray import data_address
-from ...device.intrinsics import SIMULATOR, byte_perm, f16x2_to_f32x2, f32_to_bf16_bits, load_u32x4, store_u32x4
+from ...device.intrinsics import (SIMULATOR, byte_perm, cp_async_16, cp_async_commit, cp_async_waiter, f16x2_to_f32x2,
+                                  f32_to_bf16_bits, load_u32x4, store_u32x4)
 from ...device.launch import PreparedLaunch
 from ..registry import CompileTarget
-from .cuda_common import INLINE, U16_2D, bounds, cdiv, flat_u32
+from .cuda_common import ALIGN, INLINE, U16_2D, bounds, cdiv, flat_u32
 from .cuda_gemv_q2k import lut_rounded, mma_subblock, pick4, x_words
 from .q2k_r import BLOCK_VALUES, DD_OFFSET, SC_OFFSET, TILE_ROWS, UNIT_BLOCKS, UNIT_BYTES, UNIT_VALUES, q2k_r_shape
 from ...device.intrinsics import device_function
@@ -319,9 +320,145 @@ def _make_gemv(warps: int, units: int, blocks_per_sm: int):
     return gemv, gemv_pair
 
 
+# ---- gemv_q2k_v6: the loads land in shared memory (cp.async), not in registers -------------------
+# Each lane copies exactly the six chunks of a unit it will read (its four quant chunks, its scale
+# chunk, its g's d/dmin chunk: the four lanes of a g each copy that one, a single coalesced request)
+# into its own slots, so a lane's cp.async.wait_group alone makes its data visible to it: no warp
+# or block barrier in the stream. A warp issues its CP_UNITS units (one commit group each) and then
+# computes unit i after waiting until only the later units' groups are in flight. The registers no
+# longer hold the data in flight, so more blocks fit an SM (shared memory is the limit), and every
+# warp of every resident block has its whole K share on the way at once.
+
+CP_WARPS = 4                 # K = 6144 is 12 units: 3 a warp
+CP_UNITS = 3                 # units a warp has in flight (written out below)
+CP_BLOCKS_PER_SM = 6         # 6 x 36 KB of slots
+CP_SLOT_WORDS = 6 * 32 * 4   # one unit of one warp: [chunk c][lane] 16-byte slots
+
+
+@device_function(**INLINE)
+def _cp_unit(sm, slot, w32, base16, lane, g, ok):
+    """The lane's cp.async of one unit into slot `slot` (zeros when not `ok`), one commit group."""
+    n = 16 if ok else 0
+    src = base16 if ok else np.int64(0)
+    off = slot * (CP_SLOT_WORDS * 4) + lane * 16
+    cp_async_16(sm, off, w32, src + lane, n)
+    cp_async_16(sm, off + 512, w32, src + 32 + lane, n)
+    cp_async_16(sm, off + 1024, w32, src + 64 + lane, n)
+    cp_async_16(sm, off + 1536, w32, src + 96 + lane, n)
+    cp_async_16(sm, off + 2048, w32, src + SC_CHUNK + lane, n)
+    cp_async_16(sm, off + 2560, w32, src + DD_CHUNK + g, n)
+    cp_async_commit()
+
+
+@device_function(**INLINE)
+def _smem_unit(sm, slot, lane):
+    """The lane's 24 words of the unit in slot `slot` (the order `_load_unit` returns)."""
+    q = slot * (CP_SLOT_WORDS // 4) + lane           # 16-byte index of chunk 0
+    a0, a1, a2, a3 = load_u32x4(sm, q)
+    b0, b1, b2, b3 = load_u32x4(sm, q + 32)
+    c0, c1, c2, c3 = load_u32x4(sm, q + 64)
+    e0, e1, e2, e3 = load_u32x4(sm, q + 96)
+    s0, s1, s2, s3 = load_u32x4(sm, q + 128)
+    d0, d1, d2, d3 = load_u32x4(sm, q + 160)
+    return (a0, a1, a2, a3, b0, b1, b2, b3, c0, c1, c2, c3, e0, e1, e2, e3,
+            s0, s1, s2, s3, d0, d1, d2, d3)
+
+
+def _make_gemv_cp():
+    """gemv_q2k_v6 and its two-layer launch (module doc, "gemv_q2k_v6")."""
+    warps = CP_WARPS
+    threads = warps * 32
+    red_size = warps * 32 * 4
+    scratch_size = 6 * threads if SIMULATOR else 1
+    slots = warps * CP_UNITS * CP_SLOT_WORDS
+    wait2 = cp_async_waiter(2)
+    wait1 = cp_async_waiter(1)
+    wait0 = cp_async_waiter(0)
+
+    @device_function(**INLINE)
+    def body(x32, w32, w16, out, T, K, red, scratch, sm):
+        tid = cuda.threadIdx.x
+        lane = tid & 31
+        warp = tid >> 5
+        g = lane >> 2
+        t = lane & 3
+        N = out.shape[1]
+        KB = K // BLOCK_VALUES
+        NU = (K + UNIT_VALUES - 1) // UNIT_VALUES
+        tile = cuda.blockIdx.x
+        tok = cuda.blockIdx.y * V4_TOKENS + g
+        ok_tok = tok < T
+        x16 = np.int64(min(tok, T - 1)) * (K >> 3)
+        xoff = 16 * (t >> 1) + 2 * (t & 1)
+        per = (NU + warps - 1) // warps
+        per = (per + CP_UNITS - 1) // CP_UNITS * CP_UNITS
+        u_begin = warp * per
+        u_end = min(u_begin + per, NU)
+        tile16 = w16 + np.int64(tile) * NU * UNIT_CHUNKS
+        slot0 = warp * CP_UNITS
+        z = float32(0.0)
+        c0 = c1 = c2 = c3 = e0 = e1 = e2 = e3 = z
+        for s in range(0, per, CP_UNITS):
+            u0 = u_begin + s
+            _cp_unit(sm, slot0, w32, tile16 + np.int64(u0) * UNIT_CHUNKS, lane, g, u0 < u_end)
+            _cp_unit(sm, slot0 + 1, w32, tile16 + np.int64(u0 + 1) * UNIT_CHUNKS, lane, g, u0 + 1 < u_end)
+            _cp_unit(sm, slot0 + 2, w32, tile16 + np.int64(u0 + 2) * UNIT_CHUNKS, lane, g, u0 + 2 < u_end)
+            blk = u0 * UNIT_BLOCKS
+            wait2()
+            c0, c1, c2, c3, e0, e1, e2, e3 = _unit(c0, c1, c2, c3, e0, e1, e2, e3, _smem_unit(sm, slot0, lane),
+                                                   x32, x16 + 32 * blk + xoff, KB, blk, ok_tok and u0 < u_end,
+                                                   scratch)
+            wait1()
+            c0, c1, c2, c3, e0, e1, e2, e3 = _unit(c0, c1, c2, c3, e0, e1, e2, e3, _smem_unit(sm, slot0 + 1, lane),
+                                                   x32, x16 + 32 * (blk + 2) + xoff, KB, blk + 2,
+                                                   ok_tok and u0 + 1 < u_end, scratch)
+            wait0()
+            c0, c1, c2, c3, e0, e1, e2, e3 = _unit(c0, c1, c2, c3, e0, e1, e2, e3, _smem_unit(sm, slot0 + 2, lane),
+                                                   x32, x16 + 32 * (blk + 4) + xoff, KB, blk + 4,
+                                                   ok_tok and u0 + 2 < u_end, scratch)
+        base = (warp * 32 + lane) * 4
+        red[base] = c0 + e0
+        red[base + 1] = c1 + e1
+        red[base + 2] = c2 + e2
+        red[base + 3] = c3 + e3
+        cuda.syncthreads()
+        if tid < 128:
+            s_ = float32(0.0)
+            for w in range(warps):
+                s_ += red[w * 128 + tid]
+            el = tid >> 2
+            c = tid & 3
+            row = tile * TILE_ROWS + (el >> 2) + 8 * (c >> 1)
+            tk = cuda.blockIdx.y * V4_TOKENS + 2 * (el & 3) + (c & 1)
+            if row < N and tk < T:
+                out[tk, row] = f32_to_bf16_bits(s_)
+
+    @cuda.jit(**bounds(threads, CP_BLOCKS_PER_SM))
+    def gemv(x32, w32, out, T, K):
+        red = cuda.shared.array(red_size, float32)
+        scratch = cuda.shared.array(scratch_size, types.uint32)
+        sm = cuda.shared.array(slots, types.uint32, alignment=ALIGN) if ALIGN else cuda.shared.array(slots, types.uint32)
+        body(x32, w32, np.int64(0), out, T, K, red, scratch, sm)
+
+    @cuda.jit(**bounds(threads, CP_BLOCKS_PER_SM))
+    def gemv_pair(x32a, x32b, w32, outa, outb, T, K):
+        red = cuda.shared.array(red_size, float32)
+        scratch = cuda.shared.array(scratch_size, types.uint32)
+        sm = cuda.shared.array(slots, types.uint32, alignment=ALIGN) if ALIGN else cuda.shared.array(slots, types.uint32)
+        if cuda.blockIdx.z == 0:
+            body(x32a, w32, np.int64(0), outa, T, K, red, scratch, sm)
+        else:
+            layer16 = np.int64((outb.shape[1] + TILE_ROWS - 1) // TILE_ROWS) * \
+                ((K + UNIT_VALUES - 1) // UNIT_VALUES) * UNIT_CHUNKS
+            body(x32b, w32, layer16, outb, T, K, red, scratch, sm)
+
+    return gemv, gemv_pair
+
+
 # name -> (warps a block, units a warp loads at once, blocks an SM)
-SHAPES = {"gemv_q2k_v4": (6, 2, 2), "gemv_q2k_v5": (12, 1, 2)}
-_BUILT = {name: _make_gemv(*shape) for name, shape in SHAPES.items()}
+SHAPES = {"gemv_q2k_v4": (6, 2, 2), "gemv_q2k_v5": (12, 1, 2), "gemv_q2k_v6": (CP_WARPS, CP_UNITS, CP_BLOCKS_PER_SM)}
+_BUILT = {name: _make_gemv(*shape) for name, shape in SHAPES.items() if name != "gemv_q2k_v6"}
+_BUILT["gemv_q2k_v6"] = _make_gemv_cp()
 KERNELS = {name: built[0] for name, built in _BUILT.items()}
 PAIR_KERNELS = {name: built[1] for name, built in _BUILT.items()}
 

@@ -132,6 +132,10 @@ _QUANT_RECORDS = [
     ("gemv_q2k_v5", "q2k_r", cuda_gemv_q2kr, False,
      "v4 with 12 warps a block, each loading one unit (24 words a lane): fewer registers, more warps an SM",
      "never (pick it by name)", None),
+    ("gemv_q2k_v6", "q2k_r", cuda_gemv_q2kr, False,
+     "v4 with the loads landing in shared memory by cp.async (each lane copies what it reads, one commit "
+     "group a unit, waits only for the unit it decodes): 4 warps x 3 units in flight, few registers, 6 blocks an SM",
+     "never (pick it by name)", None),
     ("gemv_fp8_v1", "fp8", cuda_gemv_fp8, True,
      "naive: one thread per output column, e4m3 x e8m0 weights decoded exactly in fp32, k in order "
      "(bit-exact with the bf16-weight projection)",
