@@ -2,19 +2,25 @@
 
     prepare_repack(raw, packed, N, K)      Q2_K blocks uint8 [N, K/256*84] -> q2k_r, on the device
     prepare_decode_q2k_r(packed, out)      q2k_r -> bf16 words uint16 [N, K], through the GEMV's decode
-    gemv_q2k_v4                            kv = bf16(x @ W^T) for a few tokens, W read as q2k_r
+    gemv_q2k_v4, v5, v6                    kv = bf16(x @ W^T) for a few tokens, W read as q2k_r
 
 The math is gemv_q2k_v2's (bf16-rounded weights: each weight is the reference decoder's fp32 value
 `(d*sc)*q - dmin*m` rounded to bf16, picked from a byte_perm table of the sub-block's 4 values, fed
 with x's 8 tokens as N to mma.m16n8k16, fp32 accumulation, kv rounded once): the same product as
 the bf16 projection of `wkv_bf16()`, up to summation order. What changes is how the weight arrives:
 
-Kernel versions (the Q2_K file-layout versions v1..v3 live in cuda_gemv_q2k.py)
-  gemv_q2k_v4  q2k_r: a block (V4_WARPS warps) owns one 16-row tile and 8 tokens; warp w takes
-               V4_UNITS consecutive 512-k units of the tile and issues all of their 16-byte loads
-               (six a lane a unit, each of the first five a contiguous 512 bytes of the warp) before
-               decoding any, so a warp has 5.4 KB in flight and a short-lived block leaves the SM
-               to the next; the warps' fragments are summed through shared memory in warp order.
+Kernel versions (the Q2_K file-layout versions v1..v3 live in cuda_gemv_q2k.py). A block owns one
+16-row tile and 8 tokens; its warps split the tile's 512-k units; their fp32 fragments are summed
+through shared memory in warp order (deterministic). Each has a two-layer launch (`prepare_pair`,
+blockIdx.z picks the layer) giving each layer the bits of its own launch.
+  gemv_q2k_v4  6 warps, each issuing the 16-byte loads of its 2 units into registers (six a lane a
+               unit, each of the first five a contiguous 512 bytes of the warp) before decoding any:
+               5.4 KB a warp in flight, 160 registers, 2 blocks an SM.
+  gemv_q2k_v5  12 warps of one unit each: 79 registers, 2 blocks (24 warps) an SM.
+  gemv_q2k_v6  4 warps of 3 units whose loads land in shared memory by cp.async, each lane copying
+               the chunks it will read (no barrier in the stream), one commit group a unit, decoding
+               unit i once only the later units are in flight: 80 registers, 36 KB of slots, 6 blocks
+               an SM with ~190 KB of weight on the way. The default for q2k_r.
 """
 from __future__ import annotations
 
