@@ -156,13 +156,14 @@ def _decode(packed32, out32, N, K, NU):
                 d, dmin = f16x2_to_f32x2(dw)
                 for j in range(4):
                     lo, hi = lut_rounded((sw >> np.uint32(8 * j)) & np.uint32(0xFF), d, dmin)
-                    # value 128n + 32j + 16h + 4i + (0..3) of the block: word (k0 >> 1) of the row
-                    w0 = (np.int64(row) * K + blk * BLOCK_VALUES + 128 * (t >> 1) + 32 * j + 16 * (t & 1)) >> 1
-                    for ii in range(4):
-                        qw = q0 if ii == 0 else (q1 if ii == 1 else (q2 if ii == 2 else q3))
-                        a, c = pick4(lo, hi, qw, 2 * j)
-                        out32[w0 + 2 * ii] = a
-                        out32[w0 + 2 * ii + 1] = c
+                    a0, c0 = pick4(lo, hi, q0, 2 * j)
+                    a1, c1 = pick4(lo, hi, q1, 2 * j)
+                    a2, c2 = pick4(lo, hi, q2, 2 * j)
+                    a3, c3 = pick4(lo, hi, q3, 2 * j)
+                    # values 128n + 32j + 16h + (0..15) of the block: 32 bytes, two 16-byte stores
+                    v16 = (np.int64(row) * K + blk * BLOCK_VALUES + 128 * (t >> 1) + 32 * j + 16 * (t & 1)) >> 3
+                    store_u32x4(out32, v16, a0, c0, a1, c1)
+                    store_u32x4(out32, v16 + 1, a2, c2, a3, c3)
 
 
 def prepare_decode_q2k_r(packed, out, *, stream=0) -> PreparedLaunch:
@@ -172,8 +173,8 @@ def prepare_decode_q2k_r(packed, out, *, stream=0) -> PreparedLaunch:
     if packed.dtype != np.uint8 or tuple(packed.shape) != want:
         raise ValueError(f"a q2k_r weight for out [N, K] = {[N, K]} must be uint8 {list(want)}, got "
                          f"{packed.dtype} {list(packed.shape)}")
-    if data_address(packed) % 16 or data_address(out) % 4:
-        raise ValueError("the q2k_r decode reads 16-byte chunks: packed must be 16-byte aligned (out 4-byte)")
+    if data_address(packed) % 16 or data_address(out) % 16:
+        raise ValueError("the q2k_r decode reads and writes 16-byte chunks: packed and out must be 16-byte aligned")
     NU = want[1] // UNIT_BYTES
     grid = cdiv(want[0] * NU * 32, REPACK_THREADS)
     return PreparedLaunch("decode_q2k_r", _decode, grid, REPACK_THREADS, stream,
