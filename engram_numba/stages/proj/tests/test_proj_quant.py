@@ -149,8 +149,8 @@ SIM_CASES = {
 }
 # more K blocks than the warps load in one trip: K/256 = 25 > 8 warps x 3 (q2k), K/32 = 65 > 8 x 8 (fp8)
 SIM_MULTI_TRIP = {"gemv_q2k_v2": (1, 6400, 16), "gemv_fp8_v2": (2, 2080, 16),
-                  "gemv_q2k_v4": (9, 6656, 17)}   # 13 units > 6 warps x 2, 2 tiles, 2 token groups (slow)
-SIM_SLOW = {("gemv_q2k_v4", (9, 6656, 17)), ("gemv_q2k_v5", (2, 512, 5))}
+                  "gemv_q2k_v6": (1, 6656, 13)}   # 13 units > 4 warps x 3: two trips, warps with no units
+SIM_SLOW = {("gemv_q2k_v6", (1, 6656, 13)), ("gemv_q2k_v5", (2, 512, 5))}
 SIM_PARAMS = [(v, s) for v, shapes in SIM_CASES.items() for s in shapes] + list(SIM_MULTI_TRIP.items())
 
 
