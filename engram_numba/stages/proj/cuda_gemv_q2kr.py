@@ -15,12 +15,13 @@ through shared memory in warp order (deterministic). Each has a two-layer launch
 blockIdx.z picks the layer) giving each layer the bits of its own launch.
   gemv_q2k_v4  6 warps, each issuing the 16-byte loads of its 2 units into registers (six a lane a
                unit, each of the first five a contiguous 512 bytes of the warp) before decoding any:
-               5.4 KB a warp in flight, 160 registers, 2 blocks an SM.
+               5.4 KB a warp in flight, 160 registers, 2 blocks an SM. The default for q2k_r (the
+               fastest of the three on the H200 at T = 1, 4, 8, by 2-4%).
   gemv_q2k_v5  12 warps of one unit each: 79 registers, 2 blocks (24 warps) an SM.
   gemv_q2k_v6  4 warps of 3 units whose loads land in shared memory by cp.async, each lane copying
                the chunks it will read (no barrier in the stream), one commit group a unit, decoding
-               unit i once only the later units are in flight: 80 registers, 36 KB of slots, 6 blocks
-               an SM with ~190 KB of weight on the way. The default for q2k_r.
+               unit i once only the later units are in flight: 80 registers, 36 KB of slots (5 blocks
+               an SM fit).
 """
 from __future__ import annotations
 
@@ -338,7 +339,7 @@ def _make_gemv(warps: int, units: int, blocks_per_sm: int):
 
 CP_WARPS = 4                 # K = 6144 is 12 units: 3 a warp
 CP_UNITS = 3                 # units a warp has in flight (written out below)
-CP_BLOCKS_PER_SM = 6         # 6 x 36 KB of slots
+CP_BLOCKS_PER_SM = 6         # the register bound; 36 KB of slots a block lets 5 share an SM
 CP_SLOT_WORDS = 6 * 32 * 4   # one unit of one warp: [chunk c][lane] 16-byte slots
 
 

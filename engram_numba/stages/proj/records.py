@@ -18,11 +18,12 @@ gemv_q2k_v1 / gemv_fp8_v1 in the simulator or for unaligned data, the tensor-cor
 gemv_fp8_v2 on a GPU, for any T (8 tokens a weight pass; the engine decodes the weight to bf16
 and runs the bf16 GEMM above QUANT_GEMV_MAX_TOKENS). gemv_q2k_v3 (factored, exact weights) is
 picked by name.
-q2k_r weights (the Q2_K blocks re-laid out on the device, q2k_r.py): gemv_q2k_v6 (cp.async into
-shared memory, the most bytes in flight an SM); v4 (register-staged, 160 registers) and v5 (12
-warps of one unit each) by name. None of the three has been timed on the H200 yet: the choice
-follows bytes in flight an SM at the compile tier's register counts, to be revisited with the
-measurements (tests/gpu_dev_decode.py times them all).
+q2k_r weights (the Q2_K blocks re-laid out on the device, q2k_r.py): gemv_q2k_v4 (register-staged),
+the fastest of the three at T = 1, 4 and 8 on the H200 (bench/results/h200_decode_dev_b4a1848.json,
+L2 flushed between runs): T=1 v4 45.7 us, v6 47.3, v5 47.5, against v2's 58.9 on the file layout
+and cuBLAS's 91.1 on the bf16 weight. All three sit at ~26% of the copy floor with the SMs ~65%
+busy (Nsight Compute, bench/results/h200_ncu_gemv_q2kr_b4a1848.txt): the decode's instructions,
+not the loads, bound them now.
 """
 from __future__ import annotations
 
@@ -133,16 +134,17 @@ _QUANT_RECORDS = [
     ("gemv_q2k_v4", "q2k_r", cuda_gemv_q2kr, False,
      "v2's math on q2k_r, the Q2_K weight re-laid out at load (same bytes): six 16-byte loads a lane per "
      "16 rows x 512 k, each warp's loads for its whole K share issued into registers before any decode, "
-     "6 warps a block (160 registers: 2 blocks an SM)",
-     "never (pick it by name)", None),
+     "6 warps a block (160 registers: 2 blocks an SM); 45.7 / 46.2 / 46.2 us at T = 1 / 4 / 8, L2 cold (v2: 58.9)",
+     "q2k_r weights (on a GPU the engine holds a Q2_K wkv as q2k_r)", lambda c: c["weight"] == "q2k_r"),
     ("gemv_q2k_v5", "q2k_r", cuda_gemv_q2kr, False,
-     "v4 with 12 warps a block, each loading one unit (24 words a lane): fewer registers, more warps an SM",
+     "v4 with 12 warps a block, each loading one unit (24 words a lane): 79 registers, 24 warps an SM "
+     "(47.5 / 47.8 / 48.7 us at T = 1 / 4 / 8)",
      "never (pick it by name)", None),
     ("gemv_q2k_v6", "q2k_r", cuda_gemv_q2kr, False,
      "v4 with the loads landing in shared memory by cp.async (each lane copies what it reads, one commit "
-     "group a unit, waits only for the unit it decodes): 4 warps x 3 units in flight, 80 registers, 6 blocks "
-     "an SM, so an SM has ~190 KB of weight on the way against v4's ~65 KB",
-     "q2k_r weights (on a GPU the engine holds a Q2_K wkv as q2k_r)", lambda c: c["weight"] == "q2k_r"),
+     "group a unit, waits only for the unit it decodes): 4 warps x 3 units in flight, 80 registers, 5 blocks "
+     "an SM (47.3 / 46.6 / 48.0 us at T = 1 / 4 / 8)",
+     "never (pick it by name)", None),
     ("gemv_fp8_v1", "fp8", cuda_gemv_fp8, True,
      "naive: one thread per output column, e4m3 x e8m0 weights decoded exactly in fp32, k in order "
      "(bit-exact with the bf16-weight projection)",

@@ -141,16 +141,16 @@ SIM_CASES = {
     "gemv_q2k_v3": [(1, 256, 16), (5, 512, 20)],
     # q2k_r: every block runs a whole unit trip of simulated mma (~12 s a block): K = 768 is an odd
     # block count (a zero pad block), N = 13 rows past N in the tile
-    "gemv_q2k_v4": [(1, 768, 13)],
+    "gemv_q2k_v4": [(1, 768, 13)],          # the default for q2k_r
     "gemv_q2k_v5": [(2, 512, 5)],
-    "gemv_q2k_v6": [(3, 768, 13)],          # the default for q2k_r
+    "gemv_q2k_v6": [(3, 768, 13)],
     "gemv_fp8_v1": [(1, 32, 5), (3, 96, 40), (9, 64, 3)],           # N % 32: a partial scale-tile row
     "gemv_fp8_v2": [(1, 64, 16), (5, 96, 33), (9, 32, 8)],
 }
 # more K blocks than the warps load in one trip: K/256 = 25 > 8 warps x 3 (q2k), K/32 = 65 > 8 x 8 (fp8)
 SIM_MULTI_TRIP = {"gemv_q2k_v2": (1, 6400, 16), "gemv_fp8_v2": (2, 2080, 16),
                   "gemv_q2k_v6": (1, 6656, 13)}   # 13 units > 4 warps x 3: two trips, warps with no units
-SIM_SLOW = {("gemv_q2k_v6", (1, 6656, 13)), ("gemv_q2k_v5", (2, 512, 5))}
+SIM_SLOW = {("gemv_q2k_v6", (1, 6656, 13)), ("gemv_q2k_v5", (2, 512, 5)), ("gemv_q2k_v6", (3, 768, 13))}
 SIM_PARAMS = [(v, s) for v, shapes in SIM_CASES.items() for s in shapes] + list(SIM_MULTI_TRIP.items())
 
 
