@@ -50,8 +50,9 @@ from .stages.rows.encodings import get_encoding
 from .stages.rows.launch import prepare_decode, prepare_gather
 
 ROW_VALUES = 256
-WKV_FORMATS = ("bf16", "q2k", "fp8")   # wkv_format choices; None = the most compact the file offers
-RESIDENT_WKV = ("q2k", "fp8")          # encodings the projection reads without decoding to bf16 first
+WKV_FORMATS = ("bf16", "q2k", "fp8", "q2k_r")   # wkv_format choices; None = the most compact the file offers
+RESIDENT_WKV = ("q2k", "fp8", "q2k_r")          # encodings the projection reads without decoding to bf16 first
+# q2k_r: a Q2_K wkv re-laid out on the device at build (same bytes; stages/proj/q2k_r.py)
 # schema A's ggml type names of wkv -> the protocol's wkv_encoding (for loaders that predate it)
 _WKV_TYPE_ENCODING = {"Q2_K": "q2k", "BF16": "bf16", "F16": "f16", "F32": "f32", "Q8_0": "q8_0"}
 
@@ -85,7 +86,8 @@ class EngramLayerWeights:
 
     layer_id: int
     wkv: object          # wkv_encoding "bf16": [N, K] uint16 bf16 words (N = dim*(hc+1), K = n_hash_cols*256);
-                         # "q2k": [N, K/256*84] uint8 Q2_K blocks; "fp8": [N, K] uint8 e4m3 codes
+                         # "q2k": [N, K/256*84] uint8 Q2_K blocks; "fp8": [N, K] uint8 e4m3 codes;
+                         # "q2k_r": [ceil(N/16), ceil(K/512)*2688] uint8, the Q2_K blocks re-laid out
     w_gate: object       # [hc, dim] fp32, q_weight * k_weight (the gate's per-stream weight)
     n_rows: int          # rows of this layer's table
     encoding: str = "q2k"  # the table's row encoding (engram_numba.stages.rows.encodings)
@@ -175,6 +177,12 @@ class EngramV41:
         self.layers: dict[int, EngramLayerWeights] = {}
         self._host_tables: dict = {}       # layer id -> [HostTable] (the table, and separate scales if any)
         self._fetcher = None
+        # two q2k_r layers share one buffer: decode projects both in one launch
+        self._wkv_pair = None
+        if len(cfg.layer_ids) == 2 and all(f == "q2k_r" for f in wkv_formats.values()):
+            from .stages.proj.q2k_r import q2k_r_shape
+            nt, width = q2k_r_shape(cfg.proj_out, cfg.proj_in)
+            self._wkv_pair = cuda.device_array((2 * nt, width), dtype=np.uint8)
         uploader = Uploader()
         try:
             for lid in cfg.layer_ids:
@@ -191,7 +199,12 @@ class EngramV41:
                 if table.shape[1] != width:
                     raise ValueError(f"layer {lid}: its {enc.name} table has {table.shape[1]} bytes a row, "
                                      f"expected {width}")
-                wkv, wkv_scales = self._wkv_setup(lid, lf, wkv_formats[lid], uploader)
+                dest = None
+                if self._wkv_pair is not None:
+                    half = self._wkv_pair.shape[0] // 2
+                    li = cfg.layer_ids.index(lid)
+                    dest = self._wkv_pair[li * half:(li + 1) * half]
+                wkv, wkv_scales = self._wkv_setup(lid, lf, wkv_formats[lid], uploader, dest)
                 d_table = d_scales = None
                 if where == "device":
                     d_table = uploader.upload(table, f"layer {lid} table")
@@ -244,20 +257,38 @@ class EngramV41:
                 raise ValueError(f"proj kernel {proj!r} reads {by_version} weights but wkv_format={wkv_format!r}")
             wkv_format = by_version
         if wkv_format is None:
+            if stored == "q2k" and not SIMULATOR:
+                return "q2k_r"      # on a GPU the re-laid-out Q2_K streams 16 bytes a load
             return stored if stored in RESIDENT_WKV else "bf16"
+        if wkv_format == "q2k_r" and stored == "q2k":
+            return wkv_format
         if wkv_format != "bf16" and wkv_format != stored:
             why = f"proj kernel {proj!r} reads {wkv_format} weights" if by_version else f"wkv_format={wkv_format!r}"
             raise ValueError(f"{why}, but layer {lid} stores its wkv as {stored} (nothing is re-quantised): "
                              f"use wkv_format='bf16' or None")
         return wkv_format
 
-    def _wkv_setup(self, lid, lf, fmt: str, uploader: Uploader):
-        """Upload layer `lid`'s projection in encoding `fmt` -> (device wkv, device scales or None)."""
+    def _wkv_setup(self, lid, lf, fmt: str, uploader: Uploader, dest=None):
+        """Upload layer `lid`'s projection in encoding `fmt` -> (device wkv, device scales or None).
+        q2k_r: the Q2_K blocks go up as they are and are re-laid out on the device (into `dest`
+        when given)."""
         cfg = self.config
         N, K = cfg.proj_out, cfg.proj_in
         if fmt == "bf16":
             return uploader.upload(np.ascontiguousarray(lf.wkv_bf16(), dtype=np.uint16), f"layer {lid} wkv (bf16)"), None
         raw = np.asarray(lf.wkv_raw)
+        if fmt == "q2k_r":
+            from .stages.proj.cuda_gemv_q2kr import prepare_repack
+            from .stages.proj.q2k_r import q2k_r_shape
+            want = (N, K // 256 * 84)
+            if raw.dtype != np.uint8 or raw.shape != want:
+                raise ValueError(f"layer {lid}: a q2k wkv must be uint8 {list(want)}, got {raw.dtype} {list(raw.shape)}")
+            blocks = uploader.upload(raw, f"layer {lid} wkv (q2k, re-laid out as q2k_r on the device)")
+            packed = dest if dest is not None else cuda.device_array(q2k_r_shape(N, K), dtype=np.uint8)
+            prepare_repack(blocks, packed, N, K)()
+            cuda.synchronize()
+            del blocks
+            return packed, None
         want = (N, K // 256 * 84) if fmt == "q2k" else (N, K)
         if raw.dtype != np.uint8 or raw.shape != want:
             raise ValueError(f"layer {lid}: a {fmt} wkv must be uint8 {list(want)}, got {raw.dtype} {list(raw.shape)}")
@@ -813,21 +844,54 @@ class _DecodeGraph:
     def _launches(self, h, residual):
         eng = self.engine
         cfg = eng.config
-        C, s = cfg.n_hash_cols, self.stream
+        s = self.stream
+        pair = self._pair_projection()
+        if pair is not None:
+            # a layer's kv depends on its token ids only: both gathers, both projections in one
+            # launch over both wkv, then the gates in layer order (the same bits as layer by layer)
+            rows = [self._rows_launch(li, lid) for li, lid in enumerate(cfg.layer_ids)]
+            gates = [self._gate_launch(lid, h, residual) for lid in cfg.layer_ids]
+            return rows + [pair] + gates
         out = []
         for li, lid in enumerate(cfg.layer_ids):
-            lw, ws = eng.layers[lid], eng._ws[lid]
-            if self.device_tables:
-                out.append(prepare_gather(lw.table, self.dev_ids[li * C:(li + 1) * C], ws.rows[:C], encoding=lw.encoding,
-                                          stream=s, version=eng.versions.get("rows"), bad_count=eng._decode_bad,
-                                          scales=lw.table_scales))
-            else:
-                out.append(prepare_decode(ws.raw[:C], ws.rows[:C], encoding=lw.encoding, stream=s,
-                                          version=eng.versions.get("rows")))
-            out.append(eng._prepare_projection(lw, ws, 1, s))
-            out.append(prepare_gate(h, ws.kv[:1], lw.w_gate, token_mask=self.dev_mask, residual=residual, eps=cfg.eps,
-                                    dot_out=ws.dot[:1], gate_out=ws.gate[:1], stream=s, version=eng.versions.get("gate")))
+            out.append(self._rows_launch(li, lid))
+            out.append(eng._prepare_projection(eng.layers[lid], eng._ws[lid], 1, s))
+            out.append(self._gate_launch(lid, h, residual))
         return out
+
+    def _rows_launch(self, li, lid):
+        eng = self.engine
+        C, s = eng.config.n_hash_cols, self.stream
+        lw, ws = eng.layers[lid], eng._ws[lid]
+        if self.device_tables:
+            return prepare_gather(lw.table, self.dev_ids[li * C:(li + 1) * C], ws.rows[:C], encoding=lw.encoding,
+                                  stream=s, version=eng.versions.get("rows"), bad_count=eng._decode_bad,
+                                  scales=lw.table_scales)
+        return prepare_decode(ws.raw[:C], ws.rows[:C], encoding=lw.encoding, stream=s, version=eng.versions.get("rows"))
+
+    def _gate_launch(self, lid, h, residual):
+        eng = self.engine
+        lw, ws = eng.layers[lid], eng._ws[lid]
+        return prepare_gate(h, ws.kv[:1], lw.w_gate, token_mask=self.dev_mask, residual=residual, eps=eng.config.eps,
+                            dot_out=ws.dot[:1], gate_out=ws.gate[:1], stream=self.stream,
+                            version=eng.versions.get("gate"))
+
+    def _pair_projection(self):
+        """One launch projecting both layers (q2k_r wkv in one buffer), or None: it must be the
+        kernel each layer's own projection at one token would run."""
+        eng = self.engine
+        if eng._wkv_pair is None:
+            return None
+        from .stages.proj.cuda_gemv_q2kr import PAIR_KERNELS, prepare_pair
+        a, b = eng.config.layer_ids
+        single = eng._prepare_projection(eng.layers[a], eng._ws[a], 1, self.stream)
+        if single.name not in PAIR_KERNELS:
+            return None
+        K = eng.config.proj_in
+        xa = eng._ws[a].rows[:eng.config.n_hash_cols].reshape(1, K)
+        xb = eng._ws[b].rows[:eng.config.n_hash_cols].reshape(1, K)
+        return prepare_pair(single.name, xa, xb, eng._wkv_pair, eng._ws[a].kv[:1], eng._ws[b].kv[:1],
+                            stream=self.stream)
 
     def run(self, token_id, live: bool, hasher: EngramHasher) -> None:
         b = self.next

@@ -219,8 +219,8 @@ def plan_placement(sizes: dict, tables=None, *, device_tables: bool = False, cac
 # -- what EngramV41 calls (kept here so the engine only names the steps) ---------------------------
 def _wkv_bytes(cfg, fmt: str) -> int:
     N, K = cfg.proj_out, cfg.proj_in
-    if fmt == "q2k":
-        return N * (K // 256) * 84
+    if fmt in ("q2k", "q2k_r"):                # q2k_r: the same bytes re-laid out (rows padded to 16)
+        return (-(-N // 16) * 16) * (K // 256) * 84
     if fmt == "fp8":
         return N * K + (-(-N // 32)) * (K // 32)
     return N * K * 2

@@ -1,7 +1,8 @@
 """One launch of each weight-decoding GEMV at the released shape, for Nsight Compute (the evidence
-behind the decode figures in the notes):
+behind the decode figures): the Q2_K file-layout default, every q2k_r version (the same weight
+re-laid out on the device) and the FP8 default, T = 1.
 
-    ncu --clock-control none --kernel-name regex:gemv_ --launch-skip 2 --launch-count 2 \
+    ncu --clock-control none --kernel-name regex:gemv --launch-skip 10 --launch-count 5 \
         --section SpeedOfLight --section Occupancy --section WarpStateStats --section LaunchStats \
         python3 tests/gpu_ncu_q2k.py
 """
@@ -9,6 +10,8 @@ import numpy as np
 from numba import cuda
 
 from engram_numba.bf16 import f32_to_bf16
+from engram_numba.stages import registry
+from engram_numba.stages.proj.cuda_gemv_q2kr import repack_on_device
 from engram_numba.stages.proj.launch import prepare_project_q
 from engram_numba.stages.rows.encodings import random_raw_rows
 
@@ -19,13 +22,16 @@ codes = rng.integers(0, 256, (N, K), dtype=np.uint8)
 codes[(codes & 0x7F) == 0x7F] = 0x38                      # no NaN codes
 wf, sf = cuda.to_device(codes), cuda.to_device(rng.integers(110, 125, (N // 32, K // 32), dtype=np.uint8))
 x = cuda.to_device(f32_to_bf16(rng.standard_normal((1, K)).astype(np.float32) * 0.05))
-q2k = prepare_project_q(x, wq, weight="q2k")
-fp8 = prepare_project_q(x, wf, sf, weight="fp8")
-for _ in range(3):                                         # launches 0-2 warm up; ncu profiles from 3 on
-    q2k()
-    fp8()
+wr = repack_on_device(wq, N, K)
+launches = [prepare_project_q(x, wq, weight="q2k")]
+launches += [prepare_project_q(x, wr, out=cuda.device_array((1, N), np.uint16), weight="q2k_r", version=v)
+             for v in registry.names("proj", "q2k_r")]
+launches.append(prepare_project_q(x, wf, sf, weight="fp8"))
+for _ in range(2):                                         # warm-up rounds; then one profiled round
+    for launch in launches:
+        launch()
 cuda.synchronize()
-q2k()
-fp8()
+for launch in launches:
+    launch()
 cuda.synchronize()
-print("done", q2k.name, fp8.name)
+print("done", [launch.name for launch in launches])

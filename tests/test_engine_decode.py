@@ -76,7 +76,10 @@ def test_wkv_encoding_of_maps_schema_a_types(model):
 
 def test_default_wkv_format_is_the_files_compact_one(model, fp8_model):
     cfg = model.config
-    q = EngramV41(model, max_tokens=2)
+    from engram_numba.device.intrinsics import SIMULATOR
+    # on a GPU a Q2_K wkv is re-laid out as q2k_r at build (same bytes); the simulator keeps q2k
+    assert EngramV41(model, max_tokens=2).wkv_format == ({1: "q2k", 4: "q2k"} if SIMULATOR else {1: "q2k_r", 4: "q2k_r"})
+    q = EngramV41(model, max_tokens=2, wkv_format="q2k")
     assert q.wkv_format == {1: "q2k", 4: "q2k"}
     lw = q.layers[1]
     assert lw.wkv.dtype == np.uint8 and tuple(lw.wkv.shape) == (cfg.proj_out, cfg.proj_in // 256 * 84)
@@ -92,6 +95,28 @@ def test_default_wkv_format_is_the_files_compact_one(model, fp8_model):
     rep = q.build_report
     assert {"seconds", "bytes", "gb_per_s", "uploads", "wkv_format"} <= set(rep)
     assert rep["bytes"] > 0
+
+
+def test_q2k_r_wkv_is_the_files_blocks_re_laid_out_in_one_buffer(model, fp8_model):
+    """wkv_format="q2k_r": each layer's wkv is the device repack of the file's Q2_K blocks (the numpy
+    reference's bytes), both layers in one buffer (decode projects them in one launch); the
+    decoded weight is the file's bf16 weight; an FP8 wkv is refused by name before any upload."""
+    from engram_numba.stages.proj.launch import prepare_wkv_to_bf16
+    from engram_numba.stages.proj.q2k_r import q2k_r_shape, repack_q2k_r
+    cfg = model.config
+    eng = EngramV41(model, max_tokens=2, wkv_format="q2k_r")
+    assert eng.wkv_format == {1: "q2k_r", 4: "q2k_r"}
+    nt, width = q2k_r_shape(cfg.proj_out, cfg.proj_in)
+    assert tuple(eng._wkv_pair.shape) == (2 * nt, width)
+    for li, lid in enumerate(cfg.layer_ids):
+        got = eng.layers[lid].wkv.copy_to_host()
+        np.testing.assert_array_equal(got, repack_q2k_r(np.asarray(model.layers[lid].wkv_raw), cfg.proj_in))
+        np.testing.assert_array_equal(eng._wkv_pair.copy_to_host()[li * nt:(li + 1) * nt], got)
+    out = cuda.device_array((cfg.proj_out, cfg.proj_in), np.uint16)
+    prepare_wkv_to_bf16(eng.layers[1].wkv, None, out, weight="q2k_r")()
+    np.testing.assert_array_equal(out.copy_to_host(), model.layers[1].wkv_bf16())
+    with pytest.raises(ValueError, match="wkv_format='q2k_r'.*stores its wkv as fp8"):
+        EngramV41(fp8_model, max_tokens=2, wkv_format="q2k_r")
 
 
 def test_wkv_format_refusals_come_before_any_upload(model, monkeypatch):
@@ -232,7 +257,7 @@ DECODE_MASKS = [None] * 9 + [False] + [None] * 10
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("device_tables", [True, False], ids=["device-tables", "host-tables"])
-@pytest.mark.parametrize("wkv_format", [None, "bf16"])
+@pytest.mark.parametrize("wkv_format", [None, "q2k", "bf16"])
 def test_gpu_decode_graph_equals_ungraphed_step(model, device_tables, wkv_format, gpu_record):
     """A 20-token sequence (one dead token) through decode's CUDA graphs and through step(graph=False)
     on a second engine: the highway after every token is the same bits; step(T=1) uses the graph."""
@@ -244,6 +269,9 @@ def test_gpu_decode_graph_equals_ungraphed_step(model, device_tables, wkv_format
     want, _ = _run_sequence(EngramV41(model, **kw), model, DECODE_TOKENS, DECODE_MASKS, False)
     np.testing.assert_array_equal(got, want)
     assert len(eng._decode_graphs) == 1 and hasher.position == len(DECODE_TOKENS)
+    names = next(iter(eng._decode_graphs.values())).names
+    if wkv_format is None:     # q2k_r: both layers' projections are one launch between the gathers and the gates
+        assert sum("[2 layers]" in n for n in names) == 1, names
     if device_tables:
         assert eng.decode_bad_ids() == 0
     # step with one token replays the graph too

@@ -6,16 +6,19 @@ Records (same schema as the suite's, `timing.make_record`):
   projection_q2k  T in 1, 4, 8: kv = bf16(x @ W^T) with W in Q2_K blocks [N, K/256*84], every q2k
                   version (the default's record first, the others with "variant"), each validated on
                   sampled output rows against its float64 yardstick before it is timed (L2 flushed
-                  between runs: the 51.6 MB weight fits in the 60 MB L2). Baselines in the same run:
-                  cuBLAS on the bf16 weight, and our bf16 GEMV on it.
+                  between runs: the 51.6 MB weight fits in the 60 MB L2, so every record says
+                  `l2: "cold"`). On a GPU the same weight re-laid out on the device as q2k_r (what the
+                  engine holds there) runs its versions too, and the engine's kernel is the record's
+                  default. Baselines in the same run: cuBLAS on the bf16 weight, and our bf16 GEMV on it.
   projection_fp8  the same on FP8 codes [N, K] + e8m0 tile scales [N/32, K/32].
   decode_step     T = 1, both engram layers at the shape's dim/hc/columns with device-resident
                   random Q2_K tables (`table_gb` per layer; only 24 rows a token are read): wall time
                   per token over n_tokens consecutive tokens of one sequence, the hash included,
                   measured with the host clock around the whole loop (then a synchronize), and the
                   device time per token beside it (CUDA events, the host's launch time hidden).
-                  Variants in the same run: q2k weights graphed (`EngramV41.decode`, the default) and
-                  ungraphed, bf16 weights graphed and ungraphed, and torch (index_select + Q2_K decode,
+                  Variants in the same run: the engine's default wkv (q2k_r on a GPU: both layers
+                  projected in one launch) graphed (`EngramV41.decode`) and ungraphed, q2k weights and
+                  bf16 weights graphed and ungraphed, and torch (index_select + Q2_K decode,
                   cuBLAS bf16 GEMV, torch.compile'd gate), eager and inside a torch CUDA graph. The
                   graphed and ungraphed runs of one weight format must end on the same highway bits.
   engine_build    seconds and GB/s to open a sparse GGUF (tables are holes: they read as zeros from
@@ -141,6 +144,7 @@ def bench_projection_q(shape: BenchShape, quick: bool, log, timer, copy_gbps, sm
     from ..bf16 import f32_to_bf16
     from ..stages import registry
     from ..stages.proj import reference as R
+    from ..stages.proj.cuda_gemv_q2kr import repack_on_device
     from ..stages.proj.launch import pick, prepare_project, prepare_project_q, prepare_wkv_to_bf16
 
     torch = torch_or_none()
@@ -166,12 +170,18 @@ def bench_projection_q(shape: BenchShape, quick: bool, log, timer, copy_gbps, sm
         wb_dev = cuda.device_array((N, K), np.uint16)                  # the bf16 weight, for the baselines
         prepare_wkv_to_bf16(rd, sd, wb_dev, weight=weight)()
         tw = torch_view(wb_dev, torch).view(torch.bfloat16) if torch is not None else None
-        versions = [r.name for r in registry.records("proj", weight)]
+        # (version, the encoding it reads): on a GPU a Q2_K weight also runs re-laid out as q2k_r
+        versions = [(r.name, weight) for r in registry.records("proj", weight)]
+        weights = {weight: rd}
+        if weight == "q2k" and not smoke:
+            weights["q2k_r"] = repack_on_device(rd, N, K)
+            versions = [(r.name, "q2k_r") for r in registry.records("proj", "q2k_r")] + versions
         for T in (QUANT_TOKENS[:1] if smoke else QUANT_TOKENS):
             x_h = f32_to_bf16(rng.standard_normal((T, K)).astype(np.float32) * 0.05)
             x = cuda.to_device(x_h)
-            default = pick(T, K, N, weight=weight).name
-            order = [default] + [v for v in versions if v != default and not (smoke or v.endswith("_v1"))]
+            default = pick(T, K, N, weight=versions[0][1]).name
+            order = [(default, versions[0][1])] + [(v, enc) for v, enc in versions
+                                                   if v != default and not (smoke or v.endswith("_v1"))]
             base = {}
             if torch is not None:
                 tx = torch_view(x, torch).view(torch.bfloat16)
@@ -180,9 +190,9 @@ def bench_projection_q(shape: BenchShape, quick: bool, log, timer, copy_gbps, sm
             bf16_launch = prepare_project(x, wb_dev, kv_b)
             base["ours_bf16_" + bf16_launch.name] = timer(bf16_launch, iters=iters)
             nbytes = raw.nbytes + (0 if scales is None else scales.nbytes) + x_h.nbytes + 2 * T * N
-            for v in order:
+            for v, enc in order:
                 kv = cuda.device_array((T, N), np.uint16)
-                launch = prepare_project_q(x, rd, sd, kv, weight=weight, version=v)
+                launch = prepare_project_q(x, weights[enc], sd, kv, weight=enc, version=v)
                 launch()
                 got = kv.copy_to_host()[:, sample]
                 exact_weights = v == "gemv_q2k_v3"
@@ -194,12 +204,12 @@ def bench_projection_q(shape: BenchShape, quick: bool, log, timer, copy_gbps, sm
                     agree["vs_bf16_weights"] = vs_b
                 us = timer(launch, iters=iters)
                 rec = make_record(f"projection_{weight}", T, us, nbytes, 2 * T * K * N, copy_gbps,
-                                  base if v == default else {}, validated=ok, kernel=v, encoding=weight,
-                                  vs_reference=agree, **({} if v == default else {"variant": v}))
+                                  base if v == default else {}, validated=ok, kernel=v, encoding=enc,
+                                  vs_reference=agree, l2="cold", **({} if v == default else {"variant": v}))
                 records.append(rec)
                 log(f"projection_{weight} T={T}: {us:8.1f} us  {rec['pct_of_floor']:5.1f}% of copy floor  "
                     f"{rec['gbps']} GB/s  {v} valid={ok} {agree}  {base if v == default else ''}")
-        del rd, sd, wb_dev
+        del rd, sd, wb_dev, weights
     return records
 
 
@@ -273,12 +283,14 @@ def bench_decode_step(shape: BenchShape, quick: bool, log, timer, copy_gbps, smo
         log(f"decode_step {name:28s}: {results[name]['wall_us_per_token']:8.1f} us/token wall (host clock, "
             f"{n_tokens} tokens, hash included), {dev_us:7.1f} us/token device")
 
-    for fmt in ("q2k", "bf16"):
+    from numba.cuda import config as _cfg
+    fmts = ("q2k", "bf16") if _cfg.ENABLE_CUDASIM else ("q2k_r", "q2k", "bf16")
+    for fmt in fmts:
         t_b = time.perf_counter()
         engine = EngramV41(model, max_tokens=16, device_tables=True, wkv_format=fmt)
         log(f"engine ({fmt} wkv): built in {time.perf_counter() - t_b:.2f} s; tables+wkv "
             f"{engine.build_report['gb_per_s']} GB/s through {engine.build_report['uploads'][-1]['method']} uploads")
-        if fmt == "q2k":
+        if fmt == fmts[0]:
             lw = next(iter(engine.layers.values()))
             per_token_bytes = len(cfg.layer_ids) * (int(lw.wkv.nbytes) + cfg.n_hash_cols * (84 + 512) + 2 * cfg.proj_out
                                                   + 3 * cfg.hc * cfg.dim * 4)
@@ -288,6 +300,7 @@ def bench_decode_step(shape: BenchShape, quick: bool, log, timer, copy_gbps, smo
         if engine.graphs_available:
             info[f"{fmt}_graph_equals_ungraphed"] = bool(np.array_equal(final[f"{fmt} graphed"], final[f"{fmt} ungraphed"]))
             info[f"{fmt}_decode_bad_ids"] = engine.decode_bad_ids()
+            info[f"{fmt}_graph_launches"] = list(list(engine._decode_graphs.values())[-1].names)
         del engine
         gc.collect()
 
@@ -308,14 +321,14 @@ def bench_decode_step(shape: BenchShape, quick: bool, log, timer, copy_gbps, smo
         if tname in final and "bf16 ungraphed" in final:
             a, b = final[tname].astype(np.float64), final["bf16 ungraphed"].astype(np.float64)
             info[f"{tname.replace(' ', '_')}_vs_ours_rel_l2"] = float(np.linalg.norm(a - b) / max(np.linalg.norm(b), 1e-30))
-    main = "q2k graphed" if "q2k graphed" in results else "q2k ungraphed"
+    main = f"{fmts[0]} graphed" if f"{fmts[0]} graphed" in results else f"{fmts[0]} ungraphed"
     base = {k: v["wall_us_per_token"] for k, v in results.items() if k != main}
     rec = make_record("decode_step", 1, results[main]["wall_us_per_token"], per_token_bytes, 0, copy_gbps, base,
-                      kernel=("EngramV41.decode (q2k wkv, one CUDA graph a token)" if main == "q2k graphed"
-                              else "EngramV41.step (q2k wkv, kernels launched one by one)"),
+                      kernel=(f"EngramV41.decode ({fmts[0]} wkv, one CUDA graph a token)" if main.endswith("graphed")
+                              and not main.endswith("ungraphed")
+                              else f"EngramV41.step ({fmts[0]} wkv, kernels launched one by one)"),
                       device_us_per_token=round(results[main]["device_us_per_token"], 2),
-                      validated=bool(info.get("q2k_graph_equals_ungraphed", True)
-                                     and info.get("bf16_graph_equals_ungraphed", True)),
+                      validated=all(info.get(f"{f}_graph_equals_ungraphed", True) for f in fmts),
                       variants={k: {kk: round(vv, 2) for kk, vv in v.items()} for k, v in results.items()})
     rec["tables"], rec["cache_gb"] = "device", 0.0
     torch_best = min((v["wall_us_per_token"] for k, v in results.items() if k.startswith("torch")), default=None)
@@ -488,7 +501,8 @@ def bench_engine_build(shape: BenchShape, log, table_gib: float, smoke: bool) ->
            "seconds": round(secs, 3), "open_seconds": round(t_open, 4), "table_bytes": int(table_bytes),
            "h2d_pinned_gbps": round(h2d, 1), "build_report": report}
     log(f"engine_build: {secs:.2f} s for {nbytes / 1e9:.1f} GB ({rec['gbps']} GB/s; pinned H2D floor "
-        f"{h2d:.1f} GB/s; open {t_open * 1e3:.1f} ms)")
+        f"{h2d:.1f} GB/s; open {t_open * 1e3:.1f} ms; readers {report.get('read_seconds')} s summed, waited "
+        f"{report.get('wait_read_seconds')} s on reads and {report.get('wait_copy_seconds')} s on copies)")
     return rec
 
 

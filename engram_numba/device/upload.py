@@ -10,6 +10,8 @@ the driver's pinned bounce buffer -> device), faulting in every 4 KiB page of th
   2. copies each filled buffer to the device with an asynchronous copy, alternating two streams,
      while the threads fill the next buffers;
   3. hands a buffer back to the threads once the event recorded after its copy has fired.
+Each upload's record splits its time: the readers' summed read seconds, and how long the issuing
+thread waited for a buffer to be filled (read-bound) or for a copy to finish (link-bound).
 So the page-cache read, the PCIe transfer and the next reads overlap; what bounds the whole is
 the slower of the parallel page-cache read (host memory bandwidth) and PCIe (about 50 GB/s for
 Gen5 x16 one way). From a cold disk the bound is the disk itself (docs/gpu.md, "Start-up").
@@ -34,7 +36,9 @@ from numba import cuda
 from .intrinsics import SIMULATOR
 
 DEFAULT_CHUNK_BYTES = 64 << 20
-DEFAULT_THREADS = 4
+# page-cache readers: one thread's preadv out of the page cache runs at a few GB/s, so the PCIe
+# link (~55 GB/s pinned) needs many of them
+DEFAULT_THREADS = max(4, min(12, os.cpu_count() or 4))
 SMALL_BYTES = 8 << 20          # below this a plain copy is as fast as setting up the pipeline
 
 
@@ -64,6 +68,9 @@ class UploadRecord:
     nbytes: int
     seconds: float
     method: str          # "pread" (from the file), "memcpy" (through memory), "direct" (small / simulator)
+    read_seconds: float = 0.0       # summed over the reader threads: time filling pinned buffers
+    wait_read_seconds: float = 0.0  # the issuing thread waiting for a buffer to be filled (read-bound)
+    wait_copy_seconds: float = 0.0  # the issuing thread waiting for a device copy to finish (link-bound)
 
     @property
     def gbps(self) -> float:
@@ -88,8 +95,14 @@ class UploadStats:
 
     def as_dict(self) -> dict:
         return {"bytes": self.nbytes, "seconds": round(self.seconds, 4), "gb_per_s": round(self.gbps, 2),
+                "read_seconds": round(sum(r.read_seconds for r in self.records), 4),
+                "wait_read_seconds": round(sum(r.wait_read_seconds for r in self.records), 4),
+                "wait_copy_seconds": round(sum(r.wait_copy_seconds for r in self.records), 4),
                 "uploads": [{"what": r.what, "bytes": r.nbytes, "seconds": round(r.seconds, 4),
-                             "gb_per_s": round(r.gbps, 2), "method": r.method} for r in self.records]}
+                             "gb_per_s": round(r.gbps, 2), "method": r.method,
+                             "read_seconds": round(r.read_seconds, 4),
+                             "wait_read_seconds": round(r.wait_read_seconds, 4),
+                             "wait_copy_seconds": round(r.wait_copy_seconds, 4)} for r in self.records]}
 
 
 class Uploader:
@@ -151,12 +164,14 @@ class Uploader:
             host = np.ascontiguousarray(host)
         dev = cuda.device_array(host.shape, dtype=host.dtype)
         self._ensure()
-        self._pipeline(host, dev, region)
+        split = self._pipeline(host, dev, region)
         self.stats.records.append(UploadRecord(what, int(host.nbytes), time.perf_counter() - t0,
-                                               "pread" if region else "memcpy"))
+                                               "pread" if region else "memcpy", *split))
         return dev
 
-    def _pipeline(self, host: np.ndarray, dev, region) -> None:
+    def _pipeline(self, host: np.ndarray, dev, region) -> tuple:
+        """-> (read seconds summed over the threads, seconds waiting for reads, seconds waiting for
+        copies): where the time went."""
         nbytes = int(host.nbytes)
         dst = dev.reshape(dev.size).view(np.uint8)                   # [nbytes] device bytes
         src = host.reshape(-1).view(np.uint8)                        # [nbytes] host bytes (memcpy path)
@@ -166,7 +181,11 @@ class Uploader:
         fd = os.open(region[0], os.O_RDONLY) if region else -1
         base = region[1] if region else 0
 
+        read_s = []            # per chunk, appended by the threads (list.append is atomic)
+        wait_read = wait_copy = 0.0
+
         def fill(i: int) -> int:
+            t_fill = time.perf_counter()
             lo = i * chunk
             size = min(chunk, nbytes - lo)
             buf = self._bufs[i % nb][:size]
@@ -181,12 +200,15 @@ class Uploader:
                     done += got
             else:
                 np.copyto(buf, src[lo:lo + size])
+            read_s.append(time.perf_counter() - t_fill)
             return size
 
         try:
             futures = {i: self._pool.submit(fill, i) for i in range(min(n, nb - 1))}
             for i in range(n):
+                t_w = time.perf_counter()
                 size = futures.pop(i).result()                       # chunk i is staged in buffer i % nb
+                wait_read += time.perf_counter() - t_w
                 b = i % nb
                 stream = self._streams[i & 1]
                 lo = i * chunk
@@ -195,12 +217,17 @@ class Uploader:
                 # the buffer chunk i-1 used is free once its copy is done: give it chunk i-1+nb
                 j = i - 1 + nb
                 if i >= 1 and j < n:
+                    t_w = time.perf_counter()
                     self._events[(i - 1) % nb].synchronize()
+                    wait_copy += time.perf_counter() - t_w
                     futures[j] = self._pool.submit(fill, j)
                 elif i == 0 and nb - 1 < n:
                     futures[nb - 1] = self._pool.submit(fill, nb - 1)
+            t_w = time.perf_counter()
             for s in self._streams:
                 s.synchronize()
+            wait_copy += time.perf_counter() - t_w
+            return sum(read_s), wait_read, wait_copy
         finally:
             for f in list(futures.values()) if "futures" in locals() else []:
                 f.cancel()

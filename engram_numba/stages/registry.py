@@ -62,7 +62,7 @@ class KernelRecord:
     default_rule    ctx -> bool: True where this record is the stage's default; ctx is a dict
                     the stage's launcher builds (tokens, shape, alignment, simulator, encoding)
     encoding        rows: the table encoding decoded ("q2k", "q8_0", "fp8", ...); proj: the
-                    weight encoding read ("bf16", "q2k", "fp8"); "" where it does not apply
+                    weight encoding read ("bf16", "q2k", "fp8", "q2k_r"); "" where it does not apply
     simulate        cheap enough to run in numba's simulator at the tests' tiny shapes
     requires        an optional dependency the version needs ("torch or cupy"), "" for none
     sweep           token counts at which the bench's version sweep times it (where it competes)

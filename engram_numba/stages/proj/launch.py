@@ -99,7 +99,7 @@ def project(x, wkv, out=None, *, stream=0, version=None):
 
 # ---- weights in their file encoding ---------------------------------------------------------------
 
-QUANT_WEIGHTS = ("q2k", "fp8")
+QUANT_WEIGHTS = ("q2k", "fp8", "q2k_r")
 Q2K_BLOCK_VALUES, Q2K_BLOCK_BYTES, FP8_TILE = 256, 84, 32
 
 
@@ -112,12 +112,27 @@ def _check_u8_matrix(a, name: str, shape_doc: str):
         raise ValueError(f"{name} must be C-contiguous")
 
 
-def check_quant_weight(wkv_raw, wkv_scales, K: int, weight: str):
-    """Validate a q2k / fp8 weight for inputs of width K -> (device wkv_raw, device scales or None,
-    N, aligned-for-the-fast-kernels). Raises before anything is launched or allocated."""
+def check_quant_weight(wkv_raw, wkv_scales, K: int, weight: str, N: int | None = None):
+    """Validate a q2k / fp8 / q2k_r weight for inputs of width K -> (device wkv_raw, device scales or
+    None, N, aligned-for-the-fast-kernels). A q2k_r weight pads its rows to tiles of 16, so its N
+    comes from the caller (the output's width). Raises before anything is launched or allocated."""
     if weight not in QUANT_WEIGHTS:
         raise ValueError(f"weight must be one of {QUANT_WEIGHTS} (bf16 weights: prepare_project), got {weight!r}")
     wkv_raw = as_device_array(wkv_raw, "wkv_raw")
+    if weight == "q2k_r":
+        from .q2k_r import q2k_r_shape
+        if N is None:
+            raise ValueError("a q2k_r weight holds its rows in tiles of 16: pass out [T, N] to say N")
+        _check_u8_matrix(wkv_raw, "wkv_raw", "[ceil(N/16), ceil(K/512)*2688] (q2k_r)")
+        if K % Q2K_BLOCK_VALUES or K == 0:
+            raise ValueError(f"K = {K} must be a positive multiple of {Q2K_BLOCK_VALUES} for q2k_r weights")
+        want = q2k_r_shape(N, K)
+        if tuple(wkv_raw.shape) != want:
+            raise ValueError(f"wkv_raw must be [ceil(N/16), ceil(K/512)*2688] = {list(want)} q2k_r bytes for "
+                             f"N = {N}, K = {K}, got {list(wkv_raw.shape)}")
+        if wkv_scales is not None:
+            raise ValueError("q2k_r weights carry their scales inside the units: wkv_scales must be None")
+        return wkv_raw, None, int(N), data_address(wkv_raw) % 16 == 0
     if weight == "q2k":
         _check_u8_matrix(wkv_raw, "wkv_raw", "[N, K/256*84] (Q2_K blocks)")
         if K % Q2K_BLOCK_VALUES or K == 0:
@@ -155,7 +170,12 @@ def prepare_project_q(x, wkv_raw, wkv_scales=None, out=None, *, weight: str, str
     x = as_device_array(x, "x")
     _check_bf16_matrix(x, "x", "[T, K]")
     T, K = x.shape
-    wkv_raw, wkv_scales, N, w_aligned = check_quant_weight(wkv_raw, wkv_scales, K, weight)
+    n_out = None
+    if weight == "q2k_r" and out is not None:
+        out = as_device_array(out, "out")
+        _check_bf16_matrix(out, "out", "[T, N]")
+        n_out = int(out.shape[1])
+    wkv_raw, wkv_scales, N, w_aligned = check_quant_weight(wkv_raw, wkv_scales, K, weight, n_out)
     aligned = data_address(x) % 16 == 0 and w_aligned
     rec = pick(max(T, 1), K, N, aligned, version, weight)
     out = _output(out, T, N, stream)
@@ -176,9 +196,12 @@ def prepare_wkv_to_bf16(wkv_raw, wkv_scales, out, *, weight: str, stream=0):
     out = as_device_array(out, "out")
     _check_bf16_matrix(out, "out", "[N, K]")
     N, K = out.shape
-    wkv_raw, wkv_scales, n_w, _ = check_quant_weight(wkv_raw, wkv_scales, K, weight)
+    wkv_raw, wkv_scales, n_w, _ = check_quant_weight(wkv_raw, wkv_scales, K, weight, N)
     if n_w != N:
         raise ValueError(f"out has {N} rows, the weight {n_w}")
+    if weight == "q2k_r":
+        from .cuda_gemv_q2kr import prepare_decode_q2k_r
+        return prepare_decode_q2k_r(wkv_raw, out, stream=stream)
     if weight == "q2k":
         from ..rows.launch import prepare_decode
         blocks = N * (K // Q2K_BLOCK_VALUES)

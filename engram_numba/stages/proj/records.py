@@ -18,11 +18,17 @@ gemv_q2k_v1 / gemv_fp8_v1 in the simulator or for unaligned data, the tensor-cor
 gemv_fp8_v2 on a GPU, for any T (8 tokens a weight pass; the engine decodes the weight to bf16
 and runs the bf16 GEMM above QUANT_GEMV_MAX_TOKENS). gemv_q2k_v3 (factored, exact weights) is
 picked by name.
+q2k_r weights (the Q2_K blocks re-laid out on the device, q2k_r.py): gemv_q2k_v4 (register-staged),
+the fastest of the three at T = 1, 4 and 8 on the H200 (bench/results/h200_decode_dev_b4a1848.json,
+L2 flushed between runs): T=1 v4 45.7 us, v6 47.3, v5 47.5, against v2's 58.9 on the file layout
+and cuBLAS's 91.1 on the bf16 weight. All three sit at ~26% of the copy floor with the SMs ~65%
+busy (Nsight Compute, bench/results/h200_ncu_gemv_q2kr_b4a1848.txt): the decode's instructions,
+not the loads, bound them now.
 """
 from __future__ import annotations
 
 from ..registry import KernelRecord, register
-from . import cublas, cuda_gemm, cuda_gemv, cuda_gemv_fp8, cuda_gemv_q2k, cuda_wgmma
+from . import cublas, cuda_gemm, cuda_gemv, cuda_gemv_fp8, cuda_gemv_q2k, cuda_gemv_q2kr, cuda_wgmma
 
 GEMV_MAX_TOKENS = 32    # 2 passes of gemv_v4 (~2 x 100 us) beat gemm_v3's latency-bound ~280 us at T <= 128
 GEMV3_MAX_TOKENS = 2    # gemv_v3 at T = 2: 90.0 us against gemm_v5's 92.7 and gemv_v4's 99.7
@@ -124,6 +130,20 @@ _QUANT_RECORDS = [
     ("gemv_q2k_v3", "q2k", cuda_gemv_q2k, False,
      "v2 factored on exact weights: A = sc*q (exact in bf16), d scales a block's mma chain, the min term "
      "dmin*m*sum(x) as 3 more mma on exact bf16 parts of the sub-block sums of x",
+     "never (pick it by name)", None),
+    ("gemv_q2k_v4", "q2k_r", cuda_gemv_q2kr, False,
+     "v2's math on q2k_r, the Q2_K weight re-laid out at load (same bytes): six 16-byte loads a lane per "
+     "16 rows x 512 k, each warp's loads for its whole K share issued into registers before any decode, "
+     "6 warps a block (160 registers: 2 blocks an SM); 45.7 / 46.2 / 46.2 us at T = 1 / 4 / 8, L2 cold (v2: 58.9)",
+     "q2k_r weights (on a GPU the engine holds a Q2_K wkv as q2k_r)", lambda c: c["weight"] == "q2k_r"),
+    ("gemv_q2k_v5", "q2k_r", cuda_gemv_q2kr, False,
+     "v4 with 12 warps a block, each loading one unit (24 words a lane): 79 registers, 24 warps an SM "
+     "(47.5 / 47.8 / 48.7 us at T = 1 / 4 / 8)",
+     "never (pick it by name)", None),
+    ("gemv_q2k_v6", "q2k_r", cuda_gemv_q2kr, False,
+     "v4 with the loads landing in shared memory by cp.async (each lane copies what it reads, one commit "
+     "group a unit, waits only for the unit it decodes): 4 warps x 3 units in flight, 80 registers, 5 blocks "
+     "an SM (47.3 / 46.6 / 48.0 us at T = 1 / 4 / 8)",
      "never (pick it by name)", None),
     ("gemv_fp8_v1", "fp8", cuda_gemv_fp8, True,
      "naive: one thread per output column, e4m3 x e8m0 weights decoded exactly in fp32, k in order "

@@ -283,7 +283,7 @@ def test_default_rules_partition_the_contexts():
     """Exactly one record claims every context (registry.default raises otherwise), every record
     with a default rule is the default somewhere, and a default reads the context's weight."""
     claimed = set()
-    for weight in ("bf16", "q2k", "fp8"):
+    for weight in ("bf16", "q2k", "fp8", "q2k_r"):
         for T in (1, 2, 3, 8, 9, 16, GEMV_MAX_TOKENS - 1, GEMV_MAX_TOKENS, GEMV_MAX_TOKENS + 1, WGMMA_SMALL_MAX_TOKENS,
                   WGMMA_SMALL_MAX_TOKENS + 1, 128, WGMMA_MID_MAX_TOKENS, WGMMA_MID_MAX_TOKENS + 1, 1000, 4096, 5000):
             for aligned in (True, False):

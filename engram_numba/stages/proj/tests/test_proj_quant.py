@@ -33,10 +33,12 @@ from engram_numba.stages import registry
 from engram_numba.stages.proj import cuda_gemv_fp8, cuda_gemv_q2k
 from engram_numba.stages.proj import launch as P
 from engram_numba.stages.proj import reference as R
+from engram_numba.stages.proj.q2k_r import repack_q2k_r
 from engram_numba.stages.proj.tests.test_proj_cuda import (NOISE_SIGMAS, POISON, U, Yardstick, assert_within_tolerance,
                                                            bf16_ulp_size, error_stats, poisoned)
 
 Q2K_VERSIONS = tuple(registry.names("proj", "q2k"))
+Q2KR_VERSIONS = tuple(registry.names("proj", "q2k_r"))    # the same Q2_K weight, re-laid out (q2k_r.py)
 FP8_VERSIONS = tuple(registry.names("proj", "fp8"))
 EXACT_WEIGHT = ("gemv_q2k_v3",)          # the factored, exact-weight path: its own yardstick
 RESULTS: list[dict] = []
@@ -79,7 +81,7 @@ class ExactWeightYard:
 
 def yardstick_weights(weight, raw, scales, K):
     """(bf16 weights, exact weights or None, |terms| or None): what the yardsticks are built from."""
-    if weight == "q2k":
+    if weight in ("q2k", "q2k_r"):
         return R.wkv_q2k_bf16(raw, K), R.wkv_q2k_exact(raw, K), R.wkv_q2k_abs_terms(raw, K)
     return R.wkv_fp8_bf16(raw, scales), None, None
 
@@ -91,8 +93,11 @@ def yardsticks(weight, x, raw, scales, weights=None):
 
 
 def run_q(version, weight, x, raw, scales, stream=0):
+    """`raw` is the file's encoding; a q2k_r version gets it repacked (numpy reference repack)."""
     T, N = x.shape[0], raw.shape[0]
     out = poisoned(T, N)
+    if weight == "q2k_r":
+        raw = repack_q2k_r(raw, x.shape[1])
     ret = P.project_q(cuda.to_device(x), cuda.to_device(raw), None if scales is None else cuda.to_device(scales),
                       out, weight=weight, version=version, stream=stream)
     assert ret is out
@@ -134,32 +139,41 @@ SIM_CASES = {
                     (3, 512, 20),                                     # 2 row tiles, rows past N clamped
                     (9, 256, 5)],                                     # 2 token groups, N < one tile
     "gemv_q2k_v3": [(1, 256, 16), (5, 512, 20)],
+    # q2k_r: every block runs a whole unit trip of simulated mma (~12 s a block): K = 768 is an odd
+    # block count (a zero pad block), N = 13 rows past N in the tile
+    "gemv_q2k_v4": [(1, 768, 13)],          # the default for q2k_r
+    "gemv_q2k_v5": [(2, 512, 5)],
+    "gemv_q2k_v6": [(3, 768, 13)],
     "gemv_fp8_v1": [(1, 32, 5), (3, 96, 40), (9, 64, 3)],           # N % 32: a partial scale-tile row
     "gemv_fp8_v2": [(1, 64, 16), (5, 96, 33), (9, 32, 8)],
 }
 # more K blocks than the warps load in one trip: K/256 = 25 > 8 warps x 3 (q2k), K/32 = 65 > 8 x 8 (fp8)
-SIM_MULTI_TRIP = {"gemv_q2k_v2": (1, 6400, 16), "gemv_fp8_v2": (2, 2080, 16)}
+SIM_MULTI_TRIP = {"gemv_q2k_v2": (1, 6400, 16), "gemv_fp8_v2": (2, 2080, 16),
+                  "gemv_q2k_v6": (1, 6656, 13)}   # 13 units > 4 warps x 3: two trips, warps with no units
+SIM_SLOW = {("gemv_q2k_v6", (1, 6656, 13)), ("gemv_q2k_v5", (2, 512, 5)), ("gemv_q2k_v6", (3, 768, 13))}
 SIM_PARAMS = [(v, s) for v, shapes in SIM_CASES.items() for s in shapes] + list(SIM_MULTI_TRIP.items())
 
 
 def test_every_quant_version_has_simulator_cases():
-    assert set(SIM_CASES) == set(Q2K_VERSIONS) | set(FP8_VERSIONS)
+    assert set(SIM_CASES) == set(Q2K_VERSIONS) | set(FP8_VERSIONS) | set(Q2KR_VERSIONS)
     assert set(SIM_CASES) == {r.name for r in registry.records("proj") if r.encoding != "bf16"}
 
 
 def test_quant_records():
-    for v in Q2K_VERSIONS + FP8_VERSIONS:
+    for v in Q2K_VERSIONS + FP8_VERSIONS + Q2KR_VERSIONS:
         rec = registry.get("proj", v)
         assert rec.sweep == (1, 4, 8), rec
         assert rec.bit_exact == v.endswith("_v1"), rec
 
 
-@pytest.mark.parametrize("version,shape", SIM_PARAMS, ids=[f"{v}-{t}x{k}x{n}" for v, (t, k, n) in SIM_PARAMS])
+@pytest.mark.parametrize("version,shape", [pytest.param(v, s, marks=[pytest.mark.slow] if (v, s) in SIM_SLOW else [])
+                                           for v, s in SIM_PARAMS],
+                         ids=[f"{v}-{t}x{k}x{n}" for v, (t, k, n) in SIM_PARAMS])
 def test_quant_version_matches_its_yardstick(rng, version, shape):
     T, K, N = shape
     weight = registry.get("proj", version).encoding
     x = random_x(rng, T, K)
-    raw, scales = (random_q2k(rng, N, K), None) if weight == "q2k" else random_fp8(rng, N, K)
+    raw, scales = (random_q2k(rng, N, K), None) if weight in ("q2k", "q2k_r") else random_fp8(rng, N, K)
     check_version(version, weight, x, raw, scales)
 
 
@@ -400,9 +414,14 @@ def test_gpu_quant_projection_released(rng, released_q_weights, weight, T):
     xd, rd = cuda.to_device(x), cuda.to_device(raw)
     sd = None if scales is None else cuda.to_device(scales)
     failures = []
-    for version in registry.names("proj", weight):
+    versions = [(v, weight) for v in registry.names("proj", weight)]
+    if weight == "q2k":       # the same weight re-laid out on the device
+        from engram_numba.stages.proj.cuda_gemv_q2kr import repack_on_device
+        rd_r = repack_on_device(rd, RELEASED_N, RELEASED_K)
+        versions += [(v, "q2k_r") for v in registry.names("proj", "q2k_r")]
+    for version, w_enc in versions:
         out = poisoned(T, RELEASED_N)
-        launch = P.prepare_project_q(xd, rd, sd, out, weight=weight, version=version)
+        launch = P.prepare_project_q(xd, rd_r if w_enc == "q2k_r" else rd, sd, out, weight=w_enc, version=version)
         launch()
         got = out.copy_to_host()
         if version in EXACT_WEIGHT:

@@ -1,0 +1,538 @@
+"""GEMVs on a `q2k_r` wkv (a Q2_K wkv re-laid out at load, `q2k_r.py`), and the kernels that make it.
+
+    prepare_repack(raw, packed, N, K)      Q2_K blocks uint8 [N, K/256*84] -> q2k_r, on the device
+    prepare_decode_q2k_r(packed, out)      q2k_r -> bf16 words uint16 [N, K], through the GEMV's decode
+    gemv_q2k_v4, v5, v6                    kv = bf16(x @ W^T) for a few tokens, W read as q2k_r
+
+The math is gemv_q2k_v2's (bf16-rounded weights: each weight is the reference decoder's fp32 value
+`(d*sc)*q - dmin*m` rounded to bf16, picked from a byte_perm table of the sub-block's 4 values, fed
+with x's 8 tokens as N to mma.m16n8k16, fp32 accumulation, kv rounded once): the same product as
+the bf16 projection of `wkv_bf16()`, up to summation order. What changes is how the weight arrives:
+
+Kernel versions (the Q2_K file-layout versions v1..v3 live in cuda_gemv_q2k.py). A block owns one
+16-row tile and 8 tokens; its warps split the tile's 512-k units; their fp32 fragments are summed
+through shared memory in warp order (deterministic). Each has a two-layer launch (`prepare_pair`,
+blockIdx.z picks the layer) giving each layer the bits of its own launch.
+  gemv_q2k_v4  6 warps, each issuing the 16-byte loads of its 2 units into registers (six a lane a
+               unit, each of the first five a contiguous 512 bytes of the warp) before decoding any:
+               5.4 KB a warp in flight, 160 registers, 2 blocks an SM. The default for q2k_r (the
+               fastest of the three on the H200 at T = 1, 4, 8, by 2-4%).
+  gemv_q2k_v5  12 warps of one unit each: 79 registers, 2 blocks (24 warps) an SM.
+  gemv_q2k_v6  4 warps of 3 units whose loads land in shared memory by cp.async, each lane copying
+               the chunks it will read (no barrier in the stream), one commit group a unit, decoding
+               unit i once only the later units are in flight: 80 registers, 36 KB of slots (5 blocks
+               an SM fit).
+"""
+from __future__ import annotations
+
+import numpy as np
+from numba import cuda, float32, types
+
+from ...device.devarray import data_address
+from ...device.intrinsics import (SIMULATOR, byte_perm, cp_async_16, cp_async_commit, cp_async_waiter, f16x2_to_f32x2,
+                                  f32_to_bf16_bits, load_u32x4, store_u32x4)
+from ...device.launch import PreparedLaunch
+from ..registry import CompileTarget
+from .cuda_common import ALIGN, INLINE, U16_2D, bounds, cdiv, flat_u32
+from .cuda_gemv_q2k import lut_rounded, mma_subblock, pick4, x_words
+from .q2k_r import BLOCK_VALUES, DD_OFFSET, SC_OFFSET, TILE_ROWS, UNIT_BLOCKS, UNIT_BYTES, UNIT_VALUES, q2k_r_shape
+from ...device.intrinsics import device_function
+
+BLOCK_WORDS = 21                    # an 84-byte Q2_K block in uint32 words
+UNIT_CHUNKS = UNIT_BYTES // 16      # 168 sixteen-byte chunks a unit
+SC_CHUNK, DD_CHUNK = SC_OFFSET // 16, DD_OFFSET // 16
+
+
+# ---- the repack, on the device --------------------------------------------------------------------
+# One thread per (tile, unit, lane): it writes the lane's 4 quant chunks and its scale chunk, and
+# lanes with t = 0 the d/dmin chunk of their g (q2k_r.py's layout, bit for bit).
+
+REPACK_THREADS = 128
+
+
+@cuda.jit
+def _repack(raw32, packed32, N, KB, NU):
+    # raw32: uint32 [N*KB*21] flat Q2_K blocks; packed32: uint32 [ceil(N/16)*NU*672] flat q2k_r
+    i = cuda.grid(1)
+    NT = (N + TILE_ROWS - 1) // TILE_ROWS
+    if i >= NT * NU * 32:
+        return
+    lane = i & 31
+    unit_global = i >> 5                       # tile * NU + unit
+    tile = unit_global // NU
+    unit = unit_global - tile * NU
+    g = lane >> 2
+    t = lane & 3
+    n = t >> 1
+    h = t & 1
+    base16 = np.int64(unit_global) * UNIT_CHUNKS
+    sel = np.uint32(0x6420 + 0x1111 * h)       # scale bytes h, h+2 of word 2n; h, h+2 of word 2n+1
+    s0 = s1 = s2 = s3 = np.uint32(0)
+    d0 = d1 = d2 = d3 = np.uint32(0)
+    for b in range(UNIT_BLOCKS):
+        blk = unit * UNIT_BLOCKS + b
+        for p in range(2):
+            row = tile * TILE_ROWS + g + 8 * p
+            q0 = q1 = q2 = q3 = sc = dd = np.uint32(0)
+            if row < N and blk < KB:
+                w = (np.int64(row) * KB + blk) * BLOCK_WORDS
+                qw = w + 4 + 8 * n + 4 * h
+                q0, q1, q2, q3 = raw32[qw], raw32[qw + 1], raw32[qw + 2], raw32[qw + 3]
+                sc = byte_perm(raw32[w + 2 * n], raw32[w + 2 * n + 1], sel)
+                dd = raw32[w + 20]
+            store_u32x4(packed32, base16 + (b * 2 + p) * 32 + lane, q0, q1, q2, q3)
+            k = b * 2 + p
+            if k == 0:
+                s0, d0 = sc, dd
+            elif k == 1:
+                s1, d1 = sc, dd
+            elif k == 2:
+                s2, d2 = sc, dd
+            else:
+                s3, d3 = sc, dd
+    store_u32x4(packed32, base16 + SC_CHUNK + lane, s0, s1, s2, s3)
+    if t == 0:
+        store_u32x4(packed32, base16 + DD_CHUNK + g, d0, d1, d2, d3)
+
+
+def prepare_repack(raw, packed, N: int, K: int, *, stream=0) -> PreparedLaunch:
+    """A launch writing q2k_r `packed` (device uint8 [ceil(N/16), ceil(K/512)*2688]) from the Q2_K
+    blocks `raw` (device uint8 [N, K/256*84], 4-byte aligned); both checked here."""
+    if K <= 0 or K % BLOCK_VALUES:
+        raise ValueError(f"K = {K} must be a positive multiple of {BLOCK_VALUES} for Q2_K weights")
+    want_raw = (N, K // BLOCK_VALUES * 84)
+    if raw.dtype != np.uint8 or tuple(raw.shape) != want_raw or not raw.is_c_contiguous():
+        raise ValueError(f"raw must be C-contiguous uint8 {list(want_raw)} Q2_K blocks, got {raw.dtype} {list(raw.shape)}")
+    want = q2k_r_shape(N, K)
+    if packed.dtype != np.uint8 or tuple(packed.shape) != want or not packed.is_c_contiguous():
+        raise ValueError(f"packed must be C-contiguous uint8 {list(want)} (q2k_r), got {packed.dtype} "
+                         f"{list(packed.shape)}")
+    if data_address(raw) % 4 or data_address(packed) % 16:
+        raise ValueError("the repack reads raw as 4-byte words and writes packed as 16-byte chunks: raw must be "
+                         "4-byte and packed 16-byte aligned")
+    NU = want[1] // UNIT_BYTES
+    raw32 = raw.reshape(raw.size).view(np.uint32)
+    packed32 = packed.reshape(packed.size).view(np.uint32)
+    grid = cdiv(want[0] * NU * 32, REPACK_THREADS)
+    return PreparedLaunch("repack_q2k_r", _repack, grid, REPACK_THREADS, stream,
+                          (raw32, packed32, N, K // BLOCK_VALUES, NU), packed)
+
+
+def repack_on_device(raw, N: int, K: int, *, stream=0):
+    """Q2_K device blocks -> a new device q2k_r array (see prepare_repack)."""
+    packed = cuda.device_array(q2k_r_shape(N, K), dtype=np.uint8, stream=stream)
+    return prepare_repack(raw, packed, N, K, stream=stream)()
+
+
+# ---- decode to bf16, through the GEMV's own decode path -----------------------------------------
+# One thread per (tile, unit, lane): it decodes the values the GEMV's lane would feed to its mma
+# (rows g and g+8, its quarter of both blocks) with the same table and picks, and stores them.
+
+@cuda.jit
+def _decode(packed32, out32, N, K, NU):
+    # packed32: uint32 flat q2k_r; out32: uint32 [N*K/2] flat bf16 words
+    i = cuda.grid(1)
+    NT = (N + TILE_ROWS - 1) // TILE_ROWS
+    if i >= NT * NU * 32:
+        return
+    lane = i & 31
+    unit_global = i >> 5
+    tile = unit_global // NU
+    unit = unit_global - tile * NU
+    g = lane >> 2
+    t = lane & 3
+    KB = K // BLOCK_VALUES
+    base16 = np.int64(unit_global) * UNIT_CHUNKS
+    s0, s1, s2, s3 = load_u32x4(packed32, base16 + SC_CHUNK + lane)
+    d0, d1, d2, d3 = load_u32x4(packed32, base16 + DD_CHUNK + g)
+    for b in range(UNIT_BLOCKS):
+        blk = unit * UNIT_BLOCKS + b
+        for p in range(2):
+            row = tile * TILE_ROWS + g + 8 * p
+            k = b * 2 + p
+            sw = s0 if k == 0 else (s1 if k == 1 else (s2 if k == 2 else s3))
+            dw = d0 if k == 0 else (d1 if k == 1 else (d2 if k == 2 else d3))
+            if row < N and blk < KB:
+                q0, q1, q2, q3 = load_u32x4(packed32, base16 + k * 32 + lane)
+                d, dmin = f16x2_to_f32x2(dw)
+                for j in range(4):
+                    lo, hi = lut_rounded((sw >> np.uint32(8 * j)) & np.uint32(0xFF), d, dmin)
+                    a0, c0 = pick4(lo, hi, q0, 2 * j)
+                    a1, c1 = pick4(lo, hi, q1, 2 * j)
+                    a2, c2 = pick4(lo, hi, q2, 2 * j)
+                    a3, c3 = pick4(lo, hi, q3, 2 * j)
+                    # values 128n + 32j + 16h + (0..15) of the block: 32 bytes, two 16-byte stores
+                    v16 = (np.int64(row) * K + blk * BLOCK_VALUES + 128 * (t >> 1) + 32 * j + 16 * (t & 1)) >> 3
+                    store_u32x4(out32, v16, a0, c0, a1, c1)
+                    store_u32x4(out32, v16 + 1, a2, c2, a3, c3)
+
+
+def prepare_decode_q2k_r(packed, out, *, stream=0) -> PreparedLaunch:
+    """A launch decoding the q2k_r weight `packed` into bf16 words `out` (device uint16 [N, K])."""
+    N, K = out.shape
+    want = q2k_r_shape(N, K)
+    if packed.dtype != np.uint8 or tuple(packed.shape) != want:
+        raise ValueError(f"a q2k_r weight for out [N, K] = {[N, K]} must be uint8 {list(want)}, got "
+                         f"{packed.dtype} {list(packed.shape)}")
+    if data_address(packed) % 16 or data_address(out) % 16:
+        raise ValueError("the q2k_r decode reads and writes 16-byte chunks: packed and out must be 16-byte aligned")
+    NU = want[1] // UNIT_BYTES
+    grid = cdiv(want[0] * NU * 32, REPACK_THREADS)
+    return PreparedLaunch("decode_q2k_r", _decode, grid, REPACK_THREADS, stream,
+                          (packed.reshape(packed.size).view(np.uint32), flat_u32(out), N, K, NU), out)
+
+
+# ---- gemv_q2k_v4 ---------------------------------------------------------------------------------
+
+V4_TOKENS = 8                # tokens a block (the mma's N)
+
+
+@device_function(**INLINE)
+def _sub(c0, c1, c2, c3, sa, sb, j, da, dmina, db, dminb, qa0, qa1, qa2, qa3, qb0, qb1, qb2, qb3,
+         x32, xv, ok_x, scratch):
+    """Sub-block j of the lane's quarter of one block, rows g and g+8 (scale byte j of sa / sb)."""
+    x0, x1, x2, x3, x4, x5, x6, x7 = x_words(x32, xv, ok_x)
+    sh = np.uint32(8 * j)
+    lo_a, hi_a = lut_rounded((sa >> sh) & np.uint32(0xFF), da, dmina)
+    lo_b, hi_b = lut_rounded((sb >> sh) & np.uint32(0xFF), db, dminb)
+    return mma_subblock(c0, c1, c2, c3, lo_a, hi_a, lo_b, hi_b, qa0, qa1, qa2, qa3, qb0, qb1, qb2, qb3, 2 * j,
+                        x0, x1, x2, x3, x4, x5, x6, x7, scratch)
+
+
+@device_function(**INLINE)
+def _block(c0, c1, c2, c3, e0, e1, e2, e3, qa0, qa1, qa2, qa3, qb0, qb1, qb2, qb3, sa, sb, dda, ddb,
+           x32, xv, ok_x, scratch):
+    """One block: sub-blocks j = 0, 2 into (c), 1, 3 into (e) (two independent mma chains)."""
+    da, dmina = f16x2_to_f32x2(dda)
+    db, dminb = f16x2_to_f32x2(ddb)
+    c0, c1, c2, c3 = _sub(c0, c1, c2, c3, sa, sb, 0, da, dmina, db, dminb, qa0, qa1, qa2, qa3,
+                          qb0, qb1, qb2, qb3, x32, xv, ok_x, scratch)
+    e0, e1, e2, e3 = _sub(e0, e1, e2, e3, sa, sb, 1, da, dmina, db, dminb, qa0, qa1, qa2, qa3,
+                          qb0, qb1, qb2, qb3, x32, xv + 4, ok_x, scratch)
+    c0, c1, c2, c3 = _sub(c0, c1, c2, c3, sa, sb, 2, da, dmina, db, dminb, qa0, qa1, qa2, qa3,
+                          qb0, qb1, qb2, qb3, x32, xv + 8, ok_x, scratch)
+    e0, e1, e2, e3 = _sub(e0, e1, e2, e3, sa, sb, 3, da, dmina, db, dminb, qa0, qa1, qa2, qa3,
+                          qb0, qb1, qb2, qb3, x32, xv + 12, ok_x, scratch)
+    return c0, c1, c2, c3, e0, e1, e2, e3
+
+
+@device_function(**INLINE)
+def _load_unit(w32, base16, lane, g, ok):
+    """The lane's 24 words of one unit: quant chunks (b, p) = (0,0), (0,1), (1,0), (1,1), then its
+    scale chunk and its g's d/dmin chunk; zeros when the unit is not the warp's."""
+    z = np.uint32(0)
+    a0 = a1 = a2 = a3 = b0 = b1 = b2 = b3 = c0 = c1 = c2 = c3 = z
+    e0 = e1 = e2 = e3 = s0 = s1 = s2 = s3 = d0 = d1 = d2 = d3 = z
+    if ok:
+        a0, a1, a2, a3 = load_u32x4(w32, base16 + lane)
+        b0, b1, b2, b3 = load_u32x4(w32, base16 + 32 + lane)
+        c0, c1, c2, c3 = load_u32x4(w32, base16 + 64 + lane)
+        e0, e1, e2, e3 = load_u32x4(w32, base16 + 96 + lane)
+        s0, s1, s2, s3 = load_u32x4(w32, base16 + SC_CHUNK + lane)
+        d0, d1, d2, d3 = load_u32x4(w32, base16 + DD_CHUNK + g)
+    return (a0, a1, a2, a3, b0, b1, b2, b3, c0, c1, c2, c3, e0, e1, e2, e3,
+            s0, s1, s2, s3, d0, d1, d2, d3)
+
+
+@device_function(**INLINE)
+def _unit(c0, c1, c2, c3, e0, e1, e2, e3, wv, x32, xv, KB, blk0, ok_tok, scratch):
+    """The two blocks of one loaded unit (wv: _load_unit's 24 words)."""
+    (a0, a1, a2, a3, b0, b1, b2, b3, g0, g1, g2, g3, h0, h1, h2, h3,
+     s0, s1, s2, s3, d0, d1, d2, d3) = wv
+    c0, c1, c2, c3, e0, e1, e2, e3 = _block(c0, c1, c2, c3, e0, e1, e2, e3, a0, a1, a2, a3, b0, b1, b2, b3,
+                                            s0, s1, d0, d1, x32, xv, ok_tok and blk0 < KB, scratch)
+    return _block(c0, c1, c2, c3, e0, e1, e2, e3, g0, g1, g2, g3, h0, h1, h2, h3,
+                  s2, s3, d2, d3, x32, xv + 32, ok_tok and blk0 + 1 < KB, scratch)
+
+
+def _make_gemv(warps: int, units: int, blocks_per_sm: int):
+    """A q2k_r GEMV whose blocks have `warps` warps on one 16-row tile, each warp loading `units`
+    (1 or 2) units of its K share before decoding them."""
+    threads = warps * 32
+    red_size = warps * 32 * 4
+    scratch_size = 6 * threads if SIMULATOR else 1
+
+    @device_function(**INLINE)
+    def body(x32, w32, w16, out, T, K, red, scratch):
+        """The block's tile (blockIdx.x) and token group (blockIdx.y) of one layer's weight, whose
+        units start at 16-byte chunk w16 of w32."""
+        tid = cuda.threadIdx.x
+        lane = tid & 31
+        warp = tid >> 5
+        g = lane >> 2
+        t = lane & 3
+        N = out.shape[1]
+        KB = K // BLOCK_VALUES
+        NU = (K + UNIT_VALUES - 1) // UNIT_VALUES
+        tile = cuda.blockIdx.x
+        tok = cuda.blockIdx.y * V4_TOKENS + g
+        ok_tok = tok < T
+        x16 = np.int64(min(tok, T - 1)) * (K >> 3)             # token row, in 16-byte units
+        xoff = 16 * (t >> 1) + 2 * (t & 1)                      # the lane's quarter of a block, 16-byte units
+        per = (NU + warps - 1) // warps
+        per = (per + units - 1) // units * units                # uniform trips: every warp reaches every mma
+        u_begin = warp * per
+        u_end = min(u_begin + per, NU)
+        tile16 = w16 + np.int64(tile) * NU * UNIT_CHUNKS
+        z = float32(0.0)
+        c0 = c1 = c2 = c3 = e0 = e1 = e2 = e3 = z
+        for s in range(0, per, units):
+            u0 = u_begin + s
+            wa = _load_unit(w32, tile16 + np.int64(u0) * UNIT_CHUNKS, lane, g, u0 < u_end)
+            if units == 2:
+                wb = _load_unit(w32, tile16 + np.int64(u0 + 1) * UNIT_CHUNKS, lane, g, u0 + 1 < u_end)
+            blk = u0 * UNIT_BLOCKS
+            c0, c1, c2, c3, e0, e1, e2, e3 = _unit(c0, c1, c2, c3, e0, e1, e2, e3, wa, x32, x16 + 32 * blk + xoff,
+                                                   KB, blk, ok_tok and u0 < u_end, scratch)
+            if units == 2:
+                c0, c1, c2, c3, e0, e1, e2, e3 = _unit(c0, c1, c2, c3, e0, e1, e2, e3, wb, x32,
+                                                       x16 + 32 * (blk + 2) + xoff, KB, blk + 2,
+                                                       ok_tok and u0 + 1 < u_end, scratch)
+        base = (warp * 32 + lane) * 4
+        red[base] = c0 + e0
+        red[base + 1] = c1 + e1
+        red[base + 2] = c2 + e2
+        red[base + 3] = c3 + e3
+        cuda.syncthreads()
+        if tid < 128:
+            s_ = float32(0.0)
+            for w in range(warps):
+                s_ += red[w * 128 + tid]
+            el = tid >> 2
+            c = tid & 3
+            row = tile * TILE_ROWS + (el >> 2) + 8 * (c >> 1)
+            tk = cuda.blockIdx.y * V4_TOKENS + 2 * (el & 3) + (c & 1)
+            if row < N and tk < T:
+                out[tk, row] = f32_to_bf16_bits(s_)
+
+    @cuda.jit(**bounds(threads, blocks_per_sm))
+    def gemv(x32, w32, out, T, K):
+        # x32: uint32 [T*K/2] flat x; w32: uint32 flat q2k_r [ceil(N/16) * NU * 672]; out: uint16 [T, N]
+        red = cuda.shared.array(red_size, float32)               # [warp][lane][c0..c3]
+        scratch = cuda.shared.array(scratch_size, types.uint32)  # the mma twin's (simulator only)
+        body(x32, w32, np.int64(0), out, T, K, red, scratch)
+
+    @cuda.jit(**bounds(threads, blocks_per_sm))
+    def gemv_pair(x32a, x32b, w32, outa, outb, T, K):
+        # two layers in one launch (blockIdx.z): w32 holds layer a's q2k_r then layer b's, same shape;
+        # x32a/b: their inputs, outa/b: uint16 [T, N] each
+        red = cuda.shared.array(red_size, float32)
+        scratch = cuda.shared.array(scratch_size, types.uint32)
+        if cuda.blockIdx.z == 0:
+            body(x32a, w32, np.int64(0), outa, T, K, red, scratch)
+        else:
+            layer16 = np.int64((outb.shape[1] + TILE_ROWS - 1) // TILE_ROWS) * \
+                ((K + UNIT_VALUES - 1) // UNIT_VALUES) * UNIT_CHUNKS
+            body(x32b, w32, layer16, outb, T, K, red, scratch)
+
+    return gemv, gemv_pair
+
+
+# ---- gemv_q2k_v6: the loads land in shared memory (cp.async), not in registers -------------------
+# Each lane copies exactly the six chunks of a unit it will read (its four quant chunks, its scale
+# chunk, its g's d/dmin chunk: the four lanes of a g each copy that one, a single coalesced request)
+# into its own slots, so a lane's cp.async.wait_group alone makes its data visible to it: no warp
+# or block barrier in the stream. A warp issues its CP_UNITS units (one commit group each) and then
+# computes unit i after waiting until only the later units' groups are in flight. The registers no
+# longer hold the data in flight, so more blocks fit an SM (shared memory is the limit), and every
+# warp of every resident block has its whole K share on the way at once.
+
+CP_WARPS = 4                 # K = 6144 is 12 units: 3 a warp
+CP_UNITS = 3                 # units a warp has in flight (written out below)
+CP_BLOCKS_PER_SM = 6         # the register bound; 36 KB of slots a block lets 5 share an SM
+CP_SLOT_WORDS = 6 * 32 * 4   # one unit of one warp: [chunk c][lane] 16-byte slots
+
+
+@device_function(**INLINE)
+def _cp_unit(sm, slot, w32, base16, lane, g, ok):
+    """The lane's cp.async of one unit into slot `slot` (zeros when not `ok`), one commit group."""
+    n = 16 if ok else 0
+    src = base16 if ok else np.int64(0)
+    off = slot * (CP_SLOT_WORDS * 4) + lane * 16
+    cp_async_16(sm, off, w32, src + lane, n)
+    cp_async_16(sm, off + 512, w32, src + 32 + lane, n)
+    cp_async_16(sm, off + 1024, w32, src + 64 + lane, n)
+    cp_async_16(sm, off + 1536, w32, src + 96 + lane, n)
+    cp_async_16(sm, off + 2048, w32, src + SC_CHUNK + lane, n)
+    cp_async_16(sm, off + 2560, w32, src + DD_CHUNK + g, n)
+    cp_async_commit()
+
+
+@device_function(**INLINE)
+def _smem_unit(sm, slot, lane):
+    """The lane's 24 words of the unit in slot `slot` (the order `_load_unit` returns)."""
+    q = slot * (CP_SLOT_WORDS // 4) + lane           # 16-byte index of chunk 0
+    a0, a1, a2, a3 = load_u32x4(sm, q)
+    b0, b1, b2, b3 = load_u32x4(sm, q + 32)
+    c0, c1, c2, c3 = load_u32x4(sm, q + 64)
+    e0, e1, e2, e3 = load_u32x4(sm, q + 96)
+    s0, s1, s2, s3 = load_u32x4(sm, q + 128)
+    d0, d1, d2, d3 = load_u32x4(sm, q + 160)
+    return (a0, a1, a2, a3, b0, b1, b2, b3, c0, c1, c2, c3, e0, e1, e2, e3,
+            s0, s1, s2, s3, d0, d1, d2, d3)
+
+
+def _make_gemv_cp():
+    """gemv_q2k_v6 and its two-layer launch (module doc, "gemv_q2k_v6")."""
+    warps = CP_WARPS
+    threads = warps * 32
+    red_size = warps * 32 * 4
+    scratch_size = 6 * threads if SIMULATOR else 1
+    slots = warps * CP_UNITS * CP_SLOT_WORDS
+    wait2 = cp_async_waiter(2)
+    wait1 = cp_async_waiter(1)
+    wait0 = cp_async_waiter(0)
+
+    @device_function(**INLINE)
+    def body(x32, w32, w16, out, T, K, red, scratch, sm):
+        tid = cuda.threadIdx.x
+        lane = tid & 31
+        warp = tid >> 5
+        g = lane >> 2
+        t = lane & 3
+        N = out.shape[1]
+        KB = K // BLOCK_VALUES
+        NU = (K + UNIT_VALUES - 1) // UNIT_VALUES
+        tile = cuda.blockIdx.x
+        tok = cuda.blockIdx.y * V4_TOKENS + g
+        ok_tok = tok < T
+        x16 = np.int64(min(tok, T - 1)) * (K >> 3)
+        xoff = 16 * (t >> 1) + 2 * (t & 1)
+        per = (NU + warps - 1) // warps
+        per = (per + CP_UNITS - 1) // CP_UNITS * CP_UNITS
+        u_begin = warp * per
+        u_end = min(u_begin + per, NU)
+        tile16 = w16 + np.int64(tile) * NU * UNIT_CHUNKS
+        slot0 = warp * CP_UNITS
+        z = float32(0.0)
+        c0 = c1 = c2 = c3 = e0 = e1 = e2 = e3 = z
+        for s in range(0, per, CP_UNITS):
+            u0 = u_begin + s
+            _cp_unit(sm, slot0, w32, tile16 + np.int64(u0) * UNIT_CHUNKS, lane, g, u0 < u_end)
+            _cp_unit(sm, slot0 + 1, w32, tile16 + np.int64(u0 + 1) * UNIT_CHUNKS, lane, g, u0 + 1 < u_end)
+            _cp_unit(sm, slot0 + 2, w32, tile16 + np.int64(u0 + 2) * UNIT_CHUNKS, lane, g, u0 + 2 < u_end)
+            blk = u0 * UNIT_BLOCKS
+            wait2()
+            c0, c1, c2, c3, e0, e1, e2, e3 = _unit(c0, c1, c2, c3, e0, e1, e2, e3, _smem_unit(sm, slot0, lane),
+                                                   x32, x16 + 32 * blk + xoff, KB, blk, ok_tok and u0 < u_end,
+                                                   scratch)
+            wait1()
+            c0, c1, c2, c3, e0, e1, e2, e3 = _unit(c0, c1, c2, c3, e0, e1, e2, e3, _smem_unit(sm, slot0 + 1, lane),
+                                                   x32, x16 + 32 * (blk + 2) + xoff, KB, blk + 2,
+                                                   ok_tok and u0 + 1 < u_end, scratch)
+            wait0()
+            c0, c1, c2, c3, e0, e1, e2, e3 = _unit(c0, c1, c2, c3, e0, e1, e2, e3, _smem_unit(sm, slot0 + 2, lane),
+                                                   x32, x16 + 32 * (blk + 4) + xoff, KB, blk + 4,
+                                                   ok_tok and u0 + 2 < u_end, scratch)
+        base = (warp * 32 + lane) * 4
+        red[base] = c0 + e0
+        red[base + 1] = c1 + e1
+        red[base + 2] = c2 + e2
+        red[base + 3] = c3 + e3
+        cuda.syncthreads()
+        if tid < 128:
+            s_ = float32(0.0)
+            for w in range(warps):
+                s_ += red[w * 128 + tid]
+            el = tid >> 2
+            c = tid & 3
+            row = tile * TILE_ROWS + (el >> 2) + 8 * (c >> 1)
+            tk = cuda.blockIdx.y * V4_TOKENS + 2 * (el & 3) + (c & 1)
+            if row < N and tk < T:
+                out[tk, row] = f32_to_bf16_bits(s_)
+
+    @cuda.jit(**bounds(threads, CP_BLOCKS_PER_SM))
+    def gemv(x32, w32, out, T, K):
+        red = cuda.shared.array(red_size, float32)
+        scratch = cuda.shared.array(scratch_size, types.uint32)
+        sm = cuda.shared.array(slots, types.uint32, alignment=ALIGN) if ALIGN else cuda.shared.array(slots, types.uint32)
+        body(x32, w32, np.int64(0), out, T, K, red, scratch, sm)
+
+    @cuda.jit(**bounds(threads, CP_BLOCKS_PER_SM))
+    def gemv_pair(x32a, x32b, w32, outa, outb, T, K):
+        red = cuda.shared.array(red_size, float32)
+        scratch = cuda.shared.array(scratch_size, types.uint32)
+        sm = cuda.shared.array(slots, types.uint32, alignment=ALIGN) if ALIGN else cuda.shared.array(slots, types.uint32)
+        if cuda.blockIdx.z == 0:
+            body(x32a, w32, np.int64(0), outa, T, K, red, scratch, sm)
+        else:
+            layer16 = np.int64((outb.shape[1] + TILE_ROWS - 1) // TILE_ROWS) * \
+                ((K + UNIT_VALUES - 1) // UNIT_VALUES) * UNIT_CHUNKS
+            body(x32b, w32, layer16, outb, T, K, red, scratch, sm)
+
+    return gemv, gemv_pair
+
+
+# name -> (warps a block, units a warp loads at once, blocks an SM)
+SHAPES = {"gemv_q2k_v4": (6, 2, 2), "gemv_q2k_v5": (12, 1, 2), "gemv_q2k_v6": (CP_WARPS, CP_UNITS, CP_BLOCKS_PER_SM)}
+_BUILT = {name: _make_gemv(*shape) for name, shape in SHAPES.items() if name != "gemv_q2k_v6"}
+_BUILT["gemv_q2k_v6"] = _make_gemv_cp()
+KERNELS = {name: built[0] for name, built in _BUILT.items()}
+PAIR_KERNELS = {name: built[1] for name, built in _BUILT.items()}
+
+
+
+
+
+def launch_config(version: str, T: int, N: int):
+    if version in SHAPES:
+        return (cdiv(N, TILE_ROWS), cdiv(T, V4_TOKENS)), SHAPES[version][0] * 32
+    raise ValueError(f"no q2k_r GEMV version {version!r}")
+
+
+def make_prepare(version: str):
+    """prepare(x, wkv_r, wkv_scales, out, *, stream=0) -> PreparedLaunch (arguments checked by
+    `launch.prepare_project_q` with weight "q2k_r")."""
+    def prepare(x, wkv_r, wkv_scales, out, *, stream=0):
+        T, K = x.shape
+        N = out.shape[1]
+        if data_address(x) % 16 or data_address(wkv_r) % 16:
+            raise ValueError(f"{version} reads x and the q2k_r weight as 16-byte chunks: both must be 16-byte aligned")
+        grid, block = launch_config(version, T, N)
+        w32 = wkv_r.reshape(wkv_r.size).view(np.uint32)
+        return PreparedLaunch(version, KERNELS[version], grid, block, stream, (flat_u32(x), w32, out, T, K), out)
+
+    prepare.__name__ = f"prepare_{version}"
+    return prepare
+
+
+def prepare_pair(version: str, xa, xb, wkv_pair, outa, outb, *, stream=0) -> PreparedLaunch:
+    """Two layers' projections in one launch: wkv_pair is device uint8 [2*ceil(N/16), ceil(K/512)*2688],
+    layer a's q2k_r then layer b's; xa, xb uint16 [T, K]; outa, outb uint16 [T, N]. Each layer's kv
+    is bit-identical to `version` run on it alone (same blocks, same order)."""
+    from .launch import _check_bf16_matrix
+    from .q2k_r import q2k_r_shape
+    for name, a in (("xa", xa), ("xb", xb), ("outa", outa), ("outb", outb)):
+        _check_bf16_matrix(a, name, "")
+    if tuple(xa.shape) != tuple(xb.shape) or tuple(outa.shape) != tuple(outb.shape) or xa.shape[0] != outa.shape[0]:
+        raise ValueError(f"the pair's inputs must share [T, K] and outputs [T, N]: xa {list(xa.shape)}, xb "
+                         f"{list(xb.shape)}, outa {list(outa.shape)}, outb {list(outb.shape)}")
+    T, K = xa.shape
+    N = outa.shape[1]
+    nt, width = q2k_r_shape(N, K)
+    if wkv_pair.dtype != np.uint8 or tuple(wkv_pair.shape) != (2 * nt, width) or not wkv_pair.is_c_contiguous():
+        raise ValueError(f"wkv_pair must be C-contiguous uint8 {[2 * nt, width]} (two q2k_r weights), got "
+                         f"{wkv_pair.dtype} {list(wkv_pair.shape)}")
+    if any(data_address(a) % 16 for a in (xa, xb, wkv_pair)):
+        raise ValueError(f"{version} reads x and the weights as 16-byte chunks: they must be 16-byte aligned")
+    (gx, gy), block = launch_config(version, T, N)
+    w32 = wkv_pair.reshape(wkv_pair.size).view(np.uint32)
+    return PreparedLaunch(f"{version}[2 layers]", PAIR_KERNELS[version], (gx, gy, 2), block, stream,
+                          (flat_u32(xa), flat_u32(xb), w32, outa, outb, T, K), (outa, outb))
+
+
+_FAST_ARGS = (types.uint32[::1], types.uint32[::1], U16_2D, types.int64, types.int64)
+_U32 = types.uint32[::1]
+
+
+def compile_targets(version: str) -> list:
+    own = [CompileTarget(f"proj.{version}", KERNELS[version], _FAST_ARGS, vector_io=True),
+           CompileTarget(f"proj.{version}.pair", PAIR_KERNELS[version],
+                         (_U32, _U32, _U32, U16_2D, U16_2D, types.int64, types.int64), vector_io=True)]
+    if version != "gemv_q2k_v4":
+        return own
+    return own + [
+            CompileTarget(f"proj.{version}.repack", _repack, (_U32, _U32, types.int64, types.int64, types.int64),
+                          vector_io=True),
+            CompileTarget(f"proj.{version}.decode", _decode, (_U32, _U32, types.int64, types.int64, types.int64),
+                          vector_io=True)]
