@@ -53,3 +53,13 @@ def fast_launch(name: str, kernel, grid, block, x, wkv, out, stream) -> Prepared
                          "(use a naive version or an aligned copy)")
     T, K = x.shape
     return PreparedLaunch(name, kernel, grid, block, stream, (flat_u32(x), flat_u32(wkv), out, T, K), out)
+
+
+def check_bf16_matrix(a, name: str, shape_doc: str):
+    """A launcher's check of a bf16 matrix argument (uint16 words, 2-D, C-contiguous)."""
+    if a.dtype != np.dtype(np.uint16):
+        raise ValueError(f"{name} must be bf16 words (uint16) {shape_doc}, got dtype {a.dtype}")
+    if a.ndim != 2:
+        raise ValueError(f"{name} must be 2-D {shape_doc}, got shape {tuple(a.shape)}")
+    if not a.is_c_contiguous():
+        raise ValueError(f"{name} must be C-contiguous")

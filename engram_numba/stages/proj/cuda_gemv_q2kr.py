@@ -33,7 +33,7 @@ from ...device.intrinsics import (SIMULATOR, byte_perm, cp_async_16, cp_async_co
                                   f32_to_bf16_bits, load_u32x4, store_u32x4)
 from ...device.launch import PreparedLaunch
 from ..registry import CompileTarget
-from .cuda_common import ALIGN, INLINE, U16_2D, bounds, cdiv, flat_u32
+from .cuda_common import ALIGN, INLINE, U16_2D, bounds, cdiv, check_bf16_matrix, flat_u32
 from .cuda_gemv_q2k import lut_rounded, mma_subblock, pick4, x_words
 from .q2k_r import BLOCK_VALUES, DD_OFFSET, SC_OFFSET, TILE_ROWS, UNIT_BLOCKS, UNIT_BYTES, UNIT_VALUES, q2k_r_shape
 from ...device.intrinsics import device_function
@@ -500,10 +500,9 @@ def prepare_pair(version: str, xa, xb, wkv_pair, outa, outb, *, stream=0) -> Pre
     """Two layers' projections in one launch: wkv_pair is device uint8 [2*ceil(N/16), ceil(K/512)*2688],
     layer a's q2k_r then layer b's; xa, xb uint16 [T, K]; outa, outb uint16 [T, N]. Each layer's kv
     is bit-identical to `version` run on it alone (same blocks, same order)."""
-    from .launch import _check_bf16_matrix
     from .q2k_r import q2k_r_shape
     for name, a in (("xa", xa), ("xb", xb), ("outa", outa), ("outb", outb)):
-        _check_bf16_matrix(a, name, "")
+        check_bf16_matrix(a, name, "")
     if tuple(xa.shape) != tuple(xb.shape) or tuple(outa.shape) != tuple(outb.shape) or xa.shape[0] != outa.shape[0]:
         raise ValueError(f"the pair's inputs must share [T, K] and outputs [T, N]: xa {list(xa.shape)}, xb "
                          f"{list(xb.shape)}, outa {list(outa.shape)}, outb {list(outb.shape)}")

@@ -20,15 +20,9 @@ from ...device.intrinsics import SIMULATOR
 from ...device.launch import NoLaunch
 from .. import registry
 from . import records  # noqa: F401  (registers the projection kernels)
+from .cuda_common import check_bf16_matrix as _check_bf16_matrix
 
 
-def _check_bf16_matrix(a, name: str, shape_doc: str):
-    if a.dtype != np.dtype(np.uint16):
-        raise ValueError(f"{name} must be bf16 words (uint16) {shape_doc}, got dtype {a.dtype}")
-    if a.ndim != 2:
-        raise ValueError(f"{name} must be 2-D {shape_doc}, got shape {tuple(a.shape)}")
-    if not a.is_c_contiguous():
-        raise ValueError(f"{name} must be C-contiguous")
 
 
 def device_cc():
