@@ -33,6 +33,7 @@ _PUBLIC = {
     # files
     "load_model": ("formats.load", "load_model"),
     "load_gguf": ("formats.schema_a", "load_gguf"),
+    "released_model": ("formats.released", "released_model"),
     "write_gguf": ("formats.schema_a", "write_gguf"),
     "describe": ("formats.schema_a", "describe"),
     "EngramFileError": ("formats.errors", "EngramFileError"),
