@@ -168,13 +168,14 @@ pd.DataFrame(update_size(cap))
 
 # %% [markdown]
 # ## A row edit (tiny model, synthetic weights)
-# Zero the rows the bigram "the end" reads and see what changes where it occurs, and which other
-# n-grams of the text read the same rows (the collateral).
+# Zero the rows a bigram reads (the first two tokens of "the end") and see what changes where it
+# occurs, and which other n-grams of the text read the same rows (the collateral).
 
 # %%
 from engram_numba.analysis.row_edit import row_edit
 
-ngram = en.tokenize(tiny, " the end", add_special_tokens=False)[-2:]
+ngram = en.tokenize(tiny, "the end", add_special_tokens=False)[:2]
+print("bigram:", en.tokenizer_for(tiny).token_strings(ngram))
 ed = row_edit(tiny, ngram, op="zero", context=text)
 print(ed)
 for lid, recs in ed.collateral(tiny_acc).items():

@@ -97,10 +97,13 @@ def test_row_edit_zero_changes_exactly_the_reads_of_those_rows(model):
 
 
 def test_row_edit_scale_one_is_a_no_op_and_collateral_finds_sharers(model):
-    ngram = en.tokenize(model, "the end", add_special_tokens=False)
+    ngram = en.tokenize(model, "the end", add_special_tokens=False)[:2]        # a bigram: "the", " "
     ed = row_edit(model, ngram, op="scale", factor=1.0, context="the end of the thing")
     assert all(e["max_abs_delta_gate"] == 0 and e["highway_rel_change"] == 0 for e in ed.effects.values())
-    texts = ["the end of the thing, and the end of it", "then the thing ends", "at the end the end"] * 3
+    texts = ["the end of the thing, and the end of it", "then the thing ends", "at the end the end",
+             "the quick brown fox jumps over the lazy dog", "pack my box with five dozen liquor jugs",
+             "sphinx of black quartz, judge my vow!", "how vexingly quick daft zebras jump?",
+             "we promptly judged antique ivory buckles for the next prize - 1234567890"] * 2
     acc = access_stats(model, texts=texts, sequence_tokens=0)
     col = ed.collateral(acc)
     # brute force: every distinct bigram of the corpus whose row in some head equals an edited row
