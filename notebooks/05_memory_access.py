@@ -41,7 +41,7 @@ import engram_numba as en
 from engram_numba.analysis.access import AccessStats, access_stats, merge_access
 from engram_numba.analysis.offline_corpus import corpus_token_ids, offline_corpus
 
-size = os.environ.get("ENGRAM_NB05_BYTES", "400000")
+size = os.environ.get("ENGRAM_NB05_BYTES", "250000")
 MAX_BYTES = None if size == "all" else int(size)
 
 # %% [markdown]
