@@ -27,7 +27,8 @@ What the report holds (per engram layer; `to_json` keys are documented in docs/m
   (count ~ C * rank^-s by least squares in log-log over a rank range, with R^2), for the layer
   and for every hash column (order, head);
 - the static cache: the k rows most read in the training part, evaluated on the held-out part,
-  as hit rate against k (rows, and GB for Q2_K 84-byte and FP8 264-byte rows);
+  as hit rate against k (rows, and GB for Q2_K 84-byte and FP8 264-byte rows); rows tied at the
+  boundary count at their mean (the expectation over the order of ties);
 - the online LRU cache's hit rate against k on the held-out stream (cold misses included);
 - collisions per hash column: distinct n-grams that share a row with another n-gram; per order,
   pairs of distinct n-grams that collide in *every* head of the order (the same row tuple);
@@ -64,41 +65,43 @@ def _slot(k1, k2, mask):  # pragma: no cover - jitted
 
 
 @njit(cache=True, nogil=True)
-def _insert(keys, counts, k1, k2, col, add):  # pragma: no cover - jitted
-    """Add `add` to counts[slot, col] of key (k1, k2); returns 1 when a new key was placed."""
-    mask = keys.shape[0] - 1
+def _insert(table, k1, k2, col, add):  # pragma: no cover - jitted
+    """Add `add` to the count `col` (0 training, 1 held-out) of key (k1, k2) in the table
+    [cap, 4] = (k1, k2, training, held-out); one cache line per key. Returns 1 for a new key."""
+    mask = table.shape[0] - 1
     i = _slot(k1, k2, mask)
     while True:
-        if keys[i, 0] == -1:
-            keys[i, 0] = k1
-            keys[i, 1] = k2
-            counts[i, col] += add
+        if table[i, 0] == -1:
+            table[i, 0] = k1
+            table[i, 1] = k2
+            table[i, 2 + col] += add
             return 1
-        if keys[i, 0] == k1 and keys[i, 1] == k2:
-            counts[i, col] += add
+        if table[i, 0] == k1 and table[i, 1] == k2:
+            table[i, 2 + col] += add
             return 0
         i = (i + 1) & mask
 
 
 @njit(cache=True, nogil=True)
-def _rehash(keys, counts, new_keys, new_counts):  # pragma: no cover - jitted
-    for i in range(keys.shape[0]):
-        if keys[i, 0] != -1:
-            for c in range(counts.shape[1]):
-                _insert(new_keys, new_counts, keys[i, 0], keys[i, 1], c, counts[i, c])
+def _rehash(table, new_table):  # pragma: no cover - jitted
+    for i in range(table.shape[0]):
+        if table[i, 0] != -1:
+            for c in range(2):
+                if table[i, 2 + c]:
+                    _insert(new_table, table[i, 0], table[i, 1], c, table[i, 2 + c])
 
 
 @njit(cache=True, nogil=True)
-def _merge_into(keys, counts, other_keys, other_counts, filled, limit):  # pragma: no cover - jitted
+def _merge_into(table, other, filled, limit):  # pragma: no cover - jitted
     """Insert other's entries from its start; returns (index reached, filled)."""
-    for i in range(other_keys.shape[0]):
+    for i in range(other.shape[0]):
         if filled >= limit:
             return i, filled
-        if other_keys[i, 0] != -1:
-            new = _insert(keys, counts, other_keys[i, 0], other_keys[i, 1], 0, other_counts[i, 0])
-            _insert(keys, counts, other_keys[i, 0], other_keys[i, 1], 1, other_counts[i, 1])
+        if other[i, 0] != -1:
+            new = _insert(table, other[i, 0], other[i, 1], 0, other[i, 2])
+            _insert(table, other[i, 0], other[i, 1], 1, other[i, 3])
             filled += new
-    return other_keys.shape[0], filled
+    return other.shape[0], filled
 
 
 def _unpack(k1: np.ndarray, k2: np.ndarray, M: int, bits: int) -> tuple[np.ndarray, np.ndarray]:
@@ -134,36 +137,31 @@ def _rolling(win, order, mult):  # pragma: no cover - jitted
 
 
 @njit(cache=True, nogil=True)
-def _column_rows(rolling, train, held, prime, buf_t, buf_h, buf_n):  # pragma: no cover - jitted
+def _column_rows(rolling, train, held, prime, index):  # pragma: no cover - jitted
     """Row counts of one hash column: per distinct row (local id = rolling % prime), the training
-    and held-out reads and the number of distinct n-grams that hash there. The buffers are
-    [prime] and zero on entry and on exit. Returns (local ids, train, held, ngrams) of the rows."""
+    and held-out reads and the number of distinct n-grams that hash there. `index` is an int32
+    [prime] buffer, all -1 on entry and on exit (one random access per n-gram). Returns (local
+    ids, train, held, ngrams) of the rows, in first-seen order."""
     n = rolling.size
-    n_rows = 0
-    for i in range(n):
-        r = rolling[i] % prime
-        if buf_n[r] == 0:
-            n_rows += 1
-        buf_t[r] += train[i]
-        buf_h[r] += held[i]
-        buf_n[r] += 1
-    ids = np.empty(n_rows, dtype=np.int64)
-    t = np.empty(n_rows, dtype=np.int64)
-    h = np.empty(n_rows, dtype=np.int64)
-    g = np.empty(n_rows, dtype=np.int64)
+    ids = np.empty(n, dtype=np.int64)
+    t = np.zeros(n, dtype=np.int64)
+    h = np.zeros(n, dtype=np.int64)
+    g = np.zeros(n, dtype=np.int64)
     k = 0
     for i in range(n):
         r = rolling[i] % prime
-        if buf_n[r] != 0:
+        j = index[r]
+        if j < 0:
+            j = k
+            index[r] = k
             ids[k] = r
-            t[k] = buf_t[r]
-            h[k] = buf_h[r]
-            g[k] = buf_n[r]
             k += 1
-            buf_t[r] = 0
-            buf_h[r] = 0
-            buf_n[r] = 0
-    return ids, t, h, g
+        t[j] += train[i]
+        h[j] += held[i]
+        g[j] += 1
+    for j in range(k):
+        index[ids[j]] = -1
+    return ids[:k], t[:k], h[:k], g[:k]
 
 
 # Sequence statistics ------------------------------------------------------------------------------
@@ -269,6 +267,12 @@ class _Sequence:
 
 # The state ----------------------------------------------------------------------------------------
 
+def _new_table(cap: int) -> np.ndarray:
+    t = np.zeros((cap, 4), dtype=np.int64)
+    t[:, 0] = -1
+    return t
+
+
 def _bits_for(vocab: int) -> int:
     return max(1, int(vocab - 1).bit_length())
 
@@ -287,8 +291,7 @@ class AccessStats:
     compressed_vocab: int
     holdout_every: int = DEFAULT_HOLDOUT_EVERY
     sequence_tokens: int = DEFAULT_SEQUENCE_TOKENS
-    keys: np.ndarray = None         # [cap, 2] int64, -1 = empty
-    counts: np.ndarray = None       # [cap, 2] int64: training, held-out occurrences
+    table: np.ndarray = None        # [cap, 4] int64: n-gram key words (k1 = -1: empty), training, held-out
     filled: int = 0
     n_documents: list = field(default_factory=lambda: [0, 0])   # training, held-out
     n_tokens: list = field(default_factory=lambda: [0, 0])
@@ -317,8 +320,7 @@ class AccessStats:
         st = cls(layer_ids=tuple(t.layer_ids), max_ngram_size=M, n_heads=int(t.primes.shape[2]),
                  multipliers=np.array(t.multipliers), primes=np.array(t.primes), offsets=np.array(t.offsets),
                  pad_id=int(t.pad_id), compressed_vocab=V, holdout_every=holdout_every,
-                 sequence_tokens=sequence_tokens, keys=np.full((cap, 2), -1, dtype=np.int64),
-                 counts=np.zeros((cap, 2), dtype=np.int64),
+                 sequence_tokens=sequence_tokens, table=_new_table(cap),
                  stack_hist=np.zeros((L, _DIST_BINS), np.int64), tok_hist=np.zeros((L, _DIST_BINS), np.int64),
                  cold=np.zeros(L, np.int64))
         st._token_map = t.token_map
@@ -328,15 +330,23 @@ class AccessStats:
 
     # reducing -------------------------------------------------------------------------------
     @property
+    def keys(self) -> np.ndarray:
+        """[cap, 2] int64 n-gram keys (a view; k1 = -1 marks an empty slot)."""
+        return self.table[:, :2]
+
+    @property
+    def counts(self) -> np.ndarray:
+        """[cap, 2] int64 training and held-out occurrences (a view)."""
+        return self.table[:, 2:]
+
+    @property
     def bits(self) -> int:
         return _bits_for(max(self.compressed_vocab, self.pad_id + 1))
 
     def _grow(self) -> None:
-        cap = self.keys.shape[0] * 2
-        keys = np.full((cap, 2), -1, dtype=np.int64)
-        counts = np.zeros((cap, 2), dtype=np.int64)
-        _rehash(self.keys, self.counts, keys, counts)
-        self.keys, self.counts = keys, counts
+        table = _new_table(self.table.shape[0] * 2)
+        _rehash(self.table, table)
+        self.table = table
 
     def is_held_out(self, token_ids: np.ndarray) -> bool:
         """A document is held out when the CRC-32 of its raw ids (int64, little-endian) is 0 mod
@@ -356,14 +366,14 @@ class AccessStats:
         held = self.is_held_out(ids)
         col = 1 if held else 0
         cids = tm[ids]
-        limit = self.keys.shape[0] // 2
+        limit = self.table.shape[0] // 2
         done = 0
         while done < cids.size:
             done, self.filled = _count_from(cids, done, self.max_ngram_size, self.pad_id, self.bits,
-                                            self.keys, self.counts, col, self.filled, limit)
+                                            self.table, col, self.filled, limit)
             if self.filled >= limit:
                 self._grow()
-                limit = self.keys.shape[0] // 2
+                limit = self.table.shape[0] // 2
         self.n_documents[col] += 1
         self.n_tokens[col] += int(ids.size)
         if held and self.seq_tokens < self.sequence_tokens:
@@ -402,7 +412,7 @@ class AccessStats:
                           multipliers=self.multipliers, primes=self.primes, offsets=self.offsets,
                           pad_id=self.pad_id, compressed_vocab=self.compressed_vocab,
                           holdout_every=self.holdout_every, sequence_tokens=self.sequence_tokens + other.sequence_tokens,
-                          keys=self.keys.copy(), counts=self.counts.copy(), filled=self.filled,
+                          table=self.table.copy(), filled=self.filled,
                           n_documents=[a + b for a, b in zip(self.n_documents, other.n_documents)],
                           n_tokens=[a + b for a, b in zip(self.n_tokens, other.n_tokens)],
                           seq_tokens=self.seq_tokens + other.seq_tokens,
@@ -410,9 +420,9 @@ class AccessStats:
                           cold=self.cold + other.cold, meta=dict(self.meta))
         out.meta["merged_parts"] = self.meta.get("merged_parts", 1) + other.meta.get("merged_parts", 1)
         i = 0
-        while i < other.keys.shape[0]:
-            limit = out.keys.shape[0] // 2
-            j, out.filled = _merge_into(out.keys, out.counts, other.keys[i:], other.counts[i:], out.filled, limit)
+        while i < other.table.shape[0]:
+            limit = out.table.shape[0] // 2
+            j, out.filled = _merge_into(out.table, other.table[i:], out.filled, limit)
             i += j
             if out.filled >= limit:
                 out._grow()
@@ -426,7 +436,7 @@ class AccessStats:
             multipliers=self.multipliers, primes=self.primes, offsets=self.offsets,
             scalars=np.array([self.pad_id, self.compressed_vocab, self.holdout_every, self.sequence_tokens,
                               self.seq_tokens, *self.n_documents, *self.n_tokens], np.int64),
-            keys=self.keys[live], counts=self.counts[live], stack_hist=self.stack_hist, tok_hist=self.tok_hist,
+            keys=self.table[live, :2], counts=self.table[live, 2:], stack_hist=self.stack_hist, tok_hist=self.tok_hist,
             cold=self.cold, meta=np.array(json.dumps(self.meta)))
 
     @classmethod
@@ -441,31 +451,31 @@ class AccessStats:
                      n_heads=int(z["primes"].shape[2]), multipliers=z["multipliers"], primes=z["primes"],
                      offsets=z["offsets"], pad_id=s[0], compressed_vocab=s[1], holdout_every=s[2],
                      sequence_tokens=s[3], seq_tokens=s[4], n_documents=s[5:7], n_tokens=s[7:9],
-                     keys=np.full((cap, 2), -1, np.int64), counts=np.zeros((cap, 2), np.int64),
+                     table=_new_table(cap),
                      stack_hist=z["stack_hist"], tok_hist=z["tok_hist"], cold=z["cold"],
                      meta=json.loads(str(z["meta"])))
-        _rehash(keys, counts, st.keys, st.counts)
+        _rehash(np.ascontiguousarray(np.concatenate([keys, counts], axis=1), dtype=np.int64), st.table)
         st.filled = int(keys.shape[0])
         return st
 
     # the report -----------------------------------------------------------------------------
-    def ngrams(self) -> dict:
+    def ngrams(self, sort: bool = True) -> dict:
         """The distinct n-grams: {"order": [n], "window": [n, M] compressed ids, "train": [n],
-        "held_out": [n]}, in key order (sorted), so two equal states give equal arrays."""
-        live = self.keys[:, 0] != -1
-        k1, k2 = self.keys[live, 0], self.keys[live, 1]
-        o = np.lexsort((k1, k2))
-        k1, k2 = k1[o], k2[o]
-        order, win = _unpack(k1, k2, self.max_ngram_size, self.bits)
-        c = self.counts[live][o]
-        return {"order": order, "window": win, "train": c[:, 0], "held_out": c[:, 1]}
+        "held_out": [n]}, in key order (sorted) so that two equal states give equal arrays
+        (sort=False: in table order, faster)."""
+        live = self.table[:, 0] != -1
+        rows = self.table[live]
+        if sort:
+            rows = rows[np.lexsort((rows[:, 0], rows[:, 1]))]
+        order, win = _unpack(rows[:, 0], rows[:, 1], self.max_ngram_size, self.bits)
+        return {"order": order, "window": win, "train": rows[:, 2].copy(), "held_out": rows[:, 3].copy()}
 
     def report(self, *, cache_rows=None, zipf_range=None) -> "AccessReport":
         return build_report(self, cache_rows=cache_rows, zipf_range=zipf_range)
 
 
 @njit(cache=True, nogil=True)
-def _count_from(cids, start, M, pad, bits, keys, counts, col, filled, limit):  # pragma: no cover - jitted
+def _count_from(cids, start, M, pad, bits, table, col, filled, limit):  # pragma: no cover - jitted
     """Count every n-gram (orders 2..M) of positions start.. of one document (compressed ids) into
     the table; stops early, to let the caller grow the table, once `filled` reaches `limit`.
     Returns (next position, filled)."""
@@ -490,7 +500,7 @@ def _count_from(cids, start, M, pad, bits, keys, counts, col, filled, limit):  #
             else:
                 hi |= tok[s] << (shift - 56)
             lo56 = lo & np.int64(0xFFFFFFFFFFFFFF)
-            filled += _insert(keys, counts, lo56, hi | (np.int64(s + 1) << 56), col, 1)
+            filled += _insert(table, lo56, hi | (np.int64(s + 1) << 56), col, 1)
     return T, filled
 
 
@@ -557,11 +567,43 @@ def _median_bin(hist: np.ndarray) -> int | None:
     return 0 if b == 0 else 1 << (b - 1)
 
 
+def static_cache_hits(train: np.ndarray, held: np.ndarray, sizes) -> list[float]:
+    """Held-out reads caught by a cache of the k rows with the most training reads, for each k of
+    `sizes` (rows never read in training are never cached). Rows tied on training reads at the
+    boundary are taken at their mean held-out reads (the expectation over any order of the ties),
+    so no sort of the rows is needed and the result depends on the counts only."""
+    sel = train > 0
+    tv, hv = train[sel], held[sel].astype(np.float64)
+    if tv.size == 0:
+        return [0.0 for _ in sizes]
+    cap = 1 << 16
+    small = tv < cap
+    n_small = np.bincount(tv[small], minlength=cap)
+    h_small = np.bincount(tv[small], weights=hv[small], minlength=cap)
+    vals = np.flatnonzero(n_small)[::-1]
+    big_v, big_inv = np.unique(tv[~small], return_inverse=True)
+    big_n = np.bincount(big_inv, minlength=big_v.size)
+    big_h = np.bincount(big_inv, weights=hv[~small], minlength=big_v.size)
+    g_n = np.concatenate([big_n[::-1], n_small[vals]]).astype(np.int64)     # groups by training reads, descending
+    g_h = np.concatenate([big_h[::-1], h_small[vals]])
+    cum_n = np.cumsum(g_n)
+    cum_h = np.cumsum(g_h)
+    out = []
+    for k in sizes:
+        g = int(np.searchsorted(cum_n, k, side="left"))
+        if g >= g_n.size:
+            out.append(float(cum_h[-1]))
+            continue
+        before_n = int(cum_n[g - 1]) if g else 0
+        before_h = float(cum_h[g - 1]) if g else 0.0
+        out.append(before_h + (k - before_n) * float(g_h[g]) / float(g_n[g]))
+    return out
+
+
 def build_report(st: AccessStats, *, cache_rows=None, zipf_range=None) -> "AccessReport":
-    ng = st.ngrams()
+    ng = st.ngrams(sort=False)
     H, M = st.n_heads, st.max_ngram_size
-    buf_size = int(st.primes.max()) if st.primes.size else 1
-    buf_t, buf_h, buf_n = (np.zeros(buf_size, np.int64) for _ in range(3))
+    index = np.full(int(st.primes.max()) if st.primes.size else 1, -1, dtype=np.int32)
     layers = {}
     for li, lid in enumerate(st.layer_ids):
         cols, all_rows, all_t, all_h, orders = [], [], [], [], {}
@@ -577,7 +619,7 @@ def build_report(st: AccessStats, *, cache_rows=None, zipf_range=None) -> "Acces
             for h in range(H):
                 col = i * H + h
                 prime = int(st.primes[li, i, h])
-                ids, t, hh, g = _column_rows(rolling, tr, hd, prime, buf_t, buf_h, buf_n)
+                ids, t, hh, g = _column_rows(rolling, tr, hd, prime, index)
                 total = np.sort(t + hh)[::-1]
                 shared = g >= 2
                 cols.append({"col": col, "order": o, "head": h, "prime": prime, "reads": int(total.sum()),
@@ -592,13 +634,11 @@ def build_report(st: AccessStats, *, cache_rows=None, zipf_range=None) -> "Acces
         t = np.concatenate(all_t) if all_t else np.zeros(0, np.int64)
         hh = np.concatenate(all_h) if all_h else np.zeros(0, np.int64)
         total = np.sort(t + hh)[::-1]
-        # static cache: rows by training reads (ties: lower row id first), hits on the held-out reads
-        trained = t > 0
-        order = np.argsort((-t[trained]) * (1 << 30) + rows[trained], kind="stable")
-        cum = np.cumsum(hh[trained][order])
+        # static cache: the k rows most read in training, hits on the held-out reads
         held_reads = int(hh.sum())
         sizes = list(cache_rows) if cache_rows is not None else default_cache_rows(max(int(rows.size), 1))
-        static = [int(cum[min(k, cum.size) - 1]) if cum.size else 0 for k in sizes]
+        static = static_cache_hits(t, hh, sizes)
+        trained = t > 0
         # online LRU on the held-out stream: a read hits a cache of k rows when its stack distance < k
         sh = st.stack_hist[li]
         seq_reads = int(sh.sum() + st.cold[li])
@@ -614,6 +654,8 @@ def build_report(st: AccessStats, *, cache_rows=None, zipf_range=None) -> "Acces
             "static_cache": {"rows": sizes, "gb_q2k": [k * ROW_BYTES_Q2K / 1e9 for k in sizes],
                              "gb_fp8": [k * ROW_BYTES_FP8 / 1e9 for k in sizes], "held_out_reads": held_reads,
                              "hits": static, "hit_rate": [h / held_reads if held_reads else None for h in static],
+                             "ties": "rows tied on training reads at the cache boundary count at their mean held-out reads "
+                                     "(the expectation over the order of ties)",
                              "rows_with_training_reads": int(trained.sum())},
             "lru": {"rows": sizes, "reads": seq_reads, "cold_misses": int(st.cold[li]),
                     "hits": lru, "hit_rate": [h / seq_reads if (seq_reads and h is not None) else None for h in lru],
