@@ -10,8 +10,10 @@ alone (no weights: `released_model()` answers these for the real V4.1 configurat
 What is counted, and how it merges
 - **Every n-gram the hash folds, exactly.** A row id is a function of one n-gram (order 2..
   max_ngram_size, compressed ids, blocked slots as pad), so the corpus is reduced to the count of
-  each distinct n-gram, in an @njit open-addressing table, split into a *training* and a
-  *held-out* part (a document is held out when the CRC-32 of its raw ids is 0 mod `holdout_every`:
+  each distinct window the hash folds (the current token and the max_ngram_size - 1 before it),
+  one insert per token in an @njit open-addressing table; an n-gram of a lower order is a prefix
+  of its window, so its counts follow exactly by adding windows. Counts are split into a
+  *training* and a *held-out* part (a document is held out when the CRC-32 of its raw ids is 0 mod `holdout_every`:
   a property of the document, not of where it sits in the corpus). Row counts per layer and hash
   column follow exactly when the report is made (each distinct n-gram hashed once). Integer
   counts only: parts merge exactly, in any split or order, and equal one pass.
@@ -339,6 +341,22 @@ class AccessStats:
         """[cap, 2] int64 training and held-out occurrences (a view)."""
         return self.table[:, 2:]
 
+    def ngram_table(self, order: int) -> np.ndarray:
+        """The [cap, 4] table (k1, k2, training, held-out) of the distinct n-grams of `order`: the
+        counted windows for the largest order, derived from them (and kept until the next update)
+        for the others."""
+        M = self.max_ngram_size
+        if not 2 <= order <= M:
+            raise ValueError(f"order must be in 2..{M}, got {order}")
+        if order == M:
+            return self.table
+        derived = self.__dict__.setdefault("_derived", {})
+        if order not in derived:
+            out = _new_table(1 << max(4, int(2 * self.filled + 1).bit_length()))
+            _derive(self.table, order, self.bits, out)
+            derived[order] = out
+        return derived[order]
+
     @property
     def bits(self) -> int:
         return _bits_for(max(self.compressed_vocab, self.pad_id + 1))
@@ -365,6 +383,7 @@ class AccessStats:
             return self
         held = self.is_held_out(ids)
         col = 1 if held else 0
+        self.__dict__.pop("_derived", None)
         cids = tm[ids]
         limit = self.table.shape[0] // 2
         done = 0
@@ -463,8 +482,8 @@ class AccessStats:
         """The distinct n-grams: {"order": [n], "window": [n, M] compressed ids, "train": [n],
         "held_out": [n]}, in key order (sorted) so that two equal states give equal arrays
         (sort=False: in table order, faster)."""
-        live = self.table[:, 0] != -1
-        rows = self.table[live]
+        parts = [self.ngram_table(o) for o in range(2, self.max_ngram_size + 1)]
+        rows = np.concatenate([t[t[:, 0] != -1] for t in parts])
         if sort:
             rows = rows[np.lexsort((rows[:, 0], rows[:, 1]))]
         order, win = _unpack(rows[:, 0], rows[:, 1], self.max_ngram_size, self.bits)
@@ -499,9 +518,31 @@ def _count_from(cids, start, M, pad, bits, table, col, filled, limit):  # pragma
                     hi |= tok[s] >> (56 - shift)
             else:
                 hi |= tok[s] << (shift - 56)
-            lo56 = lo & np.int64(0xFFFFFFFFFFFFFF)
-            filled += _insert(table, lo56, hi | (np.int64(s + 1) << 56), col, 1)
+        filled += _insert(table, lo & np.int64(0xFFFFFFFFFFFFFF), hi | (np.int64(M) << 56), col, 1)
     return T, filled
+
+
+@njit(cache=True, nogil=True)
+def _derive(table, order, bits, out):  # pragma: no cover - jitted
+    """Counts of the n-grams of `order` from the full windows in `table`: each window's first
+    `order` ids (the current token and the ones before it) are its n-gram of that order. Returns
+    the number of distinct n-grams placed in `out` (a fresh table)."""
+    nb = order * bits
+    filled = 0
+    for i in range(table.shape[0]):
+        if table[i, 0] == -1:
+            continue
+        k1 = table[i, 0]
+        if nb < 56:
+            p1 = k1 & ((np.int64(1) << nb) - 1)
+            p2 = np.int64(0)
+        else:
+            p1 = k1
+            p2 = (table[i, 1] & ((np.int64(1) << (nb - 56)) - 1)) if nb > 56 else np.int64(0)
+        key2 = p2 | (np.int64(order) << 56)
+        filled += _insert(out, p1, key2, 0, table[i, 2])
+        _insert(out, p1, key2, 1, table[i, 3])
+    return filled
 
 
 # The report ---------------------------------------------------------------------------------------

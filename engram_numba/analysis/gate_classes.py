@@ -141,7 +141,8 @@ def ngram_counts_for(token_ids, access, order: int) -> np.ndarray:
         raise ValueError(f"order must be in 2..{access.max_ngram_size}, got {order}")
     cids = tm[ids]
     bits = _bits_for(max(access.compressed_vocab, access.pad_id + 1))
-    mask = access.keys.shape[0] - 1
+    table = access.ngram_table(order)
+    mask = table.shape[0] - 1
     out = np.zeros(ids.size, np.int64)
     for p in range(ids.size):
         big = 0
@@ -151,9 +152,9 @@ def ngram_counts_for(token_ids, access, order: int) -> np.ndarray:
         k1 = big & ((1 << 56) - 1)
         k2 = (big >> 56) | (order << 56)
         i = int(_slot(np.int64(k1), np.int64(k2), mask))
-        while access.keys[i, 0] != -1:
-            if access.keys[i, 0] == k1 and access.keys[i, 1] == k2:
-                out[p] = int(access.counts[i].sum())
+        while table[i, 0] != -1:
+            if table[i, 0] == k1 and table[i, 1] == k2:
+                out[p] = int(table[i, 2] + table[i, 3])
                 break
             i = (i + 1) & mask
     return out
