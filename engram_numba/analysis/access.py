@@ -547,25 +547,74 @@ def _derive(table, order, bits, out):  # pragma: no cover - jitted
 
 # The report ---------------------------------------------------------------------------------------
 
-def zipf_fit(counts_desc: np.ndarray, rank_range=None) -> dict:
-    """Fit count ~ C * rank^-s to counts sorted in descending order, by least squares of log count
-    on log rank at up to 64 log-spaced ranks of the range (so the long tail does not outweigh the
-    head). Default range: rank 10 to the last rank read at least 3 times (the tail of ones and twos
-    is a staircase, not a power law); the whole curve when that leaves fewer than 100 ranks.
+class CountGroups:
+    """A multiset of positive integer counts (one per row), kept as a histogram (count value ->
+    rows with it, and the sum of a weight over those rows), so that rank-frequency curves, Zipf
+    fits and top-k sums need no sort of the rows. Values below 2^16 go to dense bincounts, larger
+    ones (few) are kept as they are."""
+
+    CAP = 1 << 16
+
+    def __init__(self):
+        self._n = np.zeros(self.CAP, np.int64)
+        self._w = np.zeros(self.CAP, np.float64)
+        self._big_v: list = []
+        self._big_w: list = []
+
+    def add(self, values: np.ndarray, weights: np.ndarray | None = None) -> "CountGroups":
+        v = np.asarray(values, np.int64)
+        w = np.zeros(v.size) if weights is None else np.asarray(weights, np.float64)
+        keep = v > 0
+        v, w = v[keep], w[keep]
+        small = v < self.CAP
+        self._n += np.bincount(v[small], minlength=self.CAP)
+        self._w += np.bincount(v[small], weights=w[small], minlength=self.CAP)
+        self._big_v.append(v[~small])
+        self._big_w.append(w[~small])
+        return self
+
+    def groups(self) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """(values descending, rows with each value, weight sum of those rows)."""
+        bv = np.concatenate(self._big_v) if self._big_v else np.zeros(0, np.int64)
+        bw = np.concatenate(self._big_w) if self._big_w else np.zeros(0)
+        u, inv = np.unique(bv, return_inverse=True)
+        bn = np.bincount(inv, minlength=u.size).astype(np.int64)
+        bws = np.bincount(inv, weights=bw, minlength=u.size)
+        vals = np.flatnonzero(self._n)[::-1]
+        return (np.concatenate([u[::-1], vals]).astype(np.int64), np.concatenate([bn[::-1], self._n[vals]]),
+                np.concatenate([bws[::-1], self._w[vals]]))
+
+    @classmethod
+    def of(cls, counts) -> "CountGroups":
+        return cls().add(np.asarray(counts))
+
+
+def _at_ranks(values, n, ranks):
+    """The count at each 1-based rank of the descending sequence the groups make."""
+    return values[np.searchsorted(np.cumsum(n), ranks, side="left")]
+
+
+def zipf_fit(counts, rank_range=None) -> dict:
+    """Fit count ~ C * rank^-s to the rows' counts ranked in descending order (`counts`: an array
+    in any order, or CountGroups), by least squares of log count on log rank at up to 64
+    log-spaced ranks of the range (so the long tail does not outweigh the head). Default range:
+    rank 10 to the last rank read at least 3 times (the tail of ones and twos is a staircase, not
+    a power law); the whole curve when that leaves fewer than 100 ranks.
     -> {"exponent", "rank_lo", "rank_hi", "r2", "points"}."""
-    c = np.asarray(counts_desc, dtype=np.float64)
-    n = c.size
+    g = counts if isinstance(counts, CountGroups) else CountGroups.of(counts)
+    values, n, _ = g.groups()
+    total = int(n.sum())
     if rank_range is None:
-        hi = int(np.searchsorted(-c, -3.0, side="right"))
+        hi = int(n[values >= 3].sum())
         lo = 10
         if hi - lo < 100:
-            lo, hi = 1, n
+            lo, hi = 1, total
     else:
-        lo, hi = int(rank_range[0]), min(int(rank_range[1]), n)
+        lo, hi = int(rank_range[0]), min(int(rank_range[1]), total)
     if hi - lo < 2:
         return {"exponent": None, "rank_lo": lo, "rank_hi": hi, "r2": None, "points": 0}
     ranks = np.unique(np.round(np.logspace(math.log10(lo), math.log10(hi), 64)).astype(np.int64))
-    x, y = np.log(ranks), np.log(c[ranks - 1])
+    x, y = np.log(ranks), np.log(_at_ranks(values, n, ranks).astype(np.float64))
     slope, icpt = np.polyfit(x, y, 1)
     resid = y - (slope * x + icpt)
     ss = float(((y - y.mean()) ** 2).sum())
@@ -573,13 +622,15 @@ def zipf_fit(counts_desc: np.ndarray, rank_range=None) -> dict:
     return {"exponent": float(-slope), "rank_lo": lo, "rank_hi": hi, "r2": r2, "points": int(ranks.size)}
 
 
-def rank_frequency(counts_desc: np.ndarray, points: int = 60) -> dict:
-    """Counts at log-spaced ranks (1-based) of a descending count array."""
-    n = int(counts_desc.size)
-    if n == 0:
+def rank_frequency(counts, points: int = 60) -> dict:
+    """Counts at log-spaced ranks (1-based) of the rows' counts in descending order."""
+    g = counts if isinstance(counts, CountGroups) else CountGroups.of(counts)
+    values, n, _ = g.groups()
+    total = int(n.sum())
+    if total == 0:
         return {"rank": [], "count": []}
-    ranks = np.unique(np.round(np.logspace(0, math.log10(n), points)).astype(np.int64))
-    return {"rank": ranks.tolist(), "count": np.asarray(counts_desc)[ranks - 1].astype(np.int64).tolist()}
+    ranks = np.unique(np.round(np.logspace(0, math.log10(total), points)).astype(np.int64))
+    return {"rank": ranks.tolist(), "count": _at_ranks(values, n, ranks).tolist()}
 
 
 def default_cache_rows(n_rows_max: int) -> list[int]:
@@ -608,27 +659,16 @@ def _median_bin(hist: np.ndarray) -> int | None:
     return 0 if b == 0 else 1 << (b - 1)
 
 
-def static_cache_hits(train: np.ndarray, held: np.ndarray, sizes) -> list[float]:
+def static_cache_hits(train_groups: CountGroups, sizes) -> list[float]:
     """Held-out reads caught by a cache of the k rows with the most training reads, for each k of
-    `sizes` (rows never read in training are never cached). Rows tied on training reads at the
-    boundary are taken at their mean held-out reads (the expectation over any order of the ties),
-    so no sort of the rows is needed and the result depends on the counts only."""
-    sel = train > 0
-    tv, hv = train[sel], held[sel].astype(np.float64)
-    if tv.size == 0:
+    `sizes` (train_groups: the rows' training reads, weighted by their held-out reads; rows never
+    read in training are never cached). Rows tied on training reads at the boundary are taken at
+    their mean held-out reads (the expectation over any order of the ties), so no sort of the rows
+    is needed and the result depends on the counts only."""
+    _, g_n, g_h = train_groups.groups()
+    if g_n.size == 0:
         return [0.0 for _ in sizes]
-    cap = 1 << 16
-    small = tv < cap
-    n_small = np.bincount(tv[small], minlength=cap)
-    h_small = np.bincount(tv[small], weights=hv[small], minlength=cap)
-    vals = np.flatnonzero(n_small)[::-1]
-    big_v, big_inv = np.unique(tv[~small], return_inverse=True)
-    big_n = np.bincount(big_inv, minlength=big_v.size)
-    big_h = np.bincount(big_inv, weights=hv[~small], minlength=big_v.size)
-    g_n = np.concatenate([big_n[::-1], n_small[vals]]).astype(np.int64)     # groups by training reads, descending
-    g_h = np.concatenate([big_h[::-1], h_small[vals]])
-    cum_n = np.cumsum(g_n)
-    cum_h = np.cumsum(g_h)
+    cum_n, cum_h = np.cumsum(g_n), np.cumsum(g_h)
     out = []
     for k in sizes:
         g = int(np.searchsorted(cum_n, k, side="left"))
@@ -647,7 +687,9 @@ def build_report(st: AccessStats, *, cache_rows=None, zipf_range=None) -> "Acces
     index = np.full(int(st.primes.max()) if st.primes.size else 1, -1, dtype=np.int32)
     layers = {}
     for li, lid in enumerate(st.layer_ids):
-        cols, all_rows, all_t, all_h, orders = [], [], [], [], {}
+        cols, orders = [], {}
+        layer_total, layer_train = CountGroups(), CountGroups()
+        n_rows = reads = held_reads = trained_rows = 0
         for i in range(M - 1):
             o = i + 2
             sel = ng["order"] == o
@@ -661,25 +703,24 @@ def build_report(st: AccessStats, *, cache_rows=None, zipf_range=None) -> "Acces
                 col = i * H + h
                 prime = int(st.primes[li, i, h])
                 ids, t, hh, g = _column_rows(rolling, tr, hd, prime, index)
-                total = np.sort(t + hh)[::-1]
+                total = t + hh
+                col_groups = CountGroups.of(total)
+                layer_total.add(total)
+                layer_train.add(t, hh)
                 shared = g >= 2
-                cols.append({"col": col, "order": o, "head": h, "prime": prime, "reads": int(total.sum()),
+                c_reads = int(total.sum())
+                cols.append({"col": col, "order": o, "head": h, "prime": prime, "reads": c_reads,
                              "distinct_rows": int(ids.size), "ngrams": int(win.shape[0]),
                              "rows_shared": int(shared.sum()), "ngrams_in_shared_rows": int(g[shared].sum()),
                              "max_ngrams_per_row": int(g.max()) if g.size else 0,
-                             "zipf": zipf_fit(total, zipf_range)})
-                all_rows.append(ids + int(st.offsets[li, col]))
-                all_t.append(t)
-                all_h.append(hh)
-        rows = np.concatenate(all_rows) if all_rows else np.zeros(0, np.int64)
-        t = np.concatenate(all_t) if all_t else np.zeros(0, np.int64)
-        hh = np.concatenate(all_h) if all_h else np.zeros(0, np.int64)
-        total = np.sort(t + hh)[::-1]
+                             "zipf": zipf_fit(col_groups, zipf_range)})
+                n_rows += int(ids.size)
+                reads += c_reads
+                held_reads += int(hh.sum())
+                trained_rows += int((t > 0).sum())
         # static cache: the k rows most read in training, hits on the held-out reads
-        held_reads = int(hh.sum())
-        sizes = list(cache_rows) if cache_rows is not None else default_cache_rows(max(int(rows.size), 1))
-        static = static_cache_hits(t, hh, sizes)
-        trained = t > 0
+        sizes = list(cache_rows) if cache_rows is not None else default_cache_rows(max(n_rows, 1))
+        static = static_cache_hits(layer_train, sizes)
         # online LRU on the held-out stream: a read hits a cache of k rows when its stack distance < k
         sh = st.stack_hist[li]
         seq_reads = int(sh.sum() + st.cold[li])
@@ -690,14 +731,14 @@ def build_report(st: AccessStats, *, cache_rows=None, zipf_range=None) -> "Acces
             exact = k >= 1 and (1 << j) == k
             lru.append(int(csum[min(j, _DIST_BINS - 1)]) if (j >= 0 and exact) else None)
         layers[lid] = {
-            "reads": int(total.sum()), "distinct_rows": int(rows.size), "table_rows": int(st.primes[li].sum()),
-            "zipf": zipf_fit(total, zipf_range), "rank_frequency": rank_frequency(total),
+            "reads": reads, "distinct_rows": n_rows, "table_rows": int(st.primes[li].sum()),
+            "zipf": zipf_fit(layer_total, zipf_range), "rank_frequency": rank_frequency(layer_total),
             "static_cache": {"rows": sizes, "gb_q2k": [k * ROW_BYTES_Q2K / 1e9 for k in sizes],
                              "gb_fp8": [k * ROW_BYTES_FP8 / 1e9 for k in sizes], "held_out_reads": held_reads,
                              "hits": static, "hit_rate": [h / held_reads if held_reads else None for h in static],
                              "ties": "rows tied on training reads at the cache boundary count at their mean held-out reads "
                                      "(the expectation over the order of ties)",
-                             "rows_with_training_reads": int(trained.sum())},
+                             "rows_with_training_reads": trained_rows},
             "lru": {"rows": sizes, "reads": seq_reads, "cold_misses": int(st.cold[li]),
                     "hits": lru, "hit_rate": [h / seq_reads if (seq_reads and h is not None) else None for h in lru],
                     "tokens": int(st.seq_tokens)},
