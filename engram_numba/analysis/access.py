@@ -547,6 +547,24 @@ def _derive(table, order, bits, out):  # pragma: no cover - jitted
 
 # The report ---------------------------------------------------------------------------------------
 
+@njit(cache=True, nogil=True)
+def _hist_add(n, w, values, weights, weighted):  # pragma: no cover - jitted
+    """n[v] += 1 and w[v] += weight for every 0 < v < n.size; returns how many values were >= n.size."""
+    cap = n.size
+    big = 0
+    for i in range(values.size):
+        v = values[i]
+        if v <= 0:
+            continue
+        if v >= cap:
+            big += 1
+            continue
+        n[v] += 1
+        if weighted:
+            w[v] += weights[i]
+    return big
+
+
 class CountGroups:
     """A multiset of positive integer counts (one per row), kept as a histogram (count value ->
     rows with it, and the sum of a weight over those rows), so that rank-frequency curves, Zipf
@@ -562,15 +580,12 @@ class CountGroups:
         self._big_w: list = []
 
     def add(self, values: np.ndarray, weights: np.ndarray | None = None) -> "CountGroups":
-        v = np.asarray(values, np.int64)
-        w = np.zeros(v.size) if weights is None else np.asarray(weights, np.float64)
-        keep = v > 0
-        v, w = v[keep], w[keep]
-        small = v < self.CAP
-        self._n += np.bincount(v[small], minlength=self.CAP)
-        self._w += np.bincount(v[small], weights=w[small], minlength=self.CAP)
-        self._big_v.append(v[~small])
-        self._big_w.append(w[~small])
+        v = np.ascontiguousarray(values, np.int64)
+        w = np.zeros(0, np.int64) if weights is None else np.ascontiguousarray(weights, np.int64)
+        if _hist_add(self._n, self._w, v, w, weights is not None):
+            big = v >= self.CAP
+            self._big_v.append(v[big])
+            self._big_w.append(w[big].astype(np.float64) if weights is not None else np.zeros(int(big.sum())))
         return self
 
     def groups(self) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
