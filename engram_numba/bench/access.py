@@ -109,3 +109,34 @@ def main(args) -> int:
     out.write_text(json.dumps({"records": [rec]}, indent=1))
     print(f"wrote {out}")
     return 0 if rec["tokens_per_cpu_s"] >= rec["target_tokens_per_s"] else 1
+
+
+def corpus_report(out, sequence_tokens: int = 1_000_000, log=print) -> dict:
+    """The row-access report of the released configuration on the whole standard-library corpus
+    (once, not repeated), with the LRU replay over `sequence_tokens` held-out tokens: the figures
+    docs/memory.md quotes. Writes the report's JSON (with the corpus named) to `out`."""
+    from ..analysis.access import access_stats
+    from ..analysis.offline_corpus import corpus_token_ids, offline_corpus
+    from ..formats.released import released_model
+    from .timing import commit
+
+    model = released_model()
+    corpus = offline_corpus()
+    docs = corpus_token_ids(corpus, model)
+    acc = access_stats(model, docs, sequence_tokens=sequence_tokens)
+    acc.meta.update({"corpus": corpus.name, "corpus_digest": corpus.digest, "model": "released_model()",
+                     "commit": commit(),
+                     "command": f"python -m engram_numba.bench.access --report {out}"})
+    rep = acc.report()
+    log(rep.table())
+    Path(out).write_text(json.dumps(rep.to_json(), indent=1))
+    return rep.to_json()
+
+
+if __name__ == "__main__":
+    import argparse
+    ap = argparse.ArgumentParser(description="row-access report of the released configuration on the stdlib corpus")
+    ap.add_argument("--report", required=True, help="output JSON")
+    ap.add_argument("--sequence-tokens", type=int, default=1_000_000)
+    a = ap.parse_args()
+    corpus_report(a.report, a.sequence_tokens)
