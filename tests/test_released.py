@@ -150,3 +150,29 @@ def test_real_text_hashes_the_same_through_a_released_size_gguf_and_checkpoint(m
         assert time.perf_counter() - t0 < 2.0
         assert np.array_equal(h.hash_tables.token_map, tables.token_map)
         assert np.array_equal(en.hash_tokens(h.hash_tables, ids), want)
+
+
+@pytest.mark.slow
+def test_cli_stats_with_the_released_model(model, cache, tmp_path, capsys):
+    import json
+
+    from engram_numba.cli import main
+    parts = [tmp_path / "a.txt", tmp_path / "b.txt"]
+    parts[0].write_text("\n\n".join([TEXT, "the quick brown fox jumps over the lazy dog"] * 3), encoding="utf-8")
+    parts[1].write_text("\n\n".join(["Simple is better than complex.", "12345 + 678 = 13023", TEXT]), encoding="utf-8")
+    assert main(["stats", str(parts[0]), "--model", "released", "--out", str(tmp_path / "x")]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("error: --model released has no weights") and err.count("\n") == 1
+    common = ["--model", "released", "--access-only", "--tables", "csv", "--split", "paragraph", "--holdout-every", "2"]
+    assert main(["stats", *map(str, parts), *common, "--sequence-tokens", "0", "--out", str(tmp_path / "all")]) == 0
+    for i, p in enumerate(parts):
+        assert main(["stats", str(p), *common, "--sequence-tokens", "0", "--out", str(tmp_path / f"p{i}")]) == 0
+    assert main(["stats", "--merge", "--access", str(tmp_path / "p0/access/access.npz"),
+                 str(tmp_path / "p1/access/access.npz"), "--tables", "csv", "--out", str(tmp_path / "merged")]) == 0
+    one = json.loads((tmp_path / "all/access/access.json").read_text())
+    merged = json.loads((tmp_path / "merged/access/access.json").read_text())
+    one.pop("meta"), merged.pop("meta")
+    assert one == merged
+    assert set(one["layers"]) == {"1", "14"} and one["layers"]["1"]["table_rows"] == 384_006_168
+    for f in ("access_columns.csv", "access_cache.csv", "access_zipf.png", "access_cache.png", "access_reuse.png"):
+        assert (tmp_path / "all/access" / f).is_file()
