@@ -22,7 +22,6 @@ import platform
 import time
 from pathlib import Path
 
-import numpy as np
 
 
 def bench_access(min_tokens: int = 20_000_000, sequence_tokens: int = 1_000_000, log=print) -> dict:
