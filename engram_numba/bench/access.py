@@ -23,7 +23,6 @@ import time
 from pathlib import Path
 
 
-
 def bench_access(min_tokens: int = 20_000_000, sequence_tokens: int = 1_000_000, log=print) -> dict:
     from ..analysis.access import AccessStats
     from ..analysis.offline_corpus import corpus_token_ids, offline_corpus
