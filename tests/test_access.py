@@ -158,3 +158,19 @@ def test_zipf_fit_recovers_the_exponent():
     counts = np.floor(1e7 * ranks ** -1.2)
     z = zipf_fit(counts)
     assert abs(z["exponent"] - 1.2) < 0.01 and z["r2"] > 0.999 and z["rank_lo"] == 10
+
+
+def test_column_rows_groups_across_row_buckets(rng):
+    """Columns of the released size span many 2^16-row buckets: grouping must agree with numpy."""
+    from engram_numba.analysis.access import _column_rows
+    prime = 16_000_057
+    rolling = rng.integers(0, 2**62, 50_000)
+    rolling[25_000:] = rolling[:25_000] + prime * rng.integers(1, 1000, 25_000)    # forced shared rows
+    tr, hd = rng.integers(0, 5, rolling.size), rng.integers(0, 3, rolling.size)
+    ids, t, h, g = _column_rows(rolling, tr, hd, prime, np.full(1 << 16, -1, np.int32))
+    local = rolling % prime
+    u, inv = np.unique(local, return_inverse=True)
+    o = np.argsort(ids)
+    assert np.array_equal(ids[o], u) and (ids >> 16).tolist() == sorted((ids >> 16).tolist())
+    assert np.array_equal(t[o], np.bincount(inv, tr)) and np.array_equal(h[o], np.bincount(inv, hd))
+    assert np.array_equal(g[o], np.bincount(inv)) and g.max() >= 2

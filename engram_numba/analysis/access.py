@@ -141,28 +141,52 @@ def _rolling(win, order, mult):  # pragma: no cover - jitted
 @njit(cache=True, nogil=True)
 def _column_rows(rolling, train, held, prime, index):  # pragma: no cover - jitted
     """Row counts of one hash column: per distinct row (local id = rolling % prime), the training
-    and held-out reads and the number of distinct n-grams that hash there. `index` is an int32
-    [prime] buffer, all -1 on entry and on exit (one random access per n-gram). Returns (local
-    ids, train, held, ngrams) of the rows, in first-seen order."""
+    and held-out reads and the number of distinct n-grams that hash there. Cache-friendly: one
+    pass scatters the n-grams into buckets of 2^16 consecutive rows (sequential reads, one write
+    stream per bucket), then each bucket is grouped with `index`, an int32 [2^16] buffer (all -1
+    on entry and on exit) that stays in cache. Returns (local ids, train, held, ngrams) of the rows,
+    ordered by bucket."""
     n = rolling.size
+    n_buckets = (prime >> 16) + 1
+    count = np.zeros(n_buckets + 1, dtype=np.int64)
+    r = np.empty(n, dtype=np.int64)
+    for i in range(n):
+        x = rolling[i] % prime
+        r[i] = x
+        count[(x >> 16) + 1] += 1
+    for b in range(n_buckets):
+        count[b + 1] += count[b]
+    pos = count[:n_buckets].copy()
+    rs = np.empty(n, dtype=np.int64)
+    ts = np.empty(n, dtype=np.int64)
+    hs = np.empty(n, dtype=np.int64)
+    for i in range(n):
+        b = r[i] >> 16
+        j = pos[b]
+        rs[j] = r[i]
+        ts[j] = train[i]
+        hs[j] = held[i]
+        pos[b] = j + 1
     ids = np.empty(n, dtype=np.int64)
     t = np.zeros(n, dtype=np.int64)
     h = np.zeros(n, dtype=np.int64)
     g = np.zeros(n, dtype=np.int64)
     k = 0
-    for i in range(n):
-        r = rolling[i] % prime
-        j = index[r]
-        if j < 0:
-            j = k
-            index[r] = k
-            ids[k] = r
-            k += 1
-        t[j] += train[i]
-        h[j] += held[i]
-        g[j] += 1
-    for j in range(k):
-        index[ids[j]] = -1
+    for b in range(n_buckets):
+        k0 = k
+        for q in range(count[b], count[b + 1]):
+            lr = rs[q] & 0xFFFF
+            j = index[lr]
+            if j < 0:
+                j = k
+                index[lr] = k
+                ids[k] = rs[q]
+                k += 1
+            t[j] += ts[q]
+            h[j] += hs[q]
+            g[j] += 1
+        for j in range(k0, k):
+            index[ids[j] & 0xFFFF] = -1
     return ids[:k], t[:k], h[:k], g[:k]
 
 
@@ -699,7 +723,7 @@ def static_cache_hits(train_groups: CountGroups, sizes) -> list[float]:
 def build_report(st: AccessStats, *, cache_rows=None, zipf_range=None) -> "AccessReport":
     ng = st.ngrams(sort=False)
     H, M = st.n_heads, st.max_ngram_size
-    index = np.full(int(st.primes.max()) if st.primes.size else 1, -1, dtype=np.int32)
+    index = np.full(1 << 16, -1, dtype=np.int32)
     layers = {}
     for li, lid in enumerate(st.layer_ids):
         cols, orders = [], {}
