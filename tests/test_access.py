@@ -174,3 +174,12 @@ def test_column_rows_groups_across_row_buckets(rng):
     assert np.array_equal(ids[o], u) and (ids >> 16).tolist() == sorted((ids >> 16).tolist())
     assert np.array_equal(t[o], np.bincount(inv, tr)) and np.array_equal(h[o], np.bincount(inv, hd))
     assert np.array_equal(g[o], np.bincount(inv)) and g.max() >= 2
+
+
+def test_bench_access_section_runs_alone():
+    from engram_numba.bench.suite import SECTIONS, _sections
+    assert _sections("access") == ("access",) and "access" not in SECTIONS     # not in the default GPU run
+    with pytest.raises(ValueError, match="run on their own"):
+        _sections("access,host")
+    with pytest.raises(ValueError, match="unknown bench section"):
+        _sections("acess")
