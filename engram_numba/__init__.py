@@ -33,6 +33,7 @@ _PUBLIC = {
     # files
     "load_model": ("formats.load", "load_model"),
     "load_gguf": ("formats.schema_a", "load_gguf"),
+    "released_model": ("formats.released", "released_model"),
     "write_gguf": ("formats.schema_a", "write_gguf"),
     "describe": ("formats.schema_a", "describe"),
     "EngramFileError": ("formats.errors", "EngramFileError"),
@@ -56,6 +57,16 @@ _PUBLIC = {
     "StreamingGateStats": ("analysis.streaming", "StreamingGateStats"),
     "merge_stats": ("analysis.streaming", "merge"),
     "token_table": ("analysis.tables", "token_table"),
+    # which rows real text reads (hash only), gates by token class, row edits
+    "AccessStats": ("analysis.access", "AccessStats"),
+    "access_stats": ("analysis.access", "access_stats"),
+    "merge_access": ("analysis.access", "merge_access"),
+    "offline_corpus": ("analysis.offline_corpus", "offline_corpus"),
+    "corpus_token_ids": ("analysis.offline_corpus", "corpus_token_ids"),
+    "gate_by_class": ("analysis.gate_classes", "gate_by_class"),
+    "gate_by_frequency": ("analysis.gate_classes", "gate_by_frequency"),
+    "update_size": ("analysis.gate_classes", "update_size"),
+    "row_edit": ("analysis.row_edit", "row_edit"),
     # analysis
     "diff": ("analysis.diff", "diff"),
     "DiffReport": ("analysis.diff", "DiffReport"),

@@ -34,6 +34,7 @@ STAGES = ("hash", "rows", "proj", "gate")
 BACKENDS = ("reference", "cpu", "cuda")
 EXIT_USAGE = 2        # bad arguments or inputs
 EXIT_TOLERANCE = 1    # diff: a tolerance was exceeded; info: the file's checks failed
+RELEASED = "released"  # --model released: the released V4.1 configuration without weights
 
 
 class UserError(Exception):
@@ -106,10 +107,15 @@ def _writable(path: str | None, what: str) -> Path | None:
     return p
 
 
-def _load(path: Path | None):
-    """Any model file or folder load_model opens (default: the tiny model in data/)."""
+def _load(path: Path | None, tokenizer: str | None = None):
+    """Any model file or folder load_model opens (default: the tiny model in data/); the word
+    `released` opens the released V4.1 configuration (hash constants from DeepSeek-V4's
+    tokenizer, no weights: hashing and row statistics only)."""
     from .fixtures import tiny_model_path
     from .formats.load import load_model
+    if path is not None and str(path) == RELEASED:
+        from .formats.released import released_model
+        return released_model(tokenizer)
     return load_model(path if path is not None else tiny_model_path())
 
 
@@ -120,8 +126,11 @@ def _tokens(args, model, fallback):
 # commands ----------------------------------------------------------------------------------------
 
 def _model_path(path: str, what: str = "model") -> Path:
-    """A model path for load_model: a file, a shard, or a folder (split GGUF, HF checkpoint)."""
+    """A model path for load_model: a file, a shard, or a folder (split GGUF, HF checkpoint), or
+    the word `released` (see _load)."""
     p = Path(path)
+    if path == RELEASED and not os.path.lexists(p):
+        return p
     if not os.path.lexists(p):
         raise UserError(f"{what} {path} does not exist")
     return p
@@ -333,6 +342,8 @@ def cmd_stats(args) -> int:
         raise UserError(f"--tables parquet needs pandas and pyarrow: {_optional.ANALYSIS_EXTRA}; or use --tables csv")
     if args.token_table and args.tables == "parquet" and not _optional.have("pyarrow"):
         raise UserError(f"--token-table as parquet needs pyarrow: {_optional.ANALYSIS_EXTRA}")
+    if args.merge and (args.access or args.access_only):
+        return _merge_access(args, out)
     if args.merge:
         parts = []
         for f in args.corpus:
@@ -369,7 +380,8 @@ def cmd_stats(args) -> int:
         if args.chunk_tokens < 1:
             raise UserError(f"--chunk-tokens must be >= 1, got {args.chunk_tokens}")
         tokenizer_path = str(_existing_file(args.tokenizer, "--tokenizer")) if args.tokenizer else None
-        model = _load(_model_path(args.model) if args.model else None)
+        model = _load(_model_path(args.model) if args.model else None,
+                      tokenizer_path if args.model == RELEASED else None)
         kinds = {corpus_format(f, args.format) for f in files}
         if "text" in kinds or tokenizer_path:
             _tokenizer_or_error(model, tokenizer_path, need_encode="text" in kinds)
@@ -377,6 +389,15 @@ def cmd_stats(args) -> int:
             raise UserError("--table-placement applies to one process: with --workers/--scheduler each worker "
                             "places its tables itself (device when they fit)")
         engine = _placed_engine(model, args) if args.table_placement else None     # refused before any output
+        from .formats.released import has_weights
+        if not has_weights(model) and not args.access_only:
+            raise UserError(f"--model {args.model} has no weights (hash constants only): gate statistics need a model "
+                            "file with its tables, projection and gate vectors; for row-access statistics add "
+                            "--access-only")
+        if args.access or args.access_only:
+            _access_pass(args, model, files, tokenizer_path, out)
+            if args.access_only:
+                return 0
         out.mkdir(parents=True, exist_ok=True)
         token_table = None
         if args.token_table:
@@ -414,6 +435,67 @@ def cmd_stats(args) -> int:
           + (f", {token_table.name}" if not args.merge and token_table is not None else ""))
     if st.highway_is_synthetic:
         print("note: the highway is synthetic (no hidden states were given): the gate reflects the table rows only")
+    return 0
+
+
+def _access_pass(args, model, files, tokenizer_path, out: Path) -> None:
+    """Row-access statistics of the corpus (hash only) into OUT/access/."""
+    from .analysis.access import AccessStats
+    from .analysis.corpus import iter_documents
+    from .text import tokenizer_for
+    tok = tokenizer_for(model, tokenizer_path) if tokenizer_path or any(
+        f.suffix.lower() not in (".npy", ".ids") for f in files) else None
+    acc = AccessStats.empty(model, holdout_every=args.holdout_every, sequence_tokens=args.sequence_tokens)
+    acc.meta.update({"corpus": [str(f) for f in files], "model": str(args.model or "tiny model")})
+    seen, t0 = 0, time.perf_counter()
+    for doc in iter_documents(files, tokenizer=tok, field=args.field, split=args.split, fmt=args.format,
+                              model=model):
+        ids = doc.token_ids
+        if args.limit_tokens is not None:
+            if seen >= args.limit_tokens:
+                break
+            ids = ids[: args.limit_tokens - seen]
+        acc.update(ids)
+        seen += int(ids.size)
+    wall = time.perf_counter() - t0
+    print(f"row access: {seen} tokens in {wall:.2f} s (tokenizing included)")
+    _write_access(acc, out, args.tables)
+
+
+def _write_access(acc, out: Path, tables_fmt: str) -> None:
+    import matplotlib.pyplot as plt
+    folder = out / "access"
+    folder.mkdir(parents=True, exist_ok=True)
+    rep = acc.report()
+    print(rep.table())
+    (folder / "access.json").write_text(json.dumps(rep.to_json(), indent=1), encoding="utf-8")
+    acc.save(folder / "access.npz")
+    from .analysis.tables import write_tables
+    written = write_tables({"access_columns": rep.columns_records(), "access_cache": rep.cache_records()},
+                           folder, tables_fmt)
+    for name, fn in (("access_zipf", rep.zipf_plot), ("access_cache", rep.cache_plot),
+                     ("access_reuse", rep.reuse_plot)):
+        fn().savefig(folder / f"{name}.png", dpi=110, bbox_inches="tight")
+    plt.close("all")
+    print(f"wrote {folder}/: access.json, access.npz (merge with `engram-numba stats --merge --access`), "
+          f"{', '.join(p.name for p in written)}, access_zipf.png, access_cache.png, access_reuse.png")
+
+
+def _merge_access(args, out: Path) -> int:
+    from .analysis.access import AccessStats, merge_access
+    parts = []
+    for f in args.corpus:
+        p = _existing_file(f, "access statistics file")
+        try:
+            parts.append(AccessStats.load(p))
+        except Exception as exc:
+            raise UserError(f"{p} is not an access statistics file saved by engram-numba stats --access ({exc})") from None
+    try:
+        acc = merge_access(parts)
+    except ValueError as exc:
+        raise UserError(str(exc)) from None
+    print(f"merged {len(parts)} access part(s): {sum(acc.n_tokens)} tokens")
+    _write_access(acc, out, args.tables)
     return 0
 
 
@@ -688,7 +770,8 @@ def build_parser() -> argparse.ArgumentParser:
     s = sub.add_parser("stats", help="stream a corpus through the pipeline and write its gate statistics")
     s.add_argument("corpus", nargs="+", help="text / .jsonl / .npy / .ids / highway .safetensors files or folders "
                                             "(with --merge: stats.npz files to merge)")
-    s.add_argument("--model", help="GGUF (default: the tiny model)")
+    s.add_argument("--model", help="any model load_model opens (default: the tiny model), or 'released': the released "
+                                   "V4.1 configuration without weights (row-access statistics only)")
     s.add_argument("--backend", type=backend_spec, default="cpu",
                    help="reference | cpu | cuda, or per stage (default cpu)")
     s.add_argument("--out", default="engram_stats", help="output folder (default engram_stats)")
@@ -714,7 +797,16 @@ def build_parser() -> argparse.ArgumentParser:
                         "next chunk prefetched) | mmap | auto | 'device<=N GB' | LAYER=PLACEMENT,... "
                         "(default: device); docs/placement.md")
     s.add_argument("--residual", choices=["fp32", "bf16"], default="fp32")
-    s.add_argument("--merge", action="store_true", help="merge saved statistics (CORPUS = stats.npz files)")
+    s.add_argument("--merge", action="store_true", help="merge saved statistics (CORPUS = stats.npz files; with "
+                                                         "--access: access.npz files)")
+    s.add_argument("--access", action="store_true",
+                   help="also write row-access statistics (OUT/access/: Zipf fits, cache hit rates, collisions, reuse "
+                        "distances; docs/memory.md). Hash only: works with --model released")
+    s.add_argument("--access-only", action="store_true", help="only the row-access statistics (no gate statistics)")
+    s.add_argument("--holdout-every", type=int, default=10,
+                   help="row access: one document in this many is held out to evaluate the static cache (default 10)")
+    s.add_argument("--sequence-tokens", type=int, default=1_000_000,
+                   help="row access: held-out tokens replayed for the LRU cache and reuse distances (default 1,000,000)")
     s.add_argument("--workers", type=int, nargs="?", const=0, default=None, metavar="N",
                    help="run on a Dask cluster of N workers on this host (alone: one per GPU with a GPU backend, one "
                         "per CPU core otherwise); shard results go to OUT/parts/ and a rerun skips finished shards "
@@ -763,7 +855,11 @@ def build_parser() -> argparse.ArgumentParser:
                    help="size of the random table on the device")
     s.add_argument("--variants-only", action="store_true", help="only time every kernel version")
     s.add_argument("--sections", help="comma-separated parts to run: host, device, decode, corpus, variants "
-                                      "(default all); the JSON is rewritten after each part")
+                                      "(default all); the JSON is rewritten after each part. 'access' alone: "
+                                      "the CPU benchmark of row-access statistics on real text (no GPU; "
+                                      "default --out bench/results/cpu_access.json)")
+    s.add_argument("--access-tokens", type=int, default=20_000_000,
+                   help="--sections access: tokens of real text to count (the corpus is repeated to reach it)")
     s.add_argument("--merge", action="store_true", help="add the sections run to the --out file of an earlier run")
     s.add_argument("--corpus-table-gb", type=_float_at_least(0.001), default=None,
                    help="corpus_stats: each layer's device table in GB (default the released 32.3 GB)")

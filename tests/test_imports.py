@@ -120,7 +120,8 @@ def test_package_inits_import_nothing_heavy():
 
 
 PUBLIC = ("load_gguf", "Pipeline", "Capture", "diff", "gate_stats", "EngramV41", "gate_heatmap", "gate_histogram",
-          "gate_vs_dot", "row_id_reuse_plot", "tiny_model_path", "TINY_TOKENS", "TINY_MASK", "kernels")
+          "gate_vs_dot", "row_id_reuse_plot", "tiny_model_path", "TINY_TOKENS", "TINY_MASK", "kernels",
+          "released_model", "access_stats", "AccessStats", "offline_corpus", "gate_by_class", "row_edit")
 
 
 @pytest.mark.parametrize("name", PUBLIC)

@@ -10,7 +10,8 @@ import pytest
 
 REPO = pathlib.Path(__file__).resolve().parent.parent
 NOTEBOOKS = REPO / "notebooks"
-STEMS = ("01_engram_walkthrough", "02_stage_diff", "03_gate_statistics", "04_quantisation_at_the_gate")
+STEMS = ("01_engram_walkthrough", "02_stage_diff", "03_gate_statistics", "04_quantisation_at_the_gate",
+         "05_memory_access")
 REGENERATE = "regenerate it: `jupytext --sync notebooks/0*.py` (see notebooks/README.md)"
 
 

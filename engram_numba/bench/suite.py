@@ -431,6 +431,7 @@ def bench_host(log=print, n_calls: int = 500, reader_vocab: int = 100_000, smoke
 
 
 SECTIONS = ("host", "device", "decode", "corpus", "variants")
+CPU_SECTIONS = ("access",)      # run alone, on the CPU (bench/access.py), not part of the default set
 _DECODE_STAGES = ("projection_q2k", "projection_fp8", "decode_step", "engine_build")
 
 
@@ -438,9 +439,11 @@ def _sections(text) -> tuple:
     if not text:
         return SECTIONS
     names = tuple(x.strip() for x in str(text).split(",") if x.strip())
-    bad = [x for x in names if x not in SECTIONS]
+    bad = [x for x in names if x not in SECTIONS + CPU_SECTIONS]
     if bad:
-        raise ValueError(f"unknown bench section(s) {bad}; sections are {list(SECTIONS)}")
+        raise ValueError(f"unknown bench section(s) {bad}; sections are {list(SECTIONS + CPU_SECTIONS)}")
+    if set(names) & set(CPU_SECTIONS) and len(names) > 1:
+        raise ValueError(f"the CPU section(s) {list(CPU_SECTIONS)} run on their own: --sections access")
     return names
 
 
@@ -458,6 +461,9 @@ def main(args=None) -> int:
     if getattr(args, "hash_only", False):
         bench_hash()
         return 0
+    if getattr(args, "sections", None) and _sections(args.sections) == ("access",):
+        from .access import main as access_main        # CPU only: no GPU needed
+        return access_main(args)
     smoke = getattr(args, "smoke", False)
     if not smoke and (config.ENABLE_CUDASIM or not cuda.is_available()):
         print("error: engram-numba bench needs a CUDA GPU (none found, or numba's simulator is on); run it on the "

@@ -67,6 +67,15 @@ def build_token_map(tokenizer_path, n_ids: int | None = None) -> np.ndarray:
     return out
 
 
+def _is_first_seen_map(m: np.ndarray) -> bool:
+    """True when `m` numbers its keys in first-seen order (m[0] = 0, each id at most one past every
+    id before it): what the recipe builds. A damaged cache file almost never passes."""
+    if m.size == 0:
+        return False
+    run = np.maximum.accumulate(m)
+    return bool(m[0] == 0 and (m >= 0).all() and (m[1:] <= run[:-1] + 1).all())
+
+
 def compressed_token_map(tokenizer_path, n_ids: int | None = None, cache_dir=None) -> np.ndarray:
     """The compressed token map of `tokenizer_path` (int64 [n_ids], read-only), cached in memory
     and, when `cache_dir` is given, in that folder."""
@@ -85,7 +94,8 @@ def compressed_token_map(tokenizer_path, n_ids: int | None = None, cache_dir=Non
         if file.is_file():
             try:
                 got = np.load(file, allow_pickle=False)
-                if got.ndim == 1 and got.dtype == np.int64 and (n_ids is None or got.size == n_ids):
+                if (got.ndim == 1 and got.dtype == np.int64 and (n_ids is None or got.size == n_ids)
+                        and _is_first_seen_map(got)):
                     out = got
             except (OSError, ValueError):
                 out = None   # a damaged cache file is rebuilt
