@@ -29,7 +29,7 @@ test-gpu: $(STAMP)
 	NUMBA_ENABLE_CUDASIM=0 $(BIN)/python -m pytest -q -p no:cacheprovider -m gpu tests engram_numba
 
 compile-report: $(STAMP)
-	NUMBA_ENABLE_CUDASIM=0 $(BIN)/python -m engram_numba.device.compile_check
+	NUMBA_ENABLE_CUDASIM=0 $(BIN)/python -m engram_numba.stages.compile_check
 
 # The benchmark suite (needs a GPU); bench-smoke checks the suite itself in the simulator.
 bench: $(STAMP)
