@@ -18,9 +18,7 @@ def _rid(rec):
 
 def test_the_catalog_has_records_for_every_cuda_stage():
     assert {r.stage for r in RECORDS} == {"rows", "proj", "gate"}
-    # stage order (rows, proj, gate), and within a family the versions in ascending order
-    order = [STAGES.index(r.stage) for r in RECORDS]
-    assert order == sorted(order)
+    # within a family, the versions in ascending order (the order tools list them in)
     last: dict = {}
     for r in RECORDS:
         family, v = r.name.rsplit("_v", 1)
