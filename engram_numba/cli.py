@@ -30,13 +30,15 @@ from pathlib import Path
 
 import numpy as np
 
+from .errors import EngramError
+
 STAGES = ("hash", "rows", "proj", "gate")
 BACKENDS = ("reference", "cpu", "cuda")
 EXIT_USAGE = 2        # bad arguments or inputs
 EXIT_TOLERANCE = 1    # diff: a tolerance was exceeded; info: the file's checks failed
 
 
-class UserError(Exception):
+class UserError(EngramError):
     """A mistake in the command's arguments or inputs: reported in one line, exit status 2."""
 
 

@@ -246,8 +246,8 @@ class _LayerView:
         lf = model.layers[layer_id]
         self.layer_id = layer_id
         self.table = lf.table
-        self.encoding = getattr(lf, "table_encoding", "q2k")
-        self.table_scales = getattr(lf, "table_scales", None)
+        self.encoding = lf.table_encoding
+        self.table_scales = lf.table_scales
         self.reader = model.rows(layer_id)
         self.q_weight = lf.q_weight
         self.k_weight = lf.k_weight

@@ -1,4 +1,4 @@
-"""One call on the GPU machine for the decode work (issue 12): its gpu tests, the register report of
+"""One call on the GPU machine for the decode work: its gpu tests, the register report of
 its kernels, and the decode benchmark; a compact table last, JSON in $OUT.
 
     # with the carried wheels installed as docs/gpu.md says (PYTHONPATH = .site:repo root):

@@ -1,5 +1,5 @@
 """One launch of each weight-decoding GEMV at the released shape, for Nsight Compute (the evidence
-behind the decode figures in the notes):
+behind the decode figures in bench/results/):
 
     ncu --clock-control none --kernel-name regex:gemv_ --launch-skip 2 --launch-count 2 \
         --section SpeedOfLight --section Occupancy --section WarpStateStats --section LaunchStats \

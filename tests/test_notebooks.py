@@ -87,7 +87,7 @@ def test_notebook_is_what_jupytext_makes_of_its_source(stem):
 
 @pytest.mark.parametrize("stem", STEMS)
 def test_notebooks_use_the_public_api_and_stay_in_the_repository(stem):
-    """The restructure removed the old modules; the notebooks point at nothing outside the repo."""
+    """The notebooks use the public API (no module that does not exist) and point at nothing outside the repo."""
     text = (NOTEBOOKS / f"{stem}.py").read_text(encoding="utf-8")
     for old in ("engram_numba.model_file", "engram_numba.kernels", "engram_numba.reference",
                 "engram_numba.compare", "engram_numba.hash ", "from engram_numba import compare",

@@ -34,31 +34,12 @@ import json
 import resource
 import sys
 import time
-from dataclasses import dataclass
 
 import numpy as np
 
 from .timing import RELEASED, BenchShape, DeviceTimer, commit, device_name
 
 CHUNK = 4096
-
-
-@dataclass
-class _Layer:
-    layer_id: int
-    table: np.ndarray        # [rows, 84] zero-stride stand-in (the real table lives on the device)
-    _wkv: np.ndarray
-    q_weight: np.ndarray
-    k_weight: np.ndarray
-    table_encoding: str = "q2k"
-    table_scales: None = None
-
-    def wkv_bf16(self) -> np.ndarray:
-        return self._wkv
-
-    @property
-    def n_rows(self) -> int:
-        return int(self.table.shape[0])
 
 
 class _NoReader:
@@ -77,6 +58,7 @@ class BenchModel:
         from ..config import COMPRESSED_VOCAB_SIZE, EngramConfig
         from ..stages.hash.tables import EngramHashTables
         from ..bf16 import f32_to_bf16
+        from ..formats.model import EngramLayer
         cols = shape.cols
         n_heads = cols // 3 if cols % 3 == 0 else cols
         max_ngram = cols // n_heads + 1
@@ -91,9 +73,12 @@ class BenchModel:
         for li, lid in enumerate(cfg.layer_ids):
             rows = int(self.hash_tables.table_rows[li])
             wkv = f32_to_bf16((rng.standard_normal((cfg.proj_out, cfg.proj_in), dtype=np.float32) * 0.02))
-            self.layers[lid] = _Layer(lid, np.broadcast_to(np.zeros(84, np.uint8), (rows, 84)), wkv,
-                                      (1 + 0.1 * rng.standard_normal((cfg.hc, cfg.dim))).astype(np.float32),
-                                      (1 + 0.1 * rng.standard_normal((cfg.hc, cfg.dim))).astype(np.float32))
+            # the table is a zero-stride stand-in [rows, 84]: the real one lives on the device
+            self.layers[lid] = EngramLayer(
+                lid, li, table=np.broadcast_to(np.zeros(84, np.uint8), (rows, 84)), table_encoding="q2k",
+                wkv_raw=wkv, wkv_encoding="bf16",
+                q_weight=(1 + 0.1 * rng.standard_normal((cfg.hc, cfg.dim))).astype(np.float32),
+                k_weight=(1 + 0.1 * rng.standard_normal((cfg.hc, cfg.dim))).astype(np.float32))
         self.path = f"bench model ({shape.name} shapes, random weights, {int(self.hash_tables.table_rows[0]):,} rows a table)"
         self.format = "in memory (random q2k tables on the device)"
         self.tokenizer_path = None

@@ -286,7 +286,7 @@ def test_quantize_reproduces_rows_on_a_full_grid_exactly(rng):
 
 
 def test_pack_blocks_layout(rng):
-    # The packer against the decoding formula of SPEC section 3, written out directly.
+    # The packer against the decoding formula of docs/math.md section 4.1, written out directly.
     n = 50
     codes = rng.integers(0, 256, size=(n, 16), dtype=np.uint8)
     q = rng.integers(0, 4, size=(n, 256), dtype=np.uint8)
