@@ -121,6 +121,18 @@ def test_diff_command(capsys):
     assert "reference vs cpu" in text and "L1.proj.kv" in text
 
 
+def test_diff_isolated(tmp_path, capsys):
+    """--isolated feeds the --b run the --a run's stage inputs; it refuses where there is no run."""
+    assert main(["diff", "--a", "reference", "--b", "cpu", "--tokens", "3,4,5", "--isolated", "--max-ulp", "0"]) == 0
+    text = capsys.readouterr().out
+    assert "reference vs cpu (isolated)" in text and "within tolerances" in text
+    a = tmp_path / "a.npz"
+    assert main(["run", "--tokens", "3,4", "--backend", "cpu", "--capture", str(a)]) == 0
+    capsys.readouterr()
+    assert main(["diff", str(a), str(a), "--isolated"]) == 2
+    assert "error: --isolated runs the model" in capsys.readouterr().err
+
+
 def test_make_fixture_elsewhere(tmp_path, capsys):
     out = tmp_path / "t.gguf"
     assert main(["make-fixture", "--out", str(out)]) == 0
