@@ -16,6 +16,7 @@ def test_run_saves_captures(tmp_path, capsys):
     assert cap["tokens.ids"].tolist() == [2, 17, 47, 13] and cap["L4.gate.gate"].shape == (4, 4)
 
 
+@pytest.mark.slow
 def test_run_per_stage_backends(capsys):
     assert main(["run", "--tokens", "5,6", "--backend", "rows=cpu,proj=cpu,gate=reference"]) == 0
     assert "'rows': 'cpu'" in capsys.readouterr().out
@@ -98,6 +99,7 @@ def test_kernels_lists_the_registry(capsys):
         assert name in out
 
 
+@pytest.mark.slow
 def test_bench_smoke_runs_the_suite_in_the_simulator(tmp_path, capsys):
     from numba.cuda import config
     if not config.ENABLE_CUDASIM:
@@ -133,6 +135,7 @@ def test_diff_isolated(tmp_path, capsys):
     assert "error: --isolated runs the model" in capsys.readouterr().err
 
 
+@pytest.mark.slow
 def test_make_fixture_elsewhere(tmp_path, capsys):
     out = tmp_path / "t.gguf"
     assert main(["make-fixture", "--out", str(out)]) == 0
@@ -256,6 +259,7 @@ def test_text_needs_a_tokenizer_and_says_how(tmp_path, capsys):
     assert "--tokenizer PATH" in capsys.readouterr().err
 
 
+@pytest.mark.slow
 def test_stats_writes_a_folder_and_merges(tmp_path, capsys):
     import json
     from engram_numba.analysis.streaming import StreamingGateStats

@@ -257,7 +257,7 @@ def sim_shapes(version, residual, masked):
 
 
 @pytest.mark.parametrize("cfg", SIM_CONFIGS, ids=_cfg_id)
-@pytest.mark.parametrize("residual", ["fp32", "bf16"])
+@pytest.mark.parametrize("residual", ["fp32", pytest.param("bf16", marks=pytest.mark.slow)])   # fast: fp32 only
 @pytest.mark.parametrize("masked", [False, True], ids=["nomask", "mask"])
 def test_gate_matches_reference(rng, cfg, residual, masked):
     version, layout, tps = cfg

@@ -98,7 +98,9 @@ def run(version, x, w, T, N, stream=0):
 # (T, K, N) per version: each record's sim_cases (records.py says what each one exercises).
 
 SIM_CASES = {r.name: r.sim_cases for r in registry.records("proj", "bf16") if r.sim_cases}
-SIM_PARAMS = [(v, shape) for v, shapes in SIM_CASES.items() for shape in shapes]
+# each version's first case runs in `make test-fast`; the others (larger, slower to simulate) are `slow`
+SIM_PARAMS = [pytest.param(v, shape, id=f"{v}-{shape[0]}x{shape[1]}x{shape[2]}", marks=(pytest.mark.slow,) if i else ())
+              for v, shapes in SIM_CASES.items() for i, shape in enumerate(shapes)]
 
 
 def test_every_version_has_simulator_cases():
@@ -110,7 +112,7 @@ def test_sequential_versions_are_marked_bit_exact():
     assert {"gemv_v1", "gemm_v1", "gemm_v2"} <= set(SEQUENTIAL)
 
 
-@pytest.mark.parametrize("version,shape", SIM_PARAMS, ids=[f"{v}-{t}x{k}x{n}" for v, (t, k, n) in SIM_PARAMS])
+@pytest.mark.parametrize("version,shape", SIM_PARAMS)
 def test_version_matches_reference(rng, version, shape):
     T, K, N = shape
     x, w = make_inputs(rng, T, K, N)

@@ -130,7 +130,9 @@ def check_version(version, weight, x, raw, scales, *, record=None):
 # and a simulated mma per 16 values: a few seconds a case.
 
 SIM_CASES = {r.name: r.sim_cases for r in registry.records("proj") if r.encoding != "bf16"}
-SIM_PARAMS = [(v, s) for v, shapes in SIM_CASES.items() for s in shapes]
+# each version's first case runs in `make test-fast`; the others (larger, slower to simulate) are `slow`
+SIM_PARAMS = [pytest.param(v, s, id=f"{v}-{s[0]}x{s[1]}x{s[2]}", marks=(pytest.mark.slow,) if i else ())
+              for v, shapes in SIM_CASES.items() for i, s in enumerate(shapes)]
 
 
 def test_every_quant_version_has_simulator_cases():
@@ -151,7 +153,7 @@ def test_quant_records():
         assert rec.bit_exact == v.endswith("_v1"), rec
 
 
-@pytest.mark.parametrize("version,shape", SIM_PARAMS, ids=[f"{v}-{t}x{k}x{n}" for v, (t, k, n) in SIM_PARAMS])
+@pytest.mark.parametrize("version,shape", SIM_PARAMS)
 def test_quant_version_matches_its_yardstick(rng, version, shape):
     T, K, N = shape
     weight = registry.get("proj", version).encoding
