@@ -5,7 +5,7 @@ VENV   ?= .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
 
-.PHONY: demo test test-gpu compile-report bench bench-smoke notebooks clean
+.PHONY: demo test test-fast test-gpu compile-report bench bench-smoke notebooks clean
 
 $(STAMP): pyproject.toml
 	$(PY) -m venv $(VENV)
@@ -23,13 +23,20 @@ demo: $(STAMP)
 test: $(STAMP)
 	NUMBA_ENABLE_CUDASIM=1 $(BIN)/python -m pytest -q -p no:cacheprovider tests engram_numba notebooks --nbmake
 
+# The loop while working: exact CPU tests and the kernels in the simulator with the tests marked
+# `slow` deselected; no compile-only tier, no notebooks (about 2 minutes on 2 cores).
+# `make test` above still runs everything.
+test-fast: $(STAMP)
+	NUMBA_ENABLE_CUDASIM=1 $(BIN)/python -m pytest -q -p no:cacheprovider -m "not slow and not gpu" \
+		--ignore=tests/test_compile_tier.py tests engram_numba
+
 # The gpu tier alone, on a machine with a CUDA GPU (docs/gpu.md; tests/gpu_run.sh does it with
 # carried wheels on a machine without network).
 test-gpu: $(STAMP)
 	NUMBA_ENABLE_CUDASIM=0 $(BIN)/python -m pytest -q -p no:cacheprovider -m gpu tests engram_numba
 
 compile-report: $(STAMP)
-	NUMBA_ENABLE_CUDASIM=0 $(BIN)/python -m engram_numba.device.compile_check
+	NUMBA_ENABLE_CUDASIM=0 $(BIN)/python -m engram_numba.stages.compile_check
 
 # The benchmark suite (needs a GPU); bench-smoke checks the suite itself in the simulator.
 bench: $(STAMP)

@@ -8,12 +8,9 @@ NUMBA_ENABLE_CUDASIM yourself to force either way.
 import os
 import pathlib
 
+from engram_numba._target import gpu_device_present  # (importing engram_numba picks the target too)
 
-def _gpu_present() -> bool:
-    return pathlib.Path("/dev/nvidia0").exists() or pathlib.Path("/dev/nvidiactl").exists()
-
-
-os.environ.setdefault("NUMBA_ENABLE_CUDASIM", "0" if _gpu_present() else "1")
+os.environ.setdefault("NUMBA_ENABLE_CUDASIM", "0" if gpu_device_present() else "1")
 
 import numpy as np  # noqa: E402
 import pytest  # noqa: E402

@@ -39,6 +39,7 @@ _PUBLIC = {
     "EngramFileError": ("formats.errors", "EngramFileError"),
     # running and capturing
     "Pipeline": ("pipeline", "Pipeline"),
+    "EngramError": ("errors", "EngramError"),
     "Capture": ("capture", "Capture"),
     "point_names": ("capture", "point_names"),
     "EngramV41": ("engine", "EngramV41"),

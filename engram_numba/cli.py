@@ -7,7 +7,7 @@
                      [--capture out.npz | out.safetensors]
     engram-numba stats CORPUS... [--model FILE] [--backend cuda] [--out DIR] [--tables parquet|csv]
     engram-numba stats --merge A/stats.npz B/stats.npz [--out DIR]     parts reduced separately
-    engram-numba diff [FILE] --a reference --b cuda [--tokens ...] [--max-ulp N] [--rtol X]
+    engram-numba diff [FILE] --a reference --b cuda [--tokens ...] [--isolated] [--max-ulp N] [--rtol X]
     engram-numba diff A.npz B.npz [--max-ulp N] [--rtol X]          two saved captures
     engram-numba diff --model-a PATH --model-b PATH [--tokens ...]  two models (any formats), same tokens
     engram-numba kernels [--stage proj]        the kernel registry: versions, defaults, changelogs
@@ -30,6 +30,8 @@ from pathlib import Path
 
 import numpy as np
 
+from .errors import EngramError
+
 STAGES = ("hash", "rows", "proj", "gate")
 BACKENDS = ("reference", "cpu", "cuda")
 EXIT_USAGE = 2        # bad arguments or inputs
@@ -37,7 +39,7 @@ EXIT_TOLERANCE = 1    # diff: a tolerance was exceeded; info: the file's checks 
 RELEASED = "released"  # --model released: the released V4.1 configuration without weights
 
 
-class UserError(Exception):
+class UserError(EngramError):
     """A mistake in the command's arguments or inputs: reported in one line, exit status 2."""
 
 
@@ -525,10 +527,15 @@ def cmd_diff(args) -> int:
     if args.model_a is not None or args.model_b is not None:     # one token sequence through two models
         if args.model_a is None or args.model_b is None or files:
             raise UserError("--model-a and --model-b go together (and without positional files)")
+        if args.isolated:
+            raise UserError("--isolated feeds one model's stages the inputs of another run of the same model; "
+                            "it does not apply to --model-a/--model-b")
         return _diff_models(args)
     a = args.a if args.a is not None else "reference"
     b = args.b if args.b is not None else "cuda"
     if len(files) == 2:                                  # two saved captures
+        if args.isolated:
+            raise UserError("--isolated runs the model; two saved captures are compared as they are")
         paths = [_existing_file(f, "capture file") for f in files]
         caps = []
         for p in paths:
@@ -541,8 +548,10 @@ def cmd_diff(args) -> int:
         path = _existing_file(args.file)
         model = _load(path)
         tokens = _tokens(args, model, TINY_TOKENS)
-        caps = [Pipeline(model, backends=x, residual=args.residual).run(tokens) for x in (a, b)]
-        report = diff(*caps, label_a=_label(a), label_b=_label(b))
+        cap_a = Pipeline(model, backends=a, residual=args.residual).run(tokens)
+        pipe_b = Pipeline(model, backends=b, residual=args.residual)
+        cap_b = pipe_b.run(inputs_from=cap_a) if args.isolated else pipe_b.run(tokens)
+        report = diff(cap_a, cap_b, label_a=_label(a), label_b=_label(b) + (" (isolated)" if args.isolated else ""))
     print(report)
     return _tolerance_exit(args, report)
 
@@ -834,6 +843,9 @@ def build_parser() -> argparse.ArgumentParser:
                    help="exit 1 when a float point differs by more ulps (of its own precision)")
     s.add_argument("--rtol", type=_float_at_least(0), default=None,
                    help="exit 1 when a float point's relative L2 distance is larger")
+    s.add_argument("--isolated", action="store_true",
+                   help="feed every stage of the --b run the --a run's inputs of it (Pipeline.run(inputs_from=...)), "
+                        "so each stage's own error shows, not the errors of the stages before it compounded")
     s.set_defaults(func=cmd_diff)
 
     s = sub.add_parser("kernels", help="list the kernel registry: versions, default rules, changelogs")

@@ -37,8 +37,10 @@ class EngramConfig:
     layer_ids      blocks that engram runs in front of, in model order ((1, 14))
     max_ngram_size largest n-gram; orders 2..max_ngram_size are hashed (4)
     n_heads        hash heads per order (8)
-    head_dim       values in one table row (256; must be 256 for Q2_K rows)
+    head_dim       values in one table row (256; every table encoding stores 256-value rows)
     eps            RMS epsilon of the gate (1e-20)
+    table_type     the tables' row encoding as the rows stage names it ("q2k", "q8_0", "fp8", ...;
+                   "a/b" when layers differ), filled in by the loaders; "" for a config made by hand
     """
 
     dim: int
@@ -48,7 +50,7 @@ class EngramConfig:
     n_heads: int = RELEASED_N_HEADS
     head_dim: int = RELEASED_HEAD_DIM
     eps: float = NORM_EPS
-    table_type: str = field(default="Q2_K")
+    table_type: str = field(default="", compare=False)     # what the file stores, not a shape
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "layer_ids", check_layer_ids(self.layer_ids, "EngramConfig.layer_ids"))
@@ -68,10 +70,15 @@ class EngramConfig:
             raise ValueError(f"EngramConfig.max_ngram_size must be >= 2 (bigrams at least), got {self.max_ngram_size}")
         _positive_int("n_heads", self.n_heads)
         _positive_int("head_dim", self.head_dim)
-        if self.table_type == "Q2_K" and self.head_dim != Q2K_BLOCK_VALUES:
+        if not isinstance(self.table_type, str):
+            raise ValueError(f"EngramConfig.table_type must be a string (a table encoding), got {self.table_type!r}")
+        from .stages.rows.encodings import ENCODINGS
+        row_encoded = not self.table_type or all(t in ENCODINGS for t in self.table_type.split("/"))
+        if row_encoded and self.head_dim != Q2K_BLOCK_VALUES:
+            what = f"{self.table_type} tables" if self.table_type else "the table encodings (q2k, q8_0, fp8, ...)"
             raise ValueError(
-                f"EngramConfig.head_dim must be {Q2K_BLOCK_VALUES} for Q2_K tables "
-                f"(one Q2_K block is one row), got {self.head_dim}"
+                f"EngramConfig.head_dim must be {Q2K_BLOCK_VALUES} for {what}: every row holds "
+                f"{Q2K_BLOCK_VALUES} values, got {self.head_dim}"
             )
         if not (isinstance(self.eps, (int, float)) and self.eps >= 0.0):
             raise ValueError(f"EngramConfig.eps must be a non-negative float, got {self.eps!r}")

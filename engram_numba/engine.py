@@ -46,27 +46,12 @@ from .stages.gate.reference import RESIDUALS
 from .stages.hash.cpu import EngramHasher
 from .stages.proj.launch import prepare_project, prepare_project_q, prepare_wkv_to_bf16
 from .stages.proj.records import QUANT_GEMV_MAX_TOKENS
-from .stages.rows.encodings import get_encoding
+from .stages.rows.encodings import ROW_VALUES, get_encoding
 from .stages.rows.launch import prepare_decode, prepare_gather
 
-ROW_VALUES = 256
 WKV_FORMATS = ("bf16", "q2k", "fp8", "q2k_r")   # wkv_format choices; None = the most compact the file offers
 RESIDENT_WKV = ("q2k", "fp8", "q2k_r")          # encodings the projection reads without decoding to bf16 first
 # q2k_r: a Q2_K wkv re-laid out on the device at build (same bytes; stages/proj/q2k_r.py)
-# schema A's ggml type names of wkv -> the protocol's wkv_encoding (for loaders that predate it)
-_WKV_TYPE_ENCODING = {"Q2_K": "q2k", "BF16": "bf16", "F16": "f16", "F32": "f32", "Q8_0": "q8_0"}
-
-
-def wkv_encoding_of(layer) -> str:
-    """The encoding a layer stores its projection in: `layer.wkv_encoding`, else schema A's
-    `layer.wkv_type` mapped to the same names, else "bf16"."""
-    enc = getattr(layer, "wkv_encoding", None)
-    if enc:
-        return str(enc)
-    wkv_type = getattr(layer, "wkv_type", None)
-    if wkv_type is None:
-        return "bf16"
-    return _WKV_TYPE_ENCODING.get(str(wkv_type), str(wkv_type).lower())
 
 
 def check_versions(versions) -> dict:
@@ -190,8 +175,8 @@ class EngramV41:
                 where = self.placement.layers[lid].placement
                 w_gate = (np.asarray(lf.q_weight, np.float32) * np.asarray(lf.k_weight, np.float32)).astype(np.float32)
                 table = lf.table
-                enc = get_encoding(getattr(lf, "table_encoding", "q2k"))
-                scales = getattr(lf, "table_scales", None)
+                enc = get_encoding(lf.table_encoding)
+                scales = lf.table_scales
                 if scales is not None and (enc.name != "fp8" or tuple(scales.shape) != (table.shape[0], 8)):
                     raise ValueError(f"layer {lid}: table_scales {list(scales.shape)} needs an fp8 table of codes "
                                      f"[rows, 256] and scales [rows, 8] (encoding {enc.name}, table {list(table.shape)})")
@@ -247,7 +232,7 @@ class EngramV41:
     # -- wkv: the projection's weight, in the encoding it is read in ---------------------------
     def _resolve_wkv_format(self, lid, lf, wkv_format) -> str:
         """The encoding layer `lid`'s wkv is held in (see the class doc); raises before any upload."""
-        stored = wkv_encoding_of(lf)
+        stored = lf.wkv_encoding
         proj = self.versions.get("proj")
         by_version = registry.get("proj", proj).encoding if proj else None
         if wkv_format is not None and wkv_format not in WKV_FORMATS:
@@ -294,7 +279,7 @@ class EngramV41:
             raise ValueError(f"layer {lid}: a {fmt} wkv must be uint8 {list(want)}, got {raw.dtype} {list(raw.shape)}")
         scales = None
         if fmt == "fp8":
-            sc = getattr(lf, "wkv_scales", None)
+            sc = lf.wkv_scales
             want_s = (-(-N // 32), K // 32)
             if sc is None or np.asarray(sc).dtype != np.uint8 or np.asarray(sc).shape != want_s:
                 raise ValueError(f"layer {lid}: an fp8 wkv needs wkv_scales uint8 {list(want_s)} (e8m0 per 32x32 "

@@ -32,6 +32,7 @@ import numpy as np
 from .config import EngramConfig
 from .stages.hash.tables import EngramHashTables
 from .stages.rows.q2k import ENGRAM_ROW_BYTES, quantize
+from .text import TINY_SPECIAL_TOKENS, byte_alphabet
 
 REPO_DATA = Path(__file__).resolve().parent.parent / "data"
 TINY_PATH = REPO_DATA / "tiny_v41.gguf"
@@ -232,7 +233,6 @@ def _write_ds4(out: Path, seed: int) -> Path:
 # The tiny tokenizer of the HF copy: 64 raw ids. Several fold to one compressed id under DeepSeek's
 # recipe (case, a leading space, whitespace runs, accents, the NFKC ligature), two are UTF-8
 # fragments that keep their raw token string as key, and one normalises to nothing.
-TINY_SPECIAL_TOKENS = ("<｜begin▁of▁sentence｜>", "<｜end▁of▁sentence｜>", "<｜▁pad▁｜>")
 TINY_TOKEN_TEXTS = (
     "the", " the", " The", "THE", "The",           # fold to "the"
     " ", "  ", "\n", "\t",                          # fold to the lone space
@@ -248,14 +248,7 @@ TINY_TOKEN_TEXTS = (
 
 def _byte_level(b: bytes) -> str:
     """GPT-2's byte-to-character mapping (what a byte-level BPE vocabulary stores)."""
-    keep = list(range(ord("!"), ord("~") + 1)) + list(range(ord("¡"), ord("¬") + 1)) + list(range(ord("®"), ord("ÿ") + 1))
-    table, extra = {}, 0
-    for byte in range(256):
-        if byte in keep:
-            table[byte] = chr(byte)
-        else:
-            table[byte] = chr(256 + extra)
-            extra += 1
+    table = byte_alphabet()
     return "".join(table[x] for x in b)
 
 

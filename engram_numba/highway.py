@@ -30,6 +30,7 @@ from pathlib import Path
 
 import numpy as np
 
+from .errors import EngramError
 from .formats.errors import EngramFileError, TruncatedFileError
 from .formats.safetensors import SafetensorsFile, write_arrays
 
@@ -44,7 +45,7 @@ def highway_tensor_name(layer_id: int) -> str:
     return f"engram.{int(layer_id)}.highway_in"
 
 
-class HighwayFileError(ValueError):
+class HighwayFileError(EngramError, ValueError):
     """A highway file that cannot be used: the message names the file and the tensor."""
 
 

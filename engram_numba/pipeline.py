@@ -250,8 +250,8 @@ class _LayerView:
         lf = model.layers[layer_id]
         self.layer_id = layer_id
         self.table = lf.table
-        self.encoding = getattr(lf, "table_encoding", "q2k")
-        self.table_scales = getattr(lf, "table_scales", None)
+        self.encoding = lf.table_encoding
+        self.table_scales = lf.table_scales
         self.reader = model.rows(layer_id)
         self.q_weight = lf.q_weight
         self.k_weight = lf.k_weight
@@ -403,7 +403,7 @@ class Pipeline:
 
     def run(self, token_ids=None, highway=None, token_mask=None, names_filter=None,
             hasher: EngramHasher | None = None, progress: bool | None = None,
-            chunk_tokens: int | None = None, *, text: str | None = None) -> Capture:
+            chunk_tokens: int | None = None, *, text: str | None = None, inputs_from=None) -> Capture:
         """Run every engram layer on one sequence; returns the captures that `names_filter` keeps.
 
         token_ids: raw token ids [T] (any integer dtype; checked against the token map), or None
@@ -420,12 +420,25 @@ class Pipeline:
                  with the stage and layer being run (and runs in chunks of 512 tokens when no chunk
                  size is given); None (default) shows it when the cuda backend runs in numba's
                  simulator, where a stage can take minutes.
+        inputs_from: a Capture (or a mapping of its points) to isolate every stage: each stage is
+                 fed that capture's input of it instead of the previous stage's output here (rows
+                 gathers the capture's `hash.ids`, proj multiplies its `rows.bf16`, the gate takes
+                 its `gate.key`, `gate.value` and `highway.in`), so `diff(reference, isolated)`
+                 shows each stage's own error, not the errors of the stages before it compounded.
+                 Tokens and mask are the capture's (given ones must equal them), and so is every
+                 layer's highway (pass no highway).
+                 The capture must hold every engram layer's `hash.ids`, `rows.bf16`, `gate.key`,
+                 `gate.value` and `highway.in` (a run with no names_filter keeps them all).
         Every argument is checked before the first chunk runs, so a bad token late in a long
         sequence leaves the hasher and the caller's data untouched.
         """
         cfg = self.config
         keep = match_names(names_filter, self.point_names)
         hasher = hasher if hasher is not None else EngramHasher(self.model.hash_tables)
+        given = None
+        if inputs_from is not None:
+            token_ids, token_mask, highway, given = self._isolated_inputs(inputs_from, token_ids, token_mask, text,
+                                                                           highway)
         token_ids, token_mask = self._resolve_tokens(token_ids, token_mask, text, highway)
         token_ids, mask = check_token_ids(token_ids, token_mask, self.model.hash_tables.token_map.size,
                                           hasher.position)
@@ -475,7 +488,8 @@ class Pipeline:
                     h_chunk = synthetic_highway(t0, t1, cfg.hc, cfg.dim)
                 else:
                     h_chunk = highway[t0:t1]
-                self._run_chunk(hasher, token_ids[t0:t1], chunk_mask, h_chunk, keep, parts, bar)
+                self._run_chunk(hasher, token_ids[t0:t1], chunk_mask, h_chunk, keep, parts, bar,
+                                given=None if given is None else self._given_chunk(given, t0, t1))
                 if bar is not None:
                     bar.update(t1 - t0)
         finally:
@@ -483,7 +497,59 @@ class Pipeline:
                 bar.close()
         store = {name: (chunks[0] if len(chunks) == 1 else np.concatenate(chunks, axis=0))
                  for name, chunks in parts.items()}
-        return Capture(store, self._meta(T, token_ids, highway))
+        meta = self._meta(T, token_ids, highway)
+        if given is not None:
+            meta["isolated"] = ("every stage fed the inputs of another capture (inputs_from), not the previous "
+                                "stage's outputs of this run")
+            meta["highway"] = getattr(inputs_from, "meta", {}).get("highway", meta["highway"])
+        return Capture(store, meta)
+
+    # the points a stage reads, per layer, when stages are isolated (inputs_from)
+    _ISOLATED_INPUTS = ("hash.ids", "rows.bf16", "gate.key", "gate.value", "highway.in")
+
+    def _isolated_inputs(self, cap, token_ids, token_mask, text, highway):
+        """(token_ids, token_mask, highway, given) of a run isolated on the capture `cap`: every
+        array checked before anything runs, an error naming the missing or mismatched point."""
+        if not isinstance(cap, Mapping):
+            raise TypeError(f"inputs_from must be a Capture (or a mapping of its points), got {type(cap).__name__}")
+        if text is not None:
+            raise ValueError("inputs_from takes the tokens of its capture: give text or inputs_from, not both")
+        if highway is not None:
+            raise ValueError("inputs_from takes every layer's highway.in from its capture: pass no highway")
+        cfg = self.config
+        need = ["tokens.ids"] + [f"L{lid}.{p}" for lid in cfg.layer_ids for p in self._ISOLATED_INPUTS]
+        missing = [n for n in need if n not in cap]
+        if missing:
+            raise ValueError(f"inputs_from lacks {missing[:6]}{' ...' if len(missing) > 6 else ''}: isolating the "
+                             "stages needs each stage's inputs; capture them all (names_filter=None)")
+        ids = np.asarray(cap["tokens.ids"])
+        T, C = int(ids.size), cfg.n_hash_cols
+        if token_ids is not None and not np.array_equal(np.asarray(token_ids), ids):
+            raise ValueError("token_ids differ from the tokens.ids of inputs_from")
+        cap_mask = np.asarray(cap["tokens.mask"]) if "tokens.mask" in cap else None
+        if token_mask is not None and cap_mask is not None and not np.array_equal(np.asarray(token_mask), cap_mask):
+            raise ValueError("token_mask differs from the tokens.mask of inputs_from")
+        mask = token_mask if token_mask is not None else cap_mask
+        if mask is not None and np.asarray(mask).all():
+            mask = None
+        want = {"hash.ids": ((T, C), np.int64), "rows.bf16": ((T * C, cfg.head_dim), np.uint16),
+                "gate.key": ((T, cfg.hc, cfg.dim), np.uint16), "gate.value": ((T, cfg.dim), np.uint16),
+                "highway.in": ((T, cfg.hc, cfg.dim), np.float32)}
+        given = {}
+        for lid in cfg.layer_ids:
+            for p in self._ISOLATED_INPUTS:
+                a = np.asarray(cap[f"L{lid}.{p}"])
+                shape, dtype = want[p]
+                if a.shape != shape or a.dtype != dtype:
+                    raise ValueError(f"inputs_from's L{lid}.{p} is {a.dtype}{list(a.shape)}, this model's run of "
+                                     f"{T} tokens needs {np.dtype(dtype)}{list(shape)}")
+                given[f"L{lid}.{p}"] = a
+        highway = {lid: given[f"L{lid}.highway.in"] for lid in cfg.layer_ids}
+        return ids, mask, highway, given
+
+    def _given_chunk(self, given: dict, t0: int, t1: int) -> dict:
+        C = self.config.n_hash_cols
+        return {name: (a[t0 * C:t1 * C] if name.endswith("rows.bf16") else a[t0:t1]) for name, a in given.items()}
 
     def _resolve_tokens(self, token_ids, token_mask, text, highway):
         """(token ids, mask) from exactly one of token_ids / text / a HighwayFile's ids."""
@@ -568,15 +634,16 @@ class Pipeline:
                 return False
         return True
 
-    def _run_chunk(self, hasher, token_ids, mask, highway, keep, parts, bar=None) -> None:
-        """Every layer on one chunk of tokens (hash first: it extends the sequence's history)."""
+    def _run_chunk(self, hasher, token_ids, mask, highway, keep, parts, bar=None, given=None) -> None:
+        """Every layer on one chunk of tokens (hash first: it extends the sequence's history).
+        given: the isolated stages' inputs of this chunk (see `run`'s inputs_from), or None."""
         cfg = self.config
         T = int(token_ids.size)
         step = (lambda what: bar.set_postfix_str(what, refresh=True)) if bar is not None else (lambda what: None)
         step("hash")
         all_ids = self._impl[self.backends["hash"]].hash(hasher, token_ids, mask)   # [T, L, C]
         per_layer = isinstance(highway, Mapping)
-        if self._stays_on_device(keep, per_layer):
+        if given is None and self._stays_on_device(keep, per_layer):
             self._run_chunk_on_device(all_ids, mask, highway, keep, parts, step)
             return
         current = None if per_layer else highway
@@ -584,6 +651,8 @@ class Pipeline:
             layer = self._layers[lid]
             p = f"L{lid}."
             ids = self._point(p + "hash.ids", np.ascontiguousarray(all_ids[:, li, :]), keep, parts)  # [T, C]
+            if given is not None:
+                ids = given[p + "hash.ids"]
             step(f"L{lid} rows")
             raw_name = p + "rows.raw"
             if keep(raw_name) or raw_name in self._hooks:
@@ -594,14 +663,18 @@ class Pipeline:
                 self.fired.append(raw_name)
                 rows = self._impl[self.backends["rows"]].rows(layer, ids=ids)             # gathered by id
             rows = self._point(p + "rows.bf16", rows, keep, parts)                         # [T*C, 256]
+            if given is not None:
+                rows = given[p + "rows.bf16"]
             step(f"L{lid} proj")
             kv = self._impl[self.backends["proj"]].proj(layer, rows.reshape(T, cfg.proj_in))
             kv = self._point(p + "proj.kv", kv, keep, parts)                              # [T, N]
             key, value = _proj_ref.split_kv(kv, cfg.hc)
             key = self._point(p + "gate.key", np.ascontiguousarray(key), keep, parts)
             value = self._point(p + "gate.value", np.ascontiguousarray(value), keep, parts)
+            if given is not None:
+                key, value = given[p + "gate.key"], given[p + "gate.value"]
             kv = np.concatenate([key.reshape(T, -1), value], axis=1)
-            h_in = highway[lid] if per_layer else current
+            h_in = given[p + "highway.in"] if given is not None else (highway[lid] if per_layer else current)
             h_in = self._point(p + "highway.in", np.ascontiguousarray(h_in, dtype=np.float32), keep, parts)
             step(f"L{lid} gate")
             res = self._impl[self.backends["gate"]].gate(layer, h_in, kv, mask, self.residual, self.eps)

@@ -32,6 +32,8 @@ from typing import Mapping
 
 import numpy as np
 
+from .errors import EngramError
+
 GGUF_TOKENS = "tokenizer.ggml.tokens"
 GGUF_MODEL = "tokenizer.ggml.model"
 GGUF_TOKEN_TYPE = "tokenizer.ggml.token_type"
@@ -42,11 +44,11 @@ GGUF_CONTROL = 3            # tokenizer.ggml.token_type of a control (special) t
 REPLACEMENT = "\ufffd"
 
 
-class NoTokenizerError(ValueError):
+class NoTokenizerError(EngramError, ValueError):
     """The model carries no tokenizer (or none that can encode) and none was given."""
 
 
-def _bytes_to_unicode() -> dict[int, str]:
+def byte_alphabet() -> dict[int, str]:
     """GPT-2's byte-level alphabet: every byte as one printable character (printable Latin-1
     bytes as themselves, the others shifted past U+00FF in byte order)."""
     keep = list(range(ord("!"), ord("~") + 1)) + list(range(ord("¡"), ord("¬") + 1)) + \
@@ -60,7 +62,7 @@ def _bytes_to_unicode() -> dict[int, str]:
     return out
 
 
-_BYTE_OF_CHAR = {c: b for b, c in _bytes_to_unicode().items()}
+_BYTE_OF_CHAR = {c: b for b, c in byte_alphabet().items()}
 
 
 def token_label(s: str) -> str:
@@ -291,7 +293,11 @@ def load_tokenizer(source) -> Tokenizer:
 TINY_MODEL_NAME = "engram-numba tiny V4.1 fixture"      # general.name of data/tiny_v41.gguf
 _REPO_DATA = Path(__file__).resolve().parent.parent / "data"
 TINY_TOKENIZER_FILE = _REPO_DATA / "tiny_tokenizer.json"
-TINY_SPECIAL_TOKENS = ("<｜begin▁of▁sentence｜>", "<｜end▁of▁sentence｜>", "<｜▁pad▁｜>", "<unk>")
+# The tiny model's special tokens, ids 0..2 in both of its tokenizers (this one and the HF copy's,
+# fixtures.tiny_tokenizer_json): BOS, EOS and the pad (raw id 2, the tiny hash's pad id). This
+# tokenizer also has an unknown token, id 3; the HF copy's byte-level vocabulary has none.
+TINY_SPECIAL_TOKENS = ("<｜begin▁of▁sentence｜>", "<｜end▁of▁sentence｜>", "<｜▁pad▁｜>")
+TINY_UNK_TOKEN = "<unk>"
 # byte-level BPE merges, in priority order; every product is a token of the vocabulary
 TINY_MERGES = (("t", "h"), ("th", "e"), ("i", "n"), ("in", "g"), ("a", "n"), ("an", "d"), ("e", "r"),
                ("o", "n"), ("r", "e"), ("a", "t"), ("e", "n"), ("o", "f"), ("t", "o"), ("i", "s"),
@@ -307,14 +313,15 @@ def build_tiny_tokenizer():
     the compressed token map built from it is the identity, which is the tiny model's map."""
     tk = _require_tokenizers()
     base = list("abcdefghijklmnopqrstuvwxyz0123456789") + ["Ġ"] + list(".,'!?-")
-    vocab_list = list(TINY_SPECIAL_TOKENS) + base + [a + b for a, b in TINY_MERGES]
+    vocab_list = [*TINY_SPECIAL_TOKENS, TINY_UNK_TOKEN] + base + [a + b for a, b in TINY_MERGES]
     assert len(vocab_list) == 64 == len(set(vocab_list))
     vocab = {t: i for i, t in enumerate(vocab_list)}
-    tok = tk.Tokenizer(tk.models.BPE(vocab=vocab, merges=list(TINY_MERGES), unk_token="<unk>", fuse_unk=True))
+    tok = tk.Tokenizer(tk.models.BPE(vocab=vocab, merges=list(TINY_MERGES), unk_token=TINY_UNK_TOKEN, fuse_unk=True))
     tok.normalizer = tk.normalizers.Lowercase()
     tok.pre_tokenizer = tk.pre_tokenizers.ByteLevel(add_prefix_space=False)
     tok.decoder = tk.decoders.ByteLevel()
-    tok.add_special_tokens([tk.AddedToken(s, special=True, normalized=False) for s in TINY_SPECIAL_TOKENS])
+    tok.add_special_tokens([tk.AddedToken(s, special=True, normalized=False)
+                            for s in (*TINY_SPECIAL_TOKENS, TINY_UNK_TOKEN)])
     bos = TINY_SPECIAL_TOKENS[0]
     tok.post_processor = tk.processors.TemplateProcessing(single=f"{bos} $A", pair=f"{bos} $A $B",
                                                           special_tokens=[(bos, 0)])

@@ -90,42 +90,26 @@ print("cuda == reference on the chunk:", en.diff(caps["reference"], caps["cuda"]
 en.diff(caps["reference"], caps["cuda"])
 
 # %% [markdown]
-# The fast kernels are what a GPU runs, so measure them too, stage by stage, on the decode step
-# of the chunk (position 13; the fast kernels are the slowest to simulate): each kernel gets the
-# *reference's* input to its stage (rows for the projection; kv and `highway.in` for the gate),
-# so every row of the table below is that one kernel's own distance, not an accumulation. The
-# launchers take a record name: `gemv_v2` for the projection (`stages.proj.launch.project`: x
-# staged in shared memory, 16-byte weight loads, a warp-shuffle reduction per output), `gate_v2`
-# and `gate_v3` for the gate (`stages.gate.launch.run_gate`: 16-byte loads, the three sums
-# reduced by warp shuffles and shared memory). A few seconds each in the simulator.
+# The fast kernels are what a GPU runs, so measure them too, stage by stage, on the chunk. With
+# `run(inputs_from=ref)` every stage gets the *reference's* input to it (the rows stage the
+# reference's row ids, the projection its bf16 rows, the gate its key, value and `highway.in`)
+# instead of the previous stage's output of this run, so every row of the table below is that
+# one kernel's own distance, not an accumulation. `cuda_versions` names the records: `gemv_v2`
+# for the projection (x staged in shared memory, 16-byte weight loads, a warp-shuffle reduction
+# per output), `gate_v2` and `gate_v3` for the gate (16-byte loads, the three sums reduced by warp
+# shuffles and shared memory). Some seconds each in the simulator.
 
 # %%
-from numba import cuda
-
-from engram_numba.stages.gate import launch as gate_launch
-from engram_numba.stages.proj import launch as proj_launch
-
-ref = caps["reference"]
-step = slice(1, 2)                        # the chunk's second token, position 13: one decode step
-fast = {"gate_v2": {}, "gate_v3": {}}     # gate version -> {point: array}; both hold gemv_v2's kv
+ref = caps["reference"]                   # the reference's run of the chunk (positions 12 and 13)
+fast = {}                                 # gate version -> the isolated capture (both with gemv_v2)
 t0 = time.perf_counter()
-for lid in cfg.layer_ids:
-    layer = model.layers[lid]
-    x = ref[f"L{lid}.rows.bf16"].reshape(chunk.size, cfg.proj_in)[step]   # [1, K] bf16 words
-    kv = proj_launch.project(cuda.to_device(x), cuda.to_device(layer.wkv_bf16()), version="gemv_v2")
-    w = cuda.to_device((layer.q_weight * layer.k_weight).astype(np.float32))   # [hc, dim]
-    for version in fast:
-        d_highway = cuda.to_device(ref[f"L{lid}.highway.in"][step])        # [1, hc, dim], updated in place
-        dot, gate = (cuda.device_array((1, cfg.hc), np.float32) for _ in range(2))
-        gate_launch.run_gate(d_highway, cuda.to_device(ref[f"L{lid}.proj.kv"][step]), w,
-                             dot_out=dot, gate_out=gate, version=version)
-        fast[version].update({f"L{lid}.proj.kv": kv.copy_to_host(), f"L{lid}.gate.dot": dot.copy_to_host(),
-                              f"L{lid}.gate.gate": gate.copy_to_host(),
-                              f"L{lid}.highway.out": d_highway.copy_to_host()})
-print(f"fast kernels on the decode step: {time.perf_counter() - t0:.1f} s")
-ref_step = {name: ref[name][step] for name in fast["gate_v2"]}     # the reference at position 13
+for version in ("gate_v2", "gate_v3"):
+    pipe = en.Pipeline(model, "cuda", cuda_versions={"proj": "gemv_v2", "gate": version})
+    fast[version] = pipe.run(inputs_from=ref, hasher=chunk_hasher(), progress=False,
+                             names_filter=["L*.proj.kv", "L*.gate.dot", "L*.gate.gate", "L*.highway.out"])
+print(f"fast kernels on the chunk, stages isolated: {time.perf_counter() - t0:.1f} s")
 for version in fast:
-    print(en.diff(ref_step, fast[version], label_a="reference", label_b=f"gemv_v2 + {version}"))
+    print(en.diff(ref, fast[version], label_a="reference", label_b=f"gemv_v2 + {version}"))
     print()
 
 # %% [markdown]
@@ -140,12 +124,12 @@ for version in fast:
 # is what the `diff` of two whole runs on a GPU shows. The error along the stages:
 
 # %%
-report_fast = en.diff(ref_step, fast["gate_v3"], label_a="reference", label_b="gemv_v2 + gate_v3")
+report_fast = en.diff(ref, fast["gate_v3"], label_a="reference", label_b="gemv_v2 + gate_v3")
 fig, axes = plt.subplots(2, 2, figsize=(13, 5.6), layout="constrained", sharex="col", height_ratios=(2, 1))
 report_fast.plot(ax=axes[:, 0])
 report_fast.plot(ax=axes[:, 1], metric="max_ulp")
 axes[0, 1].set_ylabel("max ulp (bf16 for kv, fp32 after)")
-fig.suptitle("fast kernels against the reference, one decode step of the synthetic tiny model", fontsize=11)
+fig.suptitle("fast kernels against the reference, stages isolated, two tokens of the synthetic tiny model", fontsize=11)
 plt.show()
 
 # %% [markdown]
@@ -232,7 +216,7 @@ plt.show()
 # * the reference (sequential fp32 sum over k = 0..K-1) against
 #   `stages.proj.reference.projection_exact` (float64 sums, rounded once): how far the fixed fp32
 #   order is from the order-free answer, over the whole sequence;
-# * the reference against the fast CUDA kernel `gemv_v2` (the decode step above).
+# * the reference against the fast CUDA kernel `gemv_v2` (the isolated chunk above).
 
 # %%
 from engram_numba.stages.proj import reference as proj_ref
@@ -244,14 +228,14 @@ for i, lid in enumerate(cfg.layer_ids):
     x = cap_ref[f"L{lid}.rows.bf16"].reshape(T, cfg.proj_in)             # [T, K]
     exact = proj_ref.projection_exact(x, wkv)                            # [T, N]
     pairs = ((axes[0], bf16_ulp_distance(cap_ref[f"L{lid}.proj.kv"], exact)),
-             (axes[1], bf16_ulp_distance(ref_step[f"L{lid}.proj.kv"], fast["gate_v3"][f"L{lid}.proj.kv"])))
+             (axes[1], bf16_ulp_distance(ref[f"L{lid}.proj.kv"], fast["gate_v3"][f"L{lid}.proj.kv"])))
     for ax, dist in pairs:
         counts = np.bincount(dist.ravel(), minlength=3)
         ax.bar(np.arange(counts.size) + (i - 0.5) * 0.38, counts, width=0.38, label=f"L{lid} ({dist.size} values)")
     print(f"L{lid}: reference vs exact max {pairs[0][1].max()} ulp ({np.count_nonzero(pairs[0][1])} differ); "
           f"reference vs gemv_v2 max {pairs[1][1].max()} ulp ({np.count_nonzero(pairs[1][1])} differ)")
 axes[0].set_title("proj.kv: reference fp32 order vs float64-exact", fontsize=10)
-axes[1].set_title("proj.kv: reference vs CUDA gemv_v2 (one decode step)", fontsize=10)
+axes[1].set_title("proj.kv: reference vs CUDA gemv_v2 (two tokens, isolated)", fontsize=10)
 for ax in axes:
     ax.set_yscale("log")
     ax.set_xlabel("bf16 ulps apart")

@@ -1,4 +1,4 @@
-"""One call on the GPU machine for the decode work (issue 12): its gpu tests, the register report of
+"""One call on the GPU machine for the decode work: its gpu tests, the register report of
 its kernels, and the decode benchmark; a compact table last, JSON in $OUT.
 
     # with the carried wheels installed as docs/gpu.md says (PYTHONPATH = .site:repo root):
@@ -52,7 +52,7 @@ def run_tests(out: Path) -> dict:
 
 
 def run_compile_report(out: Path) -> list:
-    code = ("import json; from engram_numba.device import compile_check as cc; from engram_numba.stages import catalog;"
+    code = ("import json; from engram_numba.stages import compile_check as cc; from engram_numba.stages import catalog;"
             "ts=[t for t in catalog.compile_targets('proj') if 'q2k' in t.name or 'fp8' in t.name];"
             "print(json.dumps([r.__dict__ for r in cc.compile_all(ts)]))")
     env = dict(os.environ, NUMBA_ENABLE_CUDASIM="0")

@@ -295,6 +295,7 @@ def test_gate_heatmap_labels_tokens_and_marks_masked(rng):
         plots.gate_heatmap(cap, token_labels=["a"])
 
 
+@pytest.mark.slow
 def test_gate_heatmap_long_sequence_and_given_axes(rng):
     cap = synthetic_capture(rng, T=300)
     fig = plots.gate_heatmap(cap)
@@ -311,6 +312,7 @@ def test_gate_heatmap_long_sequence_and_given_axes(rng):
         plots.gate_heatmap(cap, ax=axes[0])
 
 
+@pytest.mark.slow
 def test_gate_histogram_gate_vs_dot_and_reuse_plot(rng):
     cap = synthetic_capture(rng, T=80)
     fig = plots.gate_histogram(cap, bins=40)
@@ -338,6 +340,7 @@ def test_gate_histogram_gate_vs_dot_and_reuse_plot(rng):
 
 # The tiny model's capture ------------------------------------------------------------------------
 
+@pytest.mark.slow
 def test_stats_and_plots_on_the_tiny_model_capture():
     from engram_numba import fixtures
     if not fixtures.TINY_PATH.exists():
@@ -367,6 +370,7 @@ def test_stats_and_plots_on_the_tiny_model_capture():
     assert isinstance(plots.row_id_reuse_plot(cap, tables=model.hash_tables), Figure)
 
 
+@pytest.mark.slow
 def test_heatmap_window_stride_rolling_and_synthetic_titles(rng):
     cap = synthetic_capture(rng, T=120)
     cap = Capture(dict(cap), {"synthetic_model": True, "highway": "synthetic (N(0,1))"})

@@ -16,6 +16,7 @@ def test_run_saves_captures(tmp_path, capsys):
     assert cap["tokens.ids"].tolist() == [2, 17, 47, 13] and cap["L4.gate.gate"].shape == (4, 4)
 
 
+@pytest.mark.slow
 def test_run_per_stage_backends(capsys):
     assert main(["run", "--tokens", "5,6", "--backend", "rows=cpu,proj=cpu,gate=reference"]) == 0
     assert "'rows': 'cpu'" in capsys.readouterr().out
@@ -98,6 +99,7 @@ def test_kernels_lists_the_registry(capsys):
         assert name in out
 
 
+@pytest.mark.slow
 def test_bench_smoke_runs_the_suite_in_the_simulator(tmp_path, capsys):
     from numba.cuda import config
     if not config.ENABLE_CUDASIM:
@@ -121,6 +123,19 @@ def test_diff_command(capsys):
     assert "reference vs cpu" in text and "L1.proj.kv" in text
 
 
+def test_diff_isolated(tmp_path, capsys):
+    """--isolated feeds the --b run the --a run's stage inputs; it refuses where there is no run."""
+    assert main(["diff", "--a", "reference", "--b", "cpu", "--tokens", "3,4,5", "--isolated", "--max-ulp", "0"]) == 0
+    text = capsys.readouterr().out
+    assert "reference vs cpu (isolated)" in text and "within tolerances" in text
+    a = tmp_path / "a.npz"
+    assert main(["run", "--tokens", "3,4", "--backend", "cpu", "--capture", str(a)]) == 0
+    capsys.readouterr()
+    assert main(["diff", str(a), str(a), "--isolated"]) == 2
+    assert "error: --isolated runs the model" in capsys.readouterr().err
+
+
+@pytest.mark.slow
 def test_make_fixture_elsewhere(tmp_path, capsys):
     out = tmp_path / "t.gguf"
     assert main(["make-fixture", "--out", str(out)]) == 0
@@ -244,6 +259,7 @@ def test_text_needs_a_tokenizer_and_says_how(tmp_path, capsys):
     assert "--tokenizer PATH" in capsys.readouterr().err
 
 
+@pytest.mark.slow
 def test_stats_writes_a_folder_and_merges(tmp_path, capsys):
     import json
     from engram_numba.analysis.streaming import StreamingGateStats

@@ -2,7 +2,7 @@
 the fast paths do not spill, and the warpgroup-MMA kernels keep their MMAs asynchronous.
 
 The simulator does no type checking, so this is what catches a kernel that runs there but would
-not compile for the GPU. It runs `engram_numba.device.compile_check` in a subprocess with the
+not compile for the GPU. It runs `engram_numba.stages.compile_check` in a subprocess with the
 simulator off (numba reads NUMBA_ENABLE_CUDASIM once, at import), no GPU needed. What it compiles
 is every kernel record's `compile_targets()` (`engram_numba.stages.catalog`).
 """
@@ -22,7 +22,7 @@ CUDA_STAGES = ("rows", "proj", "gate")
 def report():
     env = {k: v for k, v in os.environ.items() if k != "NUMBA_ENABLE_CUDASIM"}
     env["NUMBA_ENABLE_CUDASIM"] = "0"
-    proc = subprocess.run([sys.executable, "-m", "engram_numba.device.compile_check", "--json"],
+    proc = subprocess.run([sys.executable, "-m", "engram_numba.stages.compile_check", "--json"],
                           capture_output=True, text=True, env=env, timeout=900)
     lines = [ln for ln in proc.stdout.splitlines() if ln.startswith("[")]
     assert lines, f"compile_check printed no report:\n{proc.stdout[-3000:]}\n{proc.stderr[-3000:]}"

@@ -24,7 +24,8 @@ def test_hc_one_to_four(hc):
     ({"layer_ids": ()}, "layer_ids must name at least one layer"),
     ({"layer_ids": (1, 1)}, r"layer_ids must be unique, got \(1, 1\)"),
     ({"layer_ids": (1, -2)}, "layer_ids must be non-negative, got -2"),
-    ({"head_dim": 128}, "head_dim must be 256 for Q2_K tables .* got 128"),
+    ({"head_dim": 128}, "head_dim must be 256 for the table encodings .* got 128"),
+    ({"head_dim": 128, "table_type": "q8_0"}, "head_dim must be 256 for q8_0 tables: every row holds 256 values, got 128"),
     ({"max_ngram_size": 1}, "max_ngram_size must be >= 2"),
     ({"n_heads": 0}, "n_heads must be a positive integer, got 0"),
     ({"eps": -1.0}, "eps must be a non-negative float, got -1.0"),
@@ -33,6 +34,10 @@ def test_validation_names_field_and_value(kwargs, match):
     args = {"dim": 64, "hc": 4, "layer_ids": (1, 4)} | kwargs
     with pytest.raises(ValueError, match=match):
         EngramConfig(**args)
+
+
+def test_the_default_table_type_is_unknown_not_q2k():
+    assert EngramConfig(dim=64, hc=1, layer_ids=(0,)).table_type == ""
 
 
 def test_head_dim_free_for_other_table_types():

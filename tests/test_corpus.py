@@ -64,6 +64,7 @@ def assert_same_stats(a: StreamingGateStats, b: StreamingGateStats, contexts: bo
                 assert (v == getattr(rb, k)) or (v != v and getattr(rb, k) != getattr(rb, k)), (k, v, getattr(rb, k))
 
 
+@pytest.mark.slow
 def test_a_streamed_corpus_of_10k_tokens_merges_to_its_one_pass_statistics(tmp_path, model, tok):
     """The CI corpus: > 10,000 tokens in three files. One pass over all of it equals the three
     files run separately (different chunk sizes, one without threads) and merged, exactly; and
@@ -117,6 +118,7 @@ def test_one_document_equals_gate_stats_of_its_run(model, tok):
     assert m["M2"] == float(sum((Fraction(float(x)) - exact_mean) ** 2 for x in g))
 
 
+@pytest.mark.slow
 def test_continuous_runs_the_corpus_as_one_sequence(model, tok):
     texts = make_corpus(30)
     st = corpus_stats(model, texts=texts, backend="cpu", chunk_tokens=100, continuous=True)
@@ -235,6 +237,7 @@ def test_argument_errors_before_any_work(tmp_path, model):
         corpus_stats(model, texts=["a"], bins=7)
 
 
+@pytest.mark.slow
 def test_context_cap_prunes_and_says_how_far_off_counts_can_be(model):
     texts = make_corpus(60)
     st = corpus_stats(model, texts=texts, backend="cpu", chunk_tokens=64, max_contexts=20)
@@ -250,6 +253,7 @@ def test_context_cap_prunes_and_says_how_far_off_counts_can_be(model):
     assert_same_stats(st, full, contexts=False)          # nothing else depends on the cap
 
 
+@pytest.mark.slow
 def test_top_lists_columns_and_strings(model, tok):
     st = corpus_stats(model, texts=make_corpus(80), backend="cpu")
     top = st.top_tokens(1, k=3)
@@ -318,6 +322,7 @@ def test_token_table_written_while_streaming(tmp_path, model, tok):
     np.testing.assert_array_equal(sel[[f"row_id_{c}" for c in range(6)]].to_numpy(), cap["L4.hash.ids"])
 
 
+@pytest.mark.slow
 def test_cuda_backend_corpus_equals_cpu_in_the_simulator(model):
     """The device path (device tables, synthetic highway assembled on the device, only dot and
     gate back) on a handful of tokens: the naive kernels in the simulator add in the reference's

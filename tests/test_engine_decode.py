@@ -18,8 +18,9 @@ from numba import cuda
 
 from engram_numba import engine as engine_mod
 from engram_numba.device.upload import Uploader, file_region
-from engram_numba.engine import EngramV41, wkv_encoding_of
+from engram_numba.engine import EngramV41
 from engram_numba.fixtures import TINY_PATH, TINY_TOKENS
+from engram_numba.formats.model import EngramLayer
 from engram_numba.formats.schema_a import load_gguf
 from engram_numba.stages.hash.cpu import EngramHasher
 from engram_numba.stages.proj import reference as R
@@ -32,20 +33,16 @@ def model():
     return load_gguf(TINY_PATH)
 
 
-class _FP8Layer:
-    """A tiny-model layer whose wkv is FP8 codes + 32x32 tile scales (the protocol's names)."""
-
-    def __init__(self, lf, rng, N, K):
-        self.layer_id, self.table, self.table_encoding, self.n_rows = lf.layer_id, lf.table, lf.table_encoding, lf.n_rows
-        self.q_weight, self.k_weight = lf.q_weight, lf.k_weight
-        codes = rng.integers(0, 256, (N, K), dtype=np.uint8)
-        codes[(codes & 0x7F) == 0x7F] ^= 0x01
-        self.wkv_encoding = "fp8"
-        self.wkv_raw = codes
-        self.wkv_scales = rng.integers(116, 124, (-(-N // 32), K // 32), dtype=np.uint8)
-
-    def wkv_bf16(self):
-        return R.wkv_fp8_bf16(self.wkv_raw, self.wkv_scales)
+def _FP8Layer(lf, rng, N, K) -> EngramLayer:
+    """A tiny-model layer whose wkv is FP8 codes + 32x32 tile scales."""
+    codes = rng.integers(0, 256, (N, K), dtype=np.uint8)
+    codes[(codes & 0x7F) == 0x7F] ^= 0x01
+    scales = rng.integers(116, 124, (-(-N // 32), K // 32), dtype=np.uint8)
+    layer = EngramLayer(lf.layer_id, lf.index, table=lf.table, table_encoding=lf.table_encoding, wkv_raw=codes,
+                        wkv_encoding="fp8", wkv_scales=scales, q_weight=lf.q_weight, k_weight=lf.k_weight,
+                        wkv_shape=(N, K))
+    assert np.array_equal(layer.wkv_bf16(), R.wkv_fp8_bf16(codes, scales))   # the layer decodes as the reference
+    return layer
 
 
 class _FP8Model:
@@ -66,12 +63,20 @@ def fp8_model(model):
 
 # ---- wkv formats --------------------------------------------------------------------------------
 
-def test_wkv_encoding_of_maps_schema_a_types(model):
-    assert wkv_encoding_of(model.layers[1]) == "q2k"            # schema A: wkv_type "Q2_K"
-    for t, e in (("BF16", "bf16"), ("F16", "f16"), ("F32", "f32"), ("Q8_0", "q8_0")):
-        assert wkv_encoding_of(type("L", (), {"wkv_type": t})()) == e
-    assert wkv_encoding_of(type("L", (), {"wkv_encoding": "fp8", "wkv_type": "BF16"})()) == "fp8"
-    assert wkv_encoding_of(object()) == "bf16"
+def test_layers_are_the_typed_protocol(model, rng):
+    """Every loader fills one layer type; its encodings come from the stages' tables and are
+    checked when the layer is made, naming the layer."""
+    lf = model.layers[1]
+    assert isinstance(lf, EngramLayer) and (lf.table_encoding, lf.wkv_encoding, lf.wkv_type) == ("q2k", "q2k", "Q2_K")
+    kw = dict(table=lf.table, wkv_raw=np.zeros((8, 8), np.uint16), q_weight=lf.q_weight, k_weight=lf.k_weight)
+    with pytest.raises(ValueError, match=r"engram layer 1: unknown table encoding 'Q2_K'; encodings are \['q2k'"):
+        EngramLayer(1, 0, table_encoding="Q2_K", wkv_encoding="bf16", **kw)
+    with pytest.raises(ValueError, match=r"engram layer 1: unknown wkv encoding 'BF16'"):
+        EngramLayer(1, 0, table_encoding="q2k", wkv_encoding="BF16", **kw)
+    with pytest.raises(ValueError, match="wkv scales are for an fp8 wkv, not bf16"):
+        EngramLayer(1, 0, table_encoding="q2k", wkv_encoding="bf16", wkv_scales=np.zeros((1, 1), np.uint8), **kw)
+    with pytest.raises(ValueError, match="separate table scales are for fp8 tables, not q2k"):
+        EngramLayer(1, 0, table_encoding="q2k", wkv_encoding="bf16", table_scales=np.zeros((1, 8), np.uint8), **kw)
 
 
 def test_default_wkv_format_is_the_files_compact_one(model, fp8_model):

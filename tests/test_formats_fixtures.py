@@ -27,8 +27,8 @@ ENCODING = {"gguf": "q2k", "split": "q2k", "q8_0": "q8_0", "ds4": "fp8", "hf": "
 def _need(fmt: str) -> None:
     missing = missing_encoders(fmt)
     if missing:
-        pytest.skip(f"the {fmt} copy is built with {', '.join(missing)}, not in this checkout (issue 9's rows "
-                    "encodings); `engram-numba make-fixture` writes it once they are merged")
+        pytest.skip(f"the {fmt} copy is built with {', '.join(missing)}, not in this checkout; "
+                    "`engram-numba make-fixture` writes it once they are there")
 
 
 def _open(fmt: str):
@@ -66,6 +66,8 @@ def test_data_folder_stays_small():
 def test_every_format_opens_with_the_tiny_configuration(fmt):
     with _open(fmt) as m:
         assert m.config == tiny_config()
+        # the config names the tables' encoding (an HF FP8 checkpoint's is "fp8", not Q2_K)
+        assert m.config.table_type == ENCODING[fmt]
         assert list(m.hash_tables.table_rows) == [462, 630]
         for lid in (1, 4):
             assert m.layers[lid].table_encoding == ENCODING[fmt]

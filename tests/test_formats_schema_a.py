@@ -1,4 +1,4 @@
-"""GGUF read/write of the Engram weights (SPEC section 3): exact round trips, zero-copy views,
+"""GGUF read/write of the Engram weights (docs/formats.md, schema A): exact round trips, zero-copy views,
 lazy loading, the row reader, and one test per way a file can be wrong."""
 import dataclasses
 import os
@@ -22,7 +22,7 @@ def tiny_config(hc=4):
 
 
 def tiny_tables(token_map=None):
-    # Layer 1 has 462 rows (primes 67..89), layer 4 has 630 (97..113): SPEC section 3.
+    # Layer 1 has 462 rows (primes 67..89), layer 4 has 630 (97..113): docs/math.md section 3.4.
     return EngramHashTables.build(LAYER_IDS, 4, 2, 64, np.arange(64) if token_map is None else token_map, 2)
 
 
@@ -356,7 +356,7 @@ def test_big_table_load_is_lazy(rng, tmp_path):
 
 
 def _released_sparse_file(path, rng):
-    """Released shapes (SPEC section 1) with every big tensor left as a hole: ~60 GB apparent."""
+    """Released shapes (docs/math.md section 1) with every big tensor left as a hole: ~60 GB apparent."""
     config = EngramConfig.released()
     token_map = rng.integers(0, 99_092, size=129_280)
     token_map[:99_092] = np.arange(99_092)

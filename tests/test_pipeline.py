@@ -341,3 +341,51 @@ def test_layer_ids_are_integers():
     cfg = EngramConfig(dim=64, hc=4, layer_ids=(1, 4))
     with pytest.raises(ValueError, match="layer id must be an integer"):
         cfg.layer_index(1.0)
+
+
+# ---- isolated stages: every stage fed another capture's inputs (inputs_from) ---------------------
+
+def test_isolated_run_on_its_own_capture_reproduces_it(model, ref_capture):
+    cap = Pipeline(model, "reference").run(inputs_from=ref_capture)
+    report = diff(ref_capture, cap)
+    assert report.all_equal and len(report) == len(ref_capture), str(report)
+    assert "isolated" in cap.meta and cap.meta["highway"] == ref_capture.meta["highway"]
+
+
+def test_isolated_stages_show_their_own_error_not_the_compounded_one(model, ref_capture, rng):
+    """Perturb layer 1's rows.bf16 in the capture: an isolated run's proj.kv moves (it multiplies
+    the perturbed rows) while its rows.bf16 (made from the ids) and its gate outputs (fed the
+    capture's own key and value) stay the reference's; a chained run cannot tell them apart."""
+    bad = dict(ref_capture)
+    rows = ref_capture["L1.rows.bf16"].copy()
+    rows ^= rng.integers(1, 4, rows.shape, dtype=np.uint16)           # 1-3 bf16 ulps, everywhere
+    bad["L1.rows.bf16"] = rows
+    cap = Pipeline(model, "reference").run(inputs_from=Capture(bad, ref_capture.meta))
+    assert np.array_equal(cap["L1.rows.bf16"], ref_capture["L1.rows.bf16"])
+    assert not np.array_equal(cap["L1.proj.kv"], ref_capture["L1.proj.kv"])
+    for point in ("gate.dot", "gate.gate", "highway.out"):
+        for lid in model.config.layer_ids:
+            assert np.array_equal(cap[f"L{lid}.{point}"], ref_capture[f"L{lid}.{point}"]), (lid, point)
+    assert np.array_equal(cap["L4.proj.kv"], ref_capture["L4.proj.kv"])    # layer 4 had its own inputs
+
+
+def test_isolated_cpu_against_reference_is_exact_stage_by_stage(model, ref_capture):
+    cap = Pipeline(model, "cpu").run(inputs_from=ref_capture)
+    assert diff(ref_capture, cap).all_equal
+
+
+def test_isolated_run_refuses_what_it_cannot_isolate(model, ref_capture):
+    pipe = Pipeline(model, "reference")
+    partial = ref_capture.select(["tokens.*", "L1.*"])
+    with pytest.raises(ValueError, match=r"inputs_from lacks \['L4.hash.ids'"):
+        pipe.run(inputs_from=partial)
+    with pytest.raises(ValueError, match="pass no highway"):
+        pipe.run(inputs_from=ref_capture, highway=pipe.default_highway(TINY_TOKENS.size))
+    with pytest.raises(ValueError, match="token_ids differ"):
+        pipe.run(TINY_TOKENS[::-1], inputs_from=ref_capture)
+    with pytest.raises(TypeError, match="inputs_from must be a Capture"):
+        pipe.run(inputs_from="run.npz")
+    short = dict(ref_capture)
+    short["L1.rows.bf16"] = short["L1.rows.bf16"][:-1]
+    with pytest.raises(ValueError, match=r"L1.rows.bf16 is uint16\[.*needs uint16"):
+        pipe.run(inputs_from=short)

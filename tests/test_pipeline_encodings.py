@@ -14,6 +14,7 @@ import pytest
 from engram_numba.analysis.diff import diff
 from engram_numba.bf16 import bf16_to_f32
 from engram_numba.fixtures import TINY_MASK, TINY_TOKENS, quantize_matrix, tiny_config, tiny_float_weights, tiny_hash_tables
+from engram_numba.formats.model import EngramLayer
 from engram_numba.pipeline import Pipeline
 from engram_numba.stages.proj.weights import encode_wkv_fp8, wkv_to_bf16
 from engram_numba.stages.rows.encodings import ENCODINGS, random_raw_rows
@@ -36,27 +37,6 @@ class ArrayRowReader:
         if self._layer.table_scales is not None:
             raw = assemble_rows_fp8(raw, gather_reference(self._layer.table_scales, ids))
         return raw
-
-
-class ArrayLayer:
-    def __init__(self, layer_id, table, encoding, wkv_raw, wkv_encoding, q_weight, k_weight,
-                 table_scales=None, wkv_scales=None):
-        self.layer_id = layer_id
-        self.table = table                      # [rows, row_bytes] uint8 (fp8 apart: codes [rows, 256])
-        self.table_scales = table_scales        # None or [rows, 8] uint8
-        self.table_encoding = encoding
-        self.n_rows = table.shape[0]
-        self.wkv_raw = wkv_raw
-        self.wkv_encoding = wkv_encoding
-        self.wkv_scales = wkv_scales
-        self.q_weight = q_weight
-        self.k_weight = k_weight
-        self._wkv = None
-
-    def wkv_bf16(self):
-        if self._wkv is None:
-            self._wkv = wkv_to_bf16(self.wkv_raw, self.wkv_encoding, self.wkv_scales)
-        return self._wkv
 
 
 class ArrayModel:
@@ -95,7 +75,7 @@ def build_model(variant: str, wkv_encoding: str | None = None) -> ArrayModel:
     rng = np.random.default_rng(11)
     encoding = variant.split("-")[0]
     layers = {}
-    for lid in cfg.layer_ids:
+    for li, lid in enumerate(cfg.layer_ids):
         w = weights[lid]
         rows = w["table_rows"]                                       # [rows, 256] float32
         scales = wkv_scales = None
@@ -120,8 +100,9 @@ def build_model(variant: str, wkv_encoding: str | None = None) -> ArrayModel:
             wkv_raw = w["wkv"].astype(np.float16)
         else:
             wkv_raw = wkv_to_bf16(w["wkv"], "f32")
-        layers[lid] = ArrayLayer(lid, table, encoding, wkv_raw, wkv_enc, w["q_weight"], w["k_weight"],
-                                 table_scales=scales, wkv_scales=wkv_scales)
+        layers[lid] = EngramLayer(lid, li, table=table, table_encoding=encoding, wkv_raw=wkv_raw, wkv_encoding=wkv_enc,
+                                  q_weight=w["q_weight"], k_weight=w["k_weight"], table_scales=scales,
+                                  wkv_scales=wkv_scales)
     return ArrayModel(layers, encoding)
 
 

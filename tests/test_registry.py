@@ -18,9 +18,19 @@ def _rid(rec):
 
 def test_the_catalog_has_records_for_every_cuda_stage():
     assert {r.stage for r in RECORDS} == {"rows", "proj", "gate"}
-    assert RECORDS == registry.records()
-    for stage in STAGES:
-        assert registry.names(stage) == [r.name for r in RECORDS if r.stage == stage]
+    # within a family, the versions in ascending order (the order tools list them in)
+    last: dict = {}
+    for r in RECORDS:
+        family, v = r.name.rsplit("_v", 1)
+        assert int(v) == last.get((r.stage, family), 0) + 1, f"{r.stage}.{r.name} does not follow its family's last"
+        last[(r.stage, family)] = int(v)
+    # every family keeps its naive v1, bit-exact with the reference (the teaching baseline)
+    for (stage, family), _ in last.items():
+        if family != "cublas":
+            assert registry.get(stage, f"{family}_v1").bit_exact, f"{stage}.{family}_v1"
+    # the lookups by encoding are filters of the same list
+    assert registry.names("rows", "fp8") == ["fp8_v1", "fp8_v2"]
+    assert {r.encoding for r in registry.records("proj")} == {"bf16", "q2k", "fp8"}
 
 
 @pytest.mark.parametrize("rec", RECORDS, ids=_rid)
@@ -30,7 +40,12 @@ def test_record_fields(rec):
     assert NAME.match(rec.name), rec.name
     assert isinstance(rec.changelog, str) and rec.changelog.strip(), "empty changelog"
     assert "\n" not in rec.changelog and "\r" not in rec.changelog, "the changelog must be one line"
-    assert callable(rec.prepare)
+    assert callable(rec.launcher), "no launcher: the stage's generic prepare"
+    if not rec.requires:        # a numba kernel: the record carries it, its geometry and argument form
+        assert rec.kernel is not None and callable(rec.geometry) and rec.args, rec
+        assert rec.args.startswith(("naive", "u8")) == (rec.align == 0), (rec.args, rec.align)
+    if rec.simulate:
+        assert rec.sim_cases, "a record the simulator runs names its simulator cases"
     assert rec.default_rule is None or callable(rec.default_rule)
     assert isinstance(rec.default_when, str) and rec.default_when and "\n" not in rec.default_when
     assert (rec.default_rule is None) == rec.default_when.startswith("never"), (rec.default_rule, rec.default_when)
@@ -68,7 +83,7 @@ def test_registering_a_duplicate_raises():
 
 
 def test_registering_an_unknown_stage_raises():
-    rec = KernelRecord(stage="dequant", name="x_v1", changelog="-", prepare=lambda *a, **k: None)
+    rec = KernelRecord(stage="dequant", name="x_v1", changelog="-", launcher=lambda *a, **k: None)
     with pytest.raises(ValueError, match="KernelRecord.stage must be one of"):
         registry.register(rec)
     assert registry.records() == RECORDS
@@ -88,6 +103,12 @@ def test_unknown_stage_raises():
         registry.get("dequant", "q2k_v1")
     with pytest.raises(ValueError, match="unknown stage 'dequant'"):
         registry.records("dequant")
+
+
+def test_a_record_without_a_launcher_says_so():
+    rec = KernelRecord(stage="rows", name="x_v1", changelog="-")
+    with pytest.raises(RuntimeError, match="rows.x_v1 has no launcher"):
+        rec.prepare()
 
 
 def test_table_lists_every_record():

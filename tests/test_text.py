@@ -30,6 +30,29 @@ def test_tiny_tokenizer_file_is_what_the_builder_makes():
     assert TINY_TOKENIZER_PATH.stat().st_size < 8000
 
 
+def test_both_tiny_tokenizers_share_the_special_tokens():
+    """BOS, EOS and pad are ids 0..2 of the tiny GGUF's tokenizer and of the HF copy's (the
+    committed files, not only the builders), and the pad is the tiny model's pad id."""
+    from engram_numba.fixtures import REPO_DATA, tiny_tokenizer_json
+    assert len(text.TINY_SPECIAL_TOKENS) == 3 and text.TINY_UNK_TOKEN not in text.TINY_SPECIAL_TOKENS
+    hf_file = json.loads((REPO_DATA / "tiny_v41_hf" / "tokenizer.json").read_text(encoding="utf-8"))
+    for doc in (json.loads(TINY_TOKENIZER_PATH.read_text(encoding="utf-8")), hf_file, json.loads(tiny_tokenizer_json())):
+        specials = {t["content"]: t["id"] for t in doc["added_tokens"] if t["special"]}
+        assert {t: specials.get(t) for t in text.TINY_SPECIAL_TOKENS} == dict(zip(text.TINY_SPECIAL_TOKENS, (0, 1, 2)))
+        assert {doc["model"]["vocab"][t] for t in text.TINY_SPECIAL_TOKENS} == {0, 1, 2}
+    assert text.TINY_SPECIAL_TOKENS[2] == "<｜▁pad▁｜>" and tiny_hash_tables().pad_id == 2   # identity token map
+    # only the GGUF's tokenizer has an unknown token, right after them
+    assert json.loads(TINY_TOKENIZER_PATH.read_text(encoding="utf-8"))["model"]["vocab"][text.TINY_UNK_TOKEN] == 3
+    assert text.TINY_UNK_TOKEN not in hf_file["model"]["vocab"]
+
+
+def test_byte_alphabet_is_gpt2s():
+    table = text.byte_alphabet()
+    assert sorted(table) == list(range(256)) and len(set(table.values())) == 256
+    assert table[ord("a")] == "a" and table[ord(" ")] == "Ġ" and table[ord("\n")] == "Ċ"   # GPT-2's
+    assert table[0] == chr(256) and table[0xAD] == "\u0143"          # past U+00FF, in byte order
+
+
 def test_tiny_tokenizer_makes_the_tiny_models_identity_token_map(tok):
     """The compressed token map recipe of docs/math.md section 2 on the tiny tokenizer gives the
     tiny model's map (the identity over 64 raw ids, pad = raw 2)."""

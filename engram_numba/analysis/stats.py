@@ -28,6 +28,8 @@ from typing import Mapping
 import numpy as np
 
 from ..config import GATE_CLAMP, RELEASED_MAX_NGRAM_SIZE
+from ..stages.hash.cpu import DEAD
+from ..stages.hash.cpu import ngram_windows as ngram_windows_of
 
 QUANTILES = (0.05, 0.25, 0.50, 0.75, 0.95)
 _GATE_POINT = re.compile(r"^L(\d+)\.gate\.gate$")
@@ -403,15 +405,8 @@ def ngram_windows(token_ids, token_mask=None, max_ngram_size: int = RELEASED_MAX
         ids = np.asarray(token_map, dtype=np.int64)[ids]
     pad = UNKNOWN_PAD if pad_id is None else int(pad_id)
     out = np.empty((T, max_ngram_size), dtype=np.int64)
-    blocked = np.zeros(T, dtype=bool)                       # sticky, per position
-    pos = np.arange(T)
-    for s in range(max_ngram_size):
-        src = pos - s
-        ok = src >= 0
-        src_live = np.zeros(T, dtype=bool)
-        src_live[ok] = live[src[ok]]
-        blocked |= ~src_live                               # before the start, or a dead token
-        out[:, s] = np.where(blocked, pad, ids[np.maximum(src, 0)])
+    history = np.where(live, ids, DEAD)                     # dead tokens block the windows
+    ngram_windows_of(history, 0, T, max_ngram_size, pad, out)
     return out
 
 

@@ -57,6 +57,8 @@ import numpy as np
 from numba import njit
 
 from ..config import GATE_CLAMP
+from ..stages.hash.cpu import hash_positions
+from ..stages.hash.cpu import ngram_windows as ngram_windows_from_history  # noqa: F401  (the corpus driver's name)
 from .stats import QUANTILES, StreamGateStats
 
 FINE_BINS = 100_000                 # fine histogram bins over [0, 1]: quantile resolution 1e-5
@@ -152,20 +154,6 @@ def _popcount_range(bitmap, lo, hi):  # pragma: no cover - jitted
         if (bitmap[r >> 3] >> (r & 7)) & 1:
             n += 1
     return n
-
-
-@njit(cache=True, nogil=True)
-def ngram_windows_from_history(history, start, count, max_ngram, pad, out):  # pragma: no cover - jitted
-    """out[t, s] = the compressed id s places before position start+t, as the hasher folds it:
-    pad once blocked (before the sequence start or at a dead position, DEAD = -1), sticky."""
-    for t in range(count):
-        p = start + t
-        blocked = False
-        for s in range(max_ngram):
-            if not blocked:
-                if p < s or history[p - s] < 0:
-                    blocked = True
-            out[t, s] = pad if blocked else history[p - s]
 
 
 # Exact sums -----------------------------------------------------------------------------------
@@ -783,7 +771,6 @@ class StreamingGateStats:
 
     def _context_row_ids(self) -> dict:
         """{(layer index, col): (tracked contexts of the column's order, distinct ids they hash to)}."""
-        from ..stages.hash.cpu import _hash_positions
         mult = np.asarray(self.hash_constants["multipliers"], np.int64)
         primes = np.asarray(self.hash_constants["primes"], np.int64)
         offsets = np.asarray(self.hash_constants["offsets"], np.int64)
@@ -801,7 +788,7 @@ class StreamingGateStats:
                 hist = np.full((g, M), self.pad_id, np.int64)                  # each context in its own M slots
                 hist[:, M - n:] = w[:, ::-1]                                    # oldest first, current last
                 out_b = np.empty((g * M, L, C), np.int64)
-                _hash_positions(hist.reshape(-1), 0, g * M, mult, primes, offsets, self.pad_id, out_b)
+                hash_positions(hist.reshape(-1), 0, g * M, mult, primes, offsets, self.pad_id, out_b)
                 ids_all[b0:b0 + g] = out_b[M - 1::M]
             for li in range(L):
                 for col in range(C):

@@ -34,7 +34,6 @@ import json
 import resource
 import sys
 import time
-from dataclasses import dataclass
 
 import numpy as np
 
@@ -65,24 +64,6 @@ class TiledTable:
         return self.block[np.arange(r0, r1, step) % B]
 
 
-@dataclass
-class _Layer:
-    layer_id: int
-    table: object            # [rows, 84]: a TiledTable (copied only by a host-table engine)
-    _wkv: np.ndarray
-    q_weight: np.ndarray
-    k_weight: np.ndarray
-    table_encoding: str = "q2k"
-    table_scales: None = None
-
-    def wkv_bf16(self) -> np.ndarray:
-        return self._wkv
-
-    @property
-    def n_rows(self) -> int:
-        return int(self.table.shape[0])
-
-
 class _NoReader:
     def __init__(self, n_rows: int):
         self.n_rows = n_rows
@@ -99,6 +80,7 @@ class BenchModel:
         from ..config import COMPRESSED_VOCAB_SIZE, EngramConfig
         from ..stages.hash.tables import EngramHashTables
         from ..bf16 import f32_to_bf16
+        from ..formats.model import EngramLayer
         cols = shape.cols
         n_heads = cols // 3 if cols % 3 == 0 else cols
         max_ngram = cols // n_heads + 1
@@ -115,9 +97,12 @@ class BenchModel:
         for li, lid in enumerate(cfg.layer_ids):
             rows = int(self.hash_tables.table_rows[li])
             wkv = f32_to_bf16((rng.standard_normal((cfg.proj_out, cfg.proj_in), dtype=np.float32) * 0.02))
-            self.layers[lid] = _Layer(lid, TiledTable(rows, block), wkv,
-                                      (1 + 0.1 * rng.standard_normal((cfg.hc, cfg.dim))).astype(np.float32),
-                                      (1 + 0.1 * rng.standard_normal((cfg.hc, cfg.dim))).astype(np.float32))
+            # the table repeats one block of random rows (copied only by a host-table engine)
+            self.layers[lid] = EngramLayer(
+                lid, li, table=TiledTable(rows, block), table_encoding="q2k",
+                wkv_raw=wkv, wkv_encoding="bf16",
+                q_weight=(1 + 0.1 * rng.standard_normal((cfg.hc, cfg.dim))).astype(np.float32),
+                k_weight=(1 + 0.1 * rng.standard_normal((cfg.hc, cfg.dim))).astype(np.float32))
         self.path = f"bench model ({shape.name} shapes, random weights, {int(self.hash_tables.table_rows[0]):,} rows a table)"
         self.format = "in memory (random q2k tables on the device)"
         self.tokenizer_path = None

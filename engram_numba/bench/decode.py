@@ -67,33 +67,11 @@ def _hash_shape(cols: int) -> tuple[int, int]:
     return (4, cols // 3) if cols % 3 == 0 and cols >= 3 else (2, cols)
 
 
-class SyntheticLayer:
-    """An engram layer of the model protocol, held in memory (the bench's decode model)."""
-
-    table_encoding = "q2k"
-
-    def __init__(self, layer_id, table, wkv_raw, q_weight, k_weight, K):
-        self.layer_id = layer_id
-        self.table = table
-        self.n_rows = int(table.shape[0])
-        self.wkv_encoding = "q2k"
-        self.wkv_raw = wkv_raw
-        self.wkv_scales = None
-        self.q_weight, self.k_weight = q_weight, k_weight
-        self._K = K
-        self._bf16 = None
-
-    def wkv_bf16(self):
-        if self._bf16 is None:
-            from ..bf16 import f32_to_bf16
-            from ..stages.rows.q2k import dequantize_cpu
-            N = self.wkv_raw.shape[0]
-            out = np.empty((N, self._K), np.uint16)
-            for r0 in range(0, N, 1024):
-                r1 = min(N, r0 + 1024)
-                out[r0:r1] = f32_to_bf16(dequantize_cpu(self.wkv_raw[r0:r1].reshape(-1, 84))).reshape(r1 - r0, self._K)
-            self._bf16 = out
-        return self._bf16
+def synthetic_layer(layer_id, index, table, wkv_raw, q_weight, k_weight, K):
+    """An engram layer of the model protocol held in memory: Q2_K table and wkv (the bench's decode model)."""
+    from ..formats.model import EngramLayer
+    return EngramLayer(layer_id, index, table=table, table_encoding="q2k", wkv_raw=wkv_raw, wkv_encoding="q2k",
+                       q_weight=q_weight, k_weight=k_weight, wkv_shape=(wkv_raw.shape[0], K))
 
 
 class SyntheticModel:
@@ -123,8 +101,8 @@ class SyntheticModel:
             for r0 in range(0, rows, tile.shape[0]):                  # random rows, repeated (finite d, dmin)
                 r1 = min(rows, r0 + tile.shape[0])
                 table[r0:r1] = tile[: r1 - r0]
-            self.layers[lid] = SyntheticLayer(
-                lid, table, random_q2k_weight(rng, N, K),
+            self.layers[lid] = synthetic_layer(
+                lid, li, table, random_q2k_weight(rng, N, K),
                 (1 + 0.1 * rng.standard_normal((shape.hc, shape.dim))).astype(np.float32),
                 (1 + 0.1 * rng.standard_normal((shape.hc, shape.dim))).astype(np.float32), K)
 

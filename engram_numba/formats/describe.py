@@ -58,7 +58,7 @@ def _exact_row_sums(model) -> list[int] | None:
 
 def _table_bytes(lf) -> int:
     n = int(lf.table.nbytes)
-    if getattr(lf, "table_scales", None) is not None:
+    if lf.table_scales is not None:
         n += int(lf.table_scales.nbytes)
     return n
 

@@ -2,8 +2,10 @@
 message names the file, and the key, tensor or shard at fault."""
 from __future__ import annotations
 
+from ..errors import EngramError
 
-class EngramFileError(Exception):
+
+class EngramFileError(EngramError):
     """Base of every problem found in an Engram model file (GGUF, split GGUF, safetensors checkpoint)."""
 
 

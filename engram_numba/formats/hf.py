@@ -192,7 +192,8 @@ class HFCheckpointModel(EngramModelBase):
             return EngramConfig(dim=dim, hc=hc, layer_ids=tuple(ids),
                                 max_ngram_size=self._int(values, where, "engram_max_ngram_size", 2),
                                 n_heads=self._int(values, where, "engram_n_heads"),
-                                head_dim=self._int(values, where, "engram_head_dim"), eps=float(eps))
+                                head_dim=self._int(values, where, "engram_head_dim"), eps=float(eps),
+                                table_type="fp8")
         except ValueError as exc:
             raise BadMetadataError(f"{self.config_path}: the engram keys do not make a valid config: {exc}") from None
 

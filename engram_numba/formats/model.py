@@ -13,18 +13,18 @@ from numba import njit
 
 from ..config import check_layer_id
 from ..stages.hash.tables import INT64_MAX
-from ..stages.proj.weights import wkv_to_bf16
+from ..stages.proj.weights import WKV_ENCODING_OF_GGML_TYPE, WKV_ENCODINGS, wkv_to_bf16
+from ..stages.rows.encodings import ENCODINGS
 from .errors import EngramFileError, HashOverflowError
 from .rowcheck import nonfinite_rows
 
-ROW_VALUES = 256
 
-# Table encodings of the rows stage: ggml type -> (encoding name, bytes of one 256-value row).
-GGML_TABLE_ENCODINGS = {"Q2_K": ("q2k", 84), "Q3_K": ("q3_k", 110), "Q4_K": ("q4_k", 144), "Q8_0": ("q8_0", 272)}
-FP8_ROW_BYTES = 264          # 256 e4m3 codes, then 8 e8m0 scales (one per 32 values)
-ROW_BYTES = {enc: nb for enc, nb in GGML_TABLE_ENCODINGS.values()} | {"fp8": FP8_ROW_BYTES}
-# Projection (wkv) encodings: ggml type -> encoding name.
-GGML_WKV_ENCODINGS = {"BF16": "bf16", "F16": "f16", "F32": "f32", "Q2_K": "q2k", "Q8_0": "q8_0"}
+# Views of the stages' encoding tables (the rows stage owns the table encodings, the proj stage
+# the wkv encodings): ggml type -> (table encoding, bytes of one 256-value row), and so on.
+GGML_TABLE_ENCODINGS = {e.ggml_type: (e.name, e.row_bytes) for e in ENCODINGS.values() if e.ggml_type}
+FP8_ROW_BYTES = ENCODINGS["fp8"].row_bytes   # 256 e4m3 codes, then 8 e8m0 scales (one per 32 values)
+ROW_BYTES = {e.name: e.row_bytes for e in ENCODINGS.values()}
+GGML_WKV_ENCODINGS = WKV_ENCODING_OF_GGML_TYPE   # ggml type -> wkv encoding
 
 
 # The row reader ------------------------------------------------------------------------------
@@ -135,19 +135,45 @@ class EngramRowReader:
 # The layer -------------------------------------------------------------------------------------
 
 class EngramLayer:
-    """One engram layer's weights as zero-copy views (the model protocol's layer).
+    """One engram layer's weights as zero-copy views: the model protocol's layer, the one type
+    every loader fills (schema A, schema B, the HF checkpoint, the bench's synthetic models) and
+    every consumer reads field by field (`Pipeline`, `EngramV41`, `info`, the statistics).
 
     layer_id, index (position in config.layer_ids), n_rows
     table           uint8 [rows, row_bytes] raw rows (fp8 checkpoint: the codes [rows, 256])
     table_scales    None, or uint8 [rows, 8] (fp8 checkpoint: the e8m0 scales)
-    table_encoding  "q2k" | "q3_k" | "q4_k" | "q8_0" | "fp8"
-    wkv_encoding    "bf16" | "f16" | "f32" | "q2k" | "q8_0" | "fp8"
-    wkv_raw, wkv_scales, q_weight, k_weight (float32 [hc, dim])
+    table_encoding  a table encoding of the rows stage (`stages.rows.encodings.ENCODINGS`:
+                    "q2k" | "q3_k" | "q4_k" | "q8_0" | "fp8")
+    wkv_raw         the stored projection (see `wkv_raw`)
+    wkv_encoding    a wkv encoding of the proj stage (`stages.proj.weights.WKV_ENCODINGS`:
+                    "bf16" | "f16" | "f32" | "q2k" | "q8_0" | "fp8")
+    wkv_scales      fp8: uint8 [ceil(N/32), K/32] e8m0 tile scales; else None
+    q_weight, k_weight  float32 [hc, dim] (arrays, or callables that read them on first use)
+    Encodings are checked here, so a misspelt one fails when the model opens, naming the layer.
     """
+
+    layer_id: int
+    index: int
+    n_rows: int
+    table: np.ndarray
+    table_scales: np.ndarray | None
+    table_encoding: str
+    wkv_encoding: str
+    wkv_scales: np.ndarray | None
 
     def __init__(self, layer_id: int, index: int, *, table: np.ndarray, table_encoding: str,
                  wkv_raw: np.ndarray, wkv_encoding: str, q_weight, k_weight, table_scales=None,
                  wkv_scales=None, wkv_shape: tuple[int, int] | None = None, names: dict | None = None):
+        if table_encoding not in ENCODINGS:
+            raise ValueError(f"engram layer {layer_id}: unknown table encoding {table_encoding!r}; encodings are "
+                             f"{list(ENCODINGS)}")
+        if wkv_encoding not in WKV_ENCODINGS:
+            raise ValueError(f"engram layer {layer_id}: unknown wkv encoding {wkv_encoding!r}; encodings are "
+                             f"{list(WKV_ENCODINGS)}")
+        if table_scales is not None and table_encoding != "fp8":
+            raise ValueError(f"engram layer {layer_id}: separate table scales are for fp8 tables, not {table_encoding}")
+        if wkv_scales is not None and wkv_encoding != "fp8":
+            raise ValueError(f"engram layer {layer_id}: wkv scales are for an fp8 wkv, not {wkv_encoding}")
         self.layer_id = int(layer_id)
         self.index = int(index)
         self.table = table
@@ -176,8 +202,9 @@ class EngramLayer:
     @property
     def wkv_type(self) -> str:
         """The stored projection's type in the file's own spelling (kept for schema A's callers)."""
-        return {"bf16": "BF16", "f16": "F16", "f32": "F32", "q2k": "Q2_K", "q8_0": "Q8_0",
-                "fp8": "F8_E4M3"}[self.wkv_encoding]
+        if self.wkv_encoding == "fp8":
+            return "F8_E4M3"          # DeepSeek's safetensors dtype (no GGUF type holds it)
+        return {enc: t for t, enc in WKV_ENCODING_OF_GGML_TYPE.items()}[self.wkv_encoding]
 
     def wkv_bf16(self, chunk_rows: int = 1024) -> np.ndarray:
         """The projection as the GEMM uses it: uint16 bf16 words [N, K], decoded once (in row

@@ -20,6 +20,7 @@ tens of GB opens in milliseconds and a row gather faults in only the pages it re
 deliberately broken files. `describe` renders a model for `engram-numba info`.
 """
 
+import dataclasses
 import pathlib
 
 import numpy as np
@@ -148,6 +149,7 @@ class EngramModel(EngramModelBase):
         self.synthetic = str(self.kv.get("general.name", "")).startswith("engram-numba tiny")
         self.layers = {lid: EngramLayerFile(self, lid, i) for i, lid in enumerate(self.config.layer_ids)}
         encodings = sorted({lf.table_encoding for lf in self.layers.values()})
+        self.config = dataclasses.replace(self.config, table_type="/".join(encodings))
         kind = f"split gguf ({len(self.shards)} shards, schema A" if c.split else "gguf (schema A"
         self.format = f"{kind}, {'/'.join(encodings)} tables)"   # file format and table encoding
 

@@ -171,7 +171,8 @@ class SchemaBModel(EngramModelBase):
         hc = read_hc(self.path, self.tensors, [(tensor_names(l)["q"], tensor_names(l)["k"]) for l in layer_ids],
                      dim, dim_from)
         try:
-            config = EngramConfig(dim=dim, hc=hc, layer_ids=layer_ids, max_ngram_size=M, n_heads=H, head_dim=HEAD_DIM)
+            config = EngramConfig(dim=dim, hc=hc, layer_ids=layer_ids, max_ngram_size=M, n_heads=H, head_dim=HEAD_DIM,
+                                  table_type="fp8")
         except ValueError as exc:
             raise BadMetadataError(f"{self.path}: the schema-B keys do not make a valid config: {exc}") from None
 

@@ -1,25 +1,27 @@
 """The kernel registry: one record per kernel version, the one list everything iterates.
 
-A `KernelRecord` says what a kernel version is (stage, name, a one-line changelog), how to
-launch it (`prepare`, the stage's prepare function for that version), how to compile it without
-a GPU (`compile_targets`: kernels, argument types, launch bounds), whether it sums in the
-reference's order (`bit_exact`), and when it is the default (`default_when` in words,
-`default_rule` as a predicate over the launch's context). The pipeline, `EngramV41`, the bench
-sweep, the compile-only check and the GPU tests all walk these records, so adding a kernel
-version is one new function and one `register(KernelRecord(...))` line in the stage's
-`records.py`.
+The record is the kernel: a `KernelRecord` says what a kernel version is (stage, name, a one-line
+changelog), carries the kernel itself (or a factory of its specialisations), its launch geometry,
+its argument form, the argument types the compile-only tier compiles it with, the shapes the
+simulator tests run it at, whether it sums in the reference's order (`bit_exact`) and when it is
+the default (`default_when` in words, `default_rule` as a predicate over the launch's context).
+Each stage has ONE generic launcher that reads these fields (`proj.cuda_common.prepare`,
+`rows.cuda_common.prepare`, `gate.cuda.prepare`); the pipeline, `EngramV41`, the bench sweep, the
+compile-only check (`stages.compile_check`) and the GPU tests all walk the records, so adding a
+kernel version is its kernel function plus one `register(KernelRecord(...))` in the stage's
+`records.py` (CONTRIBUTING.md has a worked example).
 
-Layering (no import cycles): this module imports nothing from the stages. Kernel modules import
-`CompileTarget` from here; each stage's `records.py` imports its kernels and registers them; the
-stage's `launch.py` picks records by name or by default rule; `catalog.py` imports every stage's
-records for the tools that need all of them.
+Layering (no import cycles): this module imports nothing from the stages. Each stage's
+`records.py` imports its kernels and its launcher and registers the records; the stage's
+`launch.py` picks records by name or by default rule; `catalog.py` imports every stage's records
+for the tools that need all of them.
 
 Names: one spelling everywhere, `<family>_v<N>` ("q2k_v3", "gemv_v3", "gate_v2"); stages are
 `hash`, `rows`, `proj`, `gate`.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any, Callable
 
 STAGES = ("hash", "rows", "proj", "gate")
@@ -46,16 +48,66 @@ class CompileTarget:
 
 
 @dataclass(frozen=True)
+class Spec:
+    """One specialisation of a record's kernel that the compile-only tier compiles.
+
+    tag         appended to "stage.name" in the target's name: "" (one kernel), "[TB=2]" (a
+                variant), ".gather[i32]" (one role of several)
+    kernel      the @cuda.jit dispatcher
+    argtypes    numba types of its arguments
+    spill_free / vector_io   None: the record's
+    """
+
+    tag: str
+    kernel: Any
+    argtypes: tuple
+    spill_free: bool | None = None
+    vector_io: bool | None = None
+
+
+class Factory:
+    """A kernel built per launch key (`fn(*key) -> dispatcher`), for records whose launcher picks
+    one of several specialisations: gemv_v2's token block, gate_v3's chunks a thread."""
+
+    __slots__ = ("fn",)
+
+    def __init__(self, fn: Callable[..., Any]):
+        self.fn = fn
+
+    def __call__(self, *key):
+        return self.fn(*key)
+
+    def __repr__(self) -> str:
+        return f"Factory({getattr(self.fn, '__name__', self.fn)!r})"
+
+
+@dataclass(frozen=True)
 class KernelRecord:
-    """One kernel version of one stage.
+    """One kernel version of one stage: what it is, and everything needed to run, compile,
+    simulate and time it. The stage's one generic launcher (`launcher`) reads the record; no
+    kernel module maps names to kernels, grids or argument types.
 
     stage           "rows" | "proj" | "gate"
     name            unique within the stage, "<family>_v<N>"
     changelog       one line: what this version changes against the previous one (and, once
                     measured, what it bought)
-    prepare         the stage's prepare function for this version: the same arguments as the
-                    stage's launcher (`version` excluded), returns a PreparedLaunch
-    compile_targets () -> list[CompileTarget]; every specialisation the launcher can pick
+    launcher        the stage's generic prepare, `launcher(record, *launch arguments)` ->
+                    PreparedLaunch; `record.prepare(...)` calls it (a record that runs another
+                    library's kernel, such as cuBLAS, brings its own)
+    kernel          the @cuda.jit dispatcher; a dict role -> dispatcher where the stage has
+                    several roles (rows: "decode", "gather"); or a `Factory` that builds the
+                    specialisation a launch key picks
+    geometry        the stage's shape arguments -> the launch geometry (proj: (T, N) -> (grid,
+                    block) or (grid, block, dynamic shared bytes); rows: n -> (blocks, threads);
+                    gate: (T, hc, dim, layout, tps) -> a dict with grid, block, tps, nch)
+    args            the argument form the launcher builds (each stage's launcher documents its
+                    forms: "naive" arrays as given, or the flat word views of the fast kernels)
+    align           bytes of alignment the fast argument forms need of the weight / table
+    specs           () -> [Spec]: every specialisation the launcher can pick, with argument
+                    types, for the compile-only tier (read through `compile_targets()`)
+    spill_free      the compiled kernels must not spill registers (fast paths); teaching versions may
+    vector_io       written around 16-byte loads/stores: the compile tier checks they are still there
+    sim_cases       shapes the simulator tier runs this version at (the stage's tests read them)
     bit_exact       True when the result is bit-identical to the numpy reference (integer
                     stages, or float sums in the reference's order)
     default_when    the default rule in words (shown by `engram-numba kernels` and the docs)
@@ -71,8 +123,15 @@ class KernelRecord:
     stage: str
     name: str
     changelog: str
-    prepare: Callable[..., Any]
-    compile_targets: Callable[[], list] = field(default=lambda: [])
+    launcher: Callable[..., Any] | None = None
+    kernel: Any = None
+    geometry: Callable[..., Any] | None = None
+    args: str = ""
+    align: int = 0
+    specs: Callable[[], list] | tuple = ()
+    spill_free: bool = True
+    vector_io: bool = False
+    sim_cases: tuple = ()
     bit_exact: bool = False
     default_when: str = "never (pick it by name)"
     default_rule: Callable[[dict], bool] | None = None
@@ -80,6 +139,24 @@ class KernelRecord:
     simulate: bool = True
     requires: str = ""
     sweep: tuple = ()
+
+    def prepare(self, *args, **kwargs):
+        """A PreparedLaunch of this version (arguments as the stage's launcher takes them)."""
+        if self.launcher is None:
+            raise RuntimeError(f"kernel record {self.stage}.{self.name} has no launcher")
+        return self.launcher(self, *args, **kwargs)
+
+    def kernel_for(self, *key):
+        """The dispatcher a launch runs: the kernel itself, or what its Factory builds for `key`."""
+        return self.kernel(*key) if isinstance(self.kernel, Factory) else self.kernel
+
+    def compile_targets(self) -> list:
+        """Every specialisation as a CompileTarget named "stage.name<tag>"."""
+        specs = self.specs() if callable(self.specs) else self.specs
+        return [CompileTarget(f"{self.stage}.{self.name}{s.tag}", s.kernel, tuple(s.argtypes),
+                              spill_free=self.spill_free if s.spill_free is None else s.spill_free,
+                              vector_io=self.vector_io if s.vector_io is None else s.vector_io)
+                for s in specs]
 
     def is_default(self, ctx: dict) -> bool:
         return bool(self.default_rule is not None and self.default_rule(ctx))

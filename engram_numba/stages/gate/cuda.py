@@ -40,7 +40,8 @@ Kernel versions (never delete v1):
 v2 and v3 are compiled per residual (the fp32 path carries no rounding code), v3 also per nch.
 
 The launcher is `launch.prepare_gate` / `launch.run_gate` (the highway is updated in place); the
-default rules are in records.py; `launch_config` says what a launch will use.
+default rules, kernels and argument types are in records.py; `launch_config` says what a launch will
+use, `prepare` (the stage's one launcher) builds it from a record.
 """
 from __future__ import annotations
 
@@ -54,7 +55,6 @@ from ...device.devarray import data_address
 from ...device.intrinsics import (add_rn, bf16_bits_to_f32, bf16x2_hi, bf16x2_lo, device_function, f32_as_u32, load_u32x4,
                                 mul_rn, round_to_bf16, store_u32x4, u32_as_f32, warp_sum)
 from ...device.launch import NoLaunch, PreparedLaunch
-from ..registry import CompileTarget
 
 LAYOUTS = ("token", "stream")   # one block per token (all hc streams) / one block per (t, c)
 
@@ -500,7 +500,7 @@ def launch_config(T: int, hc: int, dim: int, version: int, layout: str | None = 
         are fewer than 512 blocks (small T: shorter per-block latency).
     Default layout: stream (H200, T=4096, dim 5120, hc 4: v2 stream 251 us, v2 token 268 us,
     v3 stream 296 us, v3 token 307 us; bench/results/h200.json). v3 defaults to stream: its
-    registers grow with nch (~30 a chunk, see COMPILE_TARGETS), and at nch = 5 a 512-thread
+    registers grow with nch (~30 a chunk: `make compile-report`), and at nch = 5 a 512-thread
     token block would fill an SM alone, with no second block to overlap its barrier.
     `tps` overrides the choice (for tuning on the GPU).
     """
@@ -544,58 +544,64 @@ def dummy(kind: str):
     return _DUMMIES[kind]
 
 
-def make_prepare(version: int):
-    """prepare(highway, kv, w, *, mask, dot_out, gate_out, residual_bf16, eps, layout, tps, stream)
-    -> PreparedLaunch of gate_v{version}. mask/dot_out/gate_out may be None."""
-    name = f"gate_v{version}"
+def geometry_v3(T: int, hc: int, dim: int, layout: str | None = None, tps: int | None = None) -> dict:
+    """v3's launch configuration; v3 holds at most V3_MAX_CHUNKS chunks a thread in registers."""
+    cfg = launch_config(T, hc, dim, 3, layout, tps)
+    if cfg["nch"] > V3_MAX_CHUNKS:
+        raise ValueError(f"gate_v3 keeps at most {V3_MAX_CHUNKS} chunks of 8 per thread; dim {dim} "
+                         f"with layout {layout!r} and tps {tps!r} needs more: use gate_v2, "
+                         f"layout='stream' or a larger tps")
+    return cfg
 
-    def prepare(highway, kv, w, *, mask=None, dot_out=None, gate_out=None, residual_bf16=False, eps=NORM_EPS,
-                layout=None, tps=None, stream=0):
-        T, hc, dim = (int(s) for s in highway.shape)
-        if version != 1:
-            for what, arr in (("highway", highway), ("kv", kv), ("w", w)):
-                if data_address(arr) % 16:
-                    raise ValueError(f"{what}'s data must be 16-byte aligned for {name} (a sliced view?); "
-                                     "use version='gate_v1' or an aligned copy")
-        if version == 3 and not _v3_applies(max(T, 1), hc, dim, layout, tps):
-            raise ValueError(f"gate_v3 keeps at most {V3_MAX_CHUNKS} chunks of 8 per thread; dim {dim} "
-                             f"with layout {layout!r} and tps {tps!r} needs more: use gate_v2, "
-                             f"layout='stream' or a larger tps")
-        if T == 0:
-            return NoLaunch(name)
-        flags = (int(mask is not None), int(dot_out is not None), int(gate_out is not None))
-        mask = mask if mask is not None else dummy("mask")
-        dot_out = dot_out if dot_out is not None else dummy("out")
-        gate_out = gate_out if gate_out is not None else dummy("out")
-        eps32 = np.float32(eps)
-        cfg = launch_config(T, hc, dim, version, layout, tps)
-        if version == 1:
-            return PreparedLaunch(name, gate_v1, cfg["grid"], cfg["block"], stream,
-                                  (highway, kv, w, mask, dot_out, gate_out, flags[0], int(residual_bf16), flags[1],
-                                   flags[2], eps32))
-        hw = highway.reshape(T * hc * dim).view(np.uint32)
-        kvw = kv.reshape(T * (hc + 1) * dim).view(np.uint32)
-        ww = w.reshape(hc * dim).view(np.uint32)
-        kern = gate_v2(residual_bf16) if version == 2 else gate_v3(cfg["nch"], residual_bf16)
-        return PreparedLaunch(name, kern, cfg["grid"], cfg["block"], stream,
-                              (hw, kvw, ww, mask, dot_out, gate_out, hc, dim, cfg["tps"], flags[0], flags[1], flags[2],
-                               eps32))
 
-    prepare.__name__ = f"prepare_{name}"
-    return prepare
+def prepare(rec, highway, kv, w, *, mask=None, dot_out=None, gate_out=None, residual_bf16=False, eps=NORM_EPS,
+            layout=None, tps=None, stream=0):
+    """The stage's one launcher: a PreparedLaunch of kernel record `rec` (arguments checked by
+    `launch.prepare_gate`; mask/dot_out/gate_out may be None). Argument forms:
+        naive   (highway, kv, w, mask, dot_out, gate_out, has_mask, residual_bf16, has_dot, has_gate, eps)
+        words   (highway, kv and w as flat uint32 views, mask, dot_out, gate_out, hc, dim, tps,
+                 has_mask, has_dot, has_gate, eps): 16-byte aligned data; the kernel is
+                 `rec.kernel_for(residual_bf16, nch)`"""
+    name = rec.name
+    T, hc, dim = (int(s) for s in highway.shape)
+    if rec.args != "naive":
+        for what, arr in (("highway", highway), ("kv", kv), ("w", w)):
+            if data_address(arr) % rec.align:
+                raise ValueError(f"{what}'s data must be {rec.align}-byte aligned for {name} (a sliced view?); "
+                                 "use version='gate_v1' or an aligned copy")
+    cfg = rec.geometry(max(T, 1), hc, dim, layout, tps)
+    if T == 0:
+        return NoLaunch(name)
+    flags = (int(mask is not None), int(dot_out is not None), int(gate_out is not None))
+    mask = mask if mask is not None else dummy("mask")
+    dot_out = dot_out if dot_out is not None else dummy("out")
+    gate_out = gate_out if gate_out is not None else dummy("out")
+    eps32 = np.float32(eps)
+    if rec.args == "naive":
+        return PreparedLaunch(name, rec.kernel_for(), cfg["grid"], cfg["block"], stream,
+                              (highway, kv, w, mask, dot_out, gate_out, flags[0], int(residual_bf16), flags[1],
+                               flags[2], eps32))
+    if rec.args != "words":
+        raise ValueError(f"gate record {name} has an unknown argument form {rec.args!r}")
+    hw = highway.reshape(T * hc * dim).view(np.uint32)
+    kvw = kv.reshape(T * (hc + 1) * dim).view(np.uint32)
+    ww = w.reshape(hc * dim).view(np.uint32)
+    return PreparedLaunch(name, rec.kernel_for(bool(residual_bf16), cfg["nch"]), cfg["grid"], cfg["block"], stream,
+                          (hw, kvw, ww, mask, dot_out, gate_out, hc, dim, cfg["tps"], flags[0], flags[1], flags[2],
+                           eps32))
 
 
 # ---- compile-only targets (sm_90) ---------------------------------------------------------------
 
 _F32_2D = types.float32[:, ::1]
-_V1_ARGS = (types.float32[:, :, ::1], types.uint16[:, ::1], _F32_2D, types.uint8[::1], _F32_2D, _F32_2D,
-            types.int64, types.int64, types.int64, types.int64, types.float32)
-_FAST_ARGS = (types.uint32[::1], types.uint32[::1], types.uint32[::1], types.uint8[::1], _F32_2D, _F32_2D,
-              types.int64, types.int64, types.int64,
-              types.int64, types.int64, types.int64, types.float32)
+V1_ARGS = (types.float32[:, :, ::1], types.uint16[:, ::1], _F32_2D, types.uint8[::1], _F32_2D, _F32_2D,
+           types.int64, types.int64, types.int64, types.int64, types.float32)
+FAST_ARGS = (types.uint32[::1], types.uint32[::1], types.uint32[::1], types.uint8[::1], _F32_2D, _F32_2D,
+             types.int64, types.int64, types.int64,
+             types.int64, types.int64, types.int64, types.float32)
 
 
-def _v3_target_nchs() -> list[int]:
+def v3_target_nchs() -> list[int]:
     """The nch values the launcher picks for the released and tiny shapes."""
     seen = set()
     for T in (1, 7, 128, 4096):
@@ -608,15 +614,5 @@ def _v3_target_nchs() -> list[int]:
     return sorted(seen)
 
 
-def _residual_name(rb: bool) -> str:
+def residual_name(rb: bool) -> str:
     return "bf16" if rb else "fp32"
-
-
-def compile_targets(version: int) -> list:
-    if version == 1:
-        return [CompileTarget("gate.gate_v1", gate_v1, _V1_ARGS, spill_free=False)]
-    if version == 2:
-        return [CompileTarget(f"gate.gate_v2[{_residual_name(rb)}]", gate_v2(rb), _FAST_ARGS, vector_io=True)
-                for rb in (False, True)]
-    return [CompileTarget(f"gate.gate_v3[nch={n},{_residual_name(rb)}]", gate_v3(n, rb), _FAST_ARGS, vector_io=True)
-            for n in _v3_target_nchs() for rb in (False, True)]

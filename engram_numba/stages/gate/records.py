@@ -7,7 +7,7 @@ gate_v3 below V2_MIN_T. Timings quoted are from the H200 runs (dim 5120, hc 4; b
 """
 from __future__ import annotations
 
-from ..registry import KernelRecord, register
+from ..registry import Factory, KernelRecord, Spec, register
 from . import cuda
 
 V2_MIN_T = 128      # from here on gate_v2 is the default (H200 at 2b45250, stream layout: T=128 v2 15.5 us,
@@ -37,8 +37,36 @@ _RECORDS = [
      lambda c: not _naive(c) and c["T"] < V2_MIN_T and _v3_fits(c)),
 ]
 
+_FAST = {2: lambda rb, nch: cuda.gate_v2(rb), 3: lambda rb, nch: cuda.gate_v3(nch, rb)}
+
+
+def _specs(v: int):
+    """Every specialisation the launcher can pick: v2 per residual, v3 per residual and chunk count."""
+    if v == 1:
+        return [Spec("", cuda.gate_v1, cuda.V1_ARGS)]
+    nchs = cuda.v3_target_nchs() if v == 3 else [0]
+    return [Spec(f"[{'' if v == 2 else f'nch={n},'}{cuda.residual_name(rb)}]", _FAST[v](rb, n), cuda.FAST_ARGS)
+            for n in nchs for rb in (False, True)]
+
+
+def _geometry(v: int):
+    if v == 3:
+        return cuda.geometry_v3
+
+    def geometry(T, hc, dim, layout=None, tps=None):
+        return cuda.launch_config(T, hc, dim, v, layout, tps)
+    return geometry
+
+
+# (T, hc, dim) the simulator tier runs every version at, two a (residual, mask) case in the order
+# (fp32, no mask), (fp32, mask), (bf16, no mask), (bf16, mask): across the four cases every shape
+# (T in {1, 3, 5}, hc in {1..4}, dim in {64, 128}) meets every kernel
+SIM_CASES = ((1, 4, 64), (5, 4, 64), (3, 2, 128), (3, 3, 64), (5, 1, 128), (1, 2, 64), (3, 4, 64), (5, 2, 128))
+
 for _v, _exact, _log, _when, _rule in _RECORDS:
     register(KernelRecord(
-        stage="gate", name=f"gate_v{_v}", changelog=_log, prepare=cuda.make_prepare(_v),
-        compile_targets=(lambda v=_v: cuda.compile_targets(v)), bit_exact=_exact, default_when=_when,
-        default_rule=_rule, sweep=(1, 16, 128, 4096)))
+        stage="gate", name=f"gate_v{_v}", changelog=_log, launcher=cuda.prepare,
+        kernel=cuda.gate_v1 if _v == 1 else Factory(_FAST[_v]), geometry=_geometry(_v),
+        args="naive" if _v == 1 else "words", align=0 if _v == 1 else 16, specs=(lambda v=_v: _specs(v)),
+        spill_free=_v != 1, vector_io=_v != 1,
+        sim_cases=SIM_CASES, bit_exact=_exact, default_when=_when, default_rule=_rule, sweep=(1, 16, 128, 4096)))

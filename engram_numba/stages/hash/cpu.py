@@ -19,23 +19,41 @@ from .tables import EngramHashTables
 DEAD = -1  # compressed id of a masked (dead) position in the history
 
 
+# The n-gram window: the one place that says which tokens a position's hash folds ---------------
+
+@njit(cache=True, nogil=True)
+def ngram_window(history, p, pad, tok):  # pragma: no cover - jitted
+    """tok[s] = the compressed id s places before position p of `history` (s = 0..len(tok)-1),
+    or `pad` once the window is blocked: blocking is sticky, so once the window reaches the
+    sequence start or a dead position (DEAD, or any negative id) every older slot is pad too
+    (docs/math.md, section 3.1)."""
+    blocked = False
+    for s in range(tok.shape[0]):
+        if not blocked:
+            if p < s or history[p - s] < 0:
+                blocked = True
+        tok[s] = pad if blocked else history[p - s]
+
+
+@njit(cache=True, nogil=True)
+def ngram_windows(history, start, count, max_ngram, pad, out):  # pragma: no cover - jitted
+    """out[t, :max_ngram] = the n-gram window of position start+t of `history` (`ngram_window`),
+    for t = 0..count-1."""
+    for t in range(count):
+        ngram_window(history, start + t, pad, out[t, :max_ngram])
+
+
 # The hasher ----------------------------------------------------------------------------------
 
 @njit(cache=True, nogil=True)
-def _hash_positions(history, start, count, multipliers, primes, offsets, pad, out):  # pragma: no cover - jitted
+def hash_positions(history, start, count, multipliers, primes, offsets, pad, out):  # pragma: no cover - jitted
     """Hash positions start..start+count-1 of `history` (compressed ids, DEAD for masked) into
     out[0:count, layers, cols]."""
     n_layers, M = multipliers.shape
     heads = primes.shape[2]
     tok = np.empty(M, dtype=np.int64)
     for t in range(count):
-        p = start + t
-        blocked = False
-        for s in range(M):
-            if not blocked:
-                if p < s or history[p - s] == DEAD:
-                    blocked = True
-            tok[s] = pad if blocked else history[p - s]
+        ngram_window(history, start + t, pad, tok)
         for li in range(n_layers):
             rolling = tok[0] * multipliers[li, 0]
             for i in range(1, M):
@@ -130,7 +148,7 @@ class EngramHasher:
         self._history[self._len: need] = compressed
         if out is None:
             out = np.empty(shape, dtype=np.int64)
-        _hash_positions(self._history, self._len, T, t.multipliers, t.primes, t.offsets, t.pad_id, out)
+        hash_positions(self._history, self._len, T, t.multipliers, t.primes, t.offsets, t.pad_id, out)
         self._len = need
         return out
 

@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from .cpu import DEAD, check_token_ids
+from .cpu import DEAD, check_token_ids, ngram_windows
 from .tables import EngramHashTables
 
 
@@ -17,17 +17,16 @@ def hash_reference(tables: EngramHashTables, token_ids, token_mask=None, history
     compressed = [int(tables.token_map[i]) for i in ids]
     if mask is not None:
         compressed = [c if live else DEAD for c, live in zip(compressed, mask)]
-    seq = [int(c) for c in history] + compressed
+    seq = np.array([int(c) for c in history] + compressed, dtype=np.int64)
     M, heads = tables.max_ngram_size, tables.n_heads
+    # The n-gram windows: window[t, s] is the token s places back from this call's token t.
+    # Blocking is sticky: once a window reaches the sequence start or a dead token, every older
+    # slot takes the pad (the hash stage's one definition, `cpu.ngram_window`).
+    windows = np.empty((len(ids), M), dtype=np.int64)
+    ngram_windows(seq, len(history), len(ids), M, int(tables.pad_id), windows)
     out = np.empty((len(ids), tables.n_layers, tables.n_hash_cols), dtype=np.int64)
     for t in range(len(ids)):
-        p = len(history) + t
-        # The n-gram window: tok[s] is the token s places back. Blocking is sticky: once the
-        # window reaches the sequence start or a dead token, every older slot takes the pad.
-        tok, blocked = [], False
-        for s in range(M):
-            blocked = blocked or p < s or seq[p - s] == DEAD
-            tok.append(tables.pad_id if blocked else seq[p - s])
+        tok = [int(x) for x in windows[t]]
         for li in range(tables.n_layers):
             m = [int(x) for x in tables.multipliers[li]]
             rolling = tok[0] * m[0]

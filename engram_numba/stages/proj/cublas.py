@@ -83,11 +83,6 @@ def prepare_cublas_v1(x, wkv, out, *, stream=0) -> TorchLaunch:
     return TorchLaunch("cublas_v1", run, out)
 
 
-def make_prepare(version: str):
-    if version != "cublas_v1":
-        raise ValueError(f"no cuBLAS version {version!r}")
-    return prepare_cublas_v1
-
-
-def compile_targets(version: str) -> list:
-    return []        # nothing of ours to compile: cuBLAS's kernels come with PyTorch
+def launcher(rec, x, wkv, out, *, stream=0) -> TorchLaunch:
+    """The record's launcher (cuBLAS needs no kernel of ours: no geometry, nothing to compile)."""
+    return prepare_cublas_v1(x, wkv, out, stream=stream)

@@ -22,9 +22,7 @@ from numba import cuda, float32, types
 
 from ...device.intrinsics import (SIMULATOR, bf16_bits_to_f32, bf16x2_hi, bf16x2_lo, device_function, f32_to_bf16_bits,
                                 load_f32x4, load_u32x4, mma_bf16_16816, store_u32x4)
-from ...device.launch import PreparedLaunch
-from ..registry import CompileTarget
-from .cuda_common import ALIGN, FAST_ARGS, INLINE, NAIVE_ARGS, bounds, cdiv, fast_launch
+from .cuda_common import ALIGN, INLINE, bounds, cdiv
 
 
 # ---- gemm_v1: the naive kernel --------------------------------------------------------------------
@@ -303,33 +301,13 @@ def _gemm_v3(x32, w32, out, T, K):
 
 # ---- launch --------------------------------------------------------------------------------------
 
-def launch_config(version: str, T: int, N: int):
-    """(grid, block) of `version` at T tokens and N outputs."""
-    if version == "gemm_v1":
-        return (cdiv(N, NAIVE_BLOCK_2D[0]), cdiv(T, NAIVE_BLOCK_2D[1])), NAIVE_BLOCK_2D
-    if version == "gemm_v2":
-        return (cdiv(N, GEMM_BN), cdiv(T, GEMM_BM)), GEMM_THREADS
-    if version == "gemm_v3":
-        return (cdiv(N, MMA_BN), cdiv(T, MMA_BM)), MMA_THREADS
-    raise ValueError(f"no GEMM version {version!r}")
+def geometry_v1(T: int, N: int):
+    return (cdiv(N, NAIVE_BLOCK_2D[0]), cdiv(T, NAIVE_BLOCK_2D[1])), NAIVE_BLOCK_2D
 
 
-def make_prepare(version: str):
-    """prepare(x, wkv, out, *, stream=0) -> PreparedLaunch of `version`."""
-    def prepare(x, wkv, out, *, stream=0):
-        T, N = x.shape[0], wkv.shape[0]
-        grid, block = launch_config(version, T, N)
-        if version == "gemm_v1":
-            return PreparedLaunch(version, _gemm_v1, grid, block, stream, (x, wkv, out), out)
-        return fast_launch(version, {"gemm_v2": _gemm_v2, "gemm_v3": _gemm_v3}[version], grid, block, x, wkv, out,
-                           stream)
-
-    prepare.__name__ = f"prepare_{version}"
-    return prepare
+def geometry_v2(T: int, N: int):
+    return (cdiv(N, GEMM_BN), cdiv(T, GEMM_BM)), GEMM_THREADS
 
 
-def compile_targets(version: str) -> list:
-    if version == "gemm_v1":
-        return [CompileTarget("proj.gemm_v1", _gemm_v1, NAIVE_ARGS, spill_free=False)]
-    return [CompileTarget(f"proj.{version}", {"gemm_v2": _gemm_v2, "gemm_v3": _gemm_v3}[version], FAST_ARGS,
-                          vector_io=True)]
+def geometry_v3(T: int, N: int):
+    return (cdiv(N, MMA_BN), cdiv(T, MMA_BM)), MMA_THREADS

@@ -22,8 +22,8 @@ Kernel versions (llm.c style: v1 stays, the teaching baseline and a second refer
   gemv_v4  tensor-core GEMV: mma m16n8k16 with x's (up to) 16 tokens as M, so one weight pass
            serves a decode batch of 2-16 tokens at streaming cost; 16-byte loads of weight and
            x feed the fragments in a permuted k order (see its section).
-`make_prepare(name)` gives each version's prepare function (its grid in `launch_config`);
-`compile_targets(name)` every specialisation for the compile-only tier.
+The records (records.py) carry each version's kernel, geometry and argument types; the stage's
+one launcher (`cuda_common.prepare`) builds the launch.
 """
 from __future__ import annotations
 
@@ -32,9 +32,7 @@ from numba import cuda, float32, types
 
 from ...device.intrinsics import (SIMULATOR, bf16_bits_to_f32, bf16x2_hi, bf16x2_lo, device_function, f32_to_bf16_bits,
                                 load_f32x4, load_u32x4, mma_bf16_16816, store_f32x4, warp_sum)
-from ...device.launch import PreparedLaunch
-from ..registry import CompileTarget
-from .cuda_common import (ALIGN, FAST_ARGS, INLINE, NAIVE_ARGS, WARP_SCRATCH, bounds, cdiv, fast_launch)
+from .cuda_common import ALIGN, INLINE, WARP_SCRATCH, bounds, cdiv
 
 
 # ---- gemv_v1: the naive kernel ----------- --------------------------------------------------------
@@ -151,15 +149,6 @@ def _make_gemv_v2(TB):
 
 
 _gemv_v2 = {tb: _make_gemv_v2(tb) for tb in GEMV_TOKEN_BLOCKS}
-
-
-def _gemv_token_block(T: int) -> int:
-    """The TB specialisation for T tokens: the smallest that holds them, else the largest (then
-    the grid has ceil(T/8) token groups, each streaming the weight once)."""
-    for tb in GEMV_TOKEN_BLOCKS:
-        if T <= tb:
-            return tb
-    return GEMV_TOKEN_BLOCKS[-1]
 
 
 # ---- gemv_v3: K split over the whole block, a few rows a block ----------------------------------
@@ -396,42 +385,28 @@ def _gemv_v4(x32, w32, out, T, K):
 
 
 
-# ---- launch --------------------------------------------------------------------------------------
+# ---- launch geometry: (T, N) -> (grid, block), named by the records ------------------------------
 
-def launch_config(version: str, T: int, N: int):
-    """(grid, block) of `version` at T tokens and N outputs."""
-    if version == "gemv_v1":
-        return cdiv(N, NAIVE_THREADS), NAIVE_THREADS
-    if version == "gemv_v2":
-        return (cdiv(N, GEMV_ROWS_PER_BLOCK), cdiv(T, _gemv_token_block(T))), GEMV_THREADS
-    if version == "gemv_v3":
-        return (cdiv(N, GEMV3_ROWS), cdiv(T, _gemv_token_block(T))), GEMV3_THREADS
-    if version == "gemv_v4":
-        return (cdiv(N, GEMV4_ROWS), cdiv(T, GEMV4_TOKENS)), GEMV4_THREADS
-    raise ValueError(f"no GEMV version {version!r}")
+def token_block(T: int) -> int:
+    """The TB specialisation of gemv_v2/gemv_v3 for T tokens: the smallest that holds them, else the
+    largest (then the grid has ceil(T/8) token groups, each streaming the weight once)."""
+    for tb in GEMV_TOKEN_BLOCKS:
+        if T <= tb:
+            return tb
+    return GEMV_TOKEN_BLOCKS[-1]
 
 
-def make_prepare(version: str):
-    """prepare(x, wkv, out, *, stream=0) -> PreparedLaunch of `version` (arguments checked by
-    `launch.prepare_project`)."""
-    def prepare(x, wkv, out, *, stream=0):
-        T, N = x.shape[0], wkv.shape[0]
-        grid, block = launch_config(version, T, N)
-        if version == "gemv_v1":
-            return PreparedLaunch(version, _gemv_v1, grid, block, stream, (x, wkv, out), out)
-        kernel = {"gemv_v2": lambda: _gemv_v2[_gemv_token_block(T)], "gemv_v3": lambda: _gemv_v3[_gemv_token_block(T)],
-                  "gemv_v4": lambda: _gemv_v4}[version]()
-        return fast_launch(version, kernel, grid, block, x, wkv, out, stream)
-
-    prepare.__name__ = f"prepare_{version}"
-    return prepare
+def geometry_v1(T: int, N: int):
+    return cdiv(N, NAIVE_THREADS), NAIVE_THREADS
 
 
-def compile_targets(version: str) -> list:
-    if version == "gemv_v1":
-        return [CompileTarget("proj.gemv_v1", _gemv_v1, NAIVE_ARGS, spill_free=False)]
-    if version in ("gemv_v2", "gemv_v3"):
-        kernels = _gemv_v2 if version == "gemv_v2" else _gemv_v3
-        return [CompileTarget(f"proj.{version}[TB={tb}]", kernels[tb], FAST_ARGS, vector_io=True)
-                for tb in GEMV_TOKEN_BLOCKS]
-    return [CompileTarget("proj.gemv_v4", _gemv_v4, FAST_ARGS, vector_io=True)]
+def geometry_v2(T: int, N: int):
+    return (cdiv(N, GEMV_ROWS_PER_BLOCK), cdiv(T, token_block(T))), GEMV_THREADS
+
+
+def geometry_v3(T: int, N: int):
+    return (cdiv(N, GEMV3_ROWS), cdiv(T, token_block(T))), GEMV3_THREADS
+
+
+def geometry_v4(T: int, N: int):
+    return (cdiv(N, GEMV4_ROWS), cdiv(T, GEMV4_TOKENS)), GEMV4_THREADS

@@ -25,13 +25,11 @@ from __future__ import annotations
 import numpy as np
 from numba import cuda, float32, types
 
-from ...device.devarray import data_address
 from ...device.intrinsics import (SIMULATOR, bf16_bits_to_f32, bf16x2_hi, bf16x2_lo, cvt_pack_bf16x2, device_function,
                                   e4m3x4_to_bf16x2x2, f32_to_bf16_bits, load_u32x2, load_u32x4, mma_bf16_16816,
                                   round_to_bf16, u32_as_f32)
 from ...device.launch import PreparedLaunch
-from ..registry import CompileTarget
-from .cuda_common import INLINE, U16_2D, bounds, cdiv, flat_u32
+from .cuda_common import INLINE, bounds, cdiv
 
 TILE = 32                   # scale tile: 32 rows x 32 k
 
@@ -229,45 +227,9 @@ def prepare_dequant(codes, scales, out, *, stream=0) -> PreparedLaunch:
 
 # ---- launch --------------------------------------------------------------------------------------
 
-KERNELS = {"gemv_fp8_v1": _gemv_fp8_v1, "gemv_fp8_v2": _gemv_fp8_v2}
+def geometry_naive(T: int, N: int):
+    return cdiv(N, NAIVE_THREADS), NAIVE_THREADS
 
 
-def launch_config(version: str, T: int, N: int):
-    """(grid, block) of `version` at T tokens and N outputs."""
-    if version == "gemv_fp8_v1":
-        return cdiv(N, NAIVE_THREADS), NAIVE_THREADS
-    if version == "gemv_fp8_v2":
-        return (cdiv(N, FP8_ROWS), cdiv(T, FP8_TOKENS)), FP8_THREADS
-    raise ValueError(f"no FP8 GEMV version {version!r}")
-
-
-def make_prepare(version: str):
-    """prepare(x, codes, scales, out, *, stream=0) -> PreparedLaunch of `version` (arguments
-    checked by `launch.prepare_project_q`)."""
-    def prepare(x, codes, scales, out, *, stream=0):
-        T, K = x.shape
-        N = codes.shape[0]
-        grid, block = launch_config(version, T, N)
-        if version == "gemv_fp8_v1":
-            return PreparedLaunch(version, _gemv_fp8_v1, grid, block, stream, (x, codes, scales, out), out)
-        if data_address(x) % 16 or data_address(codes) % 8:
-            raise ValueError(f"{version} reads x as 16-byte chunks and the codes as 8-byte pairs: x must be "
-                             "16-byte and the codes 8-byte aligned (use gemv_fp8_v1 or an aligned copy)")
-        w64 = codes.view(np.uint32).reshape(N * K // 4)
-        return PreparedLaunch(version, _gemv_fp8_v2, grid, block, stream, (flat_u32(x), w64, scales, out, T, K), out)
-
-    prepare.__name__ = f"prepare_{version}"
-    return prepare
-
-
-_U8_2D = types.uint8[:, ::1]
-
-
-def compile_targets(version: str) -> list:
-    if version == "gemv_fp8_v1":
-        return [CompileTarget("proj.gemv_fp8_v1", _gemv_fp8_v1, (U16_2D, _U8_2D, _U8_2D, U16_2D), spill_free=False),
-                CompileTarget("proj.gemv_fp8_v1[wkv_dequant]", dequant_kernel,
-                              (types.uint32[::1], _U8_2D, types.uint32[::1], types.int64))]
-    return [CompileTarget("proj.gemv_fp8_v2", _gemv_fp8_v2,
-                          (types.uint32[::1], types.uint32[::1], _U8_2D, U16_2D, types.int64, types.int64),
-                          vector_io=True)]
+def geometry_tc(T: int, N: int):
+    return (cdiv(N, FP8_ROWS), cdiv(T, FP8_TOKENS)), FP8_THREADS

@@ -28,21 +28,18 @@ Kernel versions (llm.c style: v1 stays, the teaching baseline and a second refer
                table), so one mma chain sums a whole block and only d scales it; the min term
                dmin * sum_j m_j * sum(x over sub-block j) is three more mma (the fp32 sub-block
                sums of x split exactly into three bf16 parts).
-`make_prepare(name)` gives each version's prepare function; `compile_targets(name)` every
-specialisation for the compile-only tier.
+Each version's kernel, geometry (`geometry_naive`, `geometry_tc`) and argument types are in its
+record (records.py); the stage's launcher (`cuda_common.prepare`) builds the launch.
 """
 from __future__ import annotations
 
 import numpy as np
 from numba import cuda, float32, types
 
-from ...device.devarray import data_address
 from ...device.intrinsics import (SIMULATOR, bf16_bits_to_f32, bf16x2_hi, bf16x2_lo, byte_perm, cvt_pack_bf16x2,
                                   device_function, f16_bits_to_f32, f16x2_to_f32x2, f32_as_u32, f32_to_bf16_bits,
                                   load_u32x4, mma_bf16_16816, mul_rn, round_to_bf16, sub_rn, u32_as_f32)
-from ...device.launch import PreparedLaunch
-from ..registry import CompileTarget
-from .cuda_common import INLINE, U16_2D, bounds, cdiv, flat_u32
+from .cuda_common import INLINE, bounds, cdiv
 
 BLOCK_VALUES = 256          # one Q2_K block: 256 consecutive k of one row
 BLOCK_BYTES = 84
@@ -437,44 +434,11 @@ def _make_tc(factored: bool):
 
 _gemv_q2k_v2 = _make_tc(False)
 _gemv_q2k_v3 = _make_tc(True)
-KERNELS = {"gemv_q2k_v1": _gemv_q2k_v1, "gemv_q2k_v2": _gemv_q2k_v2, "gemv_q2k_v3": _gemv_q2k_v3}
 
 
-# ---- launch --------------------------------------------------------------------------------------
-
-def launch_config(version: str, T: int, N: int):
-    """(grid, block) of `version` at T tokens and N outputs."""
-    if version == "gemv_q2k_v1":
-        return cdiv(N, NAIVE_THREADS), NAIVE_THREADS
-    if version in ("gemv_q2k_v2", "gemv_q2k_v3"):
-        return (cdiv(N, TC_ROWS), cdiv(T, TC_TOKENS)), TC_THREADS
-    raise ValueError(f"no Q2_K GEMV version {version!r}")
+def geometry_naive(T: int, N: int):
+    return cdiv(N, NAIVE_THREADS), NAIVE_THREADS
 
 
-def make_prepare(version: str):
-    """prepare(x, wkv_raw, wkv_scales, out, *, stream=0) -> PreparedLaunch of `version` (arguments
-    checked by `launch.prepare_project_q`; wkv_scales is None for Q2_K)."""
-    def prepare(x, wkv_raw, wkv_scales, out, *, stream=0):
-        T, K = x.shape
-        N = wkv_raw.shape[0]
-        grid, block = launch_config(version, T, N)
-        if version == "gemv_q2k_v1":
-            return PreparedLaunch(version, _gemv_q2k_v1, grid, block, stream, (x, wkv_raw, out), out)
-        if data_address(x) % 16 or data_address(wkv_raw) % 4:
-            raise ValueError(f"{version} reads x as 16-byte chunks and the Q2_K blocks as 4-byte words: x must be "
-                             "16-byte and wkv_raw 4-byte aligned (use gemv_q2k_v1 or an aligned copy)")
-        w32 = wkv_raw.view(np.uint32).reshape(N * (wkv_raw.shape[1] // 4))
-        return PreparedLaunch(version, KERNELS[version], grid, block, stream, (flat_u32(x), w32, out, T, K), out)
-
-    prepare.__name__ = f"prepare_{version}"
-    return prepare
-
-
-_FAST_ARGS = (types.uint32[::1], types.uint32[::1], U16_2D, types.int64, types.int64)   # x32, w32, out, T, K
-
-
-def compile_targets(version: str) -> list:
-    if version == "gemv_q2k_v1":
-        return [CompileTarget("proj.gemv_q2k_v1", _gemv_q2k_v1, (U16_2D, types.uint8[:, ::1], U16_2D),
-                              spill_free=False)]
-    return [CompileTarget(f"proj.{version}", KERNELS[version], _FAST_ARGS, vector_io=True)]
+def geometry_tc(T: int, N: int):
+    return (cdiv(N, TC_ROWS), cdiv(T, TC_TOKENS)), TC_THREADS

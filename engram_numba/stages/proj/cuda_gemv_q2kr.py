@@ -32,7 +32,6 @@ from ...device.devarray import data_address
 from ...device.intrinsics import (SIMULATOR, byte_perm, cp_async_16, cp_async_commit, cp_async_waiter, f16x2_to_f32x2,
                                   f32_to_bf16_bits, load_u32x4, store_u32x4)
 from ...device.launch import PreparedLaunch
-from ..registry import CompileTarget
 from .cuda_common import ALIGN, INLINE, U16_2D, bounds, cdiv, check_bf16_matrix, flat_u32
 from .cuda_gemv_q2k import lut_rounded, mma_subblock, pick4, x_words
 from .q2k_r import BLOCK_VALUES, DD_OFFSET, SC_OFFSET, TILE_ROWS, UNIT_BLOCKS, UNIT_BYTES, UNIT_VALUES, q2k_r_shape
@@ -480,20 +479,20 @@ def launch_config(version: str, T: int, N: int):
     raise ValueError(f"no q2k_r GEMV version {version!r}")
 
 
-def make_prepare(version: str):
-    """prepare(x, wkv_r, wkv_scales, out, *, stream=0) -> PreparedLaunch (arguments checked by
-    `launch.prepare_project_q` with weight "q2k_r")."""
-    def prepare(x, wkv_r, wkv_scales, out, *, stream=0):
-        T, K = x.shape
-        N = out.shape[1]
-        if data_address(x) % 16 or data_address(wkv_r) % 16:
-            raise ValueError(f"{version} reads x and the q2k_r weight as 16-byte chunks: both must be 16-byte aligned")
-        grid, block = launch_config(version, T, N)
-        w32 = wkv_r.reshape(wkv_r.size).view(np.uint32)
-        return PreparedLaunch(version, KERNELS[version], grid, block, stream, (flat_u32(x), w32, out, T, K), out)
+def geometry(version: str):
+    """(T, N) -> (grid, block) of `version`: one block per 16-row tile and 8-token group."""
+    if version not in SHAPES:
+        raise ValueError(f"no q2k_r GEMV version {version!r}")
 
-    prepare.__name__ = f"prepare_{version}"
-    return prepare
+    def geometry_q2kr(T: int, N: int):
+        return launch_config(version, T, N)
+
+    return geometry_q2kr
+
+
+# the engine's build kernels, named for the compile tier (records.py)
+repack_kernel = _repack
+decode_kernel = _decode
 
 
 def prepare_pair(version: str, xa, xb, wkv_pair, outa, outb, *, stream=0) -> PreparedLaunch:
@@ -518,20 +517,3 @@ def prepare_pair(version: str, xa, xb, wkv_pair, outa, outb, *, stream=0) -> Pre
     w32 = wkv_pair.reshape(wkv_pair.size).view(np.uint32)
     return PreparedLaunch(f"{version}[2 layers]", PAIR_KERNELS[version], (gx, gy, 2), block, stream,
                           (flat_u32(xa), flat_u32(xb), w32, outa, outb, T, K), (outa, outb))
-
-
-_FAST_ARGS = (types.uint32[::1], types.uint32[::1], U16_2D, types.int64, types.int64)
-_U32 = types.uint32[::1]
-
-
-def compile_targets(version: str) -> list:
-    own = [CompileTarget(f"proj.{version}", KERNELS[version], _FAST_ARGS, vector_io=True),
-           CompileTarget(f"proj.{version}.pair", PAIR_KERNELS[version],
-                         (_U32, _U32, _U32, U16_2D, U16_2D, types.int64, types.int64), vector_io=True)]
-    if version != "gemv_q2k_v4":
-        return own
-    return own + [
-            CompileTarget(f"proj.{version}.repack", _repack, (_U32, _U32, types.int64, types.int64, types.int64),
-                          vector_io=True),
-            CompileTarget(f"proj.{version}.decode", _decode, (_U32, _U32, types.int64, types.int64, types.int64),
-                          vector_io=True)]

@@ -42,8 +42,7 @@ from ...device.intrinsics import (WGMMA_NO_SWIZZLE, WGMMA_SWIZZLE_128B, cp_async
                                   cp_async_waiter, fence_proxy_async, shared_address, wgmma_bf16, wgmma_commit,
                                   wgmma_descriptor, wgmma_fence, wgmma_store_bf16x2, wgmma_waiter)
 from ...device.launch import PreparedLaunch, allow_dynamic_shared
-from ..registry import CompileTarget
-from .cuda_common import FAST_ARGS, INLINE, bounds, cdiv, fast_launch
+from .cuda_common import INLINE, bounds, cdiv, fast_launch
 
 THREADS = 256                   # 2 warpgroups
 BK = 64                         # k values a stage: one 128-byte row per operand row
@@ -242,33 +241,18 @@ def grid_for(v: Variant, T: int, N: int) -> tuple:
     return cdiv(T, v.bm), cdiv(N, v.bn)
 
 
-def launch_config(version: str, T: int, N: int):
-    """(grid, block) of `version` at T tokens and N outputs."""
-    if version not in VARIANTS:
-        raise ValueError(f"no wgmma GEMM version {version!r}")
-    return grid_for(VARIANTS[version], T, N), THREADS
+def geometry(v: Variant):
+    """(T, N) -> (grid, block, dynamic shared bytes) of specialisation v."""
+    def geo(T: int, N: int):
+        return grid_for(v, T, N), THREADS, v.smem_bytes
+    return geo
 
 
 def prepare_variant(name: str, v: Variant, x, wkv, out, *, stream=0) -> PreparedLaunch:
-    """A launch of specialisation `v` (named `name`) on x [T, K], wkv [N, K] -> out [T, N]."""
+    """A launch of specialisation `v` (named `name`) on x [T, K], wkv [N, K] -> out [T, N]: for
+    the development script's candidates, which have no record."""
     T, N = x.shape[0], wkv.shape[0]
     kernel = kernel_for(v)
     launch = fast_launch(name, kernel, grid_for(v, T, N), THREADS, x, wkv, out, stream)
     allow_dynamic_shared(kernel, launch.args, v.smem_bytes)
     return PreparedLaunch(name, kernel, launch.grid, launch.block, stream, launch.args, out, sharedmem=v.smem_bytes)
-
-
-def make_prepare(version: str):
-    """prepare(x, wkv, out, *, stream=0) -> PreparedLaunch of `version` (a Hopper GPU: sm_90a)."""
-    v = VARIANTS[version]
-
-    def prepare(x, wkv, out, *, stream=0):
-        return prepare_variant(version, v, x, wkv, out, stream=stream)
-
-    prepare.__name__ = f"prepare_{version}"
-    return prepare
-
-
-def compile_targets(version: str) -> list:
-    v = VARIANTS[version]
-    return [CompileTarget(f"proj.{version}[{v.name}]", kernel_for(v), FAST_ARGS)]

@@ -27,8 +27,11 @@ not the loads, bound them now.
 """
 from __future__ import annotations
 
-from ..registry import KernelRecord, register
+from numba import types
+
+from ..registry import Factory, KernelRecord, Spec, register
 from . import cublas, cuda_gemm, cuda_gemv, cuda_gemv_fp8, cuda_gemv_q2k, cuda_gemv_q2kr, cuda_wgmma
+from .cuda_common import prepare
 
 GEMV_MAX_TOKENS = 32    # 2 passes of gemv_v4 (~2 x 100 us) beat gemm_v3's latency-bound ~280 us at T <= 128
 GEMV3_MAX_TOKENS = 2    # gemv_v3 at T = 2: 90.0 us against gemm_v5's 92.7 and gemv_v4's 99.7
@@ -56,108 +59,217 @@ def _hopper(ctx) -> bool:
     return _fast(ctx) and tuple(ctx.get("cc") or ()) == (9, 0)
 
 
-SWEEP = {"gemv_v1": (1,), "gemv_v2": (1, 16), "gemv_v3": (1, 16), "gemv_v4": (1, 16, 128),
-         "gemm_v1": (128,), "gemm_v2": (16, 128, 4096), "gemm_v3": (16, 128, 4096),
-         "gemm_v4": (16, 128, 4096), "gemm_v5": (16, 128, 4096), "gemm_v6": (128, 4096),
-         "cublas_v1": (1, 16, 128, 4096)}   # where each competes
+# argument types of the compile-only tier
+_U8_2D = types.uint8[:, ::1]
+_U16_2D = types.uint16[:, ::1]
+_U32_1D = types.uint32[::1]
+NAIVE_ARGS = (_U16_2D, _U16_2D, _U16_2D)                                  # x, wkv, out
+FAST_ARGS = (_U32_1D, _U32_1D, _U16_2D, types.int64, types.int64)        # x32, w32, out, T, K
 
-_RECORDS = [
-    ("gemv_v1", cuda_gemv, True, "naive: one thread per output column, k in order (bit-exact; 922 us at T=1)",
-     "numba's simulator or unaligned data, T = 1", lambda c: _bf16(c) and _naive(c) and c["T"] <= 1),
-    ("gemv_v2", cuda_gemv, False, "weight rows streamed by warps with 16-byte loads, x staged in shared memory as "
-     "fp32, shuffle reductions (101 us at T=1, 72% of the copy floor)", "never (pick it by name)", None),
-    ("gemv_v3", cuda_gemv, False, "K split over the whole block, 4 rows a block: 6400 short blocks keep the machine "
-     "full to the end (83.6 us at T=1, 88% of the copy floor; cuBLAS 94 us)",
-     f"GPU, aligned, T <= {GEMV3_MAX_TOKENS}", lambda c: _bf16(c) and _fast(c) and c["T"] <= GEMV3_MAX_TOKENS),
-    ("gemv_v4", cuda_gemv, False, "tensor-core GEMV: mma m16n8k16 with up to 16 tokens as M, one weight pass per "
-     "16 tokens (100.7 us at T=16, cuBLAS 94.5 us)",
-     f"GPU other than Hopper, aligned, {GEMV3_MAX_TOKENS} < T <= {GEMV_MAX_TOKENS}",
-     lambda c: _bf16(c) and _fast(c) and not _hopper(c) and GEMV3_MAX_TOKENS < c["T"] <= GEMV_MAX_TOKENS),
-    ("gemm_v1", cuda_gemm, True, "naive: one thread per output (t, n), k in order (bit-exact; 81.6 ms at T=128)",
-     "numba's simulator or unaligned data, T > 1", lambda c: _bf16(c) and _naive(c) and c["T"] > 1),
-    ("gemm_v2", cuda_gemm, True, "tiled SIMT GEMM, 128x128 tiles, 8x8 register micro-tiles, double-buffered "
-     "shared memory, k in order (bit-exact; 42 TFLOP/s at T=4096)", "never (pick it by name)", None),
-    ("gemm_v3", cuda_gemm, False, "gemm_v2's tiling on the tensor cores: inline-PTX mma.sync m16n8k16 bf16 -> fp32 "
-     "(202 TFLOP/s at T=4096, a quarter of cuBLAS; 276 us at T=128 against cuBLAS's 91)",
-     f"GPU other than Hopper, aligned, T > {GEMV_MAX_TOKENS}",
-     lambda c: _bf16(c) and _fast(c) and not _hopper(c) and c["T"] > GEMV_MAX_TOKENS),
-    # ---- Hopper (sm_90a) and the cuBLAS comparison (issue 11) ----
-    ("gemm_v4", cuda_wgmma, False, "warpgroup MMA (wgmma m64n256k16, inline PTX) on 128x256 tiles, operands in "
-     "128B-swizzled shared memory fed by a 4-stage cp.async pipeline, 2 warpgroups, token-tile-fastest grid "
-     "(1.92-1.97 ms = 653-672 TFLOP/s at T=4096, 84% of cuBLAS's throughput; 103-106 us at T=128, cuBLAS 94)",
-     f"Hopper (cc 9.0), aligned, T > {WGMMA_MID_MAX_TOKENS}",
-     lambda c: _bf16(c) and _hopper(c) and c["T"] > WGMMA_MID_MAX_TOKENS),
-    ("gemm_v5", cuda_wgmma, False, "gemm_v4 for few tokens: 64x128 tiles (both warpgroups on the same 64 token "
-     "rows, m64n64 each), 2 CTAs an SM, so T <= 64 puts 200 CTAs on the weight stream (91.4-93.4 us at T=16, "
-     "level with cuBLAS's 91.7-93.6; gemv_v4 100.7)",
-     f"Hopper (cc 9.0), aligned, {GEMV3_MAX_TOKENS} < T <= {WGMMA_SMALL_MAX_TOKENS}",
-     lambda c: _bf16(c) and _hopper(c) and GEMV3_MAX_TOKENS < c["T"] <= WGMMA_SMALL_MAX_TOKENS),
-    ("gemm_v6", cuda_wgmma, False, "gemm_v4 with 128x200 tiles (m64n200k16): N = 25600 is 128 tiles, so T <= 128 "
-     "fills 128 SMs in one wave and T <= 256 two full waves (101 us at T=128, 149 at T=192 (cuBLAS 171), 151 at "
-     "T=256 (cuBLAS 125), 279 at T=512)",
-     f"Hopper (cc 9.0), aligned, {WGMMA_SMALL_MAX_TOKENS} < T <= {WGMMA_MID_MAX_TOKENS}",
-     lambda c: _bf16(c) and _hopper(c) and WGMMA_SMALL_MAX_TOKENS < c["T"] <= WGMMA_MID_MAX_TOKENS),
-    ("cublas_v1", cublas, False, "cuBLAS through torch.matmul on the device arrays (no copies), fp32 accumulation: "
-     "the comparison backend, never a default", "never (pick it by name)", None),
-]
 
-_REQUIRES = {"cublas_v1": "torch"}
-
-for _name, _mod, _exact, _log, _when, _rule in _RECORDS:
+def _proj(name, changelog, *, kernel, geometry, args, specs, when="never (pick it by name)", rule=None,
+          exact=False, encoding="bf16", sim=(), sweep=(), align=16, vector_io=None, **kw):
+    """Register one projection record (the stage's launcher: `cuda_common.prepare`)."""
+    naive = args == "naive"
     register(KernelRecord(
-        stage="proj", name=_name, encoding="bf16", changelog=_log, prepare=_mod.make_prepare(_name),
-        compile_targets=(lambda m=_mod, n=_name: m.compile_targets(n)), bit_exact=_exact,
-        default_when=_when, default_rule=_rule, sweep=SWEEP[_name], requires=_REQUIRES.get(_name, ""),
-        # the fast kernels' barriers, shuffles and mma twins cost 10-100x more in the simulator;
-        # the tests run them on the smallest shapes only (cuBLAS does not run there at all)
-        simulate=_name != "cublas_v1",
-    ))
+        stage="proj", name=name, changelog=changelog, launcher=kw.pop("launcher", prepare), kernel=kernel,
+        geometry=geometry, args=args, align=0 if naive else align, specs=specs, spill_free=not naive,
+        vector_io=not naive if vector_io is None else vector_io,
+        sim_cases=tuple(sim), bit_exact=exact, default_when=when, default_rule=rule, encoding=encoding,
+        sweep=tuple(sweep), **kw))
+
+
+# Simulator cases are (T, K, N): small enough for the simulator (1-4 blocks), chosen so that tiles
+# and blocks do not divide the shape; the comments say what each one exercises.
+
+# ---- bf16 weights ----------------------------------------------------------------------------------
+
+_proj("gemv_v1", "naive: one thread per output column, k in order (bit-exact; 922 us at T=1)",
+      kernel=cuda_gemv._gemv_v1, geometry=cuda_gemv.geometry_v1, args="naive",
+      specs=(Spec("", cuda_gemv._gemv_v1, NAIVE_ARGS),), exact=True,
+      when="numba's simulator or unaligned data, T = 1", rule=lambda c: _bf16(c) and _naive(c) and c["T"] <= 1,
+      sim=[(1, 64, 33), (5, 72, 19)], sweep=(1,))
+_proj("gemv_v2", "weight rows streamed by warps with 16-byte loads, x staged in shared memory as fp32, shuffle "
+      "reductions (101 us at T=1, 72% of the copy floor)",
+      kernel=Factory(lambda T: cuda_gemv._gemv_v2[cuda_gemv.token_block(T)]), geometry=cuda_gemv.geometry_v2,
+      args="fast", specs=tuple(Spec(f"[TB={tb}]", cuda_gemv._gemv_v2[tb], FAST_ARGS)
+                               for tb in cuda_gemv.GEMV_TOKEN_BLOCKS),
+      sim=[(1, 64, 33),             # TB=1, 2 blocks of 32 rows, the second with 1 row
+           (2, 72, 8),              # TB=2, rows past N clamped
+           (5, 64, 6),              # TB=8 (3 tokens past T)
+           (1, 8256, 6)],           # x staged in 2 passes (8192 + 64 values)
+      sweep=(1, 16))
+_proj("gemv_v3", "K split over the whole block, 4 rows a block: 6400 short blocks keep the machine full to the end "
+      "(83.6 us at T=1, 88% of the copy floor; cuBLAS 94 us)",
+      kernel=Factory(lambda T: cuda_gemv._gemv_v3[cuda_gemv.token_block(T)]), geometry=cuda_gemv.geometry_v3,
+      args="fast", specs=tuple(Spec(f"[TB={tb}]", cuda_gemv._gemv_v3[tb], FAST_ARGS)
+                               for tb in cuda_gemv.GEMV_TOKEN_BLOCKS),
+      when=f"GPU, aligned, T <= {GEMV3_MAX_TOKENS}",
+      rule=lambda c: _bf16(c) and _fast(c) and c["T"] <= GEMV3_MAX_TOKENS,
+      sim=[(1, 64, 6),              # TB=1, 2 blocks of 4 rows, most threads past K
+           (5, 64, 3),              # TB=8 with 3 tokens past T, 1 partial block
+           (3, 6208, 5)],           # TB=4, 776 chunks: a second trip over K (j0 loop)
+      sweep=(1, 16))
+_proj("gemv_v4", "tensor-core GEMV: mma m16n8k16 with up to 16 tokens as M, one weight pass per 16 tokens (100.7 us "
+      "at T=16, cuBLAS 94.5 us)",
+      kernel=cuda_gemv._gemv_v4, geometry=cuda_gemv.geometry_v4, args="fast",
+      specs=(Spec("", cuda_gemv._gemv_v4, FAST_ARGS),),
+      when=f"GPU other than Hopper, aligned, {GEMV3_MAX_TOKENS} < T <= {GEMV_MAX_TOKENS}",
+      rule=lambda c: _bf16(c) and _fast(c) and not _hopper(c) and GEMV3_MAX_TOKENS < c["T"] <= GEMV_MAX_TOKENS,
+      sim=[(1, 64, 6),              # 15 padding tokens, rows past N
+           (16, 72, 33),            # a full m16 token group, 2 blocks, K8 = 9 (tail chunk)
+           (19, 1040, 5)],          # 2 token groups, 3 trips over K with a partial one
+      sweep=(1, 16, 128))
+_proj("gemm_v1", "naive: one thread per output (t, n), k in order (bit-exact; 81.6 ms at T=128)",
+      kernel=cuda_gemm._gemm_v1, geometry=cuda_gemm.geometry_v1, args="naive",
+      specs=(Spec("", cuda_gemm._gemm_v1, NAIVE_ARGS),), exact=True,
+      when="numba's simulator or unaligned data, T > 1", rule=lambda c: _bf16(c) and _naive(c) and c["T"] > 1,
+      sim=[(2, 64, 33), (5, 72, 40)], sweep=(128,))
+_proj("gemm_v2", "tiled SIMT GEMM, 128x128 tiles, 8x8 register micro-tiles, double-buffered shared memory, k in order "
+      "(bit-exact; 42 TFLOP/s at T=4096)",
+      kernel=cuda_gemm._gemm_v2, geometry=cuda_gemm.geometry_v2, args="fast",
+      specs=(Spec("", cuda_gemm._gemm_v2, FAST_ARGS),), exact=True,
+      sim=[(5, 72, 33),             # one 128x128 tile, K % 16 == 8 (zero-filled tail)
+           (130, 16, 7),            # 2 tiles in T, 2 rows in the second
+           (3, 32, 130)],           # 2 tiles in N
+      sweep=(16, 128, 4096))
+_proj("gemm_v3", "gemm_v2's tiling on the tensor cores: inline-PTX mma.sync m16n8k16 bf16 -> fp32 (202 TFLOP/s at "
+      "T=4096, a quarter of cuBLAS; 276 us at T=128 against cuBLAS's 91)",
+      kernel=cuda_gemm._gemm_v3, geometry=cuda_gemm.geometry_v3, args="fast",
+      specs=(Spec("", cuda_gemm._gemm_v3, FAST_ARGS),),
+      when=f"GPU other than Hopper, aligned, T > {GEMV_MAX_TOKENS}",
+      rule=lambda c: _bf16(c) and _fast(c) and not _hopper(c) and c["T"] > GEMV_MAX_TOKENS,
+      sim=[(5, 40, 33),             # one tile, K % 32 == 8 (zero-filled tail), 2 k tiles
+           (130, 32, 9)],           # 2 tiles in T, N % 8 == 1 (odd n + 1 guard)
+      sweep=(16, 128, 4096))
+
+
+# ---- Hopper (sm_90a): warpgroup MMA, one kernel factory, a Variant (tile, stages, layout) each ------
+
+def _wgmma(name, changelog, *, when, rule, sim, sweep):
+    v = cuda_wgmma.VARIANTS[name]
+    _proj(name, changelog, kernel=Factory(lambda T: cuda_wgmma.kernel_for(v)), geometry=cuda_wgmma.geometry(v),
+          args="fast", specs=lambda: [Spec(f"[{v.name}]", cuda_wgmma.kernel_for(v), FAST_ARGS)],
+          when=when, rule=rule, sim=sim, sweep=sweep, vector_io=False)
+
+
+_wgmma("gemm_v4", "warpgroup MMA (wgmma m64n256k16, inline PTX) on 128x256 tiles, operands in 128B-swizzled shared "
+       "memory fed by a 4-stage cp.async pipeline, 2 warpgroups, token-tile-fastest grid (1.92-1.97 ms = 653-672 "
+       "TFLOP/s at T=4096, 84% of cuBLAS's throughput; 103-106 us at T=128, cuBLAS 94)",
+       when=f"Hopper (cc 9.0), aligned, T > {WGMMA_MID_MAX_TOKENS}",
+       rule=lambda c: _bf16(c) and _hopper(c) and c["T"] > WGMMA_MID_MAX_TOKENS,
+       sim=[(33, 264, 200),         # one 128x256 tile: rows past T and N, K % 64 == 8 (a 1-chunk
+                                    # last k tile), 5 k tiles through a 4-stage pipeline
+            (130, 72, 260)],        # 2 x 2 tiles: 2 rows in the second token tile, 4 outputs in
+                                    # the second output tile, 2 k tiles (pipeline deeper than K)
+       sweep=(16, 128, 4096))
+_wgmma("gemm_v5", "gemm_v4 for few tokens: 64x128 tiles (both warpgroups on the same 64 token rows, m64n64 each), "
+       "2 CTAs an SM, so T <= 64 puts 200 CTAs on the weight stream (91.4-93.4 us at T=16, level with cuBLAS's "
+       "91.7-93.6; gemv_v4 100.7)",
+       when=f"Hopper (cc 9.0), aligned, {GEMV3_MAX_TOKENS} < T <= {WGMMA_SMALL_MAX_TOKENS}",
+       rule=lambda c: _bf16(c) and _hopper(c) and GEMV3_MAX_TOKENS < c["T"] <= WGMMA_SMALL_MAX_TOKENS,
+       sim=[(5, 136, 130),          # 64x128 tiles: 2 output tiles, the second with 2 outputs
+            (70, 520, 9)],          # 2 token tiles, 9 k tiles (the ring of 4 stages wraps twice)
+       sweep=(16, 128, 4096))
+_wgmma("gemm_v6", "gemm_v4 with 128x200 tiles (m64n200k16): N = 25600 is 128 tiles, so T <= 128 fills 128 SMs in one "
+       "wave and T <= 256 two full waves (101 us at T=128, 149 at T=192 (cuBLAS 171), 151 at T=256 (cuBLAS 125), "
+       "279 at T=512)",
+       when=f"Hopper (cc 9.0), aligned, {WGMMA_SMALL_MAX_TOKENS} < T <= {WGMMA_MID_MAX_TOKENS}",
+       rule=lambda c: _bf16(c) and _hopper(c) and WGMMA_SMALL_MAX_TOKENS < c["T"] <= WGMMA_MID_MAX_TOKENS,
+       sim=[(130, 136, 330)],       # 128x200 tiles (the last 8 of 32 copy rows idle): 2 x 2 tiles,
+                                    # 130 outputs in the second output tile
+       sweep=(128, 4096))
+
+# cuBLAS: the comparison backend; nothing of ours to compile, no simulator (it needs a GPU)
+_proj("cublas_v1", "cuBLAS through torch.matmul on the device arrays (no copies), fp32 accumulation: the comparison "
+      "backend, never a default", kernel=None, geometry=None, args="external", specs=(), launcher=cublas.launcher,
+      requires="torch", simulate=False, sweep=(1, 16, 128, 4096))
 
 
 # ---- weights read in their file encoding (q2k, fp8): one weight pass per 8 tokens ----------------
 
 QUANT_SWEEP = (1, 4, 8)
+_Q2K_FAST_ARGS = FAST_ARGS                                                          # x32, w32 (the blocks), out, T, K
+_FP8_NAIVE_ARGS = (_U16_2D, _U8_2D, _U8_2D, _U16_2D)                                # x, codes, scales, out
+_FP8_FAST_ARGS = (_U32_1D, _U32_1D, _U8_2D, _U16_2D, types.int64, types.int64)      # x32, w32, scales, out, T, K
 
-_QUANT_RECORDS = [
-    ("gemv_q2k_v1", "q2k", cuda_gemv_q2k, True,
-     "naive: one thread per output column, each weight decoded as the reference decodes it and rounded to "
-     "bf16, k in order (bit-exact with the bf16-weight projection)",
-     "q2k weights, numba's simulator or unaligned data", lambda c: c["weight"] == "q2k" and _naive(c)),
-    ("gemv_q2k_v2", "q2k", cuda_gemv_q2k, False,
-     "tensor cores on weights decoded in registers: a byte_perm table of each sub-block's 4 bf16-rounded values "
-     "feeds mma.m16n8k16 with x's 8 tokens as N, 16 rows a block, K split over 8 warps (51.6 MB a pass)",
-     "q2k weights, GPU, aligned", lambda c: c["weight"] == "q2k" and _fast(c)),
-    ("gemv_q2k_v3", "q2k", cuda_gemv_q2k, False,
-     "v2 factored on exact weights: A = sc*q (exact in bf16), d scales a block's mma chain, the min term "
-     "dmin*m*sum(x) as 3 more mma on exact bf16 parts of the sub-block sums of x",
-     "never (pick it by name)", None),
-    ("gemv_q2k_v4", "q2k_r", cuda_gemv_q2kr, False,
+_proj("gemv_q2k_v1", "naive: one thread per output column, each weight decoded as the reference decodes it and rounded "
+      "to bf16, k in order (bit-exact with the bf16-weight projection)",
+      kernel=cuda_gemv_q2k._gemv_q2k_v1, geometry=cuda_gemv_q2k.geometry_naive, args="naive",
+      specs=(Spec("", cuda_gemv_q2k._gemv_q2k_v1, (_U16_2D, _U8_2D, _U16_2D)),), exact=True, encoding="q2k",
+      when="q2k weights, numba's simulator or unaligned data", rule=lambda c: c["weight"] == "q2k" and _naive(c),
+      sim=[(1, 256, 5), (3, 512, 33), (9, 256, 4)],       # T past one group of 8 tokens
+      sweep=QUANT_SWEEP)
+# the tensor-core versions run 256 threads and a simulated mma per 16 values: a few seconds a case;
+# (1, 6400, 16): K/256 = 25 blocks, more than 8 warps x 3 load in one trip
+_proj("gemv_q2k_v2", "tensor cores on weights decoded in registers: a byte_perm table of each sub-block's 4 "
+      "bf16-rounded values feeds mma.m16n8k16 with x's 8 tokens as N, 16 rows a block, K split over 8 warps (51.6 MB "
+      "a pass)",
+      kernel=cuda_gemv_q2k._gemv_q2k_v2, geometry=cuda_gemv_q2k.geometry_tc, args="fast", align=4,
+      specs=(Spec("", cuda_gemv_q2k._gemv_q2k_v2, _Q2K_FAST_ARGS),), encoding="q2k",
+      when="q2k weights, GPU, aligned", rule=lambda c: c["weight"] == "q2k" and _fast(c),
+      sim=[(1, 256, 16),            # one block, 7 warps with no blocks
+           (3, 512, 20),            # 2 row tiles, rows past N clamped
+           (9, 256, 5),             # 2 token groups, N < one tile
+           (1, 6400, 16)],          # more K blocks than one trip of the warps
+      sweep=QUANT_SWEEP)
+_proj("gemv_q2k_v3", "v2 factored on exact weights: A = sc*q (exact in bf16), d scales a block's mma chain, the min "
+      "term dmin*m*sum(x) as 3 more mma on exact bf16 parts of the sub-block sums of x",
+      kernel=cuda_gemv_q2k._gemv_q2k_v3, geometry=cuda_gemv_q2k.geometry_tc, args="fast", align=4,
+      specs=(Spec("", cuda_gemv_q2k._gemv_q2k_v3, _Q2K_FAST_ARGS),), encoding="q2k",
+      sim=[(1, 256, 16), (5, 512, 20)], sweep=QUANT_SWEEP)
+_proj("gemv_fp8_v1", "naive: one thread per output column, e4m3 x e8m0 weights decoded exactly in fp32, k in order "
+      "(bit-exact with the bf16-weight projection)",
+      kernel=cuda_gemv_fp8._gemv_fp8_v1, geometry=cuda_gemv_fp8.geometry_naive, args="naive",
+      specs=(Spec("", cuda_gemv_fp8._gemv_fp8_v1, _FP8_NAIVE_ARGS),
+             # the engine's many-token path decodes the whole wkv to bf16 with this kernel
+             Spec("[wkv_dequant]", cuda_gemv_fp8.dequant_kernel, (_U32_1D, _U8_2D, _U32_1D, types.int64),
+                  spill_free=True)),
+      exact=True, encoding="fp8",
+      when="fp8 weights, numba's simulator or unaligned data", rule=lambda c: c["weight"] == "fp8" and _naive(c),
+      sim=[(1, 32, 5), (3, 96, 40), (9, 64, 3)],          # N % 32: a partial scale-tile row
+      sweep=QUANT_SWEEP)
+# (2, 2080, 16): K/32 = 65 tiles, more than 8 warps x 8 load in one trip
+_proj("gemv_fp8_v2", "tensor cores: cvt.rn.f16x2.e4m3x2 codes (exact) as A, x's 8 tokens as N, each 32x32 tile's sum "
+      "scaled once by its power-of-two scale (157 MB a pass)",
+      kernel=cuda_gemv_fp8._gemv_fp8_v2, geometry=cuda_gemv_fp8.geometry_tc, args="fast", align=8,
+      specs=(Spec("", cuda_gemv_fp8._gemv_fp8_v2, _FP8_FAST_ARGS),), encoding="fp8",
+      when="fp8 weights, GPU, aligned", rule=lambda c: c["weight"] == "fp8" and _fast(c),
+      sim=[(1, 64, 16), (5, 96, 33), (9, 32, 8), (2, 2080, 16)], sweep=QUANT_SWEEP)
+
+# q2k_r: the same Q2_K weight re-laid out on the device at build (q2k_r.py). Every simulated block
+# runs a whole unit trip of simulated mma (~12 s a block): K = 768 is an odd block count (a zero pad
+# block), N = 13 rows past N in the tile.
+_Q2KR_PAIR_ARGS = (_U32_1D, _U32_1D, _U32_1D, _U16_2D, _U16_2D, types.int64, types.int64)   # xa, xb, w, outa, outb, T, K
+
+
+def _q2kr_specs(name, kernel, pair_kernel, build=False):
+    specs = [Spec("", kernel, _Q2K_FAST_ARGS), Spec(".pair", pair_kernel, _Q2KR_PAIR_ARGS)]
+    if build:      # the repack and decode kernels of the engine's build (one record owns them)
+        specs += [Spec(".repack", cuda_gemv_q2kr.repack_kernel, (_U32_1D, _U32_1D, types.int64, types.int64, types.int64)),
+                  Spec(".decode", cuda_gemv_q2kr.decode_kernel, (_U32_1D, _U32_1D, types.int64, types.int64, types.int64))]
+    return tuple(specs)
+
+
+for _name, _log, _when, _rule, _sim in (
+    ("gemv_q2k_v4",
      "v2's math on q2k_r, the Q2_K weight re-laid out at load (same bytes): six 16-byte loads a lane per "
      "16 rows x 512 k, each warp's loads for its whole K share issued into registers before any decode, "
      "6 warps a block (160 registers: 2 blocks an SM); 45.7 / 46.2 / 46.2 us at T = 1 / 4 / 8, L2 cold (v2: 58.9)",
-     "q2k_r weights (on a GPU the engine holds a Q2_K wkv as q2k_r)", lambda c: c["weight"] == "q2k_r"),
-    ("gemv_q2k_v5", "q2k_r", cuda_gemv_q2kr, False,
+     "q2k_r weights (on a GPU the engine holds a Q2_K wkv as q2k_r)", lambda c: c["weight"] == "q2k_r",
+     [(1, 768, 13)]),
+    ("gemv_q2k_v5",
      "v4 with 12 warps a block, each loading one unit (24 words a lane): 79 registers, 24 warps an SM "
-     "(47.5 / 47.8 / 48.7 us at T = 1 / 4 / 8)",
-     "never (pick it by name)", None),
-    ("gemv_q2k_v6", "q2k_r", cuda_gemv_q2kr, False,
+     "(47.5 / 47.8 / 48.7 us at T = 1 / 4 / 8)", "never (pick it by name)", None,
+     [(2, 512, 5)]),
+    ("gemv_q2k_v6",
      "v4 with the loads landing in shared memory by cp.async (each lane copies what it reads, one commit "
      "group a unit, waits only for the unit it decodes): 4 warps x 3 units in flight, 80 registers, 5 blocks "
-     "an SM (47.3 / 46.6 / 48.0 us at T = 1 / 4 / 8)",
-     "never (pick it by name)", None),
-    ("gemv_fp8_v1", "fp8", cuda_gemv_fp8, True,
-     "naive: one thread per output column, e4m3 x e8m0 weights decoded exactly in fp32, k in order "
-     "(bit-exact with the bf16-weight projection)",
-     "fp8 weights, numba's simulator or unaligned data", lambda c: c["weight"] == "fp8" and _naive(c)),
-    ("gemv_fp8_v2", "fp8", cuda_gemv_fp8, False,
-     "tensor cores: cvt.rn.f16x2.e4m3x2 codes (exact) as A, x's 8 tokens as N, each 32x32 tile's sum scaled "
-     "once by its power-of-two scale (157 MB a pass)",
-     "fp8 weights, GPU, aligned", lambda c: c["weight"] == "fp8" and _fast(c)),
-]
-
-for _name, _enc, _mod, _exact, _log, _when, _rule in _QUANT_RECORDS:
-    register(KernelRecord(
-        stage="proj", name=_name, encoding=_enc, changelog=_log, prepare=_mod.make_prepare(_name),
-        compile_targets=(lambda m=_mod, n=_name: m.compile_targets(n)), bit_exact=_exact,
-        default_when=_when, default_rule=_rule, sweep=QUANT_SWEEP, simulate=True,
-    ))
+     "an SM (47.3 / 46.6 / 48.0 us at T = 1 / 4 / 8)", "never (pick it by name)", None,
+     [(3, 768, 13),
+      (1, 6656, 13)]),          # 13 units > 4 warps x 3: two trips, warps with no units
+):
+    _proj(_name, _log, kernel=cuda_gemv_q2kr.KERNELS[_name], geometry=cuda_gemv_q2kr.geometry(_name), args="fast",
+          specs=_q2kr_specs(_name, cuda_gemv_q2kr.KERNELS[_name], cuda_gemv_q2kr.PAIR_KERNELS[_name],
+                            build=_name == "gemv_q2k_v4"),
+          encoding="q2k_r", when=_when, rule=_rule, sim=_sim, sweep=QUANT_SWEEP, vector_io=True)

@@ -10,15 +10,27 @@ Launch shapes:
   v1 (naive) one thread per output value, 256 threads a block (one row a block).
   fast       8 lanes per row, 256 threads a block (32 rows a block); lane t of a row writes 4
              16-byte chunks of 8 values.
+
+`prepare` is the stage's one launcher: it reads a kernel record (kernel {"decode", "gather"},
+geometry, argument form, alignment). The argument form `record.args` is "<view>[,<extra>]":
+  view   how the kernels see the rows: "u8" (the uint8 rows as given; out stays uint16 [n, 256]),
+         "u16" / "u32" (a [rows, row_bytes/2 or /4] view), "u32_flat" (one flat uint32 array);
+         every view but "u8" writes the flat uint32 view of out (`out_words`)
+  extra  what the gather takes before the ids: "" nothing, "rows" the table's row count (int64),
+         "scales" the scale array and the scales' first column in view units (FP8: inline in
+         bytes 256..263 of each row, or a separate [rows, 8] array)
 """
 from __future__ import annotations
 
 import numpy as np
 from numba import cuda, types
 
+from ...device.devarray import data_address
 from ...device.intrinsics import device_function, store_u32x4
+from ...device.launch import PreparedLaunch
+from ..registry import Spec
+from .encodings import ROW_VALUES
 
-ROW_VALUES = 256
 OUT_WORDS = ROW_VALUES // 2      # 128 bf16x2 words a row
 OUT_CHUNKS = ROW_VALUES // 8     # 32 16-byte chunks a row
 LANES_PER_ROW = 8
@@ -78,12 +90,78 @@ def nan_lane(out32, dst, t):
     store_u32x4(out32, base + 24, nan2, nan2, nan2, nan2)
 
 
-def launch_config(n: int, fast: bool) -> tuple[int, int]:
-    """(blocks, threads) covering n rows: a thread per value (v1), or 8 lanes per row (fast)."""
-    if not fast:
-        return (n * ROW_VALUES + THREADS_V1 - 1) // THREADS_V1, THREADS_V1
-    rows_per_block = THREADS_FAST // LANES_PER_ROW
-    return (n + rows_per_block - 1) // rows_per_block, THREADS_FAST
+def geometry_naive(n: int) -> tuple[int, int]:
+    """(blocks, threads) covering n rows with a thread per value."""
+    return (n * ROW_VALUES + THREADS_V1 - 1) // THREADS_V1, THREADS_V1
+
+
+def geometry_lanes(rows_per_group: int = 1):
+    """n -> (blocks, threads) covering n rows with 8 lanes per group of `rows_per_group` rows."""
+    rows_per_block = THREADS_FAST // LANES_PER_ROW * rows_per_group
+
+    def geometry(n: int) -> tuple[int, int]:
+        return (n + rows_per_block - 1) // rows_per_block, THREADS_FAST
+    geometry.__name__ = f"geometry_lanes_{rows_per_group}"
+    return geometry
+
+
+geometry_fast = geometry_lanes(1)
+
+INLINE_SCALE_BYTE = 256          # an FP8 row's scales start at byte 256 of its 264
+
+
+def _view(src, how: str):
+    if how == "u8":
+        return src
+    if how == "u16":
+        return src.view(np.uint16)
+    if how == "u32":
+        return src.view(np.uint32)
+    if how == "u32_flat":
+        return src.view(np.uint32).reshape(src.shape[0] * src.shape[1] // 4)
+    raise ValueError(f"unknown rows argument view {how!r}")
+
+
+def prepare(rec, src, out, *, ids=None, bad_count=None, stream=0, scales=None) -> PreparedLaunch:
+    """The launch of kernel record `rec`. ids None: decode the rows src [n, row_bytes] in order into
+    out [n, 256] (uint16, device); else gather rows ids [n] (int32/int64, device) of the table src,
+    counting out-of-range ids into bad_count (uint32 [1]). `scales`: a separate [rows, 8] scale
+    array (FP8 gathers only). Arguments are checked by `launch.py`."""
+    how, _, extra = rec.args.partition(",")
+    if scales is not None and (ids is None or extra != "scales"):
+        raise ValueError(f"{rec.name}: separate scales are for the gather of FP8 rows; decode takes whole rows")
+    if how != "u8" and not (data_address(src) % rec.align == 0 and data_address(out) % 16 == 0
+                            and (scales is None or data_address(scales) % 4 == 0)):
+        raise ValueError(f"{rec.name} reads whole {rec.align}-byte units and writes 16-byte chunks: the input "
+                         f"must be {rec.align}-byte and out 16-byte aligned; use version='{rec.encoding}_v1' or an "
+                         "aligned copy")
+    n = out.shape[0]
+    blocks, threads = rec.geometry(n)
+    view = _view(src, how)
+    dst = out if how == "u8" else out_words(out)
+    if ids is None:
+        return PreparedLaunch(rec.name, rec.kernel["decode"], blocks, threads, stream, (view, dst), out)
+    if extra == "":
+        lead = ()
+    elif extra == "rows":
+        lead = (np.int64(src.shape[0]),)
+    elif extra == "scales":
+        unit = 1 if how == "u8" else 4
+        lead = ((view, np.int64(INLINE_SCALE_BYTE // unit)) if scales is None
+                else (_view(scales, how), np.int64(0)))
+    else:
+        raise ValueError(f"unknown rows argument form {rec.args!r}")
+    return PreparedLaunch(rec.name, rec.kernel["gather"], blocks, threads, stream,
+                          (view,) + lead + (ids, dst, bad_count), out)
+
+
+def specs(rec_kernel: dict, src_t, out_t, extra: tuple = ()) -> tuple:
+    """The compile-tier specialisations of a decode/gather pair: decode, and gather with int32 and
+    int64 ids; src_t / out_t the view types, `extra` the gather's arguments before the ids."""
+    out = [Spec(".decode", rec_kernel["decode"], (src_t, out_t))]
+    for ids_t, tag in ID_TYPES:
+        out.append(Spec(f".gather[{tag}]", rec_kernel["gather"], (src_t,) + tuple(extra) + (ids_t, out_t, U32_1D)))
+    return tuple(out)
 
 
 def out_words(out):

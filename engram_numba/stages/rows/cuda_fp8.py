@@ -22,19 +22,15 @@ Kernel versions
 from __future__ import annotations
 
 import numpy as np
-from numba import cuda, types
+from numba import cuda
 
-from ...device.devarray import data_address
 from ...device.intrinsics import (cvt_pack_bf16x2, device_function, f32_to_bf16_bits, mul_rn, store_u32x4,
                                   u32_as_f32)
-from ...device.launch import PreparedLaunch
-from ..registry import CompileTarget
-from .cuda_common import (NAN_BF16, OUT_CHUNKS, ROW_VALUES, U8_2D, U16_2D, U32_1D, U32_2D, launch_config,
-                          nan_lane, out_words)
+from .cuda_common import INLINE_SCALE_BYTE, NAN_BF16, OUT_CHUNKS, nan_lane
+from .encodings import ROW_VALUES
 from .fp8 import FP8_ROW_BYTES, NAN_F32_BITS
 
-INLINE_SCALE_BYTE = 256     # scales' first byte in a 264-byte row
-INLINE_SCALE_WORD = 64
+INLINE_SCALE_WORD = INLINE_SCALE_BYTE // 4
 
 
 # ---- value helpers -------------------------------------------------------------------------------
@@ -172,66 +168,6 @@ def _gather_v2(codes32, scales32, soff_w, ids, out32, bad):
             cuda.atomic.add(bad, 0, np.uint32(1))
         return
     _lane_v2(codes32, scales32, soff_w, src, out32, row, t)
-
-
-KERNELS = {1: (_decode_v1, _gather_v1), 2: (_decode_v2, _gather_v2)}
-
-
-def make_prepare(version: int):
-    """The prepare function of record fp8_v{version}:
-
-        prepare(src, out, *, ids=None, bad_count=None, stream=0, scales=None) -> PreparedLaunch
-    ids None: decode 264-byte rows src [n, 264] in order into out [n, 256] (uint16, device).
-    Else gather rows ids [n] (int32/int64, device) of the table src, counting out-of-range ids
-    into bad_count (uint32 [1]): src [rows, 264] with the scales inline (scales None), or src the
-    codes [rows, 256] and `scales` the e8m0 bytes [rows, 8]. Arguments are checked by `launch.py`."""
-    name = f"fp8_v{version}"
-
-    def prepare(src, out, *, ids=None, bad_count=None, stream=0, scales=None):
-        n = out.shape[0]
-        if scales is not None and ids is None:
-            raise ValueError(f"{name}: separate scales are for the gather; decode takes 264-byte rows")
-        if version != 1 and not (data_address(src) % 4 == 0 and data_address(out) % 16 == 0
-                                 and (scales is None or data_address(scales) % 4 == 0)):
-            raise ValueError(f"{name} reads whole 4-byte words and writes 16-byte chunks: the codes and scales "
-                             "must be 4-byte and out 16-byte aligned; use version='fp8_v1' or an aligned copy")
-        blocks, threads = launch_config(n, version != 1)
-        decode, gather = KERNELS[version]
-        if version == 1:
-            if ids is None:
-                args = (src, out)
-            elif scales is None:
-                args = (src, src, np.int64(INLINE_SCALE_BYTE), ids, out, bad_count)
-            else:
-                args = (src, scales, np.int64(0), ids, out, bad_count)
-        else:
-            src32 = src.view(np.uint32)
-            out32 = out_words(out)
-            if ids is None:
-                args = (src32, out32)
-            elif scales is None:
-                args = (src32, src32, np.int64(INLINE_SCALE_WORD), ids, out32, bad_count)
-            else:
-                args = (src32, scales.view(np.uint32), np.int64(0), ids, out32, bad_count)
-        return PreparedLaunch(name, decode if ids is None else gather, blocks, threads, stream, args, out)
-
-    prepare.__name__ = f"prepare_{name}"
-    return prepare
-
-
-# ---- compile-only tier ---------------------------------------------------------------------------
-
-def compile_targets(version: int) -> list:
-    """Every specialisation of fp8_v{version}: decode, and gather with int32 and int64 ids (the
-    inline and the separate-scales layouts share the gather's types)."""
-    decode, gather = KERNELS[version]
-    fast = version != 1
-    src_t, out_t = (U32_2D, U32_1D) if fast else (U8_2D, U16_2D)
-    out = [CompileTarget(f"rows.fp8_v{version}.decode", decode, (src_t, out_t), spill_free=fast, vector_io=fast)]
-    for ids_t, tag in ((types.int32[::1], "i32"), (types.int64[::1], "i64")):
-        out.append(CompileTarget(f"rows.fp8_v{version}.gather[{tag}]", gather,
-                                 (src_t, src_t, types.int64, ids_t, out_t, U32_1D), spill_free=fast, vector_io=fast))
-    return out
 
 
 assert FP8_ROW_BYTES == 4 * (INLINE_SCALE_WORD + 2)

@@ -23,18 +23,13 @@ Kernel versions, per encoding ("q3_k_v1", "q3_k_v2", "q4_k_v1", ...):
 from __future__ import annotations
 
 import numpy as np
-from numba import cuda, types
+from numba import cuda
 
-from ...device.devarray import data_address
 from ...device.intrinsics import (byte_perm, cvt_pack_bf16x2, device_function, f16_bits_to_f32, f32_to_bf16_bits,
                                   load_u32x4, mul_rn, store_u32x4, sub_rn)
-from ...device.launch import PreparedLaunch
-from ..registry import CompileTarget
-from .cuda_common import (OUT_CHUNKS, U8_2D, U16_2D, U32_1D, U32_2D, launch_config, make_naive_kernels, nan_lane,
-                          out_words)
-from .kquants import Q3_K_BYTES, Q4_K_BYTES, Q8_0_ROW_BYTES
+from .cuda_common import OUT_CHUNKS, make_naive_kernels, nan_lane
+from .kquants import Q4_K_BYTES
 
-ALIGN = {"q3_k": 2, "q4_k": 16, "q8_0": 4}       # input alignment (bytes) of each v2
 Q4_K_CHUNKS = Q4_K_BYTES // 16                   # 9 16-byte chunks a Q4_K row
 
 
@@ -276,70 +271,10 @@ def _make_v2(lane):
     return decode, gather
 
 
-KERNELS = {
-    ("q3_k", 1): make_naive_kernels(_q3_k_value), ("q3_k", 2): _make_v2(_q3_k_lane),
-    ("q4_k", 1): make_naive_kernels(_q4_k_value), ("q4_k", 2): _make_v2(_q4_k_lane),
-    ("q8_0", 1): make_naive_kernels(_q8_0_value), ("q8_0", 2): _make_v2(_q8_0_lane),
-}    # (encoding, version) -> (decode in order, gather by id)
-ROW_BYTES = {"q3_k": Q3_K_BYTES, "q4_k": Q4_K_BYTES, "q8_0": Q8_0_ROW_BYTES}
-
-
-def _v2_view(encoding: str, src):
-    """The view of rows src [n, row_bytes] (uint8, device) that the v2 lane reads."""
-    if encoding == "q3_k":
-        return src.view(np.uint16)                                      # [n, 55]
-    if encoding == "q4_k":
-        return src.view(np.uint32).reshape(src.shape[0] * (Q4_K_BYTES // 4))   # [n*36], 16-byte chunks
-    return src.view(np.uint32)                                          # q8_0: [n, 68]
-
-
-def make_prepare(encoding: str, version: int):
-    """The prepare function of record {encoding}_v{version}:
-
-        prepare(src, out, *, ids=None, bad_count=None, stream=0) -> PreparedLaunch
-    ids None: decode rows src [n, row_bytes] in order into out [n, 256] (uint16, device); else
-    gather rows ids [n] (int32/int64, device) of the table src [rows, row_bytes], counting
-    out-of-range ids into bad_count (uint32 [1]). Arguments are checked by `launch.py`."""
-    name = f"{encoding}_v{version}"
-    align = ALIGN[encoding]
-
-    def prepare(src, out, *, ids=None, bad_count=None, stream=0):
-        n = out.shape[0]
-        if version != 1 and not (data_address(src) % align == 0 and data_address(out) % 16 == 0):
-            raise ValueError(f"{name} reads whole {align}-byte units and writes 16-byte chunks: the input must be "
-                             f"{align}-byte and out 16-byte aligned; use version='{encoding}_v1' or an aligned copy")
-        blocks, threads = launch_config(n, version != 1)
-        decode, gather = KERNELS[(encoding, version)]
-        if version == 1:
-            args = (src, out) if ids is None else (src, ids, out, bad_count)
-        else:
-            view = _v2_view(encoding, src)
-            out32 = out_words(out)
-            args = (view, out32) if ids is None else (view, np.int64(src.shape[0]), ids, out32, bad_count)
-        return PreparedLaunch(name, decode if ids is None else gather, blocks, threads, stream, args, out)
-
-    prepare.__name__ = f"prepare_{name}"
-    return prepare
-
-
-# ---- compile-only tier ---------------------------------------------------------------------------
-
-_V2_SRC = {"q3_k": U16_2D, "q4_k": U32_1D, "q8_0": U32_2D}
-
-
-def compile_targets(encoding: str, version: int) -> list:
-    """Every specialisation of {encoding}_v{version}: decode, and gather with int32 and int64 ids."""
-    decode, gather = KERNELS[(encoding, version)]
-    name = f"rows.{encoding}_v{version}"
-    if version == 1:
-        out = [CompileTarget(f"{name}.decode", decode, (U8_2D, U16_2D), spill_free=False)]
-        for ids_t, tag in ((types.int32[::1], "i32"), (types.int64[::1], "i64")):
-            out.append(CompileTarget(f"{name}.gather[{tag}]", gather, (U8_2D, ids_t, U16_2D, U32_1D),
-                                     spill_free=False))
-        return out
-    src_t = _V2_SRC[encoding]
-    out = [CompileTarget(f"{name}.decode", decode, (src_t, U32_1D), vector_io=True)]
-    for ids_t, tag in ((types.int32[::1], "i32"), (types.int64[::1], "i64")):
-        out.append(CompileTarget(f"{name}.gather[{tag}]", gather, (src_t, types.int64, ids_t, U32_1D, U32_1D),
-                                 vector_io=True))
-    return out
+# (decode in order, gather by id) of each version; records.py names them "<encoding>_v<N>"
+q3_k_v1 = make_naive_kernels(_q3_k_value)
+q3_k_v2 = _make_v2(_q3_k_lane)
+q4_k_v1 = make_naive_kernels(_q4_k_value)
+q4_k_v2 = _make_v2(_q4_k_lane)
+q8_0_v1 = make_naive_kernels(_q8_0_value)
+q8_0_v2 = _make_v2(_q8_0_lane)

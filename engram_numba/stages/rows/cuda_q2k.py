@@ -37,13 +37,11 @@ from __future__ import annotations
 import numpy as np
 from numba import cuda, types
 
-from ...device.devarray import data_address
 from ...device.intrinsics import (byte_perm, cvt_pack_bf16x2, device_function, f16_bits_to_f32, f32_to_bf16_bits, mul_rn,
                                 pack_bf16x2, store_u32x4, sub_rn)
-from ...device.launch import PreparedLaunch
-from ..registry import CompileTarget
-from .cuda_common import U8_2D, U16_2D, U32_1D, U32_2D, make_naive_kernels
-from .q2k import ENGRAM_ROW_BYTES, ROW_VALUES
+from .cuda_common import make_naive_kernels
+from .encodings import ROW_VALUES
+from .q2k import ENGRAM_ROW_BYTES
 
 ROW_WORDS = ENGRAM_ROW_BYTES // 4      # 21 uint32 words a block; rows are 4-byte aligned (84 = 4*21)
 OUT_WORDS = ROW_VALUES // 2            # 128 bf16x2 words a row
@@ -251,62 +249,3 @@ def _make_fast(pack, rows_per_group):
 _dequant_v2, _gather_v2 = _make_fast(pack_bf16x2, 1)
 _dequant_v3, _gather_v3 = _make_fast(cvt_pack_bf16x2, 1)
 _dequant_v4, _gather_v4 = _make_fast(cvt_pack_bf16x2, ROWS_PER_GROUP_V4)
-
-KERNELS = {1: (_dequant_v1, _gather_v1), 2: (_dequant_v2, _gather_v2), 3: (_dequant_v3, _gather_v3),
-           4: (_dequant_v4, _gather_v4)}      # version -> (decode in order, gather by id)
-
-
-def launch_config(n: int, version: int) -> tuple[int, int]:
-    """(blocks, threads) that cover n rows with the given kernel version."""
-    if version == 1:
-        return (n * ROW_VALUES + THREADS_V1 - 1) // THREADS_V1, THREADS_V1
-    if version not in (2, 3, 4):
-        raise ValueError(f"no Q2_K kernel version {version!r}; versions are 1, 2, 3, 4")
-    rows_per_block = THREADS_FAST // LANES_PER_ROW * (ROWS_PER_GROUP_V4 if version == 4 else 1)
-    return (n + rows_per_block - 1) // rows_per_block, THREADS_FAST
-
-
-def make_prepare(version: int):
-    """The prepare function of record q2k_v{version}:
-
-        prepare(src, out, *, ids=None, bad_count=None, stream=0) -> PreparedLaunch
-    ids None: decode the blocks src [n, 84] in order into out [n, 256] (uint16, device);
-    else gather: rows ids [n] (int32/int64, device) of the table src [rows, 84], counting
-    out-of-range ids into bad_count (uint32 [1]). Arguments are checked by `launch.py`."""
-    name = f"q2k_v{version}"
-
-    def prepare(src, out, *, ids=None, bad_count=None, stream=0):
-        n = out.shape[0]
-        if version != 1 and not (data_address(src) % 4 == 0 and data_address(out) % 16 == 0):
-            raise ValueError(f"{name} reads whole 4-byte words and writes 16-byte chunks: the input must be "
-                             "4-byte and out 16-byte aligned; use version='q2k_v1' or an aligned copy")
-        blocks, threads = launch_config(n, version)
-        dequant, gather = KERNELS[version]
-        if version == 1:
-            args = (src, out) if ids is None else (src, ids, out, bad_count)
-        else:
-            src32 = src.view(np.uint32)                         # [rows, 21]
-            out32 = out.view(np.uint32).reshape(n * OUT_WORDS)  # [n*128]
-            args = (src32, out32) if ids is None else (src32, ids, out32, bad_count)
-        return PreparedLaunch(name, dequant if ids is None else gather, blocks, threads, stream, args, out)
-
-    prepare.__name__ = f"prepare_{name}"
-    return prepare
-
-
-# ---- compile-only tier ---------------------------------------------------------------------------
-
-def compile_targets(version: int) -> list:
-    """Every specialisation of q2k_v{version}: decode, and gather with int32 and int64 ids."""
-    dequant, gather = KERNELS[version]
-    if version == 1:
-        out = [CompileTarget("rows.q2k_v1.decode", dequant, (U8_2D, U16_2D), spill_free=False)]
-        for ids_t, tag in ((types.int32[::1], "i32"), (types.int64[::1], "i64")):
-            out.append(CompileTarget(f"rows.q2k_v1.gather[{tag}]", gather, (U8_2D, ids_t, U16_2D, U32_1D),
-                                     spill_free=False))
-        return out
-    out = [CompileTarget(f"rows.q2k_v{version}.decode", dequant, (U32_2D, U32_1D), vector_io=True)]
-    for ids_t, tag in ((types.int32[::1], "i32"), (types.int64[::1], "i64")):
-        out.append(CompileTarget(f"rows.q2k_v{version}.gather[{tag}]", gather, (U32_2D, ids_t, U32_1D, U32_1D),
-                                 vector_io=True))
-    return out

@@ -30,10 +30,11 @@ import math
 import numpy as np
 from numba import njit, prange
 
-ROW_VALUES = 256
+from .encodings import ROW_VALUES
+
 GROUP = 32                        # values per e8m0 scale
 ROW_SCALES = ROW_VALUES // GROUP  # 8
-FP8_ROW_BYTES = ROW_VALUES + ROW_SCALES   # 264
+FP8_ROW_BYTES = ROW_VALUES + ROW_SCALES   # 264 (encodings.ENCODINGS["fp8"].row_bytes)
 E4M3_MAX = 448.0
 NAN_F32_BITS = 0x7FFFFFFF         # the NaN the decoders produce (the GPU's canonical fp32 NaN)
 E8M0_NAN = 255

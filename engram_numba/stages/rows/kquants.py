@@ -30,9 +30,9 @@ from __future__ import annotations
 import numpy as np
 from numba import njit, prange
 
+from .encodings import ROW_VALUES
 from .q2k import _half_to_f32
 
-ROW_VALUES = 256
 Q3_K_BYTES = 110
 Q4_K_BYTES = 144
 Q8_0_BLOCK_VALUES = 32

@@ -31,9 +31,9 @@ import numpy as np
 from numba import njit, prange
 
 from ...bf16 import BF16, f32_to_bf16
+from .encodings import ROW_VALUES
 
 ENGRAM_ROW_BYTES = 84
-ROW_VALUES = 256
 _SCALES, _QS, _D, _DMIN = 0, 16, 80, 82
 
 

@@ -15,7 +15,7 @@ def _bf16(rng, shape, scale=1.0):
 
 
 def _gate_f64(highway, kv, q, k, mask=None, eps=1e-20):
-    """SPEC section 5 in float64: what the fp32 reference approximates."""
+    """docs/math.md section 6 in float64: what the fp32 reference approximates."""
     T, hc, dim = highway.shape
     key, value = split_kv(kv, hc)
     h = highway.astype(np.float64)

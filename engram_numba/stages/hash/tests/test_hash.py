@@ -1,4 +1,4 @@
-"""The hash front end: SPEC section 2 test vectors, the @njit hasher against the readable
+"""The hash front end: the test vectors of docs/math.md section 3.5, the @njit hasher against the readable
 reference (one call, chunks, decode steps), sticky blocking at dead tokens, bad ids, and
 EngramHashTables.validate."""
 import dataclasses
@@ -45,7 +45,7 @@ TABLES = {"tiny": _tiny(), "released": _released(), "remapped": _remapped(), "ti
 
 def window_ids(tables, tok):
     """Row ids [L, C] of one n-gram window tok[0..M-1] (tok[s] = the token s places back), from
-    SPEC section 2 step 4 with Python integers: a third implementation beside the two tested."""
+    docs/math.md section 3.2 (the rolling XOR fold) with Python integers: a third implementation beside the two tested."""
     out = np.empty((tables.n_layers, tables.n_hash_cols), dtype=np.int64)
     for li in range(tables.n_layers):
         m = [int(x) for x in tables.multipliers[li]]
@@ -58,7 +58,7 @@ def window_ids(tables, tok):
     return out
 
 
-# SPEC test vectors -------------------------------------------------------------------------------
+# The test vectors (docs/math.md 3.5) -----------------------------------------------------------
 
 def test_released_multipliers():
     t = TABLES["released"]

@@ -35,20 +35,19 @@ import numpy as np
 import pytest
 from numba import cuda
 
-from engram_numba.bf16 import bf16_to_f32, bf16_ulp_distance, f32_to_bf16
+from engram_numba.bf16 import bf16_ulp_distance, f32_to_bf16
 from engram_numba.device.devarray import data_address
 from engram_numba.device.intrinsics import SIMULATOR
 from engram_numba.stages import registry
-from engram_numba.stages.proj import cublas, cuda_gemm, cuda_gemv, cuda_wgmma
+from engram_numba.stages.proj import cublas, cuda_wgmma
 from engram_numba.stages.proj import launch as P
 from engram_numba.stages.proj.cuda_gemv import GEMV_TOKEN_BLOCKS
 from engram_numba.stages.proj.records import (GEMV3_MAX_TOKENS, GEMV_MAX_TOKENS, WGMMA_MID_MAX_TOKENS,
                                               WGMMA_SMALL_MAX_TOKENS)
 from engram_numba.stages.proj.reference import projection_exact, projection_reference
 
-POISON = 0xFFFF              # a bf16 NaN: any element left unwritten fails the ulp check
-NOISE_SIGMAS = 8.0
-U = 2.0 ** -24
+from .conftest import POISON, Yardstick, assert_within_tolerance, dev, error_stats, poisoned
+
 VERSIONS = tuple(registry.names("proj", "bf16"))   # bf16 weights (q2k/fp8 weights: test_proj_quant.py)
 NAIVE = ("gemv_v1", "gemm_v1")
 # versions that sum in the reference's order: every record marked bit_exact (gemv_v1, gemm_v1 and
@@ -61,10 +60,8 @@ RESULTS: list[dict] = []     # GPU tier: one summary per check, for the results 
 
 
 def launch_config(version, T, N):
-    """(grid, block) of a numba proj record at T tokens and N outputs (its kernel module's)."""
-    if version in cuda_wgmma.VARIANTS:
-        return cuda_wgmma.launch_config(version, T, N)
-    return (cuda_gemv if version.startswith("gemv") else cuda_gemm).launch_config(version, T, N)
+    """(grid, block) of a numba proj record at T tokens and N outputs (its record's geometry)."""
+    return registry.get("proj", version).geometry(T, N)[:2]
 
 
 HOPPER, AMPERE = (9, 0), (8, 0)
@@ -90,64 +87,6 @@ def make_inputs(rng, T, K, N, w_scale=0.05):
     return x, w
 
 
-def poisoned(T, N):
-    return cuda.to_device(np.full((T, N), POISON, dtype=np.uint16))
-
-
-def bf16_ulp_size(v):
-    """The spacing of bf16 values at |v| (float64), normal range."""
-    mag = np.maximum(np.abs(v), 2.0 ** -126)
-    return 2.0 ** (np.floor(np.log2(mag)) - 7)
-
-
-class Yardstick:
-    """The exact answer for x, w and the per-element allowances (module docstring), computed once
-    per input and reused for every version."""
-
-    def __init__(self, x, w, exact64=None):
-        xf, wf = bf16_to_f32(x), bf16_to_f32(w)
-        if exact64 is None:
-            exact64 = xf.astype(np.float64) @ wf.astype(np.float64).T                  # [T, N]
-        K = x.shape[1]
-        noise = NOISE_SIGMAS * U * np.sqrt(K / 2) * np.sqrt((xf * xf) @ (wf * wf).T).astype(np.float64)
-        self.exact64 = exact64
-        self.exact_bf16 = f32_to_bf16(exact64)
-        self.well = noise < 0.5 * bf16_ulp_size(exact64)
-        self.allowance = noise + 2.0 ** -7 * (np.abs(exact64) + noise)
-
-
-def error_stats(got, yard, ref=None):
-    """Distances of the kernel's kv from the exact answer (and from the sequential reference, if
-    given), split into well-conditioned elements and noise-dominated ones (module docstring)."""
-    well, ill = yard.well, ~yard.well
-    ulps = bf16_ulp_distance(got, yard.exact_bf16)
-    got64 = bf16_to_f32(got).astype(np.float64)
-    stats = {
-        "max_ulp_vs_exact": int(ulps.max()),
-        "max_ulp_well_conditioned": int(ulps[well].max()) if well.any() else 0,
-        "n_noise_dominated": int(ill.sum()),
-        "max_noise_dominated_err_over_allowance":
-            float((np.abs(got64[ill] - yard.exact64[ill]) / yard.allowance[ill]).max()) if ill.any() else 0.0,
-        "n_over_1ulp": int((ulps > 1).sum()),
-        "n_elements": int(got.size),
-        "all_finite": bool(np.isfinite(got64).all()),
-    }
-    if ref is not None:
-        ulps_ref = bf16_ulp_distance(got, ref)
-        stats["max_ulp_vs_reference"] = int(ulps_ref.max())
-        stats["max_ulp_vs_reference_well_conditioned"] = int(ulps_ref[well].max()) if well.any() else 0
-        stats["bit_exact_vs_reference"] = bool(np.array_equal(got, ref))
-    return stats
-
-
-def assert_within_tolerance(stats):
-    assert stats["all_finite"], stats
-    assert stats["max_ulp_well_conditioned"] <= 1, stats
-    assert stats["max_noise_dominated_err_over_allowance"] <= 1.0, stats
-    if "max_ulp_vs_reference_well_conditioned" in stats:
-        assert stats["max_ulp_vs_reference_well_conditioned"] <= 1, stats
-
-
 def run(version, x, w, T, N, stream=0):
     out = poisoned(T, N)
     ret = P.project(cuda.to_device(x), cuda.to_device(w), out, version=version, stream=stream)
@@ -156,37 +95,12 @@ def run(version, x, w, T, N, stream=0):
 
 
 # ---- simulator tier: every version at tiny shapes ------------------------------------------------
-# (T, K, N) per version: small enough for the simulator (1-4 blocks), chosen so that tiles and
-# blocks do not divide the shape; comments say what each one exercises.
+# (T, K, N) per version: each record's sim_cases (records.py says what each one exercises).
 
-SIM_CASES = {
-    "gemv_v1": [(1, 64, 33), (5, 72, 19)],
-    "gemm_v1": [(2, 64, 33), (5, 72, 40)],
-    "gemv_v2": [(1, 64, 33),             # TB=1, 2 blocks of 32 rows, the second with 1 row
-                (2, 72, 8),              # TB=2, rows past N clamped
-                (5, 64, 6),              # TB=8 (3 tokens past T)
-                (1, 8256, 6)],           # x staged in 2 passes (8192 + 64 values)
-    "gemv_v3": [(1, 64, 6),              # TB=1, 2 blocks of 4 rows, most threads past K
-                (5, 64, 3),              # TB=8 with 3 tokens past T, 1 partial block
-                (3, 6208, 5)],           # TB=4, 776 chunks: a second trip over K (j0 loop)
-    "gemm_v2": [(5, 72, 33),             # one 128x128 tile, K % 16 == 8 (zero-filled tail)
-                (130, 16, 7),            # 2 tiles in T, 2 rows in the second
-                (3, 32, 130)],           # 2 tiles in N
-    "gemm_v3": [(5, 40, 33),             # one tile, K % 32 == 8 (zero-filled tail), 2 k tiles
-                (130, 32, 9)],           # 2 tiles in T, N % 8 == 1 (odd n + 1 guard)
-    "gemv_v4": [(1, 64, 6),              # 15 padding tokens, rows past N
-                (16, 72, 33),            # a full m16 token group, 2 blocks, K8 = 9 (tail chunk)
-                (19, 1040, 5)],          # 2 token groups, 3 trips over K with a partial one
-    "gemm_v4": [(33, 264, 200),          # one 128x256 tile: rows past T and N, K % 64 == 8 (a 1-chunk
-                                         # last k tile), 5 k tiles through a 4-stage pipeline
-                (130, 72, 260)],         # 2 x 2 tiles: 2 rows in the second token tile, 4 outputs in
-                                         # the second output tile, 2 k tiles (pipeline deeper than K)
-    "gemm_v5": [(5, 136, 130),           # 64x128 tiles: 2 output tiles, the second with 2 outputs
-                (70, 520, 9)],           # 2 token tiles, 9 k tiles (the ring of 4 stages wraps twice)
-    "gemm_v6": [(130, 136, 330)],        # 128x200 tiles (the last 8 of 32 copy rows idle): 2 x 2 tiles,
-                                         # 130 outputs in the second output tile
-}
-SIM_PARAMS = [(v, shape) for v, shapes in SIM_CASES.items() for shape in shapes]
+SIM_CASES = {r.name: r.sim_cases for r in registry.records("proj", "bf16") if r.sim_cases}
+# each version's first case runs in `make test-fast`; the others (larger, slower to simulate) are `slow`
+SIM_PARAMS = [pytest.param(v, shape, id=f"{v}-{shape[0]}x{shape[1]}x{shape[2]}", marks=(pytest.mark.slow,) if i else ())
+              for v, shapes in SIM_CASES.items() for i, shape in enumerate(shapes)]
 
 
 def test_every_version_has_simulator_cases():
@@ -198,7 +112,7 @@ def test_sequential_versions_are_marked_bit_exact():
     assert {"gemv_v1", "gemm_v1", "gemm_v2"} <= set(SEQUENTIAL)
 
 
-@pytest.mark.parametrize("version,shape", SIM_PARAMS, ids=[f"{v}-{t}x{k}x{n}" for v, (t, k, n) in SIM_PARAMS])
+@pytest.mark.parametrize("version,shape", SIM_PARAMS)
 def test_version_matches_reference(rng, version, shape):
     T, K, N = shape
     x, w = make_inputs(rng, T, K, N)
@@ -328,30 +242,22 @@ def test_launch_config_released_shapes():
     assert launch_config("gemm_v6", 128, 25600) == ((1, 128), 256)
     for v in FAST + NAIVE:                               # every numba record has a launch configuration
         launch_config(v, 7, 25600)
-    with pytest.raises(ValueError, match="no GEMM version 'gemm_v9'"):
-        cuda_gemm.launch_config("gemm_v9", 1, 1)
-    with pytest.raises(ValueError, match="no GEMV version 'gemv_v9'"):
-        cuda_gemv.launch_config("gemv_v9", 1, 1)
 
 
 # ---- argument validation ------------------------------------------------------------------------
 
-def _dev(a):
-    return cuda.to_device(np.ascontiguousarray(a))
-
-
 BAD_ARGS = [
     # (description, x, wkv, out kwargs, error type, message fragment)
-    ("host x", lambda x, w: (x, _dev(w), None), TypeError, "x is a host numpy array"),
-    ("host wkv", lambda x, w: (_dev(x), w, None), TypeError, "wkv is a host numpy array"),
-    ("not an array", lambda x, w: ([1, 2], _dev(w), None), TypeError, "x must be a device array"),
-    ("float x", lambda x, w: (_dev(x.astype(np.float32)), _dev(w), None), ValueError, "x must be bf16 words"),
-    ("1-D wkv", lambda x, w: (_dev(x), _dev(w.ravel()), None), ValueError, "wkv must be 2-D"),
-    ("K mismatch", lambda x, w: (_dev(x), _dev(w[:, :8]), None), ValueError, "K differs"),
-    ("K % 8", lambda x, w: (_dev(x[:, :12]), _dev(w[:, :12]), None), ValueError, "multiple of 8"),
-    ("out shape", lambda x, w: (_dev(x), _dev(w), _dev(np.zeros((2, 4), np.uint16))), ValueError, "out must be"),
-    ("out dtype", lambda x, w: (_dev(x), _dev(w), _dev(np.zeros((2, 3), np.float32))), ValueError, "out must be bf16"),
-    ("host out", lambda x, w: (_dev(x), _dev(w), np.zeros((2, 3), np.uint16)), TypeError, "out is a host"),
+    ("host x", lambda x, w: (x, dev(w), None), TypeError, "x is a host numpy array"),
+    ("host wkv", lambda x, w: (dev(x), w, None), TypeError, "wkv is a host numpy array"),
+    ("not an array", lambda x, w: ([1, 2], dev(w), None), TypeError, "x must be a device array"),
+    ("float x", lambda x, w: (dev(x.astype(np.float32)), dev(w), None), ValueError, "x must be bf16 words"),
+    ("1-D wkv", lambda x, w: (dev(x), dev(w.ravel()), None), ValueError, "wkv must be 2-D"),
+    ("K mismatch", lambda x, w: (dev(x), dev(w[:, :8]), None), ValueError, "K differs"),
+    ("K % 8", lambda x, w: (dev(x[:, :12]), dev(w[:, :12]), None), ValueError, "multiple of 8"),
+    ("out shape", lambda x, w: (dev(x), dev(w), dev(np.zeros((2, 4), np.uint16))), ValueError, "out must be"),
+    ("out dtype", lambda x, w: (dev(x), dev(w), dev(np.zeros((2, 3), np.float32))), ValueError, "out must be bf16"),
+    ("host out", lambda x, w: (dev(x), dev(w), np.zeros((2, 3), np.uint16)), TypeError, "out is a host"),
 ]
 
 
@@ -366,21 +272,21 @@ def test_bad_arguments_raise_before_launch(rng, case):
 
 def test_non_contiguous_and_unknown_version(rng):
     x, w = make_inputs(rng, 4, 16, 3)
-    xd, wd = _dev(x), _dev(w)
+    xd, wd = dev(x), dev(w)
     # strided views (a device array's .T is a transposed copy on a GPU, a view only in the simulator)
     with pytest.raises(ValueError, match="x must be C-contiguous"):
-        P.project(_dev(np.zeros((4, 32), np.uint16))[:, ::2], wd)
+        P.project(dev(np.zeros((4, 32), np.uint16))[:, ::2], wd)
     with pytest.raises(ValueError, match=r"no proj kernel version 'gemm_v9'; versions are \["):
         P.project(xd, wd, version="gemm_v9")
     out = poisoned(4, 3)
     with pytest.raises(ValueError, match="out must be C-contiguous"):
-        P.project(xd, wd, _dev(np.zeros((4, 6), np.uint16))[:, ::2])
+        P.project(xd, wd, dev(np.zeros((4, 6), np.uint16))[:, ::2])
     np.testing.assert_array_equal(out.copy_to_host(), POISON)   # nothing was launched
 
 
 def test_zero_tokens_is_a_no_op(rng):
     _, w = make_inputs(rng, 1, 16, 3)
-    out = P.project(_dev(np.zeros((0, 16), np.uint16)), _dev(w))
+    out = P.project(dev(np.zeros((0, 16), np.uint16)), dev(w))
     assert out.shape == (0, 3)
 
 
@@ -390,15 +296,15 @@ def test_unaligned_inputs_need_a_naive_version(rng):
     x, w = make_inputs(rng, 3, 16, 5)
     big = np.zeros((3 * 16 + 4,), np.uint16)
     big[4:] = x.ravel()
-    xd = _dev(big)[4:].reshape(3, 16)           # data pointer 8 bytes past a 16-byte boundary
+    xd = dev(big)[4:].reshape(3, 16)           # data pointer 8 bytes past a 16-byte boundary
     assert data_address(xd) % 16 == 8
     assert FAST
     for version in FAST:
         with pytest.raises(ValueError, match="16-byte"):
-            P.project(xd, _dev(w), version=version)
-    assert P.prepare_project(xd, _dev(w)).name == "gemm_v1"
+            P.project(xd, dev(w), version=version)
+    assert P.prepare_project(xd, dev(w)).name == "gemm_v1"
     out = poisoned(3, 5)
-    P.project(xd, _dev(w), out)
+    P.project(xd, dev(w), out)
     np.testing.assert_array_equal(out.copy_to_host(), projection_reference(x, w))
 
 

@@ -34,8 +34,9 @@ from engram_numba.stages.proj import cuda_gemv_fp8, cuda_gemv_q2k
 from engram_numba.stages.proj import launch as P
 from engram_numba.stages.proj import reference as R
 from engram_numba.stages.proj.q2k_r import repack_q2k_r
-from engram_numba.stages.proj.tests.test_proj_cuda import (NOISE_SIGMAS, POISON, U, Yardstick, assert_within_tolerance,
-                                                           bf16_ulp_size, error_stats, poisoned)
+
+from .conftest import (NOISE_SIGMAS, POISON, U, Yardstick, assert_within_tolerance, bf16_ulp_size, dev, error_stats,
+                       poisoned)
 
 Q2K_VERSIONS = tuple(registry.names("proj", "q2k"))
 Q2KR_VERSIONS = tuple(registry.names("proj", "q2k_r"))    # the same Q2_K weight, re-laid out (q2k_r.py)
@@ -133,30 +134,22 @@ def check_version(version, weight, x, raw, scales, *, record=None):
 # (T, K, N): tiny, each case naming what it exercises. The tensor-core versions run 256 threads
 # and a simulated mma per 16 values: a few seconds a case.
 
-SIM_CASES = {
-    "gemv_q2k_v1": [(1, 256, 5), (3, 512, 33), (9, 256, 4)],        # T past one group of 8 tokens
-    "gemv_q2k_v2": [(1, 256, 16),                                     # one block, 7 warps with no blocks
-                    (3, 512, 20),                                     # 2 row tiles, rows past N clamped
-                    (9, 256, 5)],                                     # 2 token groups, N < one tile
-    "gemv_q2k_v3": [(1, 256, 16), (5, 512, 20)],
-    # q2k_r: every block runs a whole unit trip of simulated mma (~12 s a block): K = 768 is an odd
-    # block count (a zero pad block), N = 13 rows past N in the tile
-    "gemv_q2k_v4": [(1, 768, 13)],          # the default for q2k_r
-    "gemv_q2k_v5": [(2, 512, 5)],
-    "gemv_q2k_v6": [(3, 768, 13)],
-    "gemv_fp8_v1": [(1, 32, 5), (3, 96, 40), (9, 64, 3)],           # N % 32: a partial scale-tile row
-    "gemv_fp8_v2": [(1, 64, 16), (5, 96, 33), (9, 32, 8)],
-}
-# more K blocks than the warps load in one trip: K/256 = 25 > 8 warps x 3 (q2k), K/32 = 65 > 8 x 8 (fp8)
-SIM_MULTI_TRIP = {"gemv_q2k_v2": (1, 6400, 16), "gemv_fp8_v2": (2, 2080, 16),
-                  "gemv_q2k_v6": (1, 6656, 13)}   # 13 units > 4 warps x 3: two trips, warps with no units
-SIM_SLOW = {("gemv_q2k_v6", (1, 6656, 13)), ("gemv_q2k_v5", (2, 512, 5)), ("gemv_q2k_v6", (3, 768, 13))}
-SIM_PARAMS = [(v, s) for v, shapes in SIM_CASES.items() for s in shapes] + list(SIM_MULTI_TRIP.items())
+SIM_CASES = {r.name: r.sim_cases for r in registry.records("proj") if r.encoding != "bf16"}
+# each version's first case runs in `make test-fast`; the others (larger, slower to simulate) are `slow`
+SIM_PARAMS = [pytest.param(v, s, id=f"{v}-{s[0]}x{s[1]}x{s[2]}", marks=(pytest.mark.slow,) if i else ())
+              for v, shapes in SIM_CASES.items() for i, s in enumerate(shapes)]
 
 
 def test_every_quant_version_has_simulator_cases():
     assert set(SIM_CASES) == set(Q2K_VERSIONS) | set(FP8_VERSIONS) | set(Q2KR_VERSIONS)
-    assert set(SIM_CASES) == {r.name for r in registry.records("proj") if r.encoding != "bf16"}
+    for version, cases in SIM_CASES.items():
+        assert cases, f"{version} has no simulator cases"
+        for T, K, N in cases:                       # whole blocks / tiles of K, as the kernels take
+            assert T >= 1 and N >= 1 and K % (256 if "q2k" in version else 32) == 0, (version, T, K, N)
+    # each tensor-core version has a case with more K blocks than its warps load in one trip
+    assert max(k for _, k, _ in SIM_CASES["gemv_q2k_v2"]) // 256 > 8 * 3
+    assert max(k for _, k, _ in SIM_CASES["gemv_fp8_v2"]) // 32 > 8 * 8
+    assert max(k for _, k, _ in SIM_CASES["gemv_q2k_v6"]) // 512 > 4 * 3
 
 
 def test_quant_records():
@@ -166,9 +159,7 @@ def test_quant_records():
         assert rec.bit_exact == v.endswith("_v1"), rec
 
 
-@pytest.mark.parametrize("version,shape", [pytest.param(v, s, marks=[pytest.mark.slow] if (v, s) in SIM_SLOW else [])
-                                           for v, s in SIM_PARAMS],
-                         ids=[f"{v}-{t}x{k}x{n}" for v, (t, k, n) in SIM_PARAMS])
+@pytest.mark.parametrize("version,shape", SIM_PARAMS)
 def test_quant_version_matches_its_yardstick(rng, version, shape):
     T, K, N = shape
     weight = registry.get("proj", version).encoding
@@ -286,47 +277,43 @@ def test_wkv_to_bf16_decodes_the_whole_weight(rng):
 
 # ---- argument checks: refused before any launch or allocation --------------------------------------
 
-def _d(a):
-    return cuda.to_device(np.ascontiguousarray(a))
-
-
 def _bad_cases(rng):
     x = random_x(rng, 2, 256)
     raw = random_q2k(rng, 3, 256)
     codes, scales = random_fp8(rng, 3, 64)
     x64 = random_x(rng, 2, 64)
     return [
-        ("unknown weight", lambda: P.prepare_project_q(_d(x), _d(raw), weight="q4_k"), ValueError, "weight must be one of"),
-        ("host x", lambda: P.prepare_project_q(x, _d(raw), weight="q2k"), TypeError, "x is a host numpy array"),
-        ("host wkv", lambda: P.prepare_project_q(_d(x), raw, weight="q2k"), TypeError, "wkv_raw is a host"),
-        ("float x", lambda: P.prepare_project_q(_d(x.astype(np.float32)), _d(raw), weight="q2k"), ValueError,
+        ("unknown weight", lambda: P.prepare_project_q(dev(x), dev(raw), weight="q4_k"), ValueError, "weight must be one of"),
+        ("host x", lambda: P.prepare_project_q(x, dev(raw), weight="q2k"), TypeError, "x is a host numpy array"),
+        ("host wkv", lambda: P.prepare_project_q(dev(x), raw, weight="q2k"), TypeError, "wkv_raw is a host"),
+        ("float x", lambda: P.prepare_project_q(dev(x.astype(np.float32)), dev(raw), weight="q2k"), ValueError,
          "x must be bf16 words"),
-        ("K % 256", lambda: P.prepare_project_q(_d(x[:, :128]), _d(raw), weight="q2k"), ValueError,
+        ("K % 256", lambda: P.prepare_project_q(dev(x[:, :128]), dev(raw), weight="q2k"), ValueError,
          "multiple of 256"),
-        ("q2k width", lambda: P.prepare_project_q(_d(random_x(rng, 2, 512)), _d(raw), weight="q2k"), ValueError,
+        ("q2k width", lambda: P.prepare_project_q(dev(random_x(rng, 2, 512)), dev(raw), weight="q2k"), ValueError,
          r"\[N, 168\] Q2_K blocks for K = 512"),
-        ("q2k dtype", lambda: P.prepare_project_q(_d(x), _d(raw.view(np.int8)), weight="q2k"), ValueError,
+        ("q2k dtype", lambda: P.prepare_project_q(dev(x), dev(raw.view(np.int8)), weight="q2k"), ValueError,
          "wkv_raw must be uint8"),
-        ("q2k scales", lambda: P.prepare_project_q(_d(x), _d(raw), _d(scales), weight="q2k"), ValueError,
+        ("q2k scales", lambda: P.prepare_project_q(dev(x), dev(raw), dev(scales), weight="q2k"), ValueError,
          "wkv_scales must be None"),
-        ("fp8 no scales", lambda: P.prepare_project_q(_d(x64), _d(codes), weight="fp8"), ValueError,
+        ("fp8 no scales", lambda: P.prepare_project_q(dev(x64), dev(codes), weight="fp8"), ValueError,
          "FP8 weights need wkv_scales"),
-        ("fp8 scales shape", lambda: P.prepare_project_q(_d(x64), _d(codes), _d(scales[:, :1]), weight="fp8"),
+        ("fp8 scales shape", lambda: P.prepare_project_q(dev(x64), dev(codes), dev(scales[:, :1]), weight="fp8"),
          ValueError, r"wkv_scales must be \[ceil\(N/32\), K/32\] = \[1, 2\]"),
-        ("fp8 K", lambda: P.prepare_project_q(_d(x), _d(codes), _d(scales), weight="fp8"), ValueError,
+        ("fp8 K", lambda: P.prepare_project_q(dev(x), dev(codes), dev(scales), weight="fp8"), ValueError,
          r"wkv_raw must be \[N, K\] = \[N, 256\]"),
-        ("fp8 K % 32", lambda: P.prepare_project_q(_d(x64[:, :48]), _d(codes[:, :48]), _d(scales), weight="fp8"),
+        ("fp8 K % 32", lambda: P.prepare_project_q(dev(x64[:, :48]), dev(codes[:, :48]), dev(scales), weight="fp8"),
          ValueError, "multiple of 32"),
-        ("bf16 version for q2k", lambda: P.prepare_project_q(_d(x), _d(raw), weight="q2k", version="gemv_v3"),
+        ("bf16 version for q2k", lambda: P.prepare_project_q(dev(x), dev(raw), weight="q2k", version="gemv_v3"),
          ValueError, "reads bf16 weights, not q2k"),
-        ("fp8 version for q2k", lambda: P.prepare_project_q(_d(x), _d(raw), weight="q2k", version="gemv_fp8_v2"),
+        ("fp8 version for q2k", lambda: P.prepare_project_q(dev(x), dev(raw), weight="q2k", version="gemv_fp8_v2"),
          ValueError, "reads fp8 weights, not q2k"),
         ("q2k version through the bf16 launcher",
-         lambda: P.prepare_project(_d(x), _d(random_x(rng, 3, 256)), version="gemv_q2k_v2"), ValueError,
+         lambda: P.prepare_project(dev(x), dev(random_x(rng, 3, 256)), version="gemv_q2k_v2"), ValueError,
          "use prepare_project_q"),
-        ("out shape", lambda: P.prepare_project_q(_d(x), _d(raw), out=_d(np.zeros((2, 4), np.uint16)), weight="q2k"),
+        ("out shape", lambda: P.prepare_project_q(dev(x), dev(raw), out=dev(np.zeros((2, 4), np.uint16)), weight="q2k"),
          ValueError, "out must be"),
-        ("host out", lambda: P.prepare_project_q(_d(x), _d(raw), out=np.zeros((2, 3), np.uint16), weight="q2k"),
+        ("host out", lambda: P.prepare_project_q(dev(x), dev(raw), out=np.zeros((2, 3), np.uint16), weight="q2k"),
          TypeError, "out is a host"),
     ]
 
@@ -344,31 +331,30 @@ def test_unaligned_inputs_need_the_naive_versions(rng):
     x, raw = random_x(rng, T, K), random_q2k(rng, N, K)
     big = np.zeros(T * K + 4, np.uint16)
     big[4:] = x.ravel()
-    xd = _d(big)[4:].reshape(T, K)
+    xd = dev(big)[4:].reshape(T, K)
     assert data_address(xd) % 16 == 8
     for version in ("gemv_q2k_v2", "gemv_q2k_v3"):
         with pytest.raises(ValueError, match="16-byte"):
-            P.prepare_project_q(xd, _d(raw), weight="q2k", version=version)
-    launch = P.prepare_project_q(xd, _d(raw), weight="q2k")
+            P.prepare_project_q(xd, dev(raw), weight="q2k", version=version)
+    launch = P.prepare_project_q(xd, dev(raw), weight="q2k")
     assert launch.name == "gemv_q2k_v1"
     np.testing.assert_array_equal(launch().copy_to_host(), R.projection_reference(x, R.wkv_q2k_bf16(raw, K)))
 
 
 def test_zero_tokens_is_a_no_op(rng):
     raw = random_q2k(rng, 3, 256)
-    out = P.project_q(_d(np.zeros((0, 256), np.uint16)), _d(raw), weight="q2k")
+    out = P.project_q(dev(np.zeros((0, 256), np.uint16)), dev(raw), weight="q2k")
     assert out.shape == (0, 3)
 
 
 def test_launch_configs():
-    assert cuda_gemv_q2k.launch_config("gemv_q2k_v2", 1, 25600) == ((1600, 1), 256)
-    assert cuda_gemv_q2k.launch_config("gemv_q2k_v3", 9, 25600 + 5) == ((1601, 2), 256)
-    assert cuda_gemv_q2k.launch_config("gemv_q2k_v1", 1, 25600) == (200, 128)
-    assert cuda_gemv_fp8.launch_config("gemv_fp8_v2", 8, 25600) == ((1600, 1), 256)
-    with pytest.raises(ValueError, match="no Q2_K GEMV version"):
-        cuda_gemv_q2k.launch_config("gemv_q2k_v9", 1, 1)
-    with pytest.raises(ValueError, match="no FP8 GEMV version"):
-        cuda_gemv_fp8.launch_config("gemv_fp8_v9", 1, 1)
+    def geo(name, T, N):
+        return registry.get("proj", name).geometry(T, N)
+    assert geo("gemv_q2k_v2", 1, 25600) == ((1600, 1), 256)
+    assert geo("gemv_q2k_v3", 9, 25600 + 5) == ((1601, 2), 256)
+    assert geo("gemv_q2k_v1", 1, 25600) == (200, 128)
+    assert geo("gemv_fp8_v2", 8, 25600) == ((1600, 1), 256)
+    assert geo("gemv_fp8_v1", 9, 40) == (1, 128)
 
 
 # ---- GPU tier: released shapes ------------------------------------------------------------------

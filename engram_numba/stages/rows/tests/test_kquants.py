@@ -16,6 +16,8 @@ from engram_numba.stages.rows.cpu import rows_cpu
 from engram_numba.stages.rows.encodings import ENCODINGS, random_raw_rows
 from engram_numba.stages.rows.reference import decode_reference, rows_reference
 
+from .conftest import assert_bits_equal
+
 QT = gguf.GGMLQuantizationType
 TYPES = {"q3_k": QT.Q3_K, "q4_k": QT.Q4_K, "q8_0": QT.Q8_0}
 REF = {"q3_k": K.dequantize_q3_k, "q4_k": K.dequantize_q4_k, "q8_0": K.dequantize_q8_0}
@@ -41,15 +43,6 @@ def random_rows(rng, encoding, n):
     for off in F16_FIELDS[encoding]:
         raw[:, off:off + 2] = finite_f16_bits(rng, n).reshape(n, 1).view(np.uint8)
     return raw
-
-
-def assert_bits_equal(a, b):
-    assert a.shape == b.shape and a.dtype == np.float32 and b.dtype == np.float32
-    ua, ub = a.view(np.uint32), b.view(np.uint32)
-    if not np.array_equal(ua, ub):
-        i = tuple(np.argwhere(ua != ub)[0])
-        raise AssertionError(f"bits differ at {i}: {a[i]!r} ({ua[i]:#010x}) vs {b[i]!r} ({ub[i]:#010x}); "
-                             f"{int((ua != ub).sum())} values differ")
 
 
 @pytest.mark.parametrize("encoding", list(TYPES))

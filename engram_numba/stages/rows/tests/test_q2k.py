@@ -11,6 +11,8 @@ from engram_numba.bf16 import bf16_to_f32, f32_to_bf16
 from engram_numba.stages.rows import q2k
 from engram_numba.stages.rows.q2k import ENGRAM_ROW_BYTES, check_blocks, dequantize, dequantize_cpu, quantize
 
+from .conftest import assert_bits_equal
+
 Q2_K = gguf.GGMLQuantizationType.Q2_K
 
 
@@ -32,15 +34,6 @@ def random_blocks(rng, n):
     blocks[:, 80:82] = _finite_half_bits(rng, n).reshape(n, 1).view(np.uint8)
     blocks[:, 82:84] = _finite_half_bits(rng, n).reshape(n, 1).view(np.uint8)
     return blocks
-
-
-def assert_bits_equal(a, b):
-    assert a.shape == b.shape and a.dtype == np.float32 and b.dtype == np.float32
-    ua, ub = a.view(np.uint32), b.view(np.uint32)
-    if not np.array_equal(ua, ub):
-        i = np.argwhere(ua != ub)[0]
-        raise AssertionError(f"bits differ at {tuple(i)}: {a[tuple(i)]!r} ({ua[tuple(i)]:#010x}) vs "
-                             f"{b[tuple(i)]!r} ({ub[tuple(i)]:#010x}); {int((ua != ub).sum())} values differ")
 
 
 def rel_rms(approx, exact):
@@ -293,7 +286,7 @@ def test_quantize_reproduces_rows_on_a_full_grid_exactly(rng):
 
 
 def test_pack_blocks_layout(rng):
-    # The packer against the decoding formula of SPEC section 3, written out directly.
+    # The packer against the decoding formula of docs/math.md section 4.1, written out directly.
     n = 50
     codes = rng.integers(0, 256, size=(n, 16), dtype=np.uint8)
     q = rng.integers(0, 4, size=(n, 256), dtype=np.uint8)

@@ -25,7 +25,8 @@ from engram_numba.stages.rows import launch as RL
 from engram_numba.stages.rows.encodings import ENCODINGS
 from engram_numba.stages.rows.reference import rows_reference
 
-POISON = 0x7F7F
+from .conftest import POISON, compare, poisoned
+
 NAN_ROW = 0x7FC0
 VERSIONS = registry.names("rows", encoding="q2k")      # every Q2_K record, in version order
 NAIVE = "q2k_v1"
@@ -73,33 +74,9 @@ def random_byte_blocks(rng, n):
     return blocks
 
 
-def poisoned(n):
-    return cuda.to_device(np.full((n, 256), POISON, dtype=np.uint16))
-
-
-# ---- comparison ---------------------------------------------------------------------------------
-
-def compare(got, ref, allow_nan_payload=False):
-    """Number of words that differ (NaN == NaN when allow_nan_payload); raises on any."""
-    got = np.asarray(got)
-    assert got.shape == ref.shape and got.dtype == np.uint16
-    if allow_nan_payload:
-        nan_ref, nan_got = np.isnan(bf16_to_f32(ref)), np.isnan(bf16_to_f32(got))
-        bad = (nan_ref != nan_got) | (~nan_ref & (got != ref))
-    else:
-        bad = got != ref
-    n_bad = int(bad.sum())
-    if n_bad:
-        r, c = np.argwhere(bad)[0]
-        raise AssertionError(f"{n_bad} of {bad.size} words differ; first at [{r}, {c}]: "
-                             f"got {got[r, c]:#06x}, want {ref[r, c]:#06x}")
-    return n_bad
-
-
 # ---- simulator tier (also runs on a GPU) --------------------------------------------------------
 
-@pytest.mark.parametrize("n", [1, 3, 33])
-@pytest.mark.parametrize("version", VERSIONS)
+@pytest.mark.parametrize("version,n", [(v, n) for v in VERSIONS for n in registry.get("rows", v).sim_cases])
 def test_dequant_bit_exact_finite_scales(rng, version, n):
     blocks = finite_blocks(rng, n)
     out = poisoned(n)
@@ -255,21 +232,14 @@ def test_default_rules_partition_the_contexts():
     assert claimed == {r.name for r in registry.records("rows") if r.default_rule is not None}
 
 
-def _vnum(version: str) -> int:
-    """The number cuda_q2k.launch_config takes for a record name ("q2k_v4" -> 4)."""
-    return int(version.rsplit("_v", 1)[1])
-
-
-def test_launch_config_covers_rows():
+def test_launch_geometry_covers_rows():
     for n in (1, 31, 32, 33, 98_304, 1_000_003):
-        blocks, threads = D.launch_config(n, 1)
+        blocks, threads = registry.get("rows", NAIVE).geometry(n)
         assert blocks * threads >= n * 256 > (blocks - 1) * threads   # a thread per value
         for version in FAST:
+            blocks, threads = registry.get("rows", version).geometry(n)
             rows_per_block = threads // 8 * (D.ROWS_PER_GROUP_V4 if version == "q2k_v4" else 1)
-            blocks, threads = D.launch_config(n, _vnum(version))
             assert blocks * rows_per_block >= n > (blocks - 1) * rows_per_block   # 8 lanes a row
-    with pytest.raises(ValueError, match="no Q2_K kernel version 9"):
-        D.launch_config(10, 9)
 
 
 # ---- argument validation ------------------------------------------------------------------------

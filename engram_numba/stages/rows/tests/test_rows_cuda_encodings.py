@@ -23,32 +23,13 @@ from engram_numba.stages.rows.encodings import ENCODINGS, random_raw_rows
 from engram_numba.stages.rows.fp8 import assemble_rows_fp8, split_rows_fp8
 from engram_numba.stages.rows.reference import rows_reference
 
-POISON = 0x7F7F
+from .conftest import POISON, compare, poisoned
+
 NAN_ROW = 0x7FC0
 ENCS = ("q3_k", "q4_k", "q8_0", "fp8")
 RECORDS = [(enc, name) for enc in ENCS for name in registry.names("rows", encoding=enc)]
 FAST = [(enc, name) for enc, name in RECORDS if not name.endswith("_v1")]
 RESULTS = []  # GPU tier summaries
-
-
-def poisoned(n):
-    return cuda.to_device(np.full((n, 256), POISON, dtype=np.uint16))
-
-
-def compare(got, ref, allow_nan_payload=False):
-    got = np.asarray(got)
-    assert got.shape == ref.shape and got.dtype == np.uint16
-    if allow_nan_payload:
-        nan_ref, nan_got = np.isnan(bf16_to_f32(ref)), np.isnan(bf16_to_f32(got))
-        bad = (nan_ref != nan_got) | (~nan_ref & (got != ref))
-    else:
-        bad = got != ref
-    n_bad = int(bad.sum())
-    if n_bad:
-        r, c = np.argwhere(bad)[0]
-        raise AssertionError(f"{n_bad} of {bad.size} words differ; first at [{r}, {c}]: "
-                             f"got {got[r, c]:#06x}, want {ref[r, c]:#06x}")
-    return n_bad
 
 
 def table_and_ids(rng, encoding, rows, n, dtype):
@@ -72,8 +53,8 @@ LAYOUT_IDS = [f"{name}{'-separate-scales' if sep else ''}" for _, name, sep in L
 
 # ---- simulator tier -----------------------------------------------------------------------------
 
-@pytest.mark.parametrize("n", [1, 9])
-@pytest.mark.parametrize("encoding,version", RECORDS)
+@pytest.mark.parametrize("encoding,version,n",
+                         [(e, v, n) for e, v in RECORDS for n in registry.get("rows", v).sim_cases])
 def test_decode_bit_exact(rng, encoding, version, n):
     raw = random_raw_rows(encoding, n, rng)
     out = poisoned(n)

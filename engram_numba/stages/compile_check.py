@@ -1,12 +1,13 @@
 """Compile every kernel for sm_90a without a GPU, and read ptxas's resource report.
 
 The simulator does no type checking, so a kernel can pass every simulator test and still fail to
-compile; this module is the compile-only test tier. Each kernel module lists what to compile in
-`COMPILE_TARGETS`: `CompileTarget(name, kernel, argtypes, spill_free)` entries. `compile_all`
+compile; this module is the compile-only test tier. It sits beside the registry: every kernel
+record lists what to compile (`KernelRecord.compile_targets()`: `CompileTarget(name, kernel,
+argtypes, spill_free, vector_io)` entries, from the record's specs), and `compile_all`
 turns each into PTX with `cuda.compile_ptx` and assembles that with nvJitLink (from the
 `numba-cuda[cu13]` wheels) to get registers, stack and spills, all on a machine with no GPU.
 
-Run `python -m engram_numba.device.compile_check` for the table. It needs numba's real CUDA
+Run `python -m engram_numba.stages.compile_check` for the table. It needs numba's real CUDA
 target, not the simulator (numba picks one at import), so it restarts itself with
 NUMBA_ENABLE_CUDASIM=0 when it finds the simulator on; the tests run it in a subprocess.
 
@@ -94,7 +95,7 @@ WATCHED = {
 
 
 def collect_targets():
-    from ..stages import catalog
+    from . import catalog
     return catalog.compile_targets()
 
 
@@ -145,7 +146,7 @@ def main(argv=None) -> int:
         # compiling for sm_90 needs the real target, so start again with it.
         import os
         env = dict(os.environ, NUMBA_ENABLE_CUDASIM="0")
-        os.execve(sys.executable, [sys.executable, "-m", "engram_numba.device.compile_check", *argv], env)
+        os.execve(sys.executable, [sys.executable, "-m", "engram_numba.stages.compile_check", *argv], env)
     results = compile_all()
     if "--json" in argv:
         print(json.dumps([asdict(r) for r in results]))
