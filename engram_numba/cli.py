@@ -60,10 +60,12 @@ def parse_token_list(text: str) -> np.ndarray:
 
 
 def backend_spec(text: str):
-    """'cuda', or per stage 'rows=cpu,proj=cuda' (stages not named take 'reference')."""
+    """'cuda', or per stage 'rows=cpu,proj=cuda' (stages not named take 'reference'); 'blas' is a
+    projection backend (proj=blas; alone it means cpu with the BLAS projection)."""
+    from .pipeline import BACKEND_NAMES, resolve_backends
     if "=" not in text:
-        if text not in BACKENDS:
-            raise argparse.ArgumentTypeError(f"unknown backend {text!r}; backends are {', '.join(BACKENDS)}, "
+        if text not in BACKEND_NAMES:
+            raise argparse.ArgumentTypeError(f"unknown backend {text!r}; backends are {', '.join(BACKEND_NAMES)}, "
                                              f"or per stage like rows=cpu,proj=cuda")
         return text
     out = {}
@@ -71,10 +73,14 @@ def backend_spec(text: str):
         stage, sep, backend = (s.strip() for s in part.partition("="))
         if not sep or stage not in STAGES:
             raise argparse.ArgumentTypeError(f"{part!r}: expected STAGE=BACKEND with a stage in {', '.join(STAGES)}")
-        if backend not in BACKENDS:
+        if backend not in BACKEND_NAMES:
             raise argparse.ArgumentTypeError(f"{part!r}: unknown backend {backend!r}; backends are "
-                                             f"{', '.join(BACKENDS)}")
+                                             f"{', '.join(BACKEND_NAMES)}")
         out[stage] = backend
+    try:
+        resolve_backends(out)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
     return out
 
 
@@ -493,73 +499,14 @@ def _pair_line(a_label: str, b_label: str, report) -> str:
 
 
 def cmd_demo(args) -> int:
-    import warnings
-
-    import matplotlib
-    matplotlib.use("Agg")
-
-    from . import SIMULATOR
-    from .analysis.diff import diff
-    from .analysis.plots import gate_heatmap
-    from .analysis.stats import gate_stats
-    from .fixtures import TINY_MASK, TINY_TOKENS
-    from .pipeline import Pipeline
-
+    from .demo import run_demo
     path = _existing_file(args.file)
     out_dir = Path(args.out_dir)
     if out_dir.exists() and not out_dir.is_dir():
         raise UserError(f"--out-dir {out_dir} exists and is not a folder")
-    model = _load(path)
-    cfg = model.config
-    print(f"model: {model.path}  dim={cfg.dim} hc={cfg.hc} engram layers={list(cfg.layer_ids)} "
-          f"n_hash_cols={cfg.n_hash_cols} K={cfg.proj_in} N={cfg.proj_out}  ({model.format})")
-    print(f"tokens ({TINY_TOKENS.size}): {TINY_TOKENS.tolist()}  (token {int(np.argmin(TINY_MASK))} masked)")
-    print(f"cuda backend: {'numba CUDA simulator (no GPU here)' if SIMULATOR else 'GPU'}; highway: synthetic\n")
-
-    caps = {}
-    for backend in ("reference", "cpu", "cuda"):
-        t0 = time.perf_counter()
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore")
-            caps[backend] = Pipeline(model, backends=backend, residual=args.residual).run(
-                TINY_TOKENS, token_mask=TINY_MASK, progress=SIMULATOR and backend == "cuda")
-        kern = caps[backend].meta.get("cuda_kernels") or {}
-        print(f"  {backend:9s} pipeline: {time.perf_counter() - t0:6.2f} s" +
-              (f"  kernels {kern}" if kern else ""))
-    print()
-    for other in ("cpu", "cuda"):
-        print(_pair_line("reference", other, diff(caps["reference"], caps[other])))
-    if SIMULATOR:
-        # The defaults in the simulator are the naive kernels, which add in the reference's order;
-        # one fast version on a few tokens shows the ulps a GPU run has.
-        fast = {"proj": "gemv_v3", "gate": "gate_v2"}
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore")
-            few = slice(0, 3)
-            ref_few = Pipeline(model, "reference", residual=args.residual).run(TINY_TOKENS[few], token_mask=TINY_MASK[few])
-            fast_cap = Pipeline(model, "cuda", residual=args.residual, cuda_versions=fast).run(
-                TINY_TOKENS[few], token_mask=TINY_MASK[few])
-        print(_pair_line("reference", f"cuda {fast} (3 tokens)", diff(ref_few, fast_cap)))
-        print("  (in the simulator the cuda defaults are the naive kernels, which add in the reference's order;"
-              " the fast ones sum in other orders, as on a GPU)")
-    # The same inputs with DeepSeek's bf16 residual instead of the engine's fp32 highway.
-    other_res = "bf16" if args.residual == "fp32" else "fp32"
-    cap_res = Pipeline(model, backends="cpu", residual=other_res).run(TINY_TOKENS, token_mask=TINY_MASK)
-    names = [n for n in caps["reference"] if n.split(".", 1)[-1] in ("gate.dot", "gate.gate", "highway.out")]
-    print()
-    print(diff(caps["reference"], cap_res, names=names, label_a=f"residual {args.residual}",
-               label_b=f"residual {other_res}"))
-    print()
-    print(gate_stats(caps["reference"]))
-    out_dir.mkdir(parents=True, exist_ok=True)
-    png = out_dir / "gate_heatmap.png"
-    fig = gate_heatmap(caps["reference"], token_labels=[str(t) for t in TINY_TOKENS])
-    fig.savefig(png, dpi=120, bbox_inches="tight")
-    cap_path = out_dir / "reference_capture.npz"
-    caps["reference"].save(cap_path)
-    print(f"\ngate heatmap saved to {png.resolve()}")
-    print(f"reference captures saved to {cap_path.resolve()}")
-    return 0
+    if args.sim_tokens < 1:
+        raise UserError(f"--sim-tokens must be >= 1, got {args.sim_tokens}")
+    return run_demo(path, out_dir, residual=args.residual, sim_tokens=args.sim_tokens)
 
 
 def cmd_bench(args) -> int:
@@ -592,6 +539,8 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--file", help="a schema-A GGUF (default: the tiny model in data/)")
     s.add_argument("--out-dir", default="engram_demo", help="where the heatmap and captures go")
     s.add_argument("--residual", choices=["fp32", "bf16"], default="fp32")
+    s.add_argument("--sim-tokens", type=int, default=2,
+                   help="without a GPU: tokens the cuda pipeline runs in numba's simulator (default 2; ~3 s each)")
     s.set_defaults(func=cmd_demo)
 
     s = sub.add_parser("info", help="describe an Engram model (any format): configuration, keys, tensors, checks")

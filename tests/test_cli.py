@@ -1,4 +1,6 @@
 """The `engram-numba` command: every subcommand runs and says what it did."""
+import os
+
 import numpy as np
 import pytest
 
@@ -141,14 +143,37 @@ def test_bench_hash_only_runs_on_the_cpu(capsys):
     assert "4096-token prefill" in capsys.readouterr().out
 
 
+# The README promises about 30 s on an idle 2-core machine; CI fails past twice that. A machine
+# shared with other jobs can raise the limit with ENGRAM_DEMO_LIMIT_S.
+DEMO_LIMIT_S = float(os.environ.get("ENGRAM_DEMO_LIMIT_S", 60))
+
+
 @pytest.mark.slow
-def test_demo(tmp_path, capsys):
-    """The README's main job, end to end (about 30 s here: the cuda stages run in the simulator)."""
-    assert main(["demo", "--out-dir", str(tmp_path)]) == 0
-    text = capsys.readouterr().out
-    for needle in ("reference vs cpu: 22/22 points bit-identical", "reference vs cuda: 22/22 points bit-identical",
-                   "residual fp32 vs residual bf16", "gate statistics", "gate heatmap saved to"):
-        assert needle in text
+def test_demo_in_the_simulator_is_fast_and_says_what_ran(tmp_path):
+    """The README's first command, end to end, in a fresh process as a user runs it (imports and
+    any first-run compile included); without a GPU the cuda stages run in numba's simulator."""
+    import subprocess
+    import sys
+    import time
+    from pathlib import Path
+    env = dict(os.environ, NUMBA_ENABLE_CUDASIM="1")
+    root = str(Path(__file__).resolve().parent.parent)
+    env["PYTHONPATH"] = root + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
+    t0 = time.perf_counter()
+    proc = subprocess.run([sys.executable, "-m", "engram_numba.cli", "demo", "--out-dir", str(tmp_path)],
+                          env=env, capture_output=True, text=True, timeout=DEMO_LIMIT_S)
+    took = time.perf_counter() - t0
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    text = proc.stdout
+    assert took < DEMO_LIMIT_S
+    for needle in ("reference vs cpu: 22/22 points bit-identical",
+                   "reference vs cuda [rows=", "simulator, first 2 tokens]: 22/22 points bit-identical",
+                   "kernels ran (simulator): rows=", "proj=gemv_v1", "gate=gate_v1",
+                   "reference vs cuda gate=gate_v3 (simulator", "proj=blas",
+                   "residual fp32 vs residual bf16", "gate statistics", "gate heatmap saved to", "demo done in"):
+        assert needle in text, needle
+    # every step says how long it took
+    assert text.count("done in") >= 5
     assert (tmp_path / "gate_heatmap.png").stat().st_size > 10_000
     cap = Capture.load(tmp_path / "reference_capture.npz")
     assert np.isfinite(cap["L4.highway.out"]).all()
