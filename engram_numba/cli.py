@@ -10,6 +10,7 @@
     engram-numba diff [FILE] --a reference --b cuda [--tokens ...] [--max-ulp N] [--rtol X]
     engram-numba diff A.npz B.npz [--max-ulp N] [--rtol X]          two saved captures
     engram-numba diff --model-a PATH --model-b PATH [--tokens ...]  two models (any formats), same tokens
+    engram-numba points [FILE]                 the capture points of a model (for --capture, diff, hooks)
     engram-numba kernels [--stage proj]        the kernel registry: versions, defaults, changelogs
     engram-numba make-fixture [--out data/tiny_v41.gguf]
     engram-numba bench [--out bench/results/h200.json]     (needs a GPU; --smoke runs anywhere)
@@ -109,6 +110,15 @@ def _writable(path: str | None, what: str) -> Path | None:
         raise UserError(f"cannot write {what} {path}: folder {parent} does not exist")
     if not os.access(parent, os.W_OK) or (p.exists() and not os.access(p, os.W_OK)):
         raise UserError(f"cannot write {what} {path}: permission denied")
+    # os.access says yes to root on a read-only file system: open the file once to be sure
+    existed = p.exists()
+    try:
+        with open(p, "ab"):
+            pass
+    except OSError as exc:
+        raise UserError(f"cannot write {what} {path}: {exc.strerror or exc}") from None
+    if not existed:
+        p.unlink()
     return p
 
 
@@ -321,7 +331,10 @@ def cmd_stats(args) -> int:
         kinds = {corpus_format(f, args.format) for f in files}
         if "text" in kinds or tokenizer_path:
             _tokenizer_or_error(model, tokenizer_path, need_encode="text" in kinds)
-        out.mkdir(parents=True, exist_ok=True)
+        try:
+            out.mkdir(parents=True, exist_ok=True)
+        except OSError as exc:
+            raise UserError(f"cannot write --out {out}: {exc.strerror or exc}") from None
         token_table = None
         if args.token_table:
             token_table = out / ("tokens_long." + args.tables)
@@ -530,13 +543,58 @@ def _float_at_least(lo: float):
     return parse
 
 
+MODEL_HELP = ("a model in any format: a GGUF (single, or any shard or the folder of a split one), a ds4 GGUF, or "
+              "an HF checkpoint folder (default: the tiny model in data/)")
+
+
+def _int_at_least(lo: int):
+    def parse(text: str) -> int:
+        try:
+            v = int(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"expected an integer, got {text!r}") from None
+        if v < lo:
+            raise argparse.ArgumentTypeError(f"must be >= {lo}, got {text}")
+        return v
+    return parse
+
+
+# options whose value may start with "-" (a token list such as -1,2): argparse would take the value
+# for an option and answer "expected one argument"; main() glues them as --tokens=-1,2
+_VALUE_MAY_START_WITH_DASH = ("--tokens",)
+
+
+def _glue_dash_values(argv: list[str]) -> list[str]:
+    out, i = [], 0
+    while i < len(argv):
+        if argv[i] in _VALUE_MAY_START_WITH_DASH and i + 1 < len(argv) and argv[i + 1].startswith("-") \
+                and not argv[i + 1].startswith("--"):
+            out.append(f"{argv[i]}={argv[i + 1]}")
+            i += 2
+            continue
+        out.append(argv[i])
+        i += 1
+    return out
+
+
+def cmd_points(args) -> int:
+    from .capture import OBSERVE_ONLY, point_names
+    model = _load(_model_path(args.file) if args.file else None)
+    for name in point_names(model):
+        short = name.split(".", 1)[1] if name.startswith("L") else name
+        print(f"{name:20s} {'output (hooks observe)' if short in OBSERVE_ONLY else 'hooks may replace it'}")
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
+    from . import __version__
     p = argparse.ArgumentParser(prog="engram-numba", description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--version", action="version", version=f"engram-numba {__version__}")
     sub = p.add_subparsers(dest="command", required=True)
 
     s = sub.add_parser("demo", help="run the tiny model through the reference, cpu and cuda backends")
-    s.add_argument("--file", help="a schema-A GGUF (default: the tiny model in data/)")
+    s.add_argument("--file", help=MODEL_HELP)
     s.add_argument("--out-dir", default="engram_demo", help="where the heatmap and captures go")
     s.add_argument("--residual", choices=["fp32", "bf16"], default="fp32")
     s.add_argument("--sim-tokens", type=int, default=2,
@@ -552,7 +610,7 @@ def build_parser() -> argparse.ArgumentParser:
     s.set_defaults(func=cmd_info)
 
     s = sub.add_parser("run", help="run text or a token sequence through the pipeline")
-    s.add_argument("file", nargs="?", help="GGUF (default: the tiny model)")
+    s.add_argument("file", nargs="?", help=MODEL_HELP)
     src = s.add_argument_group("the tokens (one source; default: the tiny test sequence, or the highway file's)")
     src.add_argument("--text", help="text, tokenized with the model's tokenizer (or --tokenizer)")
     src.add_argument("--text-file", help="a UTF-8 text file, tokenized as one sequence")
@@ -562,19 +620,22 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--highway", help="hidden states from another engine: a highway .safetensors "
                                      "(docs/research.md); its token ids are used when no tokens are given")
     s.add_argument("--backend", type=backend_spec, default="reference",
-                   help="reference | cpu | cuda, or per stage: rows=cpu,proj=cuda,gate=reference")
+                   help="reference | cpu | cuda | blas (cpu with the BLAS projection), or per stage: "
+                        "rows=cpu,proj=cuda,gate=reference")
     s.add_argument("--residual", choices=["fp32", "bf16"], default="fp32")
-    s.add_argument("--chunk-tokens", type=int, default=None, help="run the stages this many tokens at a time")
-    s.add_argument("--show-tokens", type=int, default=40, help="print the per-token gate table up to this many tokens")
+    s.add_argument("--chunk-tokens", type=_int_at_least(1), default=None, help="run the stages this many tokens at a time")
+    s.add_argument("--show-tokens", type=_int_at_least(0), default=40,
+                   help="print the per-token gate table up to this many tokens (0: never)")
     s.add_argument("--capture", help="save every stage's arrays to this .npz (or .safetensors)")
     s.set_defaults(func=cmd_run)
 
     s = sub.add_parser("stats", help="stream a corpus through the pipeline and write its gate statistics")
     s.add_argument("corpus", nargs="+", help="text / .jsonl / .npy / .ids / highway .safetensors files or folders "
                                             "(with --merge: stats.npz files to merge)")
-    s.add_argument("--model", help="GGUF (default: the tiny model)")
-    s.add_argument("--backend", type=backend_spec, default="cpu",
-                   help="reference | cpu | cuda, or per stage (default cpu)")
+    s.add_argument("--model", help=MODEL_HELP)
+    s.add_argument("--backend", type=backend_spec, default="blas",
+                   help="reference | cpu | cuda | blas, or per stage (default blas: cpu with the BLAS projection, "
+                        "within a bf16 ulp of the reference, docs/numerics.md; cpu for bit-identity)")
     s.add_argument("--out", default="engram_stats", help="output folder (default engram_stats)")
     s.add_argument("--format", choices=["text", "jsonl", "npy", "ids", "highway"], default=None,
                    help="corpus format of every file (default: by suffix; other suffixes are text)")
@@ -598,7 +659,8 @@ def build_parser() -> argparse.ArgumentParser:
     s.set_defaults(func=cmd_stats)
 
     s = sub.add_parser("diff", help="diff two backends stage by stage, two models, or two saved captures")
-    s.add_argument("file", nargs="?", help="GGUF (default: the tiny model), or the first of two capture .npz files")
+    s.add_argument("file", nargs="?", help="a model in any format (default: the tiny model), or the first of two "
+                                           "saved captures (.npz or .safetensors)")
     s.add_argument("file_b", nargs="?", help="the second capture .npz (diff two saved captures)")
     s.add_argument("--model-a", help="diff two models: the first (any format load_model opens)")
     s.add_argument("--model-b", help="diff two models: the second; the same tokens go through both")
@@ -613,6 +675,10 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--rtol", type=_float_at_least(0), default=None,
                    help="exit 1 when a float point's relative L2 distance is larger")
     s.set_defaults(func=cmd_diff)
+
+    s = sub.add_parser("points", help="list the capture points of a model (names for --capture, diff, hooks)")
+    s.add_argument("file", nargs="?", help=MODEL_HELP)
+    s.set_defaults(func=cmd_points)
 
     s = sub.add_parser("kernels", help="list the kernel registry: versions, default rules, changelogs")
     s.add_argument("--stage", choices=["rows", "proj", "gate"])
@@ -645,7 +711,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv=None) -> int:
-    args = build_parser().parse_args(argv)
+    args = build_parser().parse_args(_glue_dash_values(list(sys.argv[1:] if argv is None else argv)))
     from .formats.errors import EngramFileError
     try:
         return args.func(args)

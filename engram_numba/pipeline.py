@@ -293,11 +293,10 @@ def resolve_backends(backends) -> dict[str, str]:
     """{stage: backend} for every stage from a backend name or a partial dict (stages not named
     take "reference"); raises ValueError naming the stage or backend that cannot be."""
     if isinstance(backends, str):
-        if backends not in BACKEND_NAMES:
-            raise ValueError(f"unknown backend {backends!r}; backends are {list(BACKEND_NAMES)}")
-        return {s: ("cpu" if (s == "hash" and backends == "cuda") or (s != "proj" and backends == "blas")
-                    else backends) for s in STAGES}
-    if not isinstance(backends, Mapping):
+        one = backends
+        backends = {s: ("cpu" if (s == "hash" and one == "cuda") or (s != "proj" and one == "blas") else one)
+                    for s in STAGES}
+    elif not isinstance(backends, Mapping):
         raise TypeError(f"backends must be a backend name or a dict stage -> name, got {type(backends).__name__}")
     unknown = set(backends) - set(STAGES)
     if unknown:
@@ -427,12 +426,13 @@ class Pipeline:
 
     def run(self, token_ids=None, highway=None, token_mask=None, names_filter=None,
             hasher: EngramHasher | None = None, progress: bool | None = None,
-            chunk_tokens: int | None = None, *, text: str | None = None) -> Capture:
+            chunk_tokens: int | None = None, *, text: str | None = None, tokenizer=None) -> Capture:
         """Run every engram layer on one sequence; returns the captures that `names_filter` keeps.
 
         token_ids: raw token ids [T] (any integer dtype; checked against the token map), or None
                  with `text`, or with a HighwayFile (its token ids).
-        text:    a string, tokenized with the pipeline's tokenizer (`tokenizer` / the model's own).
+        text:    a string, tokenized with `tokenizer` (a `Tokenizer` or a tokenizer.json path; it then
+                 also gives the token strings), else the pipeline's (its `tokenizer` / the model's own).
         highway: [T, hc, dim] fp32 (never modified), a dict {layer_id: highway}, a `HighwayFile`
                  (`load_highway`: one highway per engram layer, read per chunk; its token ids and
                  mask are used when none are given, and must equal the ones given), or None for
@@ -449,6 +449,10 @@ class Pipeline:
         """
         cfg = self.config
         keep = match_names(names_filter, self.point_names)
+        if tokenizer is not None:
+            from .text import tokenizer_for
+            self._tokenizer_arg = tokenizer
+            self._tokenizer = tokenizer_for(self.model, tokenizer, need_encode=text is not None)
         hasher = hasher if hasher is not None else EngramHasher(self.model.hash_tables)
         token_ids, token_mask = self._resolve_tokens(token_ids, token_mask, text, highway)
         token_ids, mask = check_token_ids(token_ids, token_mask, self.model.hash_tables.token_map.size,

@@ -307,3 +307,58 @@ def test_stats_parquet_needs_the_analysis_extra(tmp_path, capsys, monkeypatch):
     err = capsys.readouterr().err
     assert "pip install 'engram-numba[analysis]'" in err and "--tables csv" in err
     assert not (tmp_path / "o").exists()                       # checked before any work
+
+
+# -- what a new user tried ---------------------------------------------------------------------------
+
+def test_capture_is_written_under_the_name_given(tmp_path, capsys):
+    out = tmp_path / "out.txt"
+    assert main(["run", "--tokens", "2,17", "--backend", "cpu", "--capture", str(out), "--show-tokens", "0"]) == 0
+    assert out.exists() and not (tmp_path / "out.txt.npz").exists()
+    assert f"saved to {out}" in capsys.readouterr().out
+    assert Capture.load(out)["tokens.ids"].tolist() == [2, 17]
+
+
+def test_negative_token_in_a_list_is_checked_not_taken_for_an_option(capsys):
+    assert main(["run", "--tokens", "-1,2"]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("error: token id -1 at position 0"), err
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["run", "--chunk-tokens", "0"], "--chunk-tokens: must be >= 1, got 0"),
+    (["run", "--show-tokens", "-3"], "--show-tokens: must be >= 0, got -3"),
+    (["run", "--backend", "hash=cuda"], "the hash has no GPU version"),
+    (["run", "--backend", "rows=blas"], "'blas' is a projection backend"),
+])
+def test_bad_option_values_are_refused_by_the_parser(argv, message, capsys):
+    with pytest.raises(SystemExit) as exc:
+        main(argv)
+    assert exc.value.code == 2
+    assert message in capsys.readouterr().err
+
+
+def test_unwritable_stats_out_is_one_error_line(tmp_path, capsys):
+    blocker = tmp_path / "file"
+    blocker.write_text("x")
+    assert main(["stats", str(TINY_PATH), "--out", str(blocker / "sub" / "deeper"), "--tables", "csv"]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("error: ") and "--out" in err and "Error;" not in err, err
+
+
+def test_version_and_points(capsys):
+    from engram_numba import __version__
+    with pytest.raises(SystemExit) as exc:
+        main(["--version"])
+    assert exc.value.code == 0 and __version__ in capsys.readouterr().out
+    assert main(["points"]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert lines[0].startswith("tokens.ids") and any(l.startswith("L4.rows.bf16") and "replace" in l for l in lines)
+    assert any(l.startswith("L1.gate.gate") and "observe" in l for l in lines)
+
+
+def test_help_names_every_format_and_the_new_options(capsys):
+    with pytest.raises(SystemExit):
+        main(["run", "--help"])
+    text = " ".join(capsys.readouterr().out.split())
+    assert "HF checkpoint" in text and "blas" in text and "--show-tokens" in text

@@ -250,7 +250,8 @@ class DiffReport:
 
 
 def diff(a: Mapping, b: Mapping, names=None, label_a: str | None = None, label_b: str | None = None) -> DiffReport:
-    """Compare two captures (or dicts of arrays) at every point both hold (or at `names`)."""
+    """Compare two captures (or dicts of arrays) at every point both hold, or at those `names`
+    keeps: a point name, a glob pattern ("L*.gate.*"), a list of them, or a predicate."""
     def label(cap, default):
         meta = getattr(cap, "meta", {}) or {}
         backends = meta.get("backends")
@@ -258,7 +259,13 @@ def diff(a: Mapping, b: Mapping, names=None, label_a: str | None = None, label_b
             vals = set(backends.values())
             return vals.pop() if len(vals) == 1 else ",".join(f"{k}={v}" for k, v in backends.items())
         return default
-    keys = [k for k in a if k in b] if names is None else list(names)
+    common = [k for k in a if k in b]
+    if names is None:
+        keys = common
+    else:   # a name, a glob pattern ("L*.gate.*"), a list of them, or a predicate, as names_filter
+        from ..capture import match_names
+        keep = match_names(names, common, what="names")
+        keys = [k for k in common if keep(k)]
     rows = [diff_arrays(k, a[k], b[k]) for k in keys]
     strings = None
     for cap in (a, b):
