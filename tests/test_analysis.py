@@ -414,3 +414,13 @@ def test_symlog_dot_ticks_do_not_crowd_zero(rng):
         texts = [t.get_text() for t in a.get_xticklabels()]
         if "0" in texts:
             assert not any(t in ("1e-6", "-1e-6") for t in texts), texts
+
+
+def test_diff_plot_of_identical_runs_draws_no_negative_axis_and_says_so(rng):
+    from engram_numba.analysis.diff import diff
+    cap = synthetic_capture(rng, T=8)
+    top, bottom = diff(cap, cap).plot()
+    assert top.get_ylim() == (0.0, 1.0) and len(top.get_yticks()) == 0
+    assert any("bit-identical" in t.get_text() for t in top.texts)
+    assert any("no element differs" in t.get_text() for t in bottom.texts)
+    assert "\n" in top.get_title()       # two lines: fits a panel half a figure wide

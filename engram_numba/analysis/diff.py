@@ -233,16 +233,22 @@ class DiffReport:
                 top.scatter(exact_x, [0.0] * len(exact_x), transform=edge, marker="o", s=36, facecolors="none",
                             edgecolors=colour, clip_on=False, zorder=3)
         if not any(np.isfinite(line.get_ydata()).any() for line in top.get_lines()):
+            # nothing to scale: no invented numbers on the axis (a linear one would run negative)
+            top.set_ylim(0.0, 1.0)
+            top.set_yticks([])
             top.text(0.5, 0.5, "every float point is bit-identical in both runs", transform=top.transAxes,
                      ha="center", va="center")
         else:
             top.set_yscale("log")
         top.set_ylabel(metric.replace("_", " "))
-        top.set_title(f"{self.label_a} vs {self.label_b}: where the runs part (hollow marker on the axis = "
+        top.set_title(f"{self.label_a} vs {self.label_b}: where the runs part\n(hollow marker on the axis = "
                       "bit-identical)", fontsize=10)
         top.legend(fontsize=8)
         top.grid(True, which="both", alpha=0.3)
         bottom.set_ylim(0.0, 1.05)
+        if all(r.n and r.n_equal == r.n for r in self.rows):
+            bottom.text(0.5, 0.5, "no element differs at any point", transform=bottom.transAxes, ha="center",
+                        va="center")
         bottom.set_ylabel("share of elements\nthat differ")
         bottom.set_xticks(range(len(order)), order, rotation=30, ha="right")
         bottom.grid(True, axis="y", alpha=0.3)
