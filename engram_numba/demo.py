@@ -184,6 +184,29 @@ def run_demo(path=None, out_dir="engram_demo", residual: str = "fp32", sim_token
         lines.append(_pair_line("reference", f"cuda [{_kernels_line(cuda_cap.meta['cuda_kernels'])}, GPU]",
                                 diff(caps["reference"], cuda_cap)))
 
+    fast_lines = []
+    if SIMULATOR:
+        # the gate's inputs from the reference backend (no @njit compile needed, so this overlaps it)
+        with clock.step(f"gate kernel {FAST_GATE} (the GPU default below 128 tokens) in the simulator, first {S} "
+                        "token(s), on the reference's kv") as st:
+            gate_cap = _run(Pipeline(model, {"hash": "reference", "rows": "reference", "proj": "reference",
+                                             "gate": "cuda"}, residual=residual, cuda_versions={"gate": FAST_GATE}),
+                            TINY_TOKENS[:S], TINY_MASK[:S], progress=False)
+            st["note"] = f"kernel ran (simulator): gate={gate_cap.meta['cuda_kernels'].get('gate', '?')}"
+        fast_lines.append(_pair_line("reference", f"cuda gate={gate_cap.meta['cuda_kernels'].get('gate', '?')} "
+                                     f"(simulator, first {S} tokens)", diff(ref_s, gate_cap)))
+    else:
+        fast_lines.append(_pair_line("reference", f"cuda [{_kernels_line(fast_cap.meta['cuda_kernels'])}, GPU]",
+                                     diff(caps["reference"], fast_cap)))
+
+    with clock.step("gate heatmap and captures of the reference run"):
+        out_dir.mkdir(parents=True, exist_ok=True)
+        png = out_dir / "gate_heatmap.png"
+        fig = gate_heatmap(caps["reference"], token_labels=[str(t) for t in TINY_TOKENS])
+        fig.savefig(png, dpi=120, bbox_inches="tight")
+        cap_path = out_dir / "reference_capture.npz"
+        caps["reference"].save(cap_path)
+
     if warmer is not None:
         with clock.step("waiting for the cpu backend's @njit compile (second process)") as st:
             import resource
@@ -195,46 +218,29 @@ def run_demo(path=None, out_dir="engram_demo", residual: str = "fp32", sim_token
             if warmer.returncode != 0:   # the cpu run below compiles in this process and reports any error
                 print(f"          (the compile process failed; compiling here: "
                       f"{err.decode(errors='replace').strip().splitlines()[-1:] or ''})")
-    with clock.step(f"cpu backend (@njit, reference's summation order): {T} tokens x {cfg.n_layers} layers"):
+    with clock.step(f"cpu backend (@njit, reference's summation order): {T} tokens x {cfg.n_layers} layers, "
+                    "then with the BLAS projection and with the bf16 residual"):
         caps["cpu"] = _run(Pipeline(model, "cpu", residual=residual), TINY_TOKENS, TINY_MASK)
+        blas = _run(Pipeline(model, "blas", residual=residual), TINY_TOKENS, TINY_MASK)
+        # the same inputs with DeepSeek's bf16 residual instead of the engine's fp32 highway
+        other_res = "bf16" if residual == "fp32" else "fp32"
+        cap_res = _run(Pipeline(model, backends="cpu", residual=other_res), TINY_TOKENS, TINY_MASK)
     lines.insert(0, _pair_line("reference", "cpu", diff(caps["reference"], caps["cpu"])))
 
     print("\nDo the backends agree? (bit-identical = every element has the same bits)")
     print("\n".join(lines))
-
     print("\nThe fast kernels' numerics (fp32 sums in another order than the reference's):")
+    print("\n".join(fast_lines))
     if SIMULATOR:
-        with clock.step(f"gate kernel {FAST_GATE} (the GPU default below 128 tokens) in the simulator, first {S} "
-                        "token(s), on the cpu backend's kv (bit-identical to the reference's)"):
-            gate_cap = _run(Pipeline(model, {"hash": "cpu", "rows": "cpu", "proj": "cpu", "gate": "cuda"},
-                                     residual=residual, cuda_versions={"gate": FAST_GATE}),
-                            TINY_TOKENS[:S], TINY_MASK[:S], progress=False)
-        print(_pair_line("reference", f"cuda gate={gate_cap.meta['cuda_kernels'].get('gate', '?')} (simulator, "
-                         f"first {S} tokens)", diff(ref_s, gate_cap)))
-        blas = _run(Pipeline(model, "blas", residual=residual), TINY_TOKENS, TINY_MASK)
         print(_pair_line("reference", "cpu with proj=blas (numpy fp32 matmul)", diff(caps["reference"], blas)))
         print("  The fast GPU projections (gemv_v3, gemv_q2k_v2, gemm_v4, ...) are not run in the simulator; they too\n"
               "  add in other orders (docs/numerics.md), as the BLAS projection above does.")
-    else:
-        print(_pair_line("reference", f"cuda [{_kernels_line(fast_cap.meta['cuda_kernels'])}, GPU]",
-                         diff(caps["reference"], fast_cap)))
-
-    # The same inputs with DeepSeek's bf16 residual instead of the engine's fp32 highway.
-    other_res = "bf16" if residual == "fp32" else "fp32"
-    cap_res = _run(Pipeline(model, backends="cpu", residual=other_res), TINY_TOKENS, TINY_MASK)
     names = [n for n in caps["reference"] if n.split(".", 1)[-1] in ("gate.dot", "gate.gate", "highway.out")]
     print()
     print(diff(caps["reference"], cap_res, names=names, label_a=f"residual {residual}",
                label_b=f"residual {other_res}"))
     print()
     print(gate_stats(caps["reference"]))
-    with clock.step("gate heatmap and captures"):
-        out_dir.mkdir(parents=True, exist_ok=True)
-        png = out_dir / "gate_heatmap.png"
-        fig = gate_heatmap(caps["reference"], token_labels=[str(t) for t in TINY_TOKENS])
-        fig.savefig(png, dpi=120, bbox_inches="tight")
-        cap_path = out_dir / "reference_capture.npz"
-        caps["reference"].save(cap_path)
     print(f"\ngate heatmap saved to {png.resolve()}")
     print(f"reference captures saved to {cap_path.resolve()}")
     print(f"demo done in {clock.now():.1f} s")
