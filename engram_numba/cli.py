@@ -635,9 +635,10 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("corpus", nargs="+", help="text / .jsonl / .npy / .ids / highway .safetensors files or folders "
                                             "(with --merge: stats.npz files to merge)")
     s.add_argument("--model", help=MODEL_HELP)
-    s.add_argument("--backend", type=backend_spec, default="blas",
-                   help="reference | cpu | cuda | blas, or per stage (default blas: cpu with the BLAS projection, "
-                        "within a bf16 ulp of the reference, docs/numerics.md; cpu for bit-identity)")
+    s.add_argument("--backend", type=backend_spec, default="cpu",
+                   help="reference | cpu | cuda | blas, or per stage (default cpu, bit-identical to the reference, so "
+                        "merged parts equal one run; blas: cpu with the BLAS projection, about 4x less CPU time, "
+                        "within a bf16 ulp of the reference, docs/numerics.md)")
     s.add_argument("--out", default="engram_stats", help="output folder (default engram_stats)")
     s.add_argument("--format", choices=["text", "jsonl", "npy", "ids", "highway"], default=None,
                    help="corpus format of every file (default: by suffix; other suffixes are text)")

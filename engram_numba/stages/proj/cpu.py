@@ -88,7 +88,8 @@ def projection_blas(x_bf16, wkv_bf16=None, *, wkv_f32=None):
 
     Not bit-identical to the reference: BLAS adds the K products in its own blocked order (with
     FMA, possibly split over threads), so an output can land on the neighbouring bf16 value where
-    the fp32 sum sits near a rounding boundary (docs/numerics.md states the distance). Give
+    the fp32 sum sits near a rounding boundary (docs/numerics.md states the distance), and since
+    BLAS chooses its kernels by shape, a token's result can change with T by the same ulp. Give
     `wkv_f32` ([N, K] fp32, e.g. `bf16_to_f32(wkv)` kept between calls) to skip widening the
     weight on every call."""
     from ...bf16 import bf16_to_f32, f32_to_bf16
