@@ -8,10 +8,13 @@ STAMP  := $(VENV)/.installed
 .PHONY: demo test test-fast test-gpu compile-report bench bench-smoke notebooks clean
 
 $(STAMP): pyproject.toml
+	@echo "== creating $(VENV) and installing engram-numba with its pinned dependencies (numba, numba-cuda, numpy,"
+	@echo "== matplotlib, ...): about 3 minutes on a fresh machine, once; pip shows each package below"
 	$(PY) -m venv $(VENV)
 	$(BIN)/python -m pip install -q --upgrade pip
-	$(BIN)/python -m pip install -q -e '.[test]'
+	$(BIN)/python -m pip install --progress-bar on -e '.[test]'
 	touch $(STAMP)
+	@echo "== installed into $(VENV)"
 
 # The main job: the demo on the tiny model shipped in data/ (the CUDA stages run in numba's
 # simulator when there is no GPU).
@@ -20,8 +23,11 @@ demo: $(STAMP)
 
 # Every tier that runs without a GPU: exact CPU tests, kernels under the simulator,
 # compile-only for sm_90, notebooks. The gpu tier is skipped here (see test-gpu).
+# One line per test file with its progress (-o console_output_style=count) and the 20 slowest
+# tests at the end, so a long run shows where it is.
 test: $(STAMP)
-	NUMBA_ENABLE_CUDASIM=1 $(BIN)/python -m pytest -q -p no:cacheprovider tests engram_numba notebooks --nbmake
+	NUMBA_ENABLE_CUDASIM=1 $(BIN)/python -m pytest -p no:cacheprovider -o console_output_style=count --durations=20 \
+		tests engram_numba notebooks --nbmake
 
 # The loop while working: exact CPU tests and the kernels in the simulator with the tests marked
 # `slow` deselected; no compile-only tier, no notebooks (about 2 minutes on 2 cores).
@@ -46,9 +52,10 @@ bench-smoke: $(STAMP)
 	NUMBA_ENABLE_CUDASIM=1 $(BIN)/engram-numba bench --smoke --out /tmp/engram_bench_smoke.json
 
 # JupyterLab on the notebooks (installs the notebooks extra)
+# (as root, the usual user in containers, JupyterLab needs --allow-root)
 notebooks: $(STAMP)
-	$(BIN)/python -m pip install -q -e '.[test,notebooks]'
-	$(BIN)/jupyter lab notebooks/
+	$(BIN)/python -m pip install -e '.[test,notebooks]'
+	$(BIN)/jupyter lab $(if $(filter 0,$(shell id -u)),--allow-root,) notebooks/
 
 clean:
 	rm -rf $(VENV) .pytest_cache

@@ -34,7 +34,15 @@ SAFETENSORS_META_KEY = "engram_numba.meta"
 
 
 def point_names(layer_ids) -> list[str]:
-    """Every capture point of a model, in firing order."""
+    """Every capture point of a model, in firing order. `layer_ids`: the engram layer ids, or a
+    model (anything `load_model` returns) or its config."""
+    cfg = getattr(layer_ids, "config", layer_ids)
+    layer_ids = getattr(cfg, "layer_ids", layer_ids)
+    try:
+        layer_ids = [int(lid) for lid in layer_ids]
+    except (TypeError, ValueError):
+        raise TypeError(f"point_names takes a model, its config or a list of layer ids, got "
+                        f"{type(layer_ids).__name__}") from None
     return list(INPUT_POINTS) + [f"L{lid}.{p}" for lid in layer_ids for p in POINTS]
 
 
@@ -125,7 +133,9 @@ class Capture(Mapping):
             write_arrays(path, arrays, {SAFETENSORS_META_KEY: json.dumps(self.meta, default=str),
                                              "format": "engram-capture"}, bf16_names=bf16)
             return
-        np.savez_compressed(path, __meta__=np.array(json.dumps(self.meta, default=str)), **arrays)
+        # through a file object: numpy would append ".npz" to a name with another suffix
+        with open(path, "wb") as f:
+            np.savez_compressed(f, __meta__=np.array(json.dumps(self.meta, default=str)), **arrays)
 
     @classmethod
     def load(cls, path) -> "Capture":

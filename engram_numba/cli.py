@@ -10,6 +10,7 @@
     engram-numba diff [FILE] --a reference --b cuda [--tokens ...] [--isolated] [--max-ulp N] [--rtol X]
     engram-numba diff A.npz B.npz [--max-ulp N] [--rtol X]          two saved captures
     engram-numba diff --model-a PATH --model-b PATH [--tokens ...]  two models (any formats), same tokens
+    engram-numba points [FILE]                 the capture points of a model (for --capture, diff, hooks)
     engram-numba kernels [--stage proj]        the kernel registry: versions, defaults, changelogs
     engram-numba make-fixture [--out data/tiny_v41.gguf]
     engram-numba bench [--out bench/results/h200.json]     (needs a GPU; --smoke runs anywhere)
@@ -28,7 +29,9 @@ import sys
 import time
 from pathlib import Path
 
-import numpy as np
+_T_START = time.perf_counter()   # the demo reports its time from here: imports included
+
+import numpy as np  # noqa: E402
 
 from .errors import EngramError
 
@@ -63,10 +66,12 @@ def parse_token_list(text: str) -> np.ndarray:
 
 
 def backend_spec(text: str):
-    """'cuda', or per stage 'rows=cpu,proj=cuda' (stages not named take 'reference')."""
+    """'cuda', or per stage 'rows=cpu,proj=cuda' (stages not named take 'reference'); 'blas' is a
+    projection backend (proj=blas; alone it means cpu with the BLAS projection)."""
+    from .pipeline import BACKEND_NAMES, resolve_backends
     if "=" not in text:
-        if text not in BACKENDS:
-            raise argparse.ArgumentTypeError(f"unknown backend {text!r}; backends are {', '.join(BACKENDS)}, "
+        if text not in BACKEND_NAMES:
+            raise argparse.ArgumentTypeError(f"unknown backend {text!r}; backends are {', '.join(BACKEND_NAMES)}, "
                                              f"or per stage like rows=cpu,proj=cuda")
         return text
     out = {}
@@ -74,10 +79,14 @@ def backend_spec(text: str):
         stage, sep, backend = (s.strip() for s in part.partition("="))
         if not sep or stage not in STAGES:
             raise argparse.ArgumentTypeError(f"{part!r}: expected STAGE=BACKEND with a stage in {', '.join(STAGES)}")
-        if backend not in BACKENDS:
+        if backend not in BACKEND_NAMES:
             raise argparse.ArgumentTypeError(f"{part!r}: unknown backend {backend!r}; backends are "
-                                             f"{', '.join(BACKENDS)}")
+                                             f"{', '.join(BACKEND_NAMES)}")
         out[stage] = backend
+    try:
+        resolve_backends(out)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
     return out
 
 
@@ -106,6 +115,15 @@ def _writable(path: str | None, what: str) -> Path | None:
         raise UserError(f"cannot write {what} {path}: folder {parent} does not exist")
     if not os.access(parent, os.W_OK) or (p.exists() and not os.access(p, os.W_OK)):
         raise UserError(f"cannot write {what} {path}: permission denied")
+    # os.access says yes to root on a read-only file system: open the file once to be sure
+    existed = p.exists()
+    try:
+        with open(p, "ab"):
+            pass
+    except OSError as exc:
+        raise UserError(f"cannot write {what} {path}: {exc.strerror or exc}") from None
+    if not existed:
+        p.unlink()
     return p
 
 
@@ -400,7 +418,10 @@ def cmd_stats(args) -> int:
             _access_pass(args, model, files, tokenizer_path, out)
             if args.access_only:
                 return 0
-        out.mkdir(parents=True, exist_ok=True)
+        try:
+            out.mkdir(parents=True, exist_ok=True)
+        except OSError as exc:
+            raise UserError(f"cannot write --out {out}: {exc.strerror or exc}") from None
         token_table = None
         if args.token_table:
             token_table = out / ("tokens_long." + args.tables)
@@ -649,73 +670,14 @@ def _pair_line(a_label: str, b_label: str, report) -> str:
 
 
 def cmd_demo(args) -> int:
-    import warnings
-
-    import matplotlib
-    matplotlib.use("Agg")
-
-    from . import SIMULATOR
-    from .analysis.diff import diff
-    from .analysis.plots import gate_heatmap
-    from .analysis.stats import gate_stats
-    from .fixtures import TINY_MASK, TINY_TOKENS
-    from .pipeline import Pipeline
-
+    from .demo import run_demo
     path = _existing_file(args.file)
     out_dir = Path(args.out_dir)
     if out_dir.exists() and not out_dir.is_dir():
         raise UserError(f"--out-dir {out_dir} exists and is not a folder")
-    model = _load(path)
-    cfg = model.config
-    print(f"model: {model.path}  dim={cfg.dim} hc={cfg.hc} engram layers={list(cfg.layer_ids)} "
-          f"n_hash_cols={cfg.n_hash_cols} K={cfg.proj_in} N={cfg.proj_out}  ({model.format})")
-    print(f"tokens ({TINY_TOKENS.size}): {TINY_TOKENS.tolist()}  (token {int(np.argmin(TINY_MASK))} masked)")
-    print(f"cuda backend: {'numba CUDA simulator (no GPU here)' if SIMULATOR else 'GPU'}; highway: synthetic\n")
-
-    caps = {}
-    for backend in ("reference", "cpu", "cuda"):
-        t0 = time.perf_counter()
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore")
-            caps[backend] = Pipeline(model, backends=backend, residual=args.residual).run(
-                TINY_TOKENS, token_mask=TINY_MASK, progress=SIMULATOR and backend == "cuda")
-        kern = caps[backend].meta.get("cuda_kernels") or {}
-        print(f"  {backend:9s} pipeline: {time.perf_counter() - t0:6.2f} s" +
-              (f"  kernels {kern}" if kern else ""))
-    print()
-    for other in ("cpu", "cuda"):
-        print(_pair_line("reference", other, diff(caps["reference"], caps[other])))
-    if SIMULATOR:
-        # The defaults in the simulator are the naive kernels, which add in the reference's order;
-        # one fast version on a few tokens shows the ulps a GPU run has.
-        fast = {"proj": "gemv_v3", "gate": "gate_v2"}
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore")
-            few = slice(0, 3)
-            ref_few = Pipeline(model, "reference", residual=args.residual).run(TINY_TOKENS[few], token_mask=TINY_MASK[few])
-            fast_cap = Pipeline(model, "cuda", residual=args.residual, cuda_versions=fast).run(
-                TINY_TOKENS[few], token_mask=TINY_MASK[few])
-        print(_pair_line("reference", f"cuda {fast} (3 tokens)", diff(ref_few, fast_cap)))
-        print("  (in the simulator the cuda defaults are the naive kernels, which add in the reference's order;"
-              " the fast ones sum in other orders, as on a GPU)")
-    # The same inputs with DeepSeek's bf16 residual instead of the engine's fp32 highway.
-    other_res = "bf16" if args.residual == "fp32" else "fp32"
-    cap_res = Pipeline(model, backends="cpu", residual=other_res).run(TINY_TOKENS, token_mask=TINY_MASK)
-    names = [n for n in caps["reference"] if n.split(".", 1)[-1] in ("gate.dot", "gate.gate", "highway.out")]
-    print()
-    print(diff(caps["reference"], cap_res, names=names, label_a=f"residual {args.residual}",
-               label_b=f"residual {other_res}"))
-    print()
-    print(gate_stats(caps["reference"]))
-    out_dir.mkdir(parents=True, exist_ok=True)
-    png = out_dir / "gate_heatmap.png"
-    fig = gate_heatmap(caps["reference"], token_labels=[str(t) for t in TINY_TOKENS])
-    fig.savefig(png, dpi=120, bbox_inches="tight")
-    cap_path = out_dir / "reference_capture.npz"
-    caps["reference"].save(cap_path)
-    print(f"\ngate heatmap saved to {png.resolve()}")
-    print(f"reference captures saved to {cap_path.resolve()}")
-    return 0
+    if args.sim_tokens < 1:
+        raise UserError(f"--sim-tokens must be >= 1, got {args.sim_tokens}")
+    return run_demo(path, out_dir, residual=args.residual, sim_tokens=args.sim_tokens, t_start=_T_START)
 
 
 def cmd_bench(args) -> int:
@@ -739,15 +701,63 @@ def _float_at_least(lo: float):
     return parse
 
 
+MODEL_HELP = ("a model in any format: a GGUF (single, or any shard or the folder of a split one), a ds4 GGUF, or "
+              "an HF checkpoint folder (default: the tiny model in data/); or 'released': the released V4.1 hash "
+              "configuration without weights (hashing and row-access statistics only)")
+
+
+def _int_at_least(lo: int):
+    def parse(text: str) -> int:
+        try:
+            v = int(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"expected an integer, got {text!r}") from None
+        if v < lo:
+            raise argparse.ArgumentTypeError(f"must be >= {lo}, got {text}")
+        return v
+    return parse
+
+
+# options whose value may start with "-" (a token list such as -1,2): argparse would take the value
+# for an option and answer "expected one argument"; main() glues them as --tokens=-1,2
+_VALUE_MAY_START_WITH_DASH = ("--tokens",)
+
+
+def _glue_dash_values(argv: list[str]) -> list[str]:
+    out, i = [], 0
+    while i < len(argv):
+        if argv[i] in _VALUE_MAY_START_WITH_DASH and i + 1 < len(argv) and argv[i + 1].startswith("-") \
+                and not argv[i + 1].startswith("--"):
+            out.append(f"{argv[i]}={argv[i + 1]}")
+            i += 2
+            continue
+        out.append(argv[i])
+        i += 1
+    return out
+
+
+def cmd_points(args) -> int:
+    from .capture import OBSERVE_ONLY, point_names
+    model = _load(_model_path(args.file) if args.file else None)
+    for name in point_names(model):
+        short = name.split(".", 1)[1] if name.startswith("L") else name
+        print(f"{name:20s} {'output (hooks observe)' if short in OBSERVE_ONLY else 'hooks may replace it'}")
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
+    from . import __version__
     p = argparse.ArgumentParser(prog="engram-numba", description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--version", action="version", version=f"engram-numba {__version__}")
     sub = p.add_subparsers(dest="command", required=True)
 
     s = sub.add_parser("demo", help="run the tiny model through the reference, cpu and cuda backends")
-    s.add_argument("--file", help="a schema-A GGUF (default: the tiny model in data/)")
+    s.add_argument("--file", help=MODEL_HELP)
     s.add_argument("--out-dir", default="engram_demo", help="where the heatmap and captures go")
     s.add_argument("--residual", choices=["fp32", "bf16"], default="fp32")
+    s.add_argument("--sim-tokens", type=int, default=2,
+                   help="without a GPU: tokens the cuda pipeline runs in numba's simulator (default 2; ~3 s each)")
     s.set_defaults(func=cmd_demo)
 
     s = sub.add_parser("info", help="describe an Engram model (any format): configuration, keys, tensors, checks")
@@ -759,7 +769,7 @@ def build_parser() -> argparse.ArgumentParser:
     s.set_defaults(func=cmd_info)
 
     s = sub.add_parser("run", help="run text or a token sequence through the pipeline")
-    s.add_argument("file", nargs="?", help="GGUF (default: the tiny model)")
+    s.add_argument("file", nargs="?", help=MODEL_HELP)
     src = s.add_argument_group("the tokens (one source; default: the tiny test sequence, or the highway file's)")
     src.add_argument("--text", help="text, tokenized with the model's tokenizer (or --tokenizer)")
     src.add_argument("--text-file", help="a UTF-8 text file, tokenized as one sequence")
@@ -769,20 +779,23 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--highway", help="hidden states from another engine: a highway .safetensors "
                                      "(docs/research.md); its token ids are used when no tokens are given")
     s.add_argument("--backend", type=backend_spec, default="reference",
-                   help="reference | cpu | cuda, or per stage: rows=cpu,proj=cuda,gate=reference")
+                   help="reference | cpu | cuda | blas (cpu with the BLAS projection), or per stage: "
+                        "rows=cpu,proj=cuda,gate=reference")
     s.add_argument("--residual", choices=["fp32", "bf16"], default="fp32")
-    s.add_argument("--chunk-tokens", type=int, default=None, help="run the stages this many tokens at a time")
-    s.add_argument("--show-tokens", type=int, default=40, help="print the per-token gate table up to this many tokens")
+    s.add_argument("--chunk-tokens", type=_int_at_least(1), default=None, help="run the stages this many tokens at a time")
+    s.add_argument("--show-tokens", type=_int_at_least(0), default=40,
+                   help="print the per-token gate table up to this many tokens (0: never)")
     s.add_argument("--capture", help="save every stage's arrays to this .npz (or .safetensors)")
     s.set_defaults(func=cmd_run)
 
     s = sub.add_parser("stats", help="stream a corpus through the pipeline and write its gate statistics")
     s.add_argument("corpus", nargs="+", help="text / .jsonl / .npy / .ids / highway .safetensors files or folders "
                                             "(with --merge: stats.npz files to merge)")
-    s.add_argument("--model", help="any model load_model opens (default: the tiny model), or 'released': the released "
-                                   "V4.1 configuration without weights (row-access statistics only)")
+    s.add_argument("--model", help=MODEL_HELP)
     s.add_argument("--backend", type=backend_spec, default="cpu",
-                   help="reference | cpu | cuda, or per stage (default cpu)")
+                   help="reference | cpu | cuda | blas, or per stage (default cpu, bit-identical to the reference, so "
+                        "merged parts equal one run; blas: cpu with the BLAS projection, about 4x less CPU time, "
+                        "within a bf16 ulp of the reference, docs/numerics.md)")
     s.add_argument("--out", default="engram_stats", help="output folder (default engram_stats)")
     s.add_argument("--format", choices=["text", "jsonl", "npy", "ids", "highway", "parquet", "arrow"], default=None,
                    help="corpus format of every file (default: by suffix; other suffixes are text)")
@@ -829,7 +842,8 @@ def build_parser() -> argparse.ArgumentParser:
     s.set_defaults(func=cmd_stats)
 
     s = sub.add_parser("diff", help="diff two backends stage by stage, two models, or two saved captures")
-    s.add_argument("file", nargs="?", help="GGUF (default: the tiny model), or the first of two capture .npz files")
+    s.add_argument("file", nargs="?", help="a model in any format (default: the tiny model), or the first of two "
+                                           "saved captures (.npz or .safetensors)")
     s.add_argument("file_b", nargs="?", help="the second capture .npz (diff two saved captures)")
     s.add_argument("--model-a", help="diff two models: the first (any format load_model opens)")
     s.add_argument("--model-b", help="diff two models: the second; the same tokens go through both")
@@ -847,6 +861,10 @@ def build_parser() -> argparse.ArgumentParser:
                    help="feed every stage of the --b run the --a run's inputs of it (Pipeline.run(inputs_from=...)), "
                         "so each stage's own error shows, not the errors of the stages before it compounded")
     s.set_defaults(func=cmd_diff)
+
+    s = sub.add_parser("points", help="list the capture points of a model (names for --capture, diff, hooks)")
+    s.add_argument("file", nargs="?", help=MODEL_HELP)
+    s.set_defaults(func=cmd_points)
 
     s = sub.add_parser("kernels", help="list the kernel registry: versions, default rules, changelogs")
     s.add_argument("--stage", choices=["rows", "proj", "gate"])
@@ -883,7 +901,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv=None) -> int:
-    args = build_parser().parse_args(argv)
+    args = build_parser().parse_args(_glue_dash_values(list(sys.argv[1:] if argv is None else argv)))
     from .formats.errors import EngramFileError
     try:
         return args.func(args)

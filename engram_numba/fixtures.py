@@ -313,7 +313,13 @@ def golden_captures(path=TINY_PATH):
     from .formats.schema_a import load_gguf
     from .pipeline import Pipeline
     model = load_gguf(path)
-    return Pipeline(model, backends="reference").run(TINY_TOKENS, token_mask=TINY_MASK)
+    cap = Pipeline(model, backends="reference").run(TINY_TOKENS, token_mask=TINY_MASK)
+    # a committed file: paths relative to the model's folder, not the machine that wrote it
+    for key in ("model", "tokenizer"):
+        if cap.meta.get(key):
+            p = Path(str(cap.meta[key]))
+            cap.meta[key] = p.name if p.parent == Path(path).resolve().parent or p.parent == Path(path).parent else str(p)
+    return cap
 
 
 def tiny_model_path() -> Path:

@@ -7,7 +7,8 @@
     en.diff(cap, cap2)
 
 Stages, in order, for each engram layer in model order (one spelling everywhere):
-    hash  token ids -> row ids              (CPU by design: the "cuda" choice runs the @njit hasher)
+    hash  token ids -> row ids              (CPU by design: backends="cuda" hashes with the @njit
+                                            hasher and records hash="cpu")
     rows  row ids -> raw rows (the table's encoding) -> bf16 rows
     proj  bf16 rows -> kv = bf16(x @ wkv^T)
     gate  highway, kv -> gate, highway + gate * value
@@ -161,6 +162,17 @@ class _CpuBackend(_HostBackend):
         return _gate_cpu.gate_cpu(highway, kv, layer.q_weight, layer.k_weight, token_mask, residual, eps)
 
 
+class _BlasBackend(_CpuBackend):
+    """The cpu backend with the projection at BLAS speed (`proj.cpu.projection_blas`): fp32
+    matmul in BLAS's summation order, so kv is within a bf16 ulp or so of the reference's, not
+    bit-identical (docs/numerics.md). For runs that do not ask for bit-identity (corpus statistics)."""
+
+    name = "blas"
+
+    def proj(self, layer, x_bf16):
+        return _proj_cpu.projection_blas(x_bf16, wkv_f32=layer.wkv_f32())
+
+
 class _CudaBackend(_HostBackend):
     """Each stage on the GPU (or numba's simulator), through one `EngramV41` whose workspaces
     grow to the longest call. Inputs are copied in and results copied out per stage, so any
@@ -257,11 +269,51 @@ class _LayerView:
         self.k_weight = lf.k_weight
         self._file = lf
         self._wkv = None
+        self._wkv_f32 = None
 
     def wkv_bf16(self) -> np.ndarray:
         if self._wkv is None:
             self._wkv = np.ascontiguousarray(self._file.wkv_bf16())
         return self._wkv
+
+    def wkv_f32(self) -> np.ndarray:
+        """wkv [N, K] widened to fp32 once (the BLAS projection's operand)."""
+        if self._wkv_f32 is None:
+            from .bf16 import bf16_to_f32
+            self._wkv_f32 = np.ascontiguousarray(bf16_to_f32(self.wkv_bf16()))
+        return self._wkv_f32
+
+
+# Backend names ------------------------------------------------------------------------------
+
+# "blas" is a projection backend (BLAS fp32 matmul); as one name for every stage it means the cpu
+# backend with that projection. The hash has no GPU version: "cuda" for every stage hashes with
+# the @njit hasher and says so ("cpu"), and hash="cuda" is refused rather than mislabelled.
+PROJ_ONLY_BACKENDS = ("blas",)
+BACKEND_NAMES = tuple(BACKENDS) + PROJ_ONLY_BACKENDS
+
+
+def resolve_backends(backends) -> dict[str, str]:
+    """{stage: backend} for every stage from a backend name or a partial dict (stages not named
+    take "reference"); raises ValueError naming the stage or backend that cannot be."""
+    if isinstance(backends, str):
+        one = backends
+        backends = {s: ("cpu" if (s == "hash" and one == "cuda") or (s != "proj" and one == "blas") else one)
+                    for s in STAGES}
+    elif not isinstance(backends, Mapping):
+        raise TypeError(f"backends must be a backend name or a dict stage -> name, got {type(backends).__name__}")
+    unknown = set(backends) - set(STAGES)
+    if unknown:
+        raise ValueError(f"unknown stage(s) {sorted(unknown)} in backends; stages are {list(STAGES)}")
+    out = {s: backends.get(s, "reference") for s in STAGES}
+    for stage, b in out.items():
+        if b not in BACKEND_NAMES:
+            raise ValueError(f"backend {b!r} for stage {stage!r} is not one of {list(BACKEND_NAMES)}")
+        if b in PROJ_ONLY_BACKENDS and stage != "proj":
+            raise ValueError(f"backend {b!r} is a projection backend; stage {stage!r} takes one of {list(BACKENDS)}")
+        if stage == "hash" and b == "cuda":
+            raise ValueError("the hash has no GPU version (it runs on the CPU by design): use hash=cpu")
+    return out
 
 
 # The pipeline -------------------------------------------------------------------------------
@@ -269,8 +321,9 @@ class _LayerView:
 class Pipeline:
     """hash -> rows -> proj -> gate for every engram layer of `model`, one backend per stage.
 
-    backends: "reference" | "cpu" | "cuda" for every stage, or a dict {stage: backend}
-              (stages not named take "reference").
+    backends: "reference" | "cpu" | "cuda" | "blas" for every stage, or a dict {stage: backend}
+              (stages not named take "reference"). "blas" is a projection backend (numpy's fp32
+              matmul, not bit-identical: docs/numerics.md); as one name it means cpu with it.
     residual: "fp32" (engine: FP32 highway) or "bf16" (DeepSeek's reference: bf16 residual).
     eps:      the gate's RMS epsilon (default: the model's), finite and >= 0 on every backend.
     cuda_versions: kernel record per cuda stage, e.g. {"rows": "q2k_v4", "proj": "gemv_v2",
@@ -292,7 +345,7 @@ class Pipeline:
         if cuda_versions:
             from .engine import check_versions
             check_versions(cuda_versions)
-        factories = {"reference": _ReferenceBackend, "cpu": _CpuBackend,
+        factories = {"reference": _ReferenceBackend, "cpu": _CpuBackend, "blas": _BlasBackend,
                      "cuda": lambda: _CudaBackend(model, cuda_versions)}
         self._impl: dict[str, _HostBackend] = {b: factories[b]() for b in sorted(set(self.backends.values()))}
         self._layers = {lid: _LayerView(model, lid) for lid in self.config.layer_ids}
@@ -337,19 +390,7 @@ class Pipeline:
 
     @staticmethod
     def _resolve_backends(backends) -> dict[str, str]:
-        if isinstance(backends, str):
-            backends = {s: backends for s in STAGES}
-        elif isinstance(backends, Mapping):
-            unknown = set(backends) - set(STAGES)
-            if unknown:
-                raise ValueError(f"unknown stage(s) {sorted(unknown)} in backends; stages are {list(STAGES)}")
-            backends = {s: backends.get(s, "reference") for s in STAGES}
-        else:
-            raise TypeError(f"backends must be a backend name or a dict stage -> name, got {type(backends).__name__}")
-        for stage, b in backends.items():
-            if b not in BACKENDS:
-                raise ValueError(f"backend {b!r} for stage {stage!r} is not one of {list(BACKENDS)}")
-        return backends
+        return resolve_backends(backends)
 
     @property
     def point_names(self) -> list[str]:
@@ -403,12 +444,13 @@ class Pipeline:
 
     def run(self, token_ids=None, highway=None, token_mask=None, names_filter=None,
             hasher: EngramHasher | None = None, progress: bool | None = None,
-            chunk_tokens: int | None = None, *, text: str | None = None, inputs_from=None) -> Capture:
+            chunk_tokens: int | None = None, *, text: str | None = None, tokenizer=None, inputs_from=None) -> Capture:
         """Run every engram layer on one sequence; returns the captures that `names_filter` keeps.
 
         token_ids: raw token ids [T] (any integer dtype; checked against the token map), or None
                  with `text`, or with a HighwayFile (its token ids).
-        text:    a string, tokenized with the pipeline's tokenizer (`tokenizer` / the model's own).
+        text:    a string, tokenized with `tokenizer` (a `Tokenizer` or a tokenizer.json path; it then
+                 also gives the token strings), else the pipeline's (its `tokenizer` / the model's own).
         highway: [T, hc, dim] fp32 (never modified), a dict {layer_id: highway}, a `HighwayFile`
                  (`load_highway`: one highway per engram layer, read per chunk; its token ids and
                  mask are used when none are given, and must equal the ones given), or None for
@@ -434,6 +476,10 @@ class Pipeline:
         """
         cfg = self.config
         keep = match_names(names_filter, self.point_names)
+        if tokenizer is not None:
+            from .text import tokenizer_for
+            self._tokenizer_arg = tokenizer
+            self._tokenizer = tokenizer_for(self.model, tokenizer, need_encode=text is not None)
         hasher = hasher if hasher is not None else EngramHasher(self.model.hash_tables)
         given = None
         if inputs_from is not None:
@@ -475,7 +521,9 @@ class Pipeline:
         bar = None
         if progress:
             from tqdm.auto import tqdm
-            bar = tqdm(total=T, desc="engram", unit="tok")
+            # one unit per token and engram layer, so the bar moves within a chunk as layers finish
+            bar = tqdm(total=T * cfg.n_layers, desc=f"engram ({T} tokens x {cfg.n_layers} layers)",
+                       unit="tok-layer")
         try:
             for t0 in range(0, T, chunk_tokens):
                 t1 = min(T, t0 + chunk_tokens)
@@ -490,8 +538,6 @@ class Pipeline:
                     h_chunk = highway[t0:t1]
                 self._run_chunk(hasher, token_ids[t0:t1], chunk_mask, h_chunk, keep, parts, bar,
                                 given=None if given is None else self._given_chunk(given, t0, t1))
-                if bar is not None:
-                    bar.update(t1 - t0)
         finally:
             if bar is not None:
                 bar.close()
@@ -644,7 +690,8 @@ class Pipeline:
         all_ids = self._impl[self.backends["hash"]].hash(hasher, token_ids, mask)   # [T, L, C]
         per_layer = isinstance(highway, Mapping)
         if given is None and self._stays_on_device(keep, per_layer):
-            self._run_chunk_on_device(all_ids, mask, highway, keep, parts, step)
+            self._run_chunk_on_device(all_ids, mask, highway, keep, parts, step,
+                                      step_done=None if bar is None else bar.update)
             return
         current = None if per_layer else highway
         for li, lid in enumerate(cfg.layer_ids):
@@ -682,14 +729,17 @@ class Pipeline:
             self._point(p + "gate.gate", res.gate, keep, parts)
             self._point(p + "highway.out", res.highway, keep, parts)
             current = res.highway
+            if bar is not None:
+                bar.update(T)
 
-    def _run_chunk_on_device(self, all_ids, mask, highway, keep, parts, step) -> None:
+    def _run_chunk_on_device(self, all_ids, mask, highway, keep, parts, step, step_done=None) -> None:
         """The device-resident path (see the module doc): rows, kv and the highway between layers
         never come back to the host; each layer's dot and gate do."""
         from numba import cuda
         cfg = self.config
         backend = self._impl["cuda"]
         per_layer = isinstance(highway, Mapping)
+        T = int(all_ids.shape[0])
         d_current = None
         for li, lid in enumerate(cfg.layer_ids):
             layer = self._layers[lid]
@@ -707,6 +757,8 @@ class Pipeline:
             self._point(p + "gate.dot", d_dot.copy_to_host(), keep, parts)                # [T, hc]
             self._point(p + "gate.gate", d_gate.copy_to_host(), keep, parts)
             self.fired.append(p + "highway.out")
+            if step_done is not None:
+                step_done(T)
 
     def gates_from_ids(self, row_ids, highway, token_mask=None) -> dict:
         """rows -> proj -> gate of every engram layer for row ids the caller hashed, keeping only

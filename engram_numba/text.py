@@ -136,7 +136,24 @@ class Tokenizer:
         self._need_encoder()
         if not isinstance(text, str):
             raise TypeError(f"text must be a str, got {type(text).__name__}")
-        return np.asarray(self._hf.encode(text, add_special_tokens=add_special_tokens).ids, dtype=np.int64)
+        enc = self._hf.encode(text, add_special_tokens=add_special_tokens)
+        self._warn_dropped(text, enc.offsets)
+        return np.asarray(enc.ids, dtype=np.int64)
+
+    def _warn_dropped(self, text: str, offsets) -> None:
+        """A small vocabulary without byte fallback or an unknown token drops characters it cannot
+        spell: say so rather than run on a fraction of the text."""
+        covered = np.zeros(len(text) + 1, dtype=bool)
+        for start, end in offsets:
+            covered[start:end] = True
+        dropped = [c for c, ok in zip(text, covered) if not ok and not c.isspace()]
+        if dropped:
+            import warnings
+            shown = "".join(dict.fromkeys(dropped))[:20]
+            n = sum(not c.isspace() for c in text)
+            warnings.warn(f"tokenizer {self.source} has no token for {len(dropped)} of the text's {n} non-space "
+                          f"characters, which it dropped ({shown!r}); the ids cover the rest only",
+                          UserWarning, stacklevel=3)
 
     def encode_batch(self, texts, add_special_tokens: bool = True) -> list[np.ndarray]:
         """`encode` of many texts at once (the tokenizers library runs them on several threads)."""
@@ -494,7 +511,13 @@ class CompressedView:
 
 def compressed_view(model, tokenizer=None) -> CompressedView:
     """The compressed-id view of a model's token map, with token strings when a tokenizer is
-    found (`tokenizer_for`; without one the view shows ids only)."""
+    found (`tokenizer_for`; without one the view shows ids only). `model`: a loaded model or a
+    path `load_model` opens."""
+    if isinstance(model, (str, os.PathLike)):
+        from .formats.load import load_model
+        model = load_model(model)
+    if not hasattr(model, "hash_tables"):
+        raise TypeError(f"compressed_view takes a model (load_model) or a path to one, got {type(model).__name__}")
     tables = model.hash_tables
     tok = None
     try:

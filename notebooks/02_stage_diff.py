@@ -201,6 +201,7 @@ a.legend(fontsize=8)
 b.set_xticks(range(len(labels)), labels, rotation=40, fontsize=8)
 b.set_xlabel("bf16 ulps between bf16(fp32 highway) and the bf16 highway")
 b.set_yscale("log")
+b.set_ylim(bottom=0.5)      # bars from below 1, not from the smallest count
 b.set_title("after rounding the engine's highway to bf16 (log counts)", fontsize=10)
 b.legend()
 fig.suptitle("fp32 vs bf16 residual on the synthetic tiny model (synthetic highway)", fontsize=11)
@@ -238,6 +239,7 @@ axes[0].set_title("proj.kv: reference fp32 order vs float64-exact", fontsize=10)
 axes[1].set_title("proj.kv: reference vs CUDA gemv_v2 (two tokens, isolated)", fontsize=10)
 for ax in axes:
     ax.set_yscale("log")
+    ax.set_ylim(bottom=0.5)  # bars from below 1, not from the smallest count
     ax.set_xlabel("bf16 ulps apart")
     ax.legend(fontsize=8)
 axes[0].set_ylabel("kv values")

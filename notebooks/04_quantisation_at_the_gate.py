@@ -39,8 +39,10 @@ import matplotlib.pyplot as plt
 import numpy as np
 
 import engram_numba as en
+from engram_numba.fixtures import tiny_model_path
 
-paths = {"fp8": "../data/tiny_v41_ds4.gguf", "q8_0": "../data/tiny_v41_q8_0.gguf", "q2k": "../data/tiny_v41.gguf"}
+data = tiny_model_path().parent      # the package's data/ folder, wherever this notebook is run from
+paths = {"fp8": data / "tiny_v41_ds4.gguf", "q8_0": data / "tiny_v41_q8_0.gguf", "q2k": data / "tiny_v41.gguf"}
 models = {name: en.load_model(path) for name, path in paths.items()}
 for name, m in models.items():
     print(f"{name:5s} {m.format:40s} wkv: {m.layers[1].wkv_encoding}")

@@ -393,3 +393,38 @@ def test_heatmap_window_stride_rolling_and_synthetic_titles(rng):
             plots.gate_heatmap(cap, **bad)
     plain = Capture(dict(cap), {"highway": "given"})
     assert plots.gate_heatmap(plain)._suptitle is None
+
+
+def test_special_tokens_are_drawn_with_glyphs_the_font_has(rng):
+    """DeepSeek's '<｜begin▁of▁sentence｜>' uses a fullwidth bar the default font lacks: the
+    figures show '|' instead of missing-glyph boxes."""
+    from matplotlib.font_manager import FontProperties, findfont
+    from matplotlib.ft2font import FT2Font
+    cap = synthetic_capture(rng, T=6)
+    cap.meta["token_strings"] = ["<｜begin▁of▁sentence｜>", "the", " cat", "é", "<｜end▁of▁sentence｜>", "."]
+    fig = plots.gate_heatmap(cap)
+    labels = [t.get_text() for a in fig.axes for t in a.get_xticklabels()]
+    assert "<|begin▁of▁sentence|>" in labels and "<|end▁of▁sentence|>" in labels
+    font = FT2Font(findfont(FontProperties(family=matplotlib.rcParams["font.family"])))
+    for label in labels:
+        assert all(ch.isspace() or font.get_char_index(ord(ch)) for ch in label), label
+    assert plots.font_safe("\uffff") == "\\uffff"
+
+
+def test_symlog_dot_ticks_do_not_crowd_zero(rng):
+    cap = synthetic_capture(rng, T=30)
+    fig = plots.gate_vs_dot(cap, xscale="symlog")
+    for a in fig.axes:
+        texts = [t.get_text() for t in a.get_xticklabels()]
+        if "0" in texts:
+            assert not any(t in ("1e-6", "-1e-6") for t in texts), texts
+
+
+def test_diff_plot_of_identical_runs_draws_no_negative_axis_and_says_so(rng):
+    from engram_numba.analysis.diff import diff
+    cap = synthetic_capture(rng, T=8)
+    top, bottom = diff(cap, cap).plot()
+    assert top.get_ylim() == (0.0, 1.0) and len(top.get_yticks()) == 0
+    assert any("bit-identical" in t.get_text() for t in top.texts)
+    assert any("no element differs" in t.get_text() for t in bottom.texts)
+    assert "\n" in top.get_title()       # two lines: fits a panel half a figure wide

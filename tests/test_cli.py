@@ -1,4 +1,6 @@
 """The `engram-numba` command: every subcommand runs and says what it did."""
+import os
+
 import numpy as np
 import pytest
 
@@ -156,14 +158,37 @@ def test_bench_hash_only_runs_on_the_cpu(capsys):
     assert "4096-token prefill" in capsys.readouterr().out
 
 
+# The README promises about 30 s on an idle 2-core machine; CI fails past twice that. A machine
+# shared with other jobs can raise the limit with ENGRAM_DEMO_LIMIT_S.
+DEMO_LIMIT_S = float(os.environ.get("ENGRAM_DEMO_LIMIT_S", 60))
+
+
 @pytest.mark.slow
-def test_demo(tmp_path, capsys):
-    """The README's main job, end to end (about 30 s here: the cuda stages run in the simulator)."""
-    assert main(["demo", "--out-dir", str(tmp_path)]) == 0
-    text = capsys.readouterr().out
-    for needle in ("reference vs cpu: 22/22 points bit-identical", "reference vs cuda: 22/22 points bit-identical",
-                   "residual fp32 vs residual bf16", "gate statistics", "gate heatmap saved to"):
-        assert needle in text
+def test_demo_in_the_simulator_is_fast_and_says_what_ran(tmp_path):
+    """The README's first command, end to end, in a fresh process as a user runs it (imports and
+    any first-run compile included); without a GPU the cuda stages run in numba's simulator."""
+    import subprocess
+    import sys
+    import time
+    from pathlib import Path
+    env = dict(os.environ, NUMBA_ENABLE_CUDASIM="1")
+    root = str(Path(__file__).resolve().parent.parent)
+    env["PYTHONPATH"] = root + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
+    t0 = time.perf_counter()
+    proc = subprocess.run([sys.executable, "-m", "engram_numba.cli", "demo", "--out-dir", str(tmp_path)],
+                          env=env, capture_output=True, text=True, timeout=DEMO_LIMIT_S)
+    took = time.perf_counter() - t0
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    text = proc.stdout
+    assert took < DEMO_LIMIT_S
+    for needle in ("reference vs cpu: 22/22 points bit-identical",
+                   "reference vs cuda [rows=", "simulator, first 2 tokens]: 22/22 points bit-identical",
+                   "kernels ran (simulator): rows=", "proj=gemv_v1", "gate=gate_v1",
+                   "reference vs cuda gate=gate_v3 (simulator", "proj=blas",
+                   "residual fp32 vs residual bf16", "gate statistics", "gate heatmap saved to", "demo done in"):
+        assert needle in text, needle
+    # every step says how long it took
+    assert text.count("done in") >= 5
     assert (tmp_path / "gate_heatmap.png").stat().st_size > 10_000
     cap = Capture.load(tmp_path / "reference_capture.npz")
     assert np.isfinite(cap["L4.highway.out"]).all()
@@ -298,3 +323,58 @@ def test_stats_parquet_needs_the_analysis_extra(tmp_path, capsys, monkeypatch):
     err = capsys.readouterr().err
     assert "pip install 'engram-numba[analysis]'" in err and "--tables csv" in err
     assert not (tmp_path / "o").exists()                       # checked before any work
+
+
+# -- what a new user tried ---------------------------------------------------------------------------
+
+def test_capture_is_written_under_the_name_given(tmp_path, capsys):
+    out = tmp_path / "out.txt"
+    assert main(["run", "--tokens", "2,17", "--backend", "cpu", "--capture", str(out), "--show-tokens", "0"]) == 0
+    assert out.exists() and not (tmp_path / "out.txt.npz").exists()
+    assert f"saved to {out}" in capsys.readouterr().out
+    assert Capture.load(out)["tokens.ids"].tolist() == [2, 17]
+
+
+def test_negative_token_in_a_list_is_checked_not_taken_for_an_option(capsys):
+    assert main(["run", "--tokens", "-1,2"]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("error: token id -1 at position 0"), err
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["run", "--chunk-tokens", "0"], "--chunk-tokens: must be >= 1, got 0"),
+    (["run", "--show-tokens", "-3"], "--show-tokens: must be >= 0, got -3"),
+    (["run", "--backend", "hash=cuda"], "the hash has no GPU version"),
+    (["run", "--backend", "rows=blas"], "'blas' is a projection backend"),
+])
+def test_bad_option_values_are_refused_by_the_parser(argv, message, capsys):
+    with pytest.raises(SystemExit) as exc:
+        main(argv)
+    assert exc.value.code == 2
+    assert message in capsys.readouterr().err
+
+
+def test_unwritable_stats_out_is_one_error_line(tmp_path, capsys):
+    blocker = tmp_path / "file"
+    blocker.write_text("x")
+    assert main(["stats", str(TINY_PATH), "--out", str(blocker / "sub" / "deeper"), "--tables", "csv"]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("error: ") and "--out" in err and "Error;" not in err, err
+
+
+def test_version_and_points(capsys):
+    from engram_numba import __version__
+    with pytest.raises(SystemExit) as exc:
+        main(["--version"])
+    assert exc.value.code == 0 and __version__ in capsys.readouterr().out
+    assert main(["points"]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert lines[0].startswith("tokens.ids") and any(l.startswith("L4.rows.bf16") and "replace" in l for l in lines)
+    assert any(l.startswith("L1.gate.gate") and "observe" in l for l in lines)
+
+
+def test_help_names_every_format_and_the_new_options(capsys):
+    with pytest.raises(SystemExit):
+        main(["run", "--help"])
+    text = " ".join(capsys.readouterr().out.split())
+    assert "HF checkpoint" in text and "blas" in text and "--show-tokens" in text

@@ -69,3 +69,9 @@ def test_info_command_on_a_bad_file(tmp_path, capsys):
     bad.write_bytes(b"NOPE" + bytes(100))
     assert cli_main(["info", str(bad)]) == 2
     assert "bad.gguf" in capsys.readouterr().err
+
+
+def test_golden_meta_names_no_absolute_path():
+    golden = Capture.load(TINY_GOLDEN_PATH)
+    assert golden.meta["model"] == "tiny_v41.gguf"
+    assert not any(str(v).startswith("/") for v in golden.meta.values() if isinstance(v, str))

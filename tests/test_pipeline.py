@@ -389,3 +389,61 @@ def test_isolated_run_refuses_what_it_cannot_isolate(model, ref_capture):
     short["L1.rows.bf16"] = short["L1.rows.bf16"][:-1]
     with pytest.raises(ValueError, match=r"L1.rows.bf16 is uint16\[.*needs uint16"):
         pipe.run(inputs_from=short)
+
+
+def test_backend_names_blas_and_the_hash_on_the_cpu():
+    """'blas' is a projection backend (alone: cpu with it); the hash has no GPU version, so
+    backends='cuda' records hash=cpu and hash='cuda' is refused instead of mislabelled."""
+    from engram_numba.pipeline import resolve_backends
+    assert resolve_backends("cuda") == {"hash": "cpu", "rows": "cuda", "proj": "cuda", "gate": "cuda"}
+    assert resolve_backends("blas") == {"hash": "cpu", "rows": "cpu", "proj": "blas", "gate": "cpu"}
+    assert resolve_backends({"proj": "blas"})["proj"] == "blas"
+    with pytest.raises(ValueError, match="hash has no GPU version"):
+        resolve_backends({"hash": "cuda"})
+    with pytest.raises(ValueError, match="'blas' is a projection backend; stage 'rows'"):
+        resolve_backends({"rows": "blas"})
+    with pytest.raises(ValueError, match="backend 'gpu' for stage 'hash' is not one of"):
+        resolve_backends("gpu")
+
+
+def test_blas_backend_runs_and_only_proj_differs_from_cpu():
+    from engram_numba.bf16 import bf16_ulp_distance
+    from engram_numba.fixtures import TINY_MASK, TINY_TOKENS, tiny_model_path
+    from engram_numba.formats.load import load_model
+    from engram_numba.pipeline import Pipeline
+    with load_model(tiny_model_path()) as model:
+        cpu = Pipeline(model, "cpu").run(TINY_TOKENS, token_mask=TINY_MASK)
+        blas = Pipeline(model, "blas").run(TINY_TOKENS, token_mask=TINY_MASK)
+    assert blas.meta["backends"]["proj"] == "blas"
+    for name in ("L1.rows.bf16", "L4.hash.ids"):
+        np.testing.assert_array_equal(blas[name], cpu[name])
+    assert bf16_ulp_distance(blas["L1.proj.kv"], cpu["L1.proj.kv"]).max() <= 1
+
+
+def test_diff_names_take_globs_and_point_names_take_a_model(model):
+    cap = Pipeline(model, "reference").run(TINY_TOKENS[:4])
+    rep = diff(cap, cap, names="L*.gate.*")
+    assert [r.name for r in rep.rows] == [n for n in cap if n.split(".", 1)[1].startswith("gate.")]
+    assert [r.name for r in diff(cap, cap, names=["L1.proj.kv", "tokens.ids"]).rows] == ["tokens.ids", "L1.proj.kv"]
+    with pytest.raises(KeyError, match="matches no capture point"):
+        diff(cap, cap, names="L9.*")
+    assert point_names(model) == point_names(model.config) == point_names([1, 4]) == Pipeline(model).point_names
+    with pytest.raises(TypeError, match="point_names takes a model"):
+        point_names(3.5)
+
+
+def test_statistics_objects_compare_by_value(model):
+    from engram_numba.analysis import streaming
+    from engram_numba.analysis.stats import gate_stats
+    cap = Pipeline(model, "cpu").run(TINY_TOKENS, token_mask=TINY_MASK)
+    other = Pipeline(model, "cpu").run(TINY_TOKENS[:-1], token_mask=TINY_MASK[:-1])
+    assert gate_stats(cap) == gate_stats(Capture(dict(cap), cap.meta))
+    assert gate_stats(cap) != gate_stats(other)
+    a, b = streaming.StreamingGateStats.empty(model), streaming.StreamingGateStats.empty(model)
+    assert a == b
+    assert a != gate_stats(cap)
+    from engram_numba.analysis.corpus import corpus_stats
+    one = corpus_stats(model, documents=[TINY_TOKENS, TINY_TOKENS[3:]], backend="cpu")
+    again = corpus_stats(model, documents=[TINY_TOKENS, TINY_TOKENS[3:]], backend="cpu")
+    fewer = corpus_stats(model, documents=[TINY_TOKENS], backend="cpu")
+    assert one == again and one != fewer

@@ -263,3 +263,27 @@ def test_token_strings_in_diff_heatmap_and_gate_tables(model):
     fig2 = gate_histogram(a)
     assert any("SYNTHETIC" in t.get_text() for t in fig2.texts)
     plt.close("all")
+
+
+def test_characters_a_tokenizer_drops_are_warned_about():
+    from engram_numba.formats.load import load_model
+    hf = load_model(TINY_PATH.parent / "tiny_v41_hf")
+    tok_hf = text.tokenizer_for(hf)
+    with pytest.warns(UserWarning, match=r"no token for 16 of the text's 17 non-space characters"):
+        tok_hf.encode("the cat sat on the mat")
+    import warnings
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        text.tokenizer_for(load_gguf(TINY_PATH)).encode("the cat sat on the mat")   # spells it all
+
+
+def test_run_takes_a_tokenizer_and_compressed_view_takes_a_path(tok):
+    from engram_numba.fixtures import TINY_TOKENIZER_PATH
+    model = load_gguf(TINY_PATH)
+    cap = Pipeline(model, "cpu").run(text="The cat sat.", tokenizer=str(TINY_TOKENIZER_PATH))
+    assert cap["tokens.ids"].tolist() == tok.encode("The cat sat.").tolist()
+    assert cap.meta["token_strings"] == tok.token_strings(cap["tokens.ids"])
+    view = text.compressed_view(str(TINY_PATH))
+    assert view.token_map.tolist() == model.hash_tables.token_map.tolist()
+    with pytest.raises(TypeError, match="compressed_view takes a model"):
+        text.compressed_view(3)

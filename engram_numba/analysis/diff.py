@@ -233,16 +233,22 @@ class DiffReport:
                 top.scatter(exact_x, [0.0] * len(exact_x), transform=edge, marker="o", s=36, facecolors="none",
                             edgecolors=colour, clip_on=False, zorder=3)
         if not any(np.isfinite(line.get_ydata()).any() for line in top.get_lines()):
+            # nothing to scale: no invented numbers on the axis (a linear one would run negative)
+            top.set_ylim(0.0, 1.0)
+            top.set_yticks([])
             top.text(0.5, 0.5, "every float point is bit-identical in both runs", transform=top.transAxes,
                      ha="center", va="center")
         else:
             top.set_yscale("log")
         top.set_ylabel(metric.replace("_", " "))
-        top.set_title(f"{self.label_a} vs {self.label_b}: where the runs part (hollow marker on the axis = "
+        top.set_title(f"{self.label_a} vs {self.label_b}: where the runs part\n(hollow marker on the axis = "
                       "bit-identical)", fontsize=10)
         top.legend(fontsize=8)
         top.grid(True, which="both", alpha=0.3)
         bottom.set_ylim(0.0, 1.05)
+        if all(r.n and r.n_equal == r.n for r in self.rows):
+            bottom.text(0.5, 0.5, "no element differs at any point", transform=bottom.transAxes, ha="center",
+                        va="center")
         bottom.set_ylabel("share of elements\nthat differ")
         bottom.set_xticks(range(len(order)), order, rotation=30, ha="right")
         bottom.grid(True, axis="y", alpha=0.3)
@@ -250,7 +256,8 @@ class DiffReport:
 
 
 def diff(a: Mapping, b: Mapping, names=None, label_a: str | None = None, label_b: str | None = None) -> DiffReport:
-    """Compare two captures (or dicts of arrays) at every point both hold (or at `names`)."""
+    """Compare two captures (or dicts of arrays) at every point both hold, or at those `names`
+    keeps: a point name, a glob pattern ("L*.gate.*"), a list of them, or a predicate."""
     def label(cap, default):
         meta = getattr(cap, "meta", {}) or {}
         backends = meta.get("backends")
@@ -258,7 +265,13 @@ def diff(a: Mapping, b: Mapping, names=None, label_a: str | None = None, label_b
             vals = set(backends.values())
             return vals.pop() if len(vals) == 1 else ",".join(f"{k}={v}" for k, v in backends.items())
         return default
-    keys = [k for k in a if k in b] if names is None else list(names)
+    common = [k for k in a if k in b]
+    if names is None:
+        keys = common
+    else:   # a name, a glob pattern ("L*.gate.*"), a list of them, or a predicate, as names_filter
+        from ..capture import match_names
+        keep = match_names(names, common, what="names")
+        keys = [k for k in common if keep(k)]
     rows = [diff_arrays(k, a[k], b[k]) for k in keys]
     strings = None
     for cap in (a, b):

@@ -26,6 +26,35 @@ _MASK_EDGE = "#6b6b6b"
 _MASK_RED = "#c0392b"
 
 
+
+_FONT_CHECK = None
+
+
+def font_safe(label: str) -> str:
+    """`label` with every character the figures' font cannot draw replaced by one it can: its
+    NFKC form when drawable (DeepSeek's fullwidth '｜' in '<｜begin▁of▁sentence｜>' becomes '|'),
+    else a \\uXXXX escape, so no label shows missing-glyph boxes."""
+    global _FONT_CHECK
+    import unicodedata
+    if _FONT_CHECK is None:
+        try:
+            import matplotlib
+            from matplotlib.font_manager import FontProperties, findfont
+            from matplotlib.ft2font import FT2Font
+            font = FT2Font(findfont(FontProperties(family=matplotlib.rcParams["font.family"])))
+            _FONT_CHECK = lambda ch: ch.isspace() or font.get_char_index(ord(ch)) != 0   # noqa: E731
+        except Exception:   # pragma: no cover - no font to ask: leave labels as they are
+            _FONT_CHECK = lambda ch: True   # noqa: E731
+    out = []
+    for ch in str(label):
+        if _FONT_CHECK(ch):
+            out.append(ch)
+            continue
+        alt = unicodedata.normalize("NFKC", ch)
+        out.append(alt if alt and all(_FONT_CHECK(c) for c in alt) else f"\\u{ord(ch):04x}")
+    return "".join(out)
+
+
 def _panels(n: int, ax=None, fig=None, *, nrows: int, ncols: int, figsize, **subplot_kw):
     """(figure, [n axes]) from `ax` (one Axes or a sequence of n), `fig`, or a new figure."""
     import matplotlib.pyplot as plt
@@ -208,7 +237,7 @@ def gate_heatmap(capture, layer_ids=None, token_labels=None, cmap: str = "viridi
     step = 1 if T <= max_labels else _nice_step(T / max_labels)
     ticks = np.arange(0, T, step)
     sparse_positions = step > 1 and xlabel == "token position"
-    bottom.set_xticks(ticks, [token_labels[t] for t in ticks], rotation=0 if sparse_positions else 90,
+    bottom.set_xticks(ticks, [font_safe(token_labels[t]) for t in ticks], rotation=0 if sparse_positions else 90,
                       fontsize=8 if T <= 32 or step > 1 else 7)
     for tick_label, t in zip(bottom.get_xticklabels(), ticks):
         if not mask[t]:
@@ -318,7 +347,9 @@ def gate_vs_dot(capture, layer_ids=None, xscale: str = "linear", ax=None, fig=No
                 a.set_xscale("symlog", linthresh=GATE_CLAMP)
                 # every third decade: matplotlib's default labels every decade and they overlap
                 big = max(-lo, hi)
-                decades = [10.0 ** e for e in range(-6, int(np.ceil(np.log10(big))) + 1, 3)]
+                # from 1e-3: ±1e-6 sits at the edge of the linear region, so close to 0 that its
+                # label ran into 0's ("-1e-60"); the clamp band is named in the legend
+                decades = [10.0 ** e for e in range(-3, int(np.ceil(np.log10(big))) + 1, 3)]
                 ticks = sorted([-v for v in decades if v <= -lo] + [0.0] + [v for v in decades if v <= hi])
                 a.set_xticks(ticks, ["0" if t == 0 else f"{'-' if t < 0 else ''}1e{int(round(np.log10(abs(t))))}"
                                      for t in ticks])
@@ -411,7 +442,7 @@ def corpus_token_plot(stats, layer_ids=None, min_count: int = 5, label_top: int 
         a.scatter(counts, means, s=10, alpha=0.6)
         for r in rows[:label_top]:
             name = token_label(r["token"]) if r["token"] is not None else str(r["compressed_id"])
-            a.annotate(name[:12], (r["count"], r["mean_gate"]), fontsize=7, xytext=(3, 2), textcoords="offset points")
+            a.annotate(font_safe(name[:12]), (r["count"], r["mean_gate"]), fontsize=7, xytext=(3, 2), textcoords="offset points")
         a.set_xscale("log")
         a.axhline(0.5, color="grey", linestyle=":", linewidth=1.0)
         a.set_xlabel("occurrences (log)")

@@ -66,6 +66,30 @@ def _nan_if_empty(fn, x):
 
 # Gate statistics -----------------------------------------------------------------------------
 
+def state_equal(a, b, skip=()) -> bool:
+    """Two statistics objects hold the same state: same class, and every attribute (but `skip`)
+    equal, arrays by value (NaN equal to NaN), nested dicts, lists and objects likewise."""
+    def same(x, y):
+        if type(x) is not type(y):
+            return False
+        if isinstance(x, np.ndarray):
+            return x.shape == y.shape and x.dtype == y.dtype and bool(np.array_equal(x, y, equal_nan=x.dtype.kind in "fc"))
+        if isinstance(x, dict):
+            return x.keys() == y.keys() and all(same(x[k], y[k]) for k in x)
+        if isinstance(x, (list, tuple)):
+            return len(x) == len(y) and all(same(u, v) for u, v in zip(x, y))
+        if isinstance(x, float):
+            return x == y or (x != x and y != y)
+        if hasattr(x, "__dict__") and not callable(x):
+            return same(vars(x), vars(y))
+        return bool(x == y)
+    if type(a) is not type(b):
+        return NotImplemented
+    va = {k: v for k, v in vars(a).items() if k not in skip}
+    vb = {k: v for k, v in vars(b).items() if k not in skip}
+    return same(va, vb)
+
+
 @dataclass
 class StreamGateStats:
     """The gate (and dot) of one stream of one engram layer, over live tokens only."""
@@ -109,6 +133,12 @@ class GateStats:
         self.bins = bins
         self.edges = np.linspace(0.0, 1.0, bins + 1)  # [bins + 1]
         self.label = label
+
+    def __eq__(self, other):
+        """Equal when built from the same gates, dots, mask, tokens and settings."""
+        return state_equal(self, other)
+
+    __hash__ = None
 
     # access ---------------------------------------------------------------------------------
     @property

@@ -447,6 +447,17 @@ class StreamingGateStats:
                          for n in range(2, self.max_ngram + 1)} if self.track_contexts else {}
         self.row_bitmaps = [np.zeros(-(-r // 8), np.uint8) for r in self.table_rows] if self.track_rows else []
 
+    def __eq__(self, other):
+        """Equal when every count, sum, histogram, context table and row bitmap is, and the meta
+        but for its timings (the attached tokenizer, which is not saved, is left out)."""
+        from .stats import state_equal
+        if type(other) is not type(self):
+            return NotImplemented
+        untimed = [{k: v for k, v in m.items() if k not in ("timing", "tokens_per_s")} for m in (self.meta, other.meta)]
+        return untimed[0] == untimed[1] and state_equal(self, other, skip=("tokenizer", "meta"))
+
+    __hash__ = None
+
     # construction ----------------------------------------------------------------------------
     @classmethod
     def empty(cls, model, **kwargs) -> "StreamingGateStats":

@@ -38,7 +38,7 @@ def _tokenizers():
         import tokenizers
     except ImportError:
         raise EngramFileError("building the compressed token map of an HF checkpoint needs the `tokenizers` "
-                              "package: pip install 'engram-numba[hf]' (or pip install tokenizers)") from None
+                              "package, a dependency of engram-numba that is missing here: pip install tokenizers") from None
     return tokenizers
 
 

@@ -82,6 +82,30 @@ def projection_cpu(x_bf16, wkv_bf16):
     return _projection(x, w, np.empty((x.shape[0], w.shape[0]), dtype=np.uint16))
 
 
+def projection_blas(x_bf16, wkv_bf16=None, *, wkv_f32=None):
+    """kv [T, N] bf16 = bf16(x [T, K] @ wkv [N, K]^T) at BLAS speed: numpy's fp32 matmul (sgemm)
+    over the bf16 values widened to fp32 (exact), one round to bf16 at the end.
+
+    Not bit-identical to the reference: BLAS adds the K products in its own blocked order (with
+    FMA, possibly split over threads), so an output can land on the neighbouring bf16 value where
+    the fp32 sum sits near a rounding boundary (docs/numerics.md states the distance), and since
+    BLAS chooses its kernels by shape, a token's result can change with T by the same ulp. Give
+    `wkv_f32` ([N, K] fp32, e.g. `bf16_to_f32(wkv)` kept between calls) to skip widening the
+    weight on every call."""
+    from ...bf16 import bf16_to_f32, f32_to_bf16
+    x = np.asarray(x_bf16)
+    if wkv_f32 is None:
+        if wkv_bf16 is None:
+            raise TypeError("projection_blas needs wkv_bf16 or wkv_f32")
+        wkv_f32 = bf16_to_f32(np.asarray(wkv_bf16, dtype=np.uint16))
+    if x.ndim != 2 or wkv_f32.ndim != 2 or x.shape[1] != wkv_f32.shape[1]:
+        raise ValueError(f"projection needs x [T, K] and wkv [N, K], got {x.shape} and {wkv_f32.shape}")
+    if wkv_f32.dtype != np.float32:
+        raise ValueError(f"wkv_f32 must be float32, got {wkv_f32.dtype}")
+    acc = bf16_to_f32(np.ascontiguousarray(x, dtype=np.uint16)) @ wkv_f32.T     # [T, N] fp32
+    return f32_to_bf16(acc)
+
+
 # DeepSeek's own arithmetic for an FP8 wkv: the @njit twin of reference.projection_deepseek_fp8 ---
 
 @njit(cache=True, inline="always")

@@ -45,3 +45,27 @@ def test_projection_cpu_token_groups_identical_to_reference(rng, T):
     bit-identical to the reference."""
     x, w = _bf16(rng, (T, 96), 0.3), _bf16(rng, (11, 96), 0.3)
     np.testing.assert_array_equal(projection_cpu(x, w), projection_reference(x, w))
+
+
+@pytest.mark.parametrize("T, K, N", [(1, 1536, 320), (14, 1536, 320), (33, 512, 96)])
+def test_projection_blas_distance_from_reference_in_bf16_ulps(rng, T, K, N):
+    """The BLAS projection (numpy fp32 matmul, BLAS's summation order) is not bit-identical to the
+    reference, but within 1 bf16 ulp of it wherever the sum does not cancel (sum |x*w| at most
+    32 x |sum x*w|: any fp32 order is then off by far less than a bf16 ulp, so the two roundings can
+    differ by one step at most), and bit-identical on almost every output."""
+    from engram_numba.bf16 import bf16_to_f32
+    from engram_numba.stages.proj.cpu import projection_blas
+    x, w = _bf16(rng, (T, K)), _bf16(rng, (N, K), 0.02)
+    ref, blas = projection_reference(x, w), projection_blas(x, w)
+    assert blas.shape == ref.shape and blas.dtype == np.uint16
+    ulps = bf16_ulp_distance(ref, blas)
+    magnitude = np.abs(bf16_to_f32(x)).astype(np.float64) @ np.abs(bf16_to_f32(w)).astype(np.float64).T
+    no_cancel = magnitude <= 32 * np.abs(bf16_to_f32(ref))
+    assert no_cancel.mean() > 0.5
+    assert ulps[no_cancel].max() <= 1
+    assert (ulps == 0).mean() >= 0.99
+    assert bf16_ulp_distance(blas, projection_exact(x, w))[no_cancel].max() <= 1
+    # the fp32 weight kept between calls gives the same bits
+    np.testing.assert_array_equal(projection_blas(x, wkv_f32=bf16_to_f32(w)), blas)
+    with pytest.raises(ValueError, match="x \\[T, K\\] and wkv \\[N, K\\]"):
+        projection_blas(x[:, :-1], w)
