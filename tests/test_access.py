@@ -105,8 +105,8 @@ def test_collisions_against_brute_force(tables, rng):
             for w in wins:
                 hist = np.array(w[::-1], np.int64)
                 out = np.empty((1, 2, 9), np.int64)
-                from engram_numba.stages.hash.cpu import _hash_positions
-                _hash_positions(hist, o - 1, 1, tables.multipliers, tables.primes, tables.offsets, 10**6, out)
+                from engram_numba.stages.hash.cpu import hash_positions
+                hash_positions(hist, o - 1, 1, tables.multipliers, tables.primes, tables.offsets, 10**6, out)
                 rows[w] = out[0, li, (o - 2) * 3:(o - 1) * 3]
             for h in range(3):
                 per_row = Counter(int(r[h]) for r in rows.values())

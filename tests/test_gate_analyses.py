@@ -108,7 +108,7 @@ def test_row_edit_scale_one_is_a_no_op_and_collateral_finds_sharers(model):
     col = ed.collateral(acc)
     # brute force: every distinct bigram of the corpus whose row in some head equals an edited row
     ng = acc.ngrams()
-    from engram_numba.stages.hash.cpu import _hash_positions
+    from engram_numba.stages.hash.cpu import hash_positions
     t = model.hash_tables
     found = []
     for li, lid in enumerate(model.config.layer_ids):
@@ -117,7 +117,7 @@ def test_row_edit_scale_one_is_a_no_op_and_collateral_finds_sharers(model):
             if o != 2:
                 continue
             out = np.empty((1, len(t.layer_ids), t.offsets.shape[1]), np.int64)
-            _hash_positions(np.array([w[1], w[0]], np.int64), 1, 1, t.multipliers, t.primes, t.offsets, t.pad_id, out)
+            hash_positions(np.array([w[1], w[0]], np.int64), 1, 1, t.multipliers, t.primes, t.offsets, t.pad_id, out)
             heads = out[0, li, :model.config.n_heads]
             own = tuple(t.token_map[ngram][::-1].tolist())
             if tuple(w[:2].tolist()) != own and np.isin(heads, ed.rows[lid]).any():

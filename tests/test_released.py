@@ -21,7 +21,7 @@ from engram_numba.formats import tokenmap  # noqa: E402
 from engram_numba.formats.gguf import GGUFTensorSpec  # noqa: E402
 from engram_numba.formats.hf import write_hf_checkpoint  # noqa: E402
 from engram_numba.formats.split import write_split_gguf  # noqa: E402
-from engram_numba.stages.hash.cpu import _hash_positions  # noqa: E402
+from engram_numba.stages.hash.cpu import hash_positions  # noqa: E402
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 TEXT = ("Beautiful is better than ugly. Explicit is better than implicit. Simple is better than complex. "
@@ -57,7 +57,7 @@ def test_token_map_and_constants_are_the_released_ones(model):
     assert (int(t.primes[1].min()), int(t.primes[1].max())) == (16000477, 16000889)
     # the worked example: compressed [12345] at position 0, pad 2
     out = np.empty((1, 2, 24), np.int64)
-    _hash_positions(np.array([12345]), 0, 1, t.multipliers, t.primes, t.offsets, 2, out)
+    hash_positions(np.array([12345]), 0, 1, t.multipliers, t.primes, t.offsets, 2, out)
     assert out[0, 0, :3].tolist() == [10313217, 26273187, 45356107]
     assert out[0, 1, :3].tolist() == [14098072, 30405269, 47635780]
     assert model.config == EngramConfig.released() and model.row_counts == {1: 384_006_168, 14: 384_016_682}
