@@ -185,9 +185,8 @@ class BenchSource:
         from ..engine import EngramV41
         model = self.model()
         eng = EngramV41(model, max_tokens=self.chunk, device_tables=False)
-        rng = np.random.default_rng(11)
-        for lid in model.config.layer_ids:
-            eng.layers[lid].table = _fill_device_table(model.layers[lid].n_rows, rng, cuda)
+        for lid in model.config.layer_ids:            # the same bytes as the in-process run's tables
+            eng.layers[lid].table = _fill_device_table(model.layers[lid].n_rows, model.layers[lid].table.block, cuda)
         return model, eng
 
 
