@@ -305,10 +305,12 @@ class Pipeline:
     def tokenizer(self):
         """The tokenizer used for text and token strings (None when the model has none)."""
         if self._tokenizer is None:
-            from .text import NoTokenizerError, tokenizer_for
+            from .text import tokenizer_for
             try:
                 self._tokenizer = tokenizer_for(self.model)
-            except (NoTokenizerError, ImportError):
+            except (ValueError, ImportError):
+                # no usable tokenizer beside the model (none, unreadable, or one with more ids than the
+                # token map): runs given ids still work, without token strings
                 self._tokenizer = False
         return self._tokenizer or None
 

@@ -46,6 +46,10 @@ class NoTokenizerError(ValueError):
     """The model carries no tokenizer (or none that can encode) and none was given."""
 
 
+class TokenizerMismatchError(ValueError):
+    """A tokenizer with more token ids than the model's token map: not this model's tokenizer."""
+
+
 def _bytes_to_unicode() -> dict[int, str]:
     """GPT-2's byte-level alphabet: every byte as one printable character (printable Latin-1
     bytes as themselves, the others shifted past U+00FF in byte order)."""
@@ -375,7 +379,7 @@ def tokenizer_for(model, tokenizer=None, *, need_encode: bool = False) -> Tokeni
         tok._need_encoder()
     token_map = getattr(getattr(model, "hash_tables", None), "token_map", None)
     if token_map is not None and tok.vocab_size > token_map.size:
-        raise ValueError(f"tokenizer {tok.source} has {tok.vocab_size} token ids but the model's token map has "
+        raise TokenizerMismatchError(f"tokenizer {tok.source} has {tok.vocab_size} token ids but the model's token map has "
                          f"{token_map.size}: it is not this model's tokenizer")
     return tok
 

@@ -39,7 +39,7 @@ def _no_duplicates(pairs):
     out = {}
     for k, v in pairs:
         if k in out:
-            raise _Refused(f"key {_short(k)} appears twice in one object")
+            raise _Refused(f"key {short_repr(k)} appears twice in one object")
         out[k] = v
     return out
 
@@ -54,7 +54,7 @@ def _int(text: str) -> int:
 def _float(text: str) -> float:
     v = float(text)
     if not math.isfinite(v):
-        raise _Refused(f"the number {_short(text)} is not finite")
+        raise _Refused(f"the number {short_repr(text)} is not finite")
     return v
 
 
@@ -62,9 +62,10 @@ def _constant(text: str):
     raise _Refused(f"{text} is not a JSON number (non-finite values are refused)")
 
 
-def _short(value, limit: int = 40) -> str:
+def short_repr(value, limit: int = 40) -> str:
+    """repr(value), cut to about `limit` characters (error messages quote values, never whole files)."""
     s = repr(value)
-    return s if len(s) <= limit else s[:limit - 5] + "...'" if isinstance(value, str) else s[:limit] + "..."
+    return s if len(s) <= limit else s[:limit] + "..."
 
 
 def nesting_depth(data: bytes) -> int:
@@ -121,5 +122,5 @@ def field(obj: dict, key: str, types, source: str, error: type[Exception], *, re
              or (t is float and isinstance(v, int) and not isinstance(v, bool)) for t in types)
     if not ok:
         want = " or ".join(_TYPE_WORDS.get(t, t.__name__) for t in types)
-        raise error(f"{source}: key {where or key!r} must be {want}, got {type(v).__name__} {_short(v)}")
+        raise error(f"{source}: key {where or key!r} must be {want}, got {type(v).__name__} {short_repr(v)}")
     return v
