@@ -39,6 +39,7 @@ _PUBLIC = {
     # running and capturing
     "Pipeline": ("pipeline", "Pipeline"),
     "Capture": ("capture", "Capture"),
+    "CaptureFileError": ("capture", "CaptureFileError"),
     "point_names": ("capture", "point_names"),
     "EngramV41": ("engine", "EngramV41"),
     # text and imported hidden states

@@ -20,9 +20,12 @@ from __future__ import annotations
 
 import fnmatch
 import json
+import re
 from typing import Callable, Mapping
 
 import numpy as np
+
+from .formats.errors import EngramFileError
 
 INPUT_POINTS = ("tokens.ids", "tokens.mask")
 POINTS = ("hash.ids", "rows.raw", "rows.bf16", "proj.kv", "gate.key", "gate.value",
@@ -31,6 +34,58 @@ OBSERVE_ONLY = ("tokens.ids", "tokens.mask", "gate.dot", "gate.gate", "highway.o
 # Points whose uint16 arrays are bf16 words (stored as BF16 in safetensors)
 BF16_POINTS = ("rows.bf16", "proj.kv", "gate.key", "gate.value")
 SAFETENSORS_META_KEY = "engram_numba.meta"
+
+
+class CaptureFileError(EngramFileError, ValueError):
+    """A file `Capture.load` cannot take: not a capture, or a damaged one (the message says which)."""
+
+
+_POINT_NAME = re.compile(r"^(tokens\.(ids|mask)|L\d{1,9}\.[a-z_]+\.[a-z_0-9]+)$")
+MAX_NPY_HEADER = 65536
+DEFLATE_MAX_RATIO = 1100        # deflate never inflates one byte into more than about 1032
+
+
+def _check_point_name(name: str, path) -> None:
+    if not _POINT_NAME.match(name):
+        raise CaptureFileError(f"{path}: array {name[:80]!r} is not a capture point name (tokens.ids, "
+                               "L{layer}.{point}): not a capture")
+
+
+def _meta(meta, path) -> dict:
+    if not isinstance(meta, dict):
+        raise CaptureFileError(f"{path}: the capture meta is a JSON {type(meta).__name__}, not an object")
+    return meta
+
+
+def _read_member(zf, info, path) -> np.ndarray:
+    """One .npy member, its declared shape and dtype checked against the member's size before
+    anything is allocated."""
+    from numpy.lib import format as npf
+    key = info.filename[:-4]
+    if info.file_size > DEFLATE_MAX_RATIO * max(info.compress_size, 1) + 2**20:
+        raise CaptureFileError(f"{path}: member {key!r} claims {info.file_size:,} bytes from {info.compress_size:,} "
+                               "compressed: more than compression can give")
+    with zf.open(info) as f:
+        version = npf.read_magic(f)
+        if version == (1, 0):
+            shape, fortran, dtype = npf.read_array_header_1_0(f, max_header_size=MAX_NPY_HEADER)
+        elif version in ((2, 0), (3, 0)):
+            shape, fortran, dtype = npf.read_array_header_2_0(f, max_header_size=MAX_NPY_HEADER)
+        else:
+            raise CaptureFileError(f"{path}: member {key!r} has .npy version {version}")
+        if dtype.hasobject:
+            raise CaptureFileError(f"{path}: member {key!r} holds Python objects; a capture holds numbers only")
+        if len(shape) > 64:
+            raise CaptureFileError(f"{path}: member {key!r} has {len(shape)} axes")
+        n = dtype.itemsize
+        for x in shape:
+            n *= int(x)
+        if n > info.file_size:
+            raise CaptureFileError(f"{path}: member {key!r} declares {dtype}{list(shape)[:6]} ({n:,} bytes) but "
+                                   f"holds {info.file_size:,}: cut short or corrupt")
+    # read_array reads the header again; the checks above bound what it allocates
+    with zf.open(info) as f:
+        return npf.read_array(f, allow_pickle=False, max_header_size=MAX_NPY_HEADER)
 
 
 def point_names(layer_ids) -> list[str]:
@@ -129,17 +184,97 @@ class Capture(Mapping):
 
     @classmethod
     def load(cls, path) -> "Capture":
-        """Read a capture written by `save` (.npz or .safetensors, told apart by content)."""
-        from .formats.safetensors import SafetensorsFile, is_safetensors
-        if is_safetensors(path):
+        """Read a capture written by `save` (.npz or .safetensors, told apart by content). Anything
+        else (an empty or text file, a cut zip, a bare .npy, a statistics or highway file) is a
+        `CaptureFileError` naming the file and what is wrong."""
+        from .formats.errors import EngramFileError
+        from .formats.gguf import check_regular_file
+        try:
+            size = check_regular_file(path, "capture file").st_size
+            with open(path, "rb") as f:
+                head = f.read(8)
+        except EngramFileError as exc:
+            raise CaptureFileError(str(exc)) from None
+        except OSError as exc:
+            raise CaptureFileError(f"{path}: cannot be read: {exc.strerror or exc}") from None
+        if size == 0:
+            raise CaptureFileError(f"{path}: the file is empty, not a capture")
+        if head.startswith(b"PK"):
+            return cls._load_npz(path, size)
+        if head.startswith(b"\x93NUMPY"):
+            raise CaptureFileError(f"{path}: a bare .npy array, not a capture (Capture.save writes .npz or "
+                                   ".safetensors)")
+        if len(head) == 8 and int.from_bytes(head, "little") + 8 <= size:
+            with open(path, "rb") as f:
+                f.seek(8)
+                brace = f.read(1)
+            if brace == b"{":
+                return cls._load_safetensors(path)
+        raise CaptureFileError(f"{path}: not a capture: neither a .npz (zip) nor a safetensors file")
+
+    @classmethod
+    def _load_safetensors(cls, path) -> "Capture":
+        from .formats.errors import EngramFileError
+        from .formats.jsonsafe import load_json
+        from .formats.safetensors import SafetensorsFile
+        try:
             st = SafetensorsFile(path, what="capture file")
-            meta = json.loads(st.metadata.get(SAFETENSORS_META_KEY, "{}"))
-            arrays = {name: np.array(st.raw(name)) for name in st.tensors}
+        except EngramFileError as exc:
+            raise CaptureFileError(str(exc)) from None
+        try:
+            if SAFETENSORS_META_KEY not in st.metadata:
+                kind = st.metadata.get("format")
+                hint = " (a highway file: engram_numba.load_highway reads it)" if kind == "engram-highway" else ""
+                raise CaptureFileError(f"{path}: a safetensors file without the {SAFETENSORS_META_KEY!r} metadata "
+                                       f"entry: not a capture{hint}")
+            meta = _meta(load_json(st.metadata[SAFETENSORS_META_KEY], f"{path}: {SAFETENSORS_META_KEY}",
+                                   CaptureFileError, what="meta"), path)
+            for name in st.tensors:
+                _check_point_name(name, path)
+            try:
+                arrays = {name: np.array(st.raw(name)) for name in st.tensors}
+            except EngramFileError as exc:
+                raise CaptureFileError(str(exc)) from None
+        finally:
             st.close()
-            return cls(arrays, meta)
-        with np.load(path, allow_pickle=False) as f:
-            meta = json.loads(str(f["__meta__"])) if "__meta__" in f.files else {}
-            return cls({k: f[k] for k in f.files if k != "__meta__"}, meta)
+        return cls(arrays, meta)
+
+    @classmethod
+    def _load_npz(cls, path, size: int) -> "Capture":
+        import zipfile
+        import zlib
+
+        from .formats.jsonsafe import load_json
+        try:
+            zf = zipfile.ZipFile(path)
+        except (zipfile.BadZipFile, OSError, EOFError, ValueError) as exc:
+            raise CaptureFileError(f"{path}: not a readable .npz (zip): {str(exc)[:120]} (cut short or corrupt?)") from None
+        with zf:
+            infos = {i.filename: i for i in zf.infolist()}
+            if "__state__.npy" in infos:
+                raise CaptureFileError(f"{path}: a statistics file (StreamingGateStats.save), not a capture; "
+                                       "StreamingGateStats.load reads it")
+            if "__meta__.npy" not in infos:
+                raise CaptureFileError(f"{path}: an .npz without a __meta__ entry: not a capture written by "
+                                       "Capture.save")
+            arrays: dict[str, np.ndarray] = {}
+            for name, info in infos.items():
+                if not name.endswith(".npy"):
+                    raise CaptureFileError(f"{path}: member {name[:80]!r} is not an .npy array")
+                key = name[:-4]
+                if key != "__meta__":
+                    _check_point_name(key, path)
+                try:
+                    arrays[key] = _read_member(zf, info, path)
+                except CaptureFileError:
+                    raise
+                except (zipfile.BadZipFile, zlib.error, OSError, EOFError, ValueError, TypeError) as exc:
+                    raise CaptureFileError(f"{path}: member {key!r} cannot be read: {str(exc)[:120]}") from None
+        meta_arr = arrays.pop("__meta__")
+        if meta_arr.shape != () or meta_arr.dtype.kind != "U":
+            raise CaptureFileError(f"{path}: __meta__ is {meta_arr.dtype}{list(meta_arr.shape)}, not one JSON string")
+        meta = _meta(load_json(str(meta_arr), f"{path}: __meta__", CaptureFileError, what="meta"), path)
+        return cls(arrays, meta)
 
     @property
     def token_strings(self) -> list[str] | None:
