@@ -41,10 +41,6 @@ class CaptureFileError(EngramFileError, ValueError):
 
 
 _POINT_NAME = re.compile(r"^(tokens\.(ids|mask)|L\d{1,9}\.[a-z_]+\.[a-z_0-9]+)$")
-MAX_NPY_HEADER = 65536
-DEFLATE_MAX_RATIO = 1100        # deflate never inflates one byte into more than about 1032
-
-
 def _check_point_name(name: str, path) -> None:
     if not _POINT_NAME.match(name):
         raise CaptureFileError(f"{path}: array {name[:80]!r} is not a capture point name (tokens.ids, "
@@ -55,37 +51,6 @@ def _meta(meta, path) -> dict:
     if not isinstance(meta, dict):
         raise CaptureFileError(f"{path}: the capture meta is a JSON {type(meta).__name__}, not an object")
     return meta
-
-
-def _read_member(zf, info, path) -> np.ndarray:
-    """One .npy member, its declared shape and dtype checked against the member's size before
-    anything is allocated."""
-    from numpy.lib import format as npf
-    key = info.filename[:-4]
-    if info.file_size > DEFLATE_MAX_RATIO * max(info.compress_size, 1) + 2**20:
-        raise CaptureFileError(f"{path}: member {key!r} claims {info.file_size:,} bytes from {info.compress_size:,} "
-                               "compressed: more than compression can give")
-    with zf.open(info) as f:
-        version = npf.read_magic(f)
-        if version == (1, 0):
-            shape, fortran, dtype = npf.read_array_header_1_0(f, max_header_size=MAX_NPY_HEADER)
-        elif version in ((2, 0), (3, 0)):
-            shape, fortran, dtype = npf.read_array_header_2_0(f, max_header_size=MAX_NPY_HEADER)
-        else:
-            raise CaptureFileError(f"{path}: member {key!r} has .npy version {version}")
-        if dtype.hasobject:
-            raise CaptureFileError(f"{path}: member {key!r} holds Python objects; a capture holds numbers only")
-        if len(shape) > 64:
-            raise CaptureFileError(f"{path}: member {key!r} has {len(shape)} axes")
-        n = dtype.itemsize
-        for x in shape:
-            n *= int(x)
-        if n > info.file_size:
-            raise CaptureFileError(f"{path}: member {key!r} declares {dtype}{list(shape)[:6]} ({n:,} bytes) but "
-                                   f"holds {info.file_size:,}: cut short or corrupt")
-    # read_array reads the header again; the checks above bound what it allocates
-    with zf.open(info) as f:
-        return npf.read_array(f, allow_pickle=False, max_header_size=MAX_NPY_HEADER)
 
 
 def point_names(layer_ids) -> list[str]:
@@ -241,35 +206,20 @@ class Capture(Mapping):
 
     @classmethod
     def _load_npz(cls, path, size: int) -> "Capture":
-        import zipfile
-        import zlib
-
         from .formats.jsonsafe import load_json
-        try:
-            zf = zipfile.ZipFile(path)
-        except (zipfile.BadZipFile, OSError, EOFError, ValueError) as exc:
-            raise CaptureFileError(f"{path}: not a readable .npz (zip): {str(exc)[:120]} (cut short or corrupt?)") from None
+        from .formats.npz import open_npz, read_member
+        zf, members = open_npz(path, CaptureFileError)
         with zf:
-            infos = {i.filename: i for i in zf.infolist()}
-            if "__state__.npy" in infos:
+            if "__state__" in members:
                 raise CaptureFileError(f"{path}: a statistics file (StreamingGateStats.save), not a capture; "
                                        "StreamingGateStats.load reads it")
-            if "__meta__.npy" not in infos:
+            if "__meta__" not in members:
                 raise CaptureFileError(f"{path}: an .npz without a __meta__ entry: not a capture written by "
                                        "Capture.save")
-            arrays: dict[str, np.ndarray] = {}
-            for name, info in infos.items():
-                if not name.endswith(".npy"):
-                    raise CaptureFileError(f"{path}: member {name[:80]!r} is not an .npy array")
-                key = name[:-4]
+            for key in members:
                 if key != "__meta__":
                     _check_point_name(key, path)
-                try:
-                    arrays[key] = _read_member(zf, info, path)
-                except CaptureFileError:
-                    raise
-                except (zipfile.BadZipFile, zlib.error, OSError, EOFError, ValueError, TypeError) as exc:
-                    raise CaptureFileError(f"{path}: member {key!r} cannot be read: {str(exc)[:120]}") from None
+            arrays = {key: read_member(zf, info, path, CaptureFileError) for key, info in members.items()}
         meta_arr = arrays.pop("__meta__")
         if meta_arr.shape != () or meta_arr.dtype.kind != "U":
             raise CaptureFileError(f"{path}: __meta__ is {meta_arr.dtype}{list(meta_arr.shape)}, not one JSON string")
