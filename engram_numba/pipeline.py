@@ -52,6 +52,7 @@ tables, and only the gate and dot ([T, hc] fp32) are copied back. Those points s
 from __future__ import annotations
 
 import contextlib
+import os
 import sys
 import warnings
 from typing import Callable, Mapping
@@ -74,6 +75,7 @@ from .stages.rows.fp8 import assemble_rows_fp8
 __all__ = ["Pipeline", "Capture", "POINTS", "INPUT_POINTS", "point_names", "synthetic_highway", "STAGES",
            "BACKENDS"]
 
+DEFAULT_CHUNK_TOKENS = 4096   # run() without chunk_tokens: longer inputs run in chunks of this many tokens
 SYNTHETIC_BLOCK = 256   # tokens per independently seeded block of the synthetic highway
 SYNTHETIC_HIGHWAY = "synthetic (N(0,1), seed 0, no transformer blocks)"
 
@@ -278,7 +280,14 @@ class Pipeline:
 
     def __init__(self, model, backends="reference", residual: str = "fp32", eps: float | None = None,
                  cuda_versions: dict | None = None, tokenizer=None):
-        if residual not in _gate_ref.RESIDUALS:
+        if isinstance(model, (str, bytes, os.PathLike)):
+            raise TypeError(f"model must be an opened model, got the path {model!r}: "
+                            "Pipeline(engram_numba.load_model(path))")
+        if not all(hasattr(model, a) for a in ("config", "hash_tables", "layers")):
+            raise TypeError(f"model must be an opened model (engram_numba.load_model), got {type(model).__name__}")
+        if cuda_versions is not None and not isinstance(cuda_versions, Mapping):
+            raise TypeError(f"cuda_versions must be a dict of stage -> kernel name, got {type(cuda_versions).__name__}")
+        if not isinstance(residual, str) or residual not in _gate_ref.RESIDUALS:
             raise ValueError(f"residual must be one of {_gate_ref.RESIDUALS}, got {residual!r}")
         self.model = model
         self.config = model.config
@@ -409,7 +418,7 @@ class Pipeline:
         """
         cfg = self.config
         keep = match_names(names_filter, self.point_names)
-        hasher = hasher if hasher is not None else EngramHasher(self.model.hash_tables)
+        hasher = self._check_hasher(hasher) if hasher is not None else EngramHasher(self.model.hash_tables)
         token_ids, token_mask = self._resolve_tokens(token_ids, token_mask, text, highway)
         token_ids, mask = check_token_ids(token_ids, token_mask, self.model.hash_tables.token_map.size,
                                           hasher.position)
@@ -433,8 +442,8 @@ class Pipeline:
         if progress is None:
             from numba.cuda import config
             progress = bool(config.ENABLE_CUDASIM and "cuda" in self.backends.values())
-        if chunk_tokens is None:
-            chunk_tokens = 512 if progress and T > 512 else max(T, 1)
+        if chunk_tokens is None:   # long inputs run in chunks: the stages' arrays stay bounded, ids are the same
+            chunk_tokens = 512 if progress and T > 512 else min(max(T, 1), DEFAULT_CHUNK_TOKENS)
         if isinstance(chunk_tokens, bool) or not isinstance(chunk_tokens, (int, np.integer)) or chunk_tokens < 1:
             raise ValueError(f"chunk_tokens must be a positive integer, got {chunk_tokens!r}")
 
@@ -468,6 +477,20 @@ class Pipeline:
         store = {name: (chunks[0] if len(chunks) == 1 else np.concatenate(chunks, axis=0))
                  for name, chunks in parts.items()}
         return Capture(store, self._meta(T, token_ids, highway))
+
+    def _check_hasher(self, hasher) -> EngramHasher:
+        """A hasher given to `run` must hash with this model's tables (same constants, same token map)."""
+        if not isinstance(hasher, EngramHasher):
+            raise TypeError(f"hasher must be an EngramHasher, got {type(hasher).__name__}")
+        mine = self.model.hash_tables
+        if hasher.tables is not mine:
+            from .identity import tables_digest
+            a, b = tables_digest(hasher.tables), tables_digest(mine)
+            differ = [w for w, x, y in zip(("hash constants", "token map"), a, b) if x != y]
+            if differ:
+                raise ValueError(f"hasher was built on another model's tables (its {' and '.join(differ)} differ "
+                                 "from this model's): EngramHasher(model.hash_tables)")
+        return hasher
 
     def _resolve_tokens(self, token_ids, token_mask, text, highway):
         """(token ids, mask) from exactly one of token_ids / text / a HighwayFile's ids."""
@@ -523,6 +546,7 @@ class Pipeline:
                 "layer_ids": list(self.config.layer_ids),
                 "model": str(getattr(self.model, "path", "")), "format": str(getattr(self.model, "format", "")),
                 "encodings": {str(lid): v.encoding for lid, v in self._layers.items()},
+                "model_identity": self._identity(),
                 "highway": self.describe_highway(highway),
                 "synthetic_model": bool(getattr(self.model, "synthetic", False)),
                 "hooks": list(self._hook_log), "cuda_kernels": kernels,
@@ -531,6 +555,13 @@ class Pipeline:
                 "token_ids": token_ids.tolist() if T <= 4096 else None,
                 "token_strings": self._token_strings(token_ids) if T <= 4096 else None,
                 "tokenizer": getattr(self.tokenizer, "source", None) if T <= 4096 else None}
+
+    def _identity(self) -> dict | None:
+        from .identity import model_identity
+        try:
+            return model_identity(self.model)
+        except (AttributeError, KeyError, TypeError):   # a model object without layers' encodings
+            return None
 
     def _token_strings(self, token_ids) -> list[str] | None:
         tok = self.tokenizer
