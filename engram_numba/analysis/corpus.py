@@ -463,11 +463,15 @@ def corpus_stats(model, corpus=None, *, texts=None, documents=None, backend="cpu
     Returns a StreamingGateStats; its meta holds the settings and timing (seconds per stage).
     """
     from ..pipeline import Pipeline
-    from ..text import NoTokenizerError, tokenizer_for
+    from ..text import NoTokenizerError, TokenizerMismatchError, tokenizer_for
     from .tables import TokenTableWriter, token_columns
 
     if isinstance(chunk_tokens, bool) or not isinstance(chunk_tokens, (int, np.integer)) or chunk_tokens < 1:
         raise ValueError(f"chunk_tokens must be a positive integer, got {chunk_tokens!r}")
+    for name, v in (("texts", texts), ("documents", documents)):
+        if isinstance(v, (str, bytes)):    # would be iterated character by character
+            raise TypeError(f"{name} must be a list of {'strings' if name == 'texts' else 'documents'}, got one "
+                            f"{type(v).__name__}: {name}=[...]")
     if limit_tokens is not None and (isinstance(limit_tokens, bool) or int(limit_tokens) < 1):
         raise ValueError(f"limit_tokens must be a positive integer, got {limit_tokens!r}")
     if split not in SPLITS:
@@ -482,7 +486,7 @@ def corpus_stats(model, corpus=None, *, texts=None, documents=None, backend="cpu
     tok = None
     try:
         tok = tokenizer_for(model, tokenizer, need_encode=needs_text)
-    except NoTokenizerError:
+    except (NoTokenizerError, TokenizerMismatchError):
         if needs_text or tokenizer is not None:
             raise
     pipe = Pipeline(model, backend, residual=residual, cuda_versions=cuda_versions)
