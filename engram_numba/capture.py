@@ -55,6 +55,8 @@ def _meta(meta, path) -> dict:
 
 def point_names(layer_ids) -> list[str]:
     """Every capture point of a model, in firing order."""
+    from ._argcheck import need_int_list
+    layer_ids = need_int_list(layer_ids, "layer_ids")
     return list(INPUT_POINTS) + [f"L{lid}.{p}" for lid in layer_ids for p in POINTS]
 
 

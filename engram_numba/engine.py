@@ -28,6 +28,8 @@ JAX are taken without copies through `__cuda_array_interface__` (or DLPack, via 
 """
 from __future__ import annotations
 
+from collections.abc import Mapping
+
 import time
 from dataclasses import dataclass
 
@@ -140,6 +142,10 @@ class EngramV41:
 
     def __init__(self, model, max_tokens: int, *, device_tables: bool = False, residual: str = "fp32",
                  stream=0, versions: dict | None = None, wkv_format: str | None = None, graphs: bool = True):
+        from ._argcheck import need_model
+        need_model(model)
+        if versions is not None and not isinstance(versions, Mapping):
+            raise TypeError(f"versions must be a dict of stage -> kernel name, got {type(versions).__name__}")
         cfg = model.config
         if not 1 <= cfg.hc <= MAX_HC:
             raise ValueError(f"EngramV41 supports hc in 1..={MAX_HC}, the model has hc = {cfg.hc}")

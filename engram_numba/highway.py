@@ -61,6 +61,9 @@ class HighwayFile:
     """
 
     def __init__(self, st: SafetensorsFile, names: dict[int, str], ids_name: str, mask_name: str | None):
+        if not isinstance(st, SafetensorsFile):
+            raise TypeError(f"st must be an opened SafetensorsFile (open highway files with load_highway), got "
+                            f"{type(st).__name__}")
         self._st = st
         self.path = st.path
         self.metadata = dict(st.metadata)
@@ -192,7 +195,10 @@ def _layer_names(st, pattern, path) -> dict[int, str]:
 def load_highway(path, model=None) -> HighwayFile:
     """Open and check a highway file (module doc: the format); with `model`, also its layers,
     hc, dim and token ids. Errors name the file and the tensor."""
-    p = Path(path)
+    from ._argcheck import need_model, need_path
+    p = Path(need_path(path))
+    if model is not None:
+        need_model(model)
     if not p.exists():
         raise HighwayFileError(f"highway file {p} does not exist")
     if p.is_dir():

@@ -346,6 +346,8 @@ def tokenizer_for(model, tokenizer=None, *, need_encode: bool = False) -> Tokeni
     checked against the model's token map: a tokenizer with more ids than the map is the wrong one.
 
     need_encode: refuse (with what to do) a tokenizer that can only decode."""
+    from ._argcheck import need_model
+    need_model(model)
     tok = None
     if tokenizer is not None:
         tok = load_tokenizer(tokenizer)
@@ -389,6 +391,11 @@ def tokenize(model_or_tokenizer, text: str, tokenizer=None, add_special_tokens: 
 
     model_or_tokenizer: a model (its tokenizer is found as `tokenizer_for` does), a Tokenizer, or a
     path to a tokenizer.json (or a folder holding one). tokenizer: overrides the model's."""
+    if not isinstance(text, str):
+        raise TypeError(f"text must be a str, got {type(text).__name__}")
+    if not isinstance(model_or_tokenizer, (Tokenizer, str, os.PathLike)):
+        from ._argcheck import need_model
+        need_model(model_or_tokenizer, "model_or_tokenizer")
     if isinstance(model_or_tokenizer, (Tokenizer, str, os.PathLike)):
         tok = load_tokenizer(tokenizer if tokenizer is not None else model_or_tokenizer)
     else:
@@ -492,7 +499,8 @@ class CompressedView:
 def compressed_view(model, tokenizer=None) -> CompressedView:
     """The compressed-id view of a model's token map, with token strings when a tokenizer is
     found (`tokenizer_for`; without one the view shows ids only)."""
-    tables = model.hash_tables
+    from ._argcheck import need_model
+    tables = need_model(model).hash_tables
     tok = None
     try:
         tok = tokenizer_for(model, tokenizer)

@@ -466,6 +466,8 @@ def corpus_stats(model, corpus=None, *, texts=None, documents=None, backend="cpu
     from ..text import NoTokenizerError, TokenizerMismatchError, tokenizer_for
     from .tables import TokenTableWriter, token_columns
 
+    from .._argcheck import need_model
+    need_model(model)
     if isinstance(chunk_tokens, bool) or not isinstance(chunk_tokens, (int, np.integer)) or chunk_tokens < 1:
         raise ValueError(f"chunk_tokens must be a positive integer, got {chunk_tokens!r}")
     for name, v in (("texts", texts), ("documents", documents)):

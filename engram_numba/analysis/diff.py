@@ -254,6 +254,11 @@ class DiffReport:
 
 def diff(a: Mapping, b: Mapping, names=None, label_a: str | None = None, label_b: str | None = None) -> DiffReport:
     """Compare two captures (or dicts of arrays) at every point both hold (or at `names`)."""
+    from .._argcheck import need_capture
+    need_capture(a, "a")
+    need_capture(b, "b")
+    if names is not None and (isinstance(names, (str, bytes)) or not all(isinstance(n, str) for n in names)):
+        raise TypeError(f"names must be a list of point names, got {type(names).__name__}")
     def label(cap, default):
         meta = getattr(cap, "meta", {}) or {}
         backends = meta.get("backends")

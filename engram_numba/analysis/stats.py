@@ -27,6 +27,8 @@ from typing import Mapping
 
 import numpy as np
 
+from .._argcheck import need_capture, need_int, need_int_list
+
 from ..config import GATE_CLAMP, RELEASED_MAX_NGRAM_SIZE
 
 QUANTILES = (0.05, 0.25, 0.50, 0.75, 0.95)
@@ -40,6 +42,7 @@ UNKNOWN_PAD = -2
 
 def _layers_with(capture: Mapping, pattern: re.Pattern) -> list[int]:
     """Layer ids of the points matching `pattern`, in the capture's (firing) order."""
+    need_capture(capture)
     out = []
     for name in capture:
         m = pattern.match(name)
@@ -334,14 +337,12 @@ def gate_stats(capture: Mapping, bins: int = 20, layer_ids=None) -> GateStats:
     bins:    histogram bins over [0, 1].
     Masked tokens are left out of every statistic (and counted in `n_masked`).
     """
-    if int(bins) < 1:
-        raise ValueError(f"bins must be >= 1, got {bins}")
-    bins = int(bins)
+    bins = need_int(bins, "bins", 1)
     found = _layers_with(capture, _GATE_POINT)
     if layer_ids is None:
         layer_ids = found
     else:
-        layer_ids = [int(x) for x in layer_ids]
+        layer_ids = need_int_list(layer_ids, "layer_ids")
         missing = [lid for lid in layer_ids if lid not in found]
         if missing:
             raise KeyError(f"no L{{id}}.gate.gate for layer(s) {missing}; the capture has it for {found}")
@@ -396,7 +397,10 @@ def ngram_windows(token_ids, token_mask=None, max_ngram_size: int = RELEASED_MAX
     Assumes the tokens start the sequence (a decode step's look-back into its prefill is not
     in a capture).
     """
-    ids = np.asarray(token_ids, dtype=np.int64)             # [T]
+    raw = np.asarray(token_ids)
+    if raw.ndim != 1 or (raw.size and (raw.dtype == np.bool_ or not np.issubdtype(raw.dtype, np.integer))):
+        raise TypeError(f"token_ids must be 1-D integers, got {raw.dtype}{list(raw.shape)}")
+    ids = raw.astype(np.int64)                              # [T]
     T = ids.size
     live = np.ones(T, dtype=bool) if token_mask is None else np.asarray(token_mask, dtype=bool)
     if token_map is not None:

@@ -30,7 +30,8 @@ def load_model(path, *, validate: bool = True, key_prefix: str | None = None, to
     from .schema_b import SchemaBModel, is_schema_b
     from .split import open_gguf_container
 
-    p = Path(os.fspath(path))
+    from .._argcheck import need_path
+    p = Path(os.fspath(need_path(path)))
     if not os.path.lexists(p):
         raise MissingFileError(f"model file {p} does not exist")
     if p.is_dir():
