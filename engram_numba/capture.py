@@ -154,8 +154,10 @@ class Capture(Mapping):
         """Read a capture written by `save` (.npz or .safetensors, told apart by content). Anything
         else (an empty or text file, a cut zip, a bare .npy, a statistics or highway file) is a
         `CaptureFileError` naming the file and what is wrong."""
+        from ._argcheck import need_path
         from .formats.errors import EngramFileError
         from .formats.gguf import check_regular_file
+        need_path(path)
         try:
             size = check_regular_file(path, "capture file").st_size
             with open(path, "rb") as f:

@@ -570,6 +570,9 @@ def row_id_reuse(capture: Mapping, *, tables=None, pad_id: int | None = None, to
     include_masked: also count masked tokens (their window is all pad, so they share one id).
     """
     if tables is not None:
+        from ..stages.hash.tables import EngramHashTables
+        if not isinstance(tables, EngramHashTables):
+            raise TypeError(f"tables must be an EngramHashTables (model.hash_tables), got {type(tables).__name__}")
         token_map = tables.token_map if token_map is None else token_map
         pad_id = tables.pad_id if pad_id is None else pad_id
         n_heads = tables.n_heads if n_heads is None else n_heads

@@ -1010,7 +1010,9 @@ def _load_state(cls, path) -> StreamingGateStats:
     from ..formats.gguf import check_regular_file
     from ..formats.jsonsafe import field, load_json
     from ..formats.npz import member_header, open_npz, read_member
+    from .._argcheck import need_path
     E = StatisticsFileError
+    need_path(path)
     try:
         check_regular_file(path, "statistics file")
     except EngramFileError as exc:
