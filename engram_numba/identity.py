@@ -83,6 +83,13 @@ def check_identity(value, source: str, error: type[Exception]) -> dict | None:
         (value.get(f) is None or isinstance(value.get(f), str)) for f in ("hash", "token_map")) and (
         value.get("encodings") is None or (isinstance(value["encodings"], dict)
                                            and all(isinstance(v, str) for v in value["encodings"].values())))
+    lids = value.get("layer_ids") if isinstance(value, dict) else None
+    if lids is not None and not (isinstance(lids, list) and all(isinstance(x, int) and not isinstance(x, bool)
+                                                               for x in lids)):
+        ok = False
     if not ok:
         raise error(f"{source}: the model identity is not an object of digests")
-    return {f: value.get(f) for f in FIELDS}
+    out = {f: value.get(f) for f in FIELDS}
+    if lids is not None:
+        out["layer_ids"] = lids
+    return out
