@@ -28,9 +28,8 @@ JAX are taken without copies through `__cuda_array_interface__` (or DLPack, via 
 """
 from __future__ import annotations
 
-from collections.abc import Mapping
-
 import time
+from collections.abc import Mapping
 from dataclasses import dataclass
 
 import numpy as np

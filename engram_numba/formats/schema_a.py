@@ -21,6 +21,7 @@ deliberately broken files. `describe` renders a model for `engram-numba info`.
 """
 
 import pathlib
+from collections.abc import Mapping
 
 import numpy as np
 
