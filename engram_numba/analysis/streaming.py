@@ -592,6 +592,8 @@ class StreamingGateStats:
         return self.hc
 
     def _li(self, layer_id) -> int:
+        from .._argcheck import need_int
+        need_int(layer_id, "layer_id")
         try:
             return self.layer_ids.index(int(layer_id))
         except ValueError:
@@ -604,7 +606,8 @@ class StreamingGateStats:
     def histogram(self, layer_id: int, stream: int, bins: int | None = None) -> tuple[np.ndarray, np.ndarray]:
         """(counts, edges) of the gate over [0, 1], summed from the fine histogram (bins must divide
         FINE_BINS = 100,000)."""
-        bins = self.bins if bins is None else int(bins)
+        from .._argcheck import need_int
+        bins = self.bins if bins is None else need_int(bins, "bins", 1)
         if bins < 1 or FINE_BINS % bins:
             raise ValueError(f"bins must divide {FINE_BINS} (the fine histogram), got {bins}")
         fine = self.fine[self._li(layer_id), int(stream)]
