@@ -242,5 +242,6 @@ class Capture(Mapping):
 
     def layer(self, layer_id: int) -> dict[str, np.ndarray]:
         """This layer's captures, keyed by point name without the layer prefix."""
-        prefix = f"L{layer_id}."
+        from ._argcheck import need_int
+        prefix = f"L{need_int(layer_id, 'layer_id')}."
         return {k[len(prefix):]: v for k, v in self._arrays.items() if k.startswith(prefix)}

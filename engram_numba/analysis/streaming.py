@@ -610,12 +610,12 @@ class StreamingGateStats:
         bins = self.bins if bins is None else need_int(bins, "bins", 1)
         if bins < 1 or FINE_BINS % bins:
             raise ValueError(f"bins must divide {FINE_BINS} (the fine histogram), got {bins}")
-        fine = self.fine[self._li(layer_id), int(stream)]
+        fine = self.fine[self._li(layer_id), _stream(stream)]
         return fine.reshape(bins, FINE_BINS // bins).sum(axis=1), np.linspace(0.0, 1.0, bins + 1)
 
     def quantile(self, layer_id: int, stream: int, q) -> np.ndarray:
         """Quantiles of the gate from the fine histogram (resolution 1e-5, module doc)."""
-        fine = self.fine[self._li(layer_id), int(stream)]
+        fine = self.fine[self._li(layer_id), _stream(stream)]
         n = int(fine.sum())
         qs = np.atleast_1d(np.asarray(q, dtype=np.float64))
         if n == 0:
@@ -968,6 +968,11 @@ class StreamingGateStats:
         """Read a file written by `save`. Anything else, or a file whose arrays do not have the
         shapes its header implies, is a `StatisticsFileError` naming the file and the entry."""
         return _load_state(cls, path)
+
+
+def _stream(stream) -> int:
+    from .._argcheck import need_int
+    return need_int(stream, "stream", 0)
 
 
 def _merge_meta(a: dict, b: dict) -> dict:
