@@ -582,3 +582,18 @@ def test_info_on_any_file_is_a_description_or_one_error_line(tmp_path, rng, hf_f
     errors = [ln for ln in out.stderr.splitlines() if ln.startswith("error: ")]
     assert len(errors) == len(paths), out.stderr
     assert all(len(ln) < 400 for ln in errors)
+
+
+@pytest.mark.parametrize("line, match", [
+    ('{"text": ' + "[" * 3000 + "]" * 3000 + "}", "nests"),
+    ('{"text": [1, 2], "text": [3]}', "appears twice"),
+    ('{"text": [1, NaN]}', "NaN"),
+    ('{"text": [1, ' + "9" * 30 + "]}", "outside int64"),
+    ('{"text": [1, ' + "9" * 5000 + "]}", "5000 digits"),
+])
+def test_corpus_json_lines_go_through_the_strict_reader(tmp_path, line, match):
+    from engram_numba.analysis.corpus import iter_documents
+    path = tmp_path / "c.jsonl"
+    path.write_text('{"text": [5, 6]}\n' + line + "\n")
+    with pytest.raises(ValueError, match=f"c.jsonl:2: .*{match}"):
+        list(iter_documents([path]))

@@ -48,6 +48,7 @@ from typing import Iterable, Iterator
 
 import numpy as np
 
+from ..formats.jsonsafe import load_json
 from ..formats.safetensors import is_safetensors
 from ..highway import HighwayFile, load_highway
 from ..stages.hash.cpu import EngramHasher
@@ -147,10 +148,7 @@ def _jsonl_documents(path: Path, field: str) -> Iterator[tuple[str, object]]:
             if not line.strip():
                 continue
             where = f"{path}:{i}"
-            try:
-                obj = json.loads(line)
-            except json.JSONDecodeError as exc:
-                raise ValueError(f"{where}: not a JSON line ({exc})") from None
+            obj = load_json(line, where, ValueError, what="JSON line")
             if not isinstance(obj, dict):
                 raise ValueError(f"{where}: expected a JSON object with a {field!r} field, got {type(obj).__name__}")
             if field not in obj:
@@ -160,6 +158,8 @@ def _jsonl_documents(path: Path, field: str) -> Iterator[tuple[str, object]]:
                 if value.strip():
                     yield where, value
             elif isinstance(value, list) and all(isinstance(x, int) and not isinstance(x, bool) for x in value):
+                if any(not -2**63 <= x < 2**63 for x in value):
+                    raise ValueError(f"{where}: field {field!r} holds a token id outside int64")
                 if value:
                     yield where, np.asarray(value, dtype=np.int64)
             else:
