@@ -63,7 +63,10 @@ def _constant(text: str):
 
 
 def short_repr(value, limit: int = 40) -> str:
-    """repr(value), cut to about `limit` characters (error messages quote values, never whole files)."""
+    """repr(value), cut to about `limit` characters, a long list to its first values (error
+    messages quote values, never whole files)."""
+    if isinstance(value, list) and len(value) > 6:
+        return "[" + ", ".join(short_repr(x, 20) for x in value[:4]) + f", ... ({len(value)} values)]"
     s = repr(value)
     return s if len(s) <= limit else s[:limit] + "..."
 

@@ -23,7 +23,7 @@ import numpy as np
 
 from .errors import BadTensorError, EngramFileError, OverlappingTensorsError, SafetensorsHeaderError, TruncatedFileError
 from .gguf import TensorInfo, check_regular_file
-from .jsonsafe import load_json
+from .jsonsafe import load_json, short_repr
 
 MAX_HEADER_BYTES = 100 * 2**20     # the safetensors library's own limit
 MAX_HEADER_DEPTH = 8               # {name: {"shape": [...]}} nests 3 deep
@@ -190,14 +190,11 @@ class SafetensorsFile:
 
 def _q(name) -> str:
     """A tensor name quoted for a message, cut short when long."""
-    return _short(name, 80)
+    return short_repr(name, 80)
 
 
-def _short(value, limit: int = 60) -> str:
-    if isinstance(value, list) and len(value) > 6:
-        return "[" + ", ".join(_short(x, 20) for x in value[:4]) + f", ... ({len(value)} values)]"
-    s = repr(value)
-    return s if len(s) <= limit else s[:limit] + "..."
+def _short(value) -> str:
+    return short_repr(value, 60)
 
 
 def write_safetensors(path, tensors: dict, metadata: dict | None = None) -> Path:
