@@ -57,6 +57,21 @@ def token_map_digest(token_map) -> str:
     return _digest(token_map)
 
 
+def check_hasher(hasher, tables):
+    """`hasher` when it is an EngramHasher on these tables (the same object, or equal constants and
+    token map); else a TypeError / ValueError saying what differs."""
+    from .stages.hash.cpu import EngramHasher
+    if not isinstance(hasher, EngramHasher):
+        raise TypeError(f"hasher must be an EngramHasher, got {type(hasher).__name__}")
+    if hasher.tables is not tables:
+        a, b = tables_digest(hasher.tables), tables_digest(tables)
+        differ = [w for w, x, y in zip(("hash constants", "token map"), a, b) if x != y]
+        if differ:
+            raise ValueError(f"hasher was built on another model's tables (a different {' and '.join(differ)}): "
+                             "use EngramHasher(model.hash_tables)")
+    return hasher
+
+
 def model_identity(model) -> dict:
     """The identity of an opened model (module doc)."""
     consts, tmap = tables_digest(model.hash_tables)

@@ -480,17 +480,8 @@ class Pipeline:
 
     def _check_hasher(self, hasher) -> EngramHasher:
         """A hasher given to `run` must hash with this model's tables (same constants, same token map)."""
-        if not isinstance(hasher, EngramHasher):
-            raise TypeError(f"hasher must be an EngramHasher, got {type(hasher).__name__}")
-        mine = self.model.hash_tables
-        if hasher.tables is not mine:
-            from .identity import tables_digest
-            a, b = tables_digest(hasher.tables), tables_digest(mine)
-            differ = [w for w, x, y in zip(("hash constants", "token map"), a, b) if x != y]
-            if differ:
-                raise ValueError(f"hasher was built on another model's tables (its {' and '.join(differ)} differ "
-                                 "from this model's): EngramHasher(model.hash_tables)")
-        return hasher
+        from .identity import check_hasher
+        return check_hasher(hasher, self.model.hash_tables)
 
     def _resolve_tokens(self, token_ids, token_mask, text, highway):
         """(token ids, mask) from exactly one of token_ids / text / a HighwayFile's ids."""

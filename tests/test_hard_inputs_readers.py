@@ -459,6 +459,11 @@ def test_a_hasher_of_another_model_is_refused_and_diff_says_so(model):
     pipe = en.Pipeline(model, "cpu")
     with pytest.raises(ValueError, match="another model's tables .*token map"):
         pipe.run(TINY_TOKENS, hasher=en.EngramHasher(other.hash_tables))
+    from numba import cuda
+    engine = en.EngramV41(model, 4)
+    with pytest.raises(ValueError, match="another model's tables .*token map"):
+        engine.step(TINY_TOKENS[:2], cuda.to_device(np.ones((2, model.config.hc, model.config.dim), np.float32)),
+                    en.EngramHasher(other.hash_tables))
     h = en.EngramHasher(model.hash_tables)
     pipe.run(TINY_TOKENS[:4], hasher=h, names_filter="tokens.ids")
     assert h.position == 4
