@@ -33,7 +33,11 @@ def member_header(zf, info, path, error) -> tuple[tuple, np.dtype]:
     """(shape, dtype) a member declares, checked against the bytes it holds."""
     from numpy.lib import format as npf
     key = info.filename[:-4]
-    if info.file_size > DEFLATE_MAX_RATIO * max(info.compress_size, 1) + 2**20:
+    if info.compress_type == zipfile.ZIP_STORED and info.file_size != info.compress_size:
+        raise error(f"{path}: member {key!r} is stored uncompressed but its sizes disagree "
+                    f"({info.file_size:,} vs {info.compress_size:,})")
+    if (info.compress_type == zipfile.ZIP_DEFLATED
+            and info.file_size > DEFLATE_MAX_RATIO * max(info.compress_size, 1) + 2**20):
         raise error(f"{path}: member {key!r} claims {info.file_size:,} bytes from {info.compress_size:,} compressed: "
                     "more than compression can give")
     try:
