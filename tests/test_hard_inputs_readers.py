@@ -602,3 +602,58 @@ def test_corpus_json_lines_go_through_the_strict_reader(tmp_path, line, match):
     path.write_text('{"text": [5, 6]}\n' + line + "\n")
     with pytest.raises(ValueError, match=f"c.jsonl:2: .*{match}"):
         list(iter_documents([path]))
+
+
+def _text_mutants(text: str, rng, n: int):
+    """Deterministic edits of a JSON text: JSON-significant characters inserted, deleted or swapped."""
+    alphabet = list('{}[]",:0123456789-.eE ') + ["NaN", "Infinity", "1e999", "9" * 50, "[" * 100, '"a":1,']
+    out = []
+    for _ in range(n):
+        t = text
+        for _ in range(int(rng.integers(1, 4))):
+            i = int(rng.integers(0, len(t) + 1))
+            kind = rng.integers(0, 3)
+            tok = alphabet[int(rng.integers(0, len(alphabet)))]
+            t = t[:i] + tok + t[i:] if kind == 0 else (t[:i] + t[i + 1:] if kind == 1 else t[:i] + tok + t[i + 1:])
+        out.append(t)
+    return out
+
+
+@pytest.mark.parametrize("name", ["config.json", "model.safetensors.index.json"])
+def test_fuzzed_checkpoint_json_ends_in_file_errors(hf_copy, rng, name):
+    path = hf_copy / name
+    text = path.read_text()
+    refused = 0
+    for bad in _text_mutants(text, rng, 30):
+        path.write_text(bad)
+        try:
+            en.load_model(hf_copy).close()
+        except E.EngramFileError as exc:
+            assert len(str(exc)) < 600
+            refused += 1
+    assert refused > 15
+
+
+def test_fuzzed_npz_captures_and_statistics_end_in_their_errors(tmp_path, rng, model):
+    SE = en.StreamingGateStats.load.__globals__["StatisticsFileError"]
+    cap = Capture({"tokens.ids": TINY_TOKENS.copy(), "L1.gate.gate": rng.random((14, 4), dtype=np.float32)},
+                  {"n_tokens": 14})
+    cap.save(tmp_path / "c.npz")
+    en.StreamingGateStats.empty(model, contexts=False, rows=False).save(tmp_path / "s.npz")
+    for src, load, err in ((tmp_path / "c.npz", Capture.load, CaptureFileError),
+                           (tmp_path / "s.npz", en.StreamingGateStats.load, SE)):
+        data = src.read_bytes()
+        refused = 0
+        for _ in range(40):
+            b = bytearray(data)
+            for _ in range(int(rng.integers(1, 4))):
+                i = int(rng.integers(0, len(b)))
+                b[i] = int(rng.integers(0, 256))
+            if rng.integers(0, 4) == 0:
+                b = b[:int(rng.integers(0, len(b)))]
+            (tmp_path / "m.npz").write_bytes(bytes(b))
+            try:
+                load(tmp_path / "m.npz")
+            except err:
+                refused += 1
+        assert refused > 10

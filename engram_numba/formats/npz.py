@@ -12,13 +12,17 @@ import numpy as np
 MAX_NPY_HEADER = 65536
 DEFLATE_MAX_RATIO = 1100        # deflate never inflates one byte into more than about 1032
 MAX_AXES = 64
+# what zipfile, zlib and numpy's .npy reader raise on damaged input (an "encrypted" flag bit is a
+# RuntimeError, an unknown compression method a NotImplementedError)
+_READ_ERRORS = (zipfile.BadZipFile, zlib.error, OSError, EOFError, ValueError, TypeError, SyntaxError,
+                RuntimeError, NotImplementedError, KeyError, MemoryError)
 
 
 def open_npz(path, error: type[Exception]) -> tuple[zipfile.ZipFile, dict]:
     """(the open zip, member name without '.npy' -> ZipInfo); a member that is not .npy is refused."""
     try:
         zf = zipfile.ZipFile(path)
-    except (zipfile.BadZipFile, OSError, EOFError, ValueError) as exc:
+    except _READ_ERRORS as exc:
         raise error(f"{path}: not a readable .npz (zip): {str(exc)[:120]} (cut short or corrupt?)") from None
     members = {}
     for info in zf.infolist():
@@ -49,7 +53,7 @@ def member_header(zf, info, path, error) -> tuple[tuple, np.dtype]:
                 shape, _, dtype = npf.read_array_header_2_0(f, max_header_size=MAX_NPY_HEADER)
             else:
                 raise error(f"{path}: member {key!r} has .npy version {version}")
-    except (zipfile.BadZipFile, zlib.error, OSError, EOFError, ValueError, TypeError, SyntaxError) as exc:
+    except _READ_ERRORS as exc:
         raise error(f"{path}: member {key!r} cannot be read: {str(exc)[:120]}") from None
     if dtype.hasobject:
         raise error(f"{path}: member {key!r} holds Python objects; only numbers and strings are read")
@@ -71,5 +75,5 @@ def read_member(zf, info, path, error) -> np.ndarray:
     try:
         with zf.open(info) as f:
             return npf.read_array(f, allow_pickle=False, max_header_size=MAX_NPY_HEADER)
-    except (zipfile.BadZipFile, zlib.error, OSError, EOFError, ValueError, TypeError) as exc:
+    except _READ_ERRORS as exc:
         raise error(f"{path}: member {info.filename[:-4]!r} cannot be read: {str(exc)[:120]}") from None
