@@ -4,6 +4,7 @@ holds (and against what deflate can give) before numpy reads it. Problems raise 
 error class, naming the file and the member."""
 from __future__ import annotations
 
+import tokenize
 import zipfile
 import zlib
 
@@ -13,9 +14,10 @@ MAX_NPY_HEADER = 65536
 DEFLATE_MAX_RATIO = 1100        # deflate never inflates one byte into more than about 1032
 MAX_AXES = 64
 # what zipfile, zlib and numpy's .npy reader raise on damaged input (an "encrypted" flag bit is a
-# RuntimeError, an unknown compression method a NotImplementedError)
+# RuntimeError, an unknown compression method a NotImplementedError, a damaged .npy header dict a
+# SyntaxError or tokenize.TokenError)
 _READ_ERRORS = (zipfile.BadZipFile, zlib.error, OSError, EOFError, ValueError, TypeError, SyntaxError,
-                RuntimeError, NotImplementedError, KeyError, MemoryError)
+                tokenize.TokenError, RuntimeError, NotImplementedError, KeyError, MemoryError)
 
 
 def open_npz(path, error: type[Exception]) -> tuple[zipfile.ZipFile, dict]:
