@@ -14,12 +14,12 @@ def need_path(path, param: str = "path"):
     return path
 
 
-def need_model(model, param: str = "model"):
-    """An opened model: anything with config, hash_tables and layers (a path is named as such)."""
+def need_model(model, param: str = "model", needs=("config", "hash_tables", "layers")):
+    """An opened model: anything with the attributes `needs` (a path is named as such)."""
     if isinstance(model, (str, bytes, os.PathLike)):
         raise TypeError(f"{param} must be an opened model, got the path {str(model)[:80]!r}: "
                         "open it with engram_numba.load_model(path)")
-    if not all(hasattr(model, a) for a in ("config", "hash_tables", "layers")):
+    if not all(hasattr(model, a) for a in needs):
         raise TypeError(f"{param} must be an opened model (engram_numba.load_model), got {type(model).__name__}")
     return model
 

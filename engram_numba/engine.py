@@ -143,7 +143,7 @@ class EngramV41:
     def __init__(self, model, max_tokens: int, *, device_tables: bool = False, residual: str = "fp32",
                  stream=0, versions: dict | None = None, wkv_format: str | None = None, graphs: bool = True):
         from ._argcheck import need_model
-        need_model(model)
+        need_model(model, needs=("config", "layers"))
         if versions is not None and not isinstance(versions, Mapping):
             raise TypeError(f"versions must be a dict of stage -> kernel name, got {type(versions).__name__}")
         cfg = model.config
