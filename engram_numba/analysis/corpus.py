@@ -36,7 +36,6 @@ releases the GIL), the statistics on a reducer thread, both overlapping the devi
 """
 from __future__ import annotations
 
-import json
 import os
 import queue
 import threading
