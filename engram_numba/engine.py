@@ -29,7 +29,6 @@ JAX are taken without copies through `__cuda_array_interface__` (or DLPack, via 
 from __future__ import annotations
 
 import time
-from collections.abc import Mapping
 from dataclasses import dataclass
 
 import numpy as np
@@ -142,10 +141,6 @@ class EngramV41:
 
     def __init__(self, model, max_tokens: int, *, device_tables: bool = False, residual: str = "fp32",
                  stream=0, versions: dict | None = None, wkv_format: str | None = None, graphs: bool = True):
-        from ._argcheck import need_model
-        need_model(model, needs=("config", "layers"))
-        if versions is not None and not isinstance(versions, Mapping):
-            raise TypeError(f"versions must be a dict of stage -> kernel name, got {type(versions).__name__}")
         cfg = model.config
         if not 1 <= cfg.hc <= MAX_HC:
             raise ValueError(f"EngramV41 supports hc in 1..={MAX_HC}, the model has hc = {cfg.hc}")
