@@ -41,6 +41,7 @@ _PUBLIC = {
     "Pipeline": ("pipeline", "Pipeline"),
     "EngramError": ("errors", "EngramError"),
     "Capture": ("capture", "Capture"),
+    "CaptureFileError": ("capture", "CaptureFileError"),
     "point_names": ("capture", "point_names"),
     "EngramV41": ("engine", "EngramV41"),
     # text and imported hidden states

@@ -20,9 +20,12 @@ from __future__ import annotations
 
 import fnmatch
 import json
+import re
 from typing import Callable, Mapping
 
 import numpy as np
+
+from .formats.errors import EngramFileError
 
 INPUT_POINTS = ("tokens.ids", "tokens.mask")
 POINTS = ("hash.ids", "rows.raw", "rows.bf16", "proj.kv", "gate.key", "gate.value",
@@ -31,6 +34,23 @@ OBSERVE_ONLY = ("tokens.ids", "tokens.mask", "gate.dot", "gate.gate", "highway.o
 # Points whose uint16 arrays are bf16 words (stored as BF16 in safetensors)
 BF16_POINTS = ("rows.bf16", "proj.kv", "gate.key", "gate.value")
 SAFETENSORS_META_KEY = "engram_numba.meta"
+
+
+class CaptureFileError(EngramFileError, ValueError):
+    """A file `Capture.load` cannot take: not a capture, or a damaged one (the message says which)."""
+
+
+_POINT_NAME = re.compile(r"^(tokens\.(ids|mask)|L\d{1,9}\.[a-z_]+\.[a-z_0-9]+)$")
+def _check_point_name(name: str, path) -> None:
+    if not _POINT_NAME.match(name):
+        raise CaptureFileError(f"{path}: array {name[:80]!r} is not a capture point name (tokens.ids, "
+                               "L{layer}.{point}): not a capture")
+
+
+def _meta(meta, path) -> dict:
+    if not isinstance(meta, dict):
+        raise CaptureFileError(f"{path}: the capture meta is a JSON {type(meta).__name__}, not an object")
+    return meta
 
 
 def point_names(layer_ids) -> list[str]:
@@ -139,17 +159,84 @@ class Capture(Mapping):
 
     @classmethod
     def load(cls, path) -> "Capture":
-        """Read a capture written by `save` (.npz or .safetensors, told apart by content)."""
-        from .formats.safetensors import SafetensorsFile, is_safetensors
-        if is_safetensors(path):
+        """Read a capture written by `save` (.npz or .safetensors, told apart by content). Anything
+        else (an empty or text file, a cut zip, a bare .npy, a statistics or highway file) is a
+        `CaptureFileError` naming the file and what is wrong."""
+        from ._argcheck import need_path
+        from .formats.errors import EngramFileError
+        from .formats.gguf import check_regular_file
+        need_path(path)
+        try:
+            size = check_regular_file(path, "capture file").st_size
+            with open(path, "rb") as f:
+                head = f.read(8)
+        except EngramFileError as exc:
+            raise CaptureFileError(str(exc)) from None
+        except OSError as exc:
+            raise CaptureFileError(f"{path}: cannot be read: {exc.strerror or exc}") from None
+        if size == 0:
+            raise CaptureFileError(f"{path}: the file is empty, not a capture")
+        if head.startswith(b"PK"):
+            return cls._load_npz(path, size)
+        if head.startswith(b"\x93NUMPY"):
+            raise CaptureFileError(f"{path}: a bare .npy array, not a capture (Capture.save writes .npz or "
+                                   ".safetensors)")
+        if len(head) == 8 and int.from_bytes(head, "little") + 8 <= size:
+            with open(path, "rb") as f:
+                f.seek(8)
+                brace = f.read(1)
+            if brace == b"{":
+                return cls._load_safetensors(path)
+        raise CaptureFileError(f"{path}: not a capture: neither a .npz (zip) nor a safetensors file")
+
+    @classmethod
+    def _load_safetensors(cls, path) -> "Capture":
+        from .formats.errors import EngramFileError
+        from .formats.jsonsafe import load_json
+        from .formats.safetensors import SafetensorsFile
+        try:
             st = SafetensorsFile(path, what="capture file")
-            meta = json.loads(st.metadata.get(SAFETENSORS_META_KEY, "{}"))
-            arrays = {name: np.array(st.raw(name)) for name in st.tensors}
+        except EngramFileError as exc:
+            raise CaptureFileError(str(exc)) from None
+        try:
+            if SAFETENSORS_META_KEY not in st.metadata:
+                kind = st.metadata.get("format")
+                hint = " (a highway file: engram_numba.load_highway reads it)" if kind == "engram-highway" else ""
+                raise CaptureFileError(f"{path}: a safetensors file without the {SAFETENSORS_META_KEY!r} metadata "
+                                       f"entry: not a capture{hint}")
+            meta = _meta(load_json(st.metadata[SAFETENSORS_META_KEY], f"{path}: {SAFETENSORS_META_KEY}",
+                                   CaptureFileError, what="meta"), path)
+            for name in st.tensors:
+                _check_point_name(name, path)
+            try:
+                arrays = {name: np.array(st.raw(name)) for name in st.tensors}
+            except EngramFileError as exc:
+                raise CaptureFileError(str(exc)) from None
+        finally:
             st.close()
-            return cls(arrays, meta)
-        with np.load(path, allow_pickle=False) as f:
-            meta = json.loads(str(f["__meta__"])) if "__meta__" in f.files else {}
-            return cls({k: f[k] for k in f.files if k != "__meta__"}, meta)
+        return cls(arrays, meta)
+
+    @classmethod
+    def _load_npz(cls, path, size: int) -> "Capture":
+        from .formats.jsonsafe import load_json
+        from .formats.npz import open_npz, read_member
+        zf, members = open_npz(path, CaptureFileError)
+        with zf:
+            if "__state__" in members:
+                raise CaptureFileError(f"{path}: a statistics file (StreamingGateStats.save), not a capture; "
+                                       "StreamingGateStats.load reads it")
+            if "__meta__" not in members:
+                raise CaptureFileError(f"{path}: an .npz without a __meta__ entry: not a capture written by "
+                                       "Capture.save")
+            for key in members:
+                if key != "__meta__":
+                    _check_point_name(key, path)
+            arrays = {key: read_member(zf, info, path, CaptureFileError) for key, info in members.items()}
+        meta_arr = arrays.pop("__meta__")
+        if meta_arr.shape != () or meta_arr.dtype.kind != "U":
+            raise CaptureFileError(f"{path}: __meta__ is {meta_arr.dtype}{list(meta_arr.shape)}, not one JSON string")
+        meta = _meta(load_json(str(meta_arr), f"{path}: __meta__", CaptureFileError, what="meta"), path)
+        return cls(arrays, meta)
 
     @property
     def token_strings(self) -> list[str] | None:
@@ -163,5 +250,6 @@ class Capture(Mapping):
 
     def layer(self, layer_id: int) -> dict[str, np.ndarray]:
         """This layer's captures, keyed by point name without the layer prefix."""
-        prefix = f"L{layer_id}."
+        from ._argcheck import need_int
+        prefix = f"L{need_int(layer_id, 'layer_id')}."
         return {k[len(prefix):]: v for k, v in self._arrays.items() if k.startswith(prefix)}

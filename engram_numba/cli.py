@@ -48,7 +48,7 @@ class UserError(EngramError):
 
 # argument types --------------------------------------------------------------------------------
 
-_TOKEN_LIST = re.compile(r"^\s*[+-]?\d+(\s*[,\s]\s*[+-]?\d+)*\s*,?\s*$")
+_TOKEN_LIST = re.compile(r"^\s*[+-]?[0-9]+(\s*[,\s]\s*[+-]?[0-9]+)*\s*,?\s*$", re.ASCII)   # ASCII digits only
 
 
 def parse_token_list(text: str) -> np.ndarray:

@@ -132,6 +132,8 @@ def check_layer_id(layer_id, what: str = "layer id") -> int:
 
 def check_layer_ids(layer_ids, what: str = "layer_ids") -> tuple[int, ...]:
     """A tuple of ints from integer layer ids; 1.5, True or "1" are refused, not coerced."""
+    if isinstance(layer_ids, (str, bytes)):     # would be read character by character
+        raise ValueError(f"{what} must be a sequence of integers, got the string {layer_ids[:40]!r}")
     try:
         items = list(layer_ids)
     except TypeError:

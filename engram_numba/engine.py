@@ -35,6 +35,7 @@ import numpy as np
 from numba import cuda
 
 from .config import MAX_HC, check_layer_id
+from .identity import check_hasher
 from .device.devarray import as_device_array, data_address, is_device_like
 from .device.graphs import CapturedGraph, HostToDeviceCopy
 from .device.intrinsics import SIMULATOR
@@ -620,6 +621,7 @@ class EngramV41:
         graph: None (default) replays the one-token decode graph (`decode`) when there is one token
         and graphs are available (a GPU; EngramV41(graphs=True)); False always launches the
         kernels one by one; True insists on the graph."""
+        check_hasher(hasher, self.model.hash_tables)
         if graph is None:
             graph = self.graphs_available and len(token_ids) == 1
         if graph:
@@ -685,6 +687,7 @@ class EngramV41:
             if m.dtype != np.bool_ or m.size != 1:
                 raise ValueError(f"token_mask must be a bool (or bool array of one element), got {m.dtype}{list(m.shape)}")
             live = bool(m.reshape(-1)[0])
+        check_hasher(hasher, self.model.hash_tables)
         if not self.graphs_available:
             return self.step([token_id], highway, hasher, None if token_mask is None else np.array([live]),
                              residual=residual, graph=False)

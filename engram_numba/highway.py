@@ -62,6 +62,9 @@ class HighwayFile:
     """
 
     def __init__(self, st: SafetensorsFile, names: dict[int, str], ids_name: str, mask_name: str | None):
+        if not isinstance(st, SafetensorsFile):
+            raise TypeError(f"st must be an opened SafetensorsFile (open highway files with load_highway), got "
+                            f"{type(st).__name__}")
         self._st = st
         self.path = st.path
         self.metadata = dict(st.metadata)
@@ -107,7 +110,13 @@ class HighwayFile:
         return self._layer_view(layer_id)
 
     def chunk(self, layer_id: int, t0: int, t1: int, out: np.ndarray | None = None) -> np.ndarray:
-        """Tokens t0..t1-1 of one layer's highway as fp32 [t1-t0, hc, dim] (bf16 widened exactly)."""
+        """Tokens t0..t1-1 of one layer's highway as fp32 [t1-t0, hc, dim] (bf16 widened exactly);
+        0 <= t0 < t1 <= n_tokens (integers)."""
+        for name, v in (("t0", t0), ("t1", t1)):
+            if isinstance(v, (bool, np.bool_)) or not isinstance(v, (int, np.integer)):
+                raise TypeError(f"chunk: {name} must be an integer, got {type(v).__name__} {v!r}")
+        if not 0 <= t0 < t1 <= self.n_tokens:
+            raise ValueError(f"chunk: tokens {t0}..{t1} is not a non-empty range inside [0, {self.n_tokens})")
         a = self._layer_view(layer_id)[t0:t1]
         if out is None:
             out = np.empty(a.shape, dtype=np.float32)
@@ -119,6 +128,8 @@ class HighwayFile:
 
     def layer(self, layer_id: int) -> np.ndarray:
         """One layer's whole highway, fp32 [T, hc, dim] (a copy)."""
+        if self.n_tokens == 0:
+            return np.empty(self._layer_view(layer_id).shape, dtype=np.float32)
         return self.chunk(layer_id, 0, self.n_tokens)
 
     def highways(self) -> dict[int, np.ndarray]:
@@ -169,10 +180,26 @@ def _squeeze_batch(shape: tuple, rank: int) -> tuple | None:
     return None
 
 
+def _layer_names(st, pattern, path) -> dict[int, str]:
+    """layer id -> tensor name; two spellings of one layer ('engram.1' and 'engram.01') are refused."""
+    names: dict[int, str] = {}
+    for name in st.tensors:
+        m = pattern.match(name)
+        if m:
+            lid = int(m.group(1))
+            if lid in names:
+                raise HighwayFileError(f"{path}: tensors {names[lid]!r} and {name!r} are both layer {lid}'s highway")
+            names[lid] = name
+    return names
+
+
 def load_highway(path, model=None) -> HighwayFile:
     """Open and check a highway file (module doc: the format); with `model`, also its layers,
     hc, dim and token ids. Errors name the file and the tensor."""
-    p = Path(path)
+    from ._argcheck import need_model, need_path
+    p = Path(need_path(path))
+    if model is not None:
+        need_model(model)
     if not p.exists():
         raise HighwayFileError(f"highway file {p} does not exist")
     if p.is_dir():
@@ -183,17 +210,10 @@ def load_highway(path, model=None) -> HighwayFile:
         raise HighwayFileError(f"{exc} (a truncated or corrupt file)") from None
     except EngramFileError as exc:
         raise HighwayFileError(str(exc)) from None
-    names = {}
-    for name in st.tensors:
-        m = _HIGHWAY_NAME.match(name)
-        if m:
-            names[int(m.group(1))] = name
+    names = _layer_names(st, _HIGHWAY_NAME, p)
     ids_name, mask_name = TOKEN_IDS, TOKEN_MASK
     if not names:                                   # a capture saved as safetensors?
-        for name in st.tensors:
-            m = _CAPTURE_NAME.match(name)
-            if m:
-                names[int(m.group(1))] = name
+        names = _layer_names(st, _CAPTURE_NAME, p)
         ids_name, mask_name = "tokens.ids", "tokens.mask"
     if not names:
         found = ", ".join(list(st.tensors)[:8]) or "none"
@@ -232,8 +252,11 @@ def load_highway(path, model=None) -> HighwayFile:
             raise HighwayFileError(f"{p}: tensor {mask_name!r} is {dtype}; a token mask is BOOL or U8 (1 = live token)")
         if _squeeze_batch(shape, 1) != (T,):
             raise HighwayFileError(f"{p}: tensor {mask_name!r} has shape {list(shape)} but the highway has T={T} tokens")
-        m = st.raw(mask_name)
-        if dtype == "U8" and m.size and int(m.max()) > 1:
+        try:
+            m = st.raw(mask_name).view(np.uint8)
+        except EngramFileError as exc:
+            raise HighwayFileError(str(exc)) from None
+        if m.size and int(m.max()) > 1:
             raise HighwayFileError(f"{p}: tensor {mask_name!r} holds values other than 0 and 1")
     else:
         mask_name = None

@@ -53,6 +53,7 @@ tables, and only the gate and dot ([T, hc] fp32) are copied back. Those points s
 from __future__ import annotations
 
 import contextlib
+import os
 import sys
 import warnings
 from typing import Callable, Mapping
@@ -75,6 +76,7 @@ from .stages.rows.fp8 import assemble_rows_fp8
 __all__ = ["Pipeline", "Capture", "POINTS", "INPUT_POINTS", "point_names", "synthetic_highway", "STAGES",
            "BACKENDS"]
 
+DEFAULT_CHUNK_TOKENS = 4096   # run() without chunk_tokens: longer inputs run in chunks of this many tokens
 SYNTHETIC_BLOCK = 256   # tokens per independently seeded block of the synthetic highway
 SYNTHETIC_HIGHWAY = "synthetic (N(0,1), seed 0, no transformer blocks)"
 
@@ -335,7 +337,14 @@ class Pipeline:
 
     def __init__(self, model, backends="reference", residual: str = "fp32", eps: float | None = None,
                  cuda_versions: dict | None = None, tokenizer=None):
-        if residual not in _gate_ref.RESIDUALS:
+        if isinstance(model, (str, bytes, os.PathLike)):
+            raise TypeError(f"model must be an opened model, got the path {model!r}: "
+                            "Pipeline(engram_numba.load_model(path))")
+        if not all(hasattr(model, a) for a in ("config", "hash_tables", "layers")):
+            raise TypeError(f"model must be an opened model (engram_numba.load_model), got {type(model).__name__}")
+        if cuda_versions is not None and not isinstance(cuda_versions, Mapping):
+            raise TypeError(f"cuda_versions must be a dict of stage -> kernel name, got {type(cuda_versions).__name__}")
+        if not isinstance(residual, str) or residual not in _gate_ref.RESIDUALS:
             raise ValueError(f"residual must be one of {_gate_ref.RESIDUALS}, got {residual!r}")
         self.model = model
         self.config = model.config
@@ -362,10 +371,12 @@ class Pipeline:
     def tokenizer(self):
         """The tokenizer used for text and token strings (None when the model has none)."""
         if self._tokenizer is None:
-            from .text import NoTokenizerError, tokenizer_for
+            from .text import tokenizer_for
             try:
                 self._tokenizer = tokenizer_for(self.model)
-            except (NoTokenizerError, ImportError):
+            except (ValueError, ImportError):
+                # no usable tokenizer beside the model (none, unreadable, or one with more ids than the
+                # token map): runs given ids still work, without token strings
                 self._tokenizer = False
         return self._tokenizer or None
 
@@ -480,7 +491,7 @@ class Pipeline:
             from .text import tokenizer_for
             self._tokenizer_arg = tokenizer
             self._tokenizer = tokenizer_for(self.model, tokenizer, need_encode=text is not None)
-        hasher = hasher if hasher is not None else EngramHasher(self.model.hash_tables)
+        hasher = self._check_hasher(hasher) if hasher is not None else EngramHasher(self.model.hash_tables)
         given = None
         if inputs_from is not None:
             token_ids, token_mask, highway, given = self._isolated_inputs(inputs_from, token_ids, token_mask, text,
@@ -508,8 +519,8 @@ class Pipeline:
         if progress is None:
             from numba.cuda import config
             progress = bool(config.ENABLE_CUDASIM and "cuda" in self.backends.values())
-        if chunk_tokens is None:
-            chunk_tokens = 512 if progress and T > 512 else max(T, 1)
+        if chunk_tokens is None:   # long inputs run in chunks: the stages' arrays stay bounded, ids are the same
+            chunk_tokens = 512 if progress and T > 512 else min(max(T, 1), DEFAULT_CHUNK_TOKENS)
         if isinstance(chunk_tokens, bool) or not isinstance(chunk_tokens, (int, np.integer)) or chunk_tokens < 1:
             raise ValueError(f"chunk_tokens must be a positive integer, got {chunk_tokens!r}")
 
@@ -597,6 +608,11 @@ class Pipeline:
         C = self.config.n_hash_cols
         return {name: (a[t0 * C:t1 * C] if name.endswith("rows.bf16") else a[t0:t1]) for name, a in given.items()}
 
+    def _check_hasher(self, hasher) -> EngramHasher:
+        """A hasher given to `run` must hash with this model's tables (same constants, same token map)."""
+        from .identity import check_hasher
+        return check_hasher(hasher, self.model.hash_tables)
+
     def _resolve_tokens(self, token_ids, token_mask, text, highway):
         """(token ids, mask) from exactly one of token_ids / text / a HighwayFile's ids."""
         if text is not None:
@@ -651,6 +667,7 @@ class Pipeline:
                 "layer_ids": list(self.config.layer_ids),
                 "model": str(getattr(self.model, "path", "")), "format": str(getattr(self.model, "format", "")),
                 "encodings": {str(lid): v.encoding for lid, v in self._layers.items()},
+                "model_identity": self._identity(),
                 "highway": self.describe_highway(highway),
                 "synthetic_model": bool(getattr(self.model, "synthetic", False)),
                 "hooks": list(self._hook_log), "cuda_kernels": kernels,
@@ -659,6 +676,13 @@ class Pipeline:
                 "token_ids": token_ids.tolist() if T <= 4096 else None,
                 "token_strings": self._token_strings(token_ids) if T <= 4096 else None,
                 "tokenizer": getattr(self.tokenizer, "source", None) if T <= 4096 else None}
+
+    def _identity(self) -> dict | None:
+        from .identity import model_identity
+        try:
+            return model_identity(self.model)
+        except (AttributeError, KeyError, TypeError):   # a model object without layers' encodings
+            return None
 
     def _token_strings(self, token_ids) -> list[str] | None:
         tok = self.tokenizer

@@ -48,6 +48,10 @@ class NoTokenizerError(EngramError, ValueError):
     """The model carries no tokenizer (or none that can encode) and none was given."""
 
 
+class TokenizerMismatchError(ValueError):
+    """A tokenizer with more token ids than the model's token map: not this model's tokenizer."""
+
+
 def byte_alphabet() -> dict[int, str]:
     """GPT-2's byte-level alphabet: every byte as one printable character (printable Latin-1
     bytes as themselves, the others shifted past U+00FF in byte order)."""
@@ -366,6 +370,8 @@ def tokenizer_for(model, tokenizer=None, *, need_encode: bool = False) -> Tokeni
     checked against the model's token map: a tokenizer with more ids than the map is the wrong one.
 
     need_encode: refuse (with what to do) a tokenizer that can only decode."""
+    from ._argcheck import need_model
+    need_model(model)
     tok = None
     if tokenizer is not None:
         tok = load_tokenizer(tokenizer)
@@ -399,7 +405,7 @@ def tokenizer_for(model, tokenizer=None, *, need_encode: bool = False) -> Tokeni
         tok._need_encoder()
     token_map = getattr(getattr(model, "hash_tables", None), "token_map", None)
     if token_map is not None and tok.vocab_size > token_map.size:
-        raise ValueError(f"tokenizer {tok.source} has {tok.vocab_size} token ids but the model's token map has "
+        raise TokenizerMismatchError(f"tokenizer {tok.source} has {tok.vocab_size} token ids but the model's token map has "
                          f"{token_map.size}: it is not this model's tokenizer")
     return tok
 
@@ -409,6 +415,11 @@ def tokenize(model_or_tokenizer, text: str, tokenizer=None, add_special_tokens: 
 
     model_or_tokenizer: a model (its tokenizer is found as `tokenizer_for` does), a Tokenizer, or a
     path to a tokenizer.json (or a folder holding one). tokenizer: overrides the model's."""
+    if not isinstance(text, str):
+        raise TypeError(f"text must be a str, got {type(text).__name__}")
+    if not isinstance(model_or_tokenizer, (Tokenizer, str, os.PathLike)):
+        from ._argcheck import need_model
+        need_model(model_or_tokenizer, "model_or_tokenizer")
     if isinstance(model_or_tokenizer, (Tokenizer, str, os.PathLike)):
         tok = load_tokenizer(tokenizer if tokenizer is not None else model_or_tokenizer)
     else:

@@ -39,7 +39,6 @@ releases the GIL), the statistics on a reducer thread, both overlapping the devi
 """
 from __future__ import annotations
 
-import json
 import os
 import queue
 import threading
@@ -51,6 +50,7 @@ from typing import Iterable, Iterator
 
 import numpy as np
 
+from ..formats.jsonsafe import load_json
 from ..formats.safetensors import is_safetensors
 from ..highway import HighwayFile, load_highway
 from ..stages.hash.cpu import EngramHasher
@@ -157,10 +157,7 @@ def _jsonl_documents(path: Path, field: str, stream=None, first_line: int = 1) -
             if not line.strip():
                 continue
             where = f"{path}:{i}"
-            try:
-                obj = json.loads(line)
-            except json.JSONDecodeError as exc:
-                raise ValueError(f"{where}: not a JSON line ({exc})") from None
+            obj = load_json(line, where, ValueError, what="JSON line")
             if not isinstance(obj, dict):
                 raise ValueError(f"{where}: expected a JSON object with a {field!r} field, got {type(obj).__name__}")
             if field not in obj:
@@ -170,6 +167,8 @@ def _jsonl_documents(path: Path, field: str, stream=None, first_line: int = 1) -
                 if value.strip():
                     yield where, value
             elif isinstance(value, list) and all(isinstance(x, int) and not isinstance(x, bool) for x in value):
+                if any(not -2**63 <= x < 2**63 for x in value):
+                    raise ValueError(f"{where}: field {field!r} holds a token id outside int64")
                 if value:
                     yield where, np.asarray(value, dtype=np.int64)
             else:
@@ -481,11 +480,17 @@ def corpus_stats(model, corpus=None, *, texts=None, documents=None, backend="cpu
     Returns a StreamingGateStats; its meta holds the settings and timing (seconds per stage).
     """
     from ..pipeline import Pipeline
-    from ..text import NoTokenizerError, tokenizer_for
+    from ..text import NoTokenizerError, TokenizerMismatchError, tokenizer_for
     from .tables import TokenTableWriter, token_columns
 
+    from .._argcheck import need_model
+    need_model(model)
     if isinstance(chunk_tokens, bool) or not isinstance(chunk_tokens, (int, np.integer)) or chunk_tokens < 1:
         raise ValueError(f"chunk_tokens must be a positive integer, got {chunk_tokens!r}")
+    for name, v in (("texts", texts), ("documents", documents)):
+        if isinstance(v, (str, bytes)):    # would be iterated character by character
+            raise TypeError(f"{name} must be a list of {'strings' if name == 'texts' else 'documents'}, got one "
+                            f"{type(v).__name__}: {name}=[...]")
     if limit_tokens is not None and (isinstance(limit_tokens, bool) or int(limit_tokens) < 1):
         raise ValueError(f"limit_tokens must be a positive integer, got {limit_tokens!r}")
     if split not in SPLITS:
@@ -500,7 +505,7 @@ def corpus_stats(model, corpus=None, *, texts=None, documents=None, backend="cpu
     tok = None
     try:
         tok = tokenizer_for(model, tokenizer, need_encode=needs_text)
-    except NoTokenizerError:
+    except (NoTokenizerError, TokenizerMismatchError):
         if needs_text or tokenizer is not None:
             raise
     pipe = Pipeline(model, backend, residual=residual, cuda_versions=cuda_versions)

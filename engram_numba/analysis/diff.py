@@ -103,6 +103,7 @@ class DiffReport:
         self.token_strings = token_strings      # one per token, from a capture's meta (or None)
         self.label_a, self.label_b = label_a, label_b
         self.only_a, self.only_b = only_a or [], only_b or []
+        self.model_warning: str | None = None   # set when the two captures come from different models
 
     def __getitem__(self, name: str) -> DiffRow:
         for r in self.rows:
@@ -166,6 +167,8 @@ class DiffReport:
         for side, names in ((self.label_a, self.only_a), (self.label_b, self.only_b)):
             if names:
                 lines.append(f"only in {side}: {', '.join(names)}")
+        if self.model_warning:
+            lines.append(f"warning: {self.model_warning}")
         return "\n".join(lines)
 
     def __repr__(self) -> str:
@@ -258,6 +261,10 @@ class DiffReport:
 def diff(a: Mapping, b: Mapping, names=None, label_a: str | None = None, label_b: str | None = None) -> DiffReport:
     """Compare two captures (or dicts of arrays) at every point both hold, or at those `names`
     keeps: a point name, a glob pattern ("L*.gate.*"), a list of them, or a predicate."""
+    from .._argcheck import need_capture
+    need_capture(a, "a")
+    need_capture(b, "b")
+
     def label(cap, default):
         meta = getattr(cap, "meta", {}) or {}
         backends = meta.get("backends")
@@ -279,6 +286,12 @@ def diff(a: Mapping, b: Mapping, names=None, label_a: str | None = None, label_b
         if isinstance(s, list):
             strings = s
             break
-    return DiffReport(rows, label_a or label(a, "a"), label_b or label(b, "b"),
-                      only_a=[k for k in a if k not in b] if names is None else [],
-                      only_b=[k for k in b if k not in a] if names is None else [], token_strings=strings)
+    report = DiffReport(rows, label_a or label(a, "a"), label_b or label(b, "b"),
+                        only_a=[k for k in a if k not in b] if names is None else [],
+                        only_b=[k for k in b if k not in a] if names is None else [], token_strings=strings)
+    from ..identity import identity_mismatch
+    ids = [(getattr(cap, "meta", {}) or {}).get("model_identity") for cap in (a, b)]
+    differ = identity_mismatch(*ids)
+    if differ:
+        report.model_warning = f"the two captures come from different models (their {', '.join(differ)} differ)"
+    return report

@@ -87,6 +87,9 @@ class GateCost:
 
 def gate_cost(a: Mapping, b: Mapping, label_a: str = "a", label_b: str = "b") -> GateCost:
     """Compare two captures of the same tokens (see the module docstring); a is the reference."""
+    from .._argcheck import need_capture
+    need_capture(a, "a")
+    need_capture(b, "b")
     layers = []
     for name in a:
         m = _DOT.match(name)

@@ -27,6 +27,8 @@ from typing import Mapping
 
 import numpy as np
 
+from .._argcheck import need_capture, need_int, need_int_list
+
 from ..config import GATE_CLAMP, RELEASED_MAX_NGRAM_SIZE
 from ..stages.hash.cpu import DEAD
 from ..stages.hash.cpu import ngram_windows as ngram_windows_of
@@ -42,6 +44,7 @@ UNKNOWN_PAD = -2
 
 def _layers_with(capture: Mapping, pattern: re.Pattern) -> list[int]:
     """Layer ids of the points matching `pattern`, in the capture's (firing) order."""
+    need_capture(capture)
     out = []
     for name in capture:
         m = pattern.match(name)
@@ -366,14 +369,12 @@ def gate_stats(capture: Mapping, bins: int = 20, layer_ids=None) -> GateStats:
     bins:    histogram bins over [0, 1].
     Masked tokens are left out of every statistic (and counted in `n_masked`).
     """
-    if int(bins) < 1:
-        raise ValueError(f"bins must be >= 1, got {bins}")
-    bins = int(bins)
+    bins = need_int(bins, "bins", 1)
     found = _layers_with(capture, _GATE_POINT)
     if layer_ids is None:
         layer_ids = found
     else:
-        layer_ids = [int(x) for x in layer_ids]
+        layer_ids = need_int_list(layer_ids, "layer_ids")
         missing = [lid for lid in layer_ids if lid not in found]
         if missing:
             raise KeyError(f"no L{{id}}.gate.gate for layer(s) {missing}; the capture has it for {found}")
@@ -428,7 +429,10 @@ def ngram_windows(token_ids, token_mask=None, max_ngram_size: int = RELEASED_MAX
     Assumes the tokens start the sequence (a decode step's look-back into its prefill is not
     in a capture).
     """
-    ids = np.asarray(token_ids, dtype=np.int64)             # [T]
+    raw = np.asarray(token_ids)
+    if raw.ndim != 1 or (raw.size and (raw.dtype == np.bool_ or not np.issubdtype(raw.dtype, np.integer))):
+        raise TypeError(f"token_ids must be 1-D integers, got {raw.dtype}{list(raw.shape)}")
+    ids = raw.astype(np.int64)                              # [T]
     T = ids.size
     live = np.ones(T, dtype=bool) if token_mask is None else np.asarray(token_mask, dtype=bool)
     if token_map is not None:
@@ -591,6 +595,9 @@ def row_id_reuse(capture: Mapping, *, tables=None, pad_id: int | None = None, to
     include_masked: also count masked tokens (their window is all pad, so they share one id).
     """
     if tables is not None:
+        from ..stages.hash.tables import EngramHashTables
+        if not isinstance(tables, EngramHashTables):
+            raise TypeError(f"tables must be an EngramHashTables (model.hash_tables), got {type(tables).__name__}")
         token_map = tables.token_map if token_map is None else token_map
         pad_id = tables.pad_id if pad_id is None else pad_id
         n_heads = tables.n_heads if n_heads is None else n_heads

@@ -59,6 +59,8 @@ from numba import njit
 from ..config import GATE_CLAMP
 from ..stages.hash.cpu import hash_positions
 from ..stages.hash.cpu import ngram_windows as ngram_windows_from_history  # noqa: F401  (the corpus driver's name)
+from ..formats.errors import EngramFileError
+from ..identity import constants_digest, identity_mismatch, model_identity, token_map_digest
 from .stats import QUANTILES, StreamGateStats
 
 FINE_BINS = 100_000                 # fine histogram bins over [0, 1]: quantile resolution 1e-5
@@ -409,7 +411,12 @@ class StreamingGateStats:
     def __init__(self, *, layer_ids, hc: int, n_hash_cols: int, n_heads: int, max_ngram: int, compressed_vocab: int,
                  raw_vocab: int, pad_id: int, table_rows, hash_constants: dict | None = None, bins: int = 20,
                  max_contexts: int = DEFAULT_MAX_CONTEXTS, contexts: bool = True, rows: bool = True,
-                 meta: dict | None = None, token_map=None):
+                 meta: dict | None = None, token_map=None, identity: dict | None = None):
+        for name, v in (("bins", bins), ("max_contexts", max_contexts)):
+            if isinstance(v, bool) or not isinstance(v, (int, np.integer)):
+                raise TypeError(f"{name} must be a positive integer, got {type(v).__name__} {v!r}")
+            if v < 1:
+                raise ValueError(f"{name} must be a positive integer, got {v}")
         if FINE_BINS % int(bins):
             raise ValueError(f"bins must divide {FINE_BINS} (the fine histogram), got {bins}")
         self.layer_ids = [int(x) for x in layer_ids]
@@ -421,6 +428,7 @@ class StreamingGateStats:
         self.max_contexts = int(max_contexts)
         self.track_contexts, self.track_rows = bool(contexts), bool(rows)
         self.meta: dict = dict(meta or {})
+        self.identity = identity                    # the model's identity (engram_numba.identity), or None
         self.tokenizer = None                       # for token strings (not saved; meta names its source)
         self.token_map = None if token_map is None else np.asarray(token_map, np.int64)   # raw -> compressed
         L, hc = len(self.layer_ids), self.hc
@@ -466,7 +474,7 @@ class StreamingGateStats:
         return cls(layer_ids=cfg.layer_ids, hc=cfg.hc, n_hash_cols=cfg.n_hash_cols, n_heads=cfg.n_heads,
                    max_ngram=cfg.max_ngram_size, compressed_vocab=t.compressed_vocab_size, raw_vocab=t.token_map.size,
                    pad_id=t.pad_id, table_rows=[int(x) for x in t.table_rows], hash_constants=consts,
-                   token_map=t.token_map, **kwargs)
+                   token_map=t.token_map, identity=model_identity(model), **kwargs)
 
     def _shape_key(self) -> tuple:
         return (tuple(self.layer_ids), self.hc, self.n_hash_cols, self.n_heads, self.max_ngram, self.compressed_vocab,
@@ -542,6 +550,9 @@ class StreamingGateStats:
                      "pad_id", "table_rows", "bins", "max_contexts", "contexts", "rows")
             what = [f"{n}: {a} vs {b}" for n, a, b in zip(names, mine, theirs) if a != b]
             raise ValueError("cannot merge statistics of different models or settings (" + "; ".join(what) + ")")
+        differ = identity_mismatch(self.identity, other.identity)
+        if differ:
+            raise ValueError("cannot merge statistics of different models: their " + ", ".join(differ) + " differ")
         out = StreamingGateStats.__new__(StreamingGateStats)
         out.__dict__.update({k: v for k, v in self.__dict__.items()})
         out.meta = _merge_meta(self.meta, other.meta)
@@ -561,6 +572,7 @@ class StreamingGateStats:
         out.contexts = {n: t.merged(other.contexts[n]) for n, t in self.contexts.items()}
         out.row_bitmaps = [a | b for a, b in zip(self.row_bitmaps, other.row_bitmaps)]
         out.tokenizer = self.tokenizer or other.tokenizer
+        out.identity = self.identity if self.identity is not None else other.identity
         return out
 
     def finish(self) -> "StreamingGateStats":
@@ -579,6 +591,8 @@ class StreamingGateStats:
         return self.hc
 
     def _li(self, layer_id) -> int:
+        from .._argcheck import need_int
+        need_int(layer_id, "layer_id")
         try:
             return self.layer_ids.index(int(layer_id))
         except ValueError:
@@ -591,15 +605,16 @@ class StreamingGateStats:
     def histogram(self, layer_id: int, stream: int, bins: int | None = None) -> tuple[np.ndarray, np.ndarray]:
         """(counts, edges) of the gate over [0, 1], summed from the fine histogram (bins must divide
         FINE_BINS = 100,000)."""
-        bins = self.bins if bins is None else int(bins)
+        from .._argcheck import need_int
+        bins = self.bins if bins is None else need_int(bins, "bins", 1)
         if bins < 1 or FINE_BINS % bins:
             raise ValueError(f"bins must divide {FINE_BINS} (the fine histogram), got {bins}")
-        fine = self.fine[self._li(layer_id), int(stream)]
+        fine = self.fine[self._li(layer_id), _stream(stream)]
         return fine.reshape(bins, FINE_BINS // bins).sum(axis=1), np.linspace(0.0, 1.0, bins + 1)
 
     def quantile(self, layer_id: int, stream: int, q) -> np.ndarray:
         """Quantiles of the gate from the fine histogram (resolution 1e-5, module doc)."""
-        fine = self.fine[self._li(layer_id), int(stream)]
+        fine = self.fine[self._li(layer_id), _stream(stream)]
         n = int(fine.sum())
         qs = np.atleast_1d(np.asarray(q, dtype=np.float64))
         if n == 0:
@@ -932,7 +947,7 @@ class StreamingGateStats:
                 "raw_vocab": self.raw_vocab, "pad_id": self.pad_id, "table_rows": self.table_rows,
                 "hash_constants": self.hash_constants, "bins": self.bins, "max_contexts": self.max_contexts,
                 "contexts": self.track_contexts, "rows": self.track_rows,
-                "meta": self.meta,
+                "meta": self.meta, "identity": self.identity,
                 "n_documents": self.n_documents, "n_tokens": self.n_tokens, "n_masked": self.n_masked,
                 "n_chunks": self.n_chunks,
                 "exact": {f: [[str(x) for x in row] for row in getattr(self, f)] for f in ("g1", "g2", "d1", "d2", "dabs")},
@@ -957,30 +972,14 @@ class StreamingGateStats:
 
     @classmethod
     def load(cls, path) -> "StreamingGateStats":
-        with np.load(path, allow_pickle=False) as f:
-            if "__state__" not in f.files:
-                raise ValueError(f"{path} is not a statistics file saved by StreamingGateStats.save")
-            head = json.loads(str(f["__state__"]))
-            if head.get("version") != STATE_VERSION:
-                raise ValueError(f"{path}: statistics state version {head.get('version')}, this reader knows {STATE_VERSION}")
-            st = cls(layer_ids=head["layer_ids"], hc=head["hc"], n_hash_cols=head["n_hash_cols"], n_heads=head["n_heads"],
-                     max_ngram=head["max_ngram"], compressed_vocab=head["compressed_vocab"], raw_vocab=head["raw_vocab"],
-                     pad_id=head["pad_id"], table_rows=head["table_rows"], hash_constants=head["hash_constants"],
-                     bins=head["bins"], max_contexts=head["max_contexts"], contexts=head["contexts"], rows=head["rows"],
-                     meta=head["meta"])
-            for k in ("n_documents", "n_tokens", "n_masked", "n_chunks"):
-                setattr(st, k, int(head[k]))
-            for k, rows in head["exact"].items():
-                setattr(st, k, [[int(x) for x in row] for row in rows])
-            st.counts, st.minmax, st.fine = f["counts"], f["minmax"], f["fine"]
-            st.tok_count, st.tok_gsum, st.raw_count = f["tok_count"], f["tok_gsum"], f["raw_count"]
-            if "token_map" in f.files:
-                st.token_map = f["token_map"]
-            for n, t in st.contexts.items():
-                t.load(f[f"ctx{n}_keys"], f[f"ctx{n}_count"], f[f"ctx{n}_gsum"])
-                t.prunes, t.dropped_entries, t.dropped_occurrences, t.undercount_bound = head["context_counters"][str(n)]
-            st.row_bitmaps = [f[f"rows{li}"] for li in range(len(st.row_bitmaps))]
-        return st
+        """Read a file written by `save`. Anything else, or a file whose arrays do not have the
+        shapes its header implies, is a `StatisticsFileError` naming the file and the entry."""
+        return _load_state(cls, path)
+
+
+def _stream(stream) -> int:
+    from .._argcheck import need_int
+    return need_int(stream, "stream", 0)
 
 
 def _merge_meta(a: dict, b: dict) -> dict:
@@ -997,10 +996,186 @@ def _merge_meta(a: dict, b: dict) -> dict:
 
 def merge(parts) -> StreamingGateStats:
     """The statistics of all `parts` together (same model and settings): part_1 + part_2 + ..."""
+    if isinstance(parts, (str, bytes, StreamingGateStats)) or not hasattr(parts, "__iter__"):
+        raise TypeError(f"merge: parts must be a list of StreamingGateStats, got {type(parts).__name__}")
     parts = list(parts)
     if not parts:
         raise ValueError("merge needs at least one StreamingGateStats")
+    for i, p in enumerate(parts):
+        if not isinstance(p, StreamingGateStats):
+            raise TypeError(f"merge: parts[{i}] is {type(p).__name__}, not a StreamingGateStats")
     total = parts[0]
     for p in parts[1:]:
         total = total + p
     return total.finish()
+
+
+# Reading a saved state ----------------------------------------------------------------------------
+
+class StatisticsFileError(EngramFileError, ValueError):
+    """A file `StreamingGateStats.load` cannot take: not a statistics file, an older one, or one
+    whose header and arrays disagree (the message names the entry)."""
+
+
+_EXACT_FIELDS = ("g1", "g2", "d1", "d2", "dabs")
+_MAX_EXACT_DIGITS = 400         # exact sums x 2^298 of up to 2^63 values stay far below this
+
+
+def _load_state(cls, path) -> StreamingGateStats:
+    from ..formats.gguf import check_regular_file
+    from ..formats.jsonsafe import field, load_json
+    from ..formats.npz import member_header, open_npz, read_member
+    from .._argcheck import need_path
+    E = StatisticsFileError
+    need_path(path)
+    try:
+        check_regular_file(path, "statistics file")
+    except EngramFileError as exc:
+        raise E(str(exc)) from None
+    zf, members = open_npz(path, E)
+    with zf:
+        if "__state__" not in members:
+            what = " (a capture: Capture.load reads it)" if "__meta__" in members else ""
+            raise E(f"{path} is not a statistics file saved by StreamingGateStats.save (no __state__ entry){what}")
+        state = read_member(zf, members["__state__"], path, E)
+        if state.shape != () or state.dtype.kind != "U":
+            raise E(f"{path}: __state__ is {state.dtype}{list(state.shape)}, not one JSON string")
+        head = load_json(str(state), f"{path}: __state__", E, what="state")
+        if not isinstance(head, dict):
+            raise E(f"{path}: __state__ is a JSON {type(head).__name__}, not an object")
+        version = head.get("version")
+        if version != STATE_VERSION:
+            older = isinstance(version, int) and not isinstance(version, bool) and version < STATE_VERSION
+            raise E(f"{path}: statistics state version {str(version)[:20]}, this reader knows {STATE_VERSION}"
+                    + (": written by an older version of engram_numba; recompute it" if older else ""))
+        src = f"{path}: __state__"
+
+        def num(key, lo=0):
+            v = field(head, key, int, src, E)
+            if v < lo:
+                raise E(f"{src}: key {key!r} must be >= {lo}, got {v}")
+            return v
+
+        layer_ids = field(head, "layer_ids", list, src, E)
+        if not layer_ids or len(layer_ids) > 4096 or not all(isinstance(x, int) and not isinstance(x, bool)
+                                                             for x in layer_ids):
+            raise E(f"{src}: key 'layer_ids' must be a non-empty list of integers")
+        L = len(layer_ids)
+        hc, n_hash_cols, n_heads, max_ngram = num("hc", 1), num("n_hash_cols", 1), num("n_heads", 1), num("max_ngram", 2)
+        V, R = num("compressed_vocab", 1), num("raw_vocab", 1)
+        pad = num("pad_id")
+        if pad >= V:
+            raise E(f"{src}: pad_id {pad} is outside the compressed vocabulary [0, {V})")
+        table_rows = field(head, "table_rows", list, src, E)
+        if len(table_rows) != L or not all(isinstance(x, int) and not isinstance(x, bool) and x >= 1 for x in table_rows):
+            raise E(f"{src}: key 'table_rows' must be {L} positive integers")
+        bins, max_contexts = num("bins", 1), num("max_contexts", 1)
+        contexts, rows = field(head, "contexts", bool, src, E), field(head, "rows", bool, src, E)
+        meta = field(head, "meta", dict, src, E)
+        consts = field(head, "hash_constants", dict, src, E, required=False)
+        counters = {k: num(k) for k in ("n_documents", "n_tokens", "n_masked", "n_chunks")}
+        exact = field(head, "exact", dict, src, E)
+        sums = {}
+        for k in _EXACT_FIELDS:
+            rows_k = exact.get(k)
+            if (not isinstance(rows_k, list) or len(rows_k) != L or
+                    not all(isinstance(r, list) and len(r) == hc for r in rows_k)):
+                raise E(f"{src}: exact.{k} must be {L} lists of {hc} decimal strings")
+            try:
+                sums[k] = [[_exact_int(x) for x in r] for r in rows_k]
+            except (TypeError, ValueError):
+                raise E(f"{src}: exact.{k} holds a value that is not a decimal integer of at most "
+                        f"{_MAX_EXACT_DIGITS} digits") from None
+        # every array's declared shape, before anything of the header's sizes is allocated
+        width, _ = _pack_width(max_ngram, max(int(V - 1).bit_length(), 1))
+        want = {"counts": ((L, hc, 6), np.int64), "minmax": ((L, hc, 4), np.float64),
+                "fine": ((L, hc, FINE_BINS), np.int64), "tok_count": ((V,), np.int64),
+                "tok_gsum": ((L, hc, V), np.int64), "raw_count": ((R,), np.int64)}
+        if "token_map" in members:
+            want["token_map"] = ((R,), np.int64)
+        if rows:
+            for li, r in enumerate(table_rows):
+                want[f"rows{li}"] = ((-(-r // 8),), np.uint8)
+        shapes = {}
+        for name, (shape, dtype) in want.items():
+            if name not in members:
+                raise E(f"{path}: array {name!r} is missing")
+            got_shape, got_dtype = member_header(zf, members[name], path, E)
+            if got_shape != shape or got_dtype != np.dtype(dtype):
+                raise E(f"{path}: array {name!r} is {got_dtype}{list(got_shape)[:6]}, but the header makes it "
+                        f"{np.dtype(dtype)}{list(shape)}")
+            shapes[name] = got_shape
+        ctx_names = {}
+        if contexts:
+            for n in range(2, max_ngram + 1):
+                names = (f"ctx{n}_keys", f"ctx{n}_count", f"ctx{n}_gsum")
+                hs = []
+                for name in names:
+                    if name not in members:
+                        raise E(f"{path}: array {name!r} is missing")
+                    hs.append(member_header(zf, members[name], path, E))
+                G = hs[1][0][0] if len(hs[1][0]) == 1 else -1
+                for name, (got_shape, got_dtype), shape in zip(names, hs, ((G, width), (G,), (G, L, hc))):
+                    if G < 0 or got_shape != shape or got_dtype != np.dtype(np.int64):
+                        raise E(f"{path}: array {name!r} is {got_dtype}{list(got_shape)[:6]}, but the header makes "
+                                f"it int64{list(shape)}")
+                ctx_names[n] = names
+        st = cls(layer_ids=layer_ids, hc=hc, n_hash_cols=n_hash_cols, n_heads=n_heads, max_ngram=max_ngram,
+                 compressed_vocab=V, raw_vocab=R, pad_id=pad, table_rows=table_rows, hash_constants=consts,
+                 bins=bins, max_contexts=max_contexts, contexts=contexts, rows=rows, meta=meta)
+        for k, v in counters.items():
+            setattr(st, k, v)
+        for k, v in sums.items():
+            setattr(st, k, v)
+        arrays = {name: read_member(zf, members[name], path, E) for name in want}
+        st.counts, st.minmax, st.fine = arrays["counts"], arrays["minmax"], arrays["fine"]
+        st.tok_count, st.tok_gsum, st.raw_count = arrays["tok_count"], arrays["tok_gsum"], arrays["raw_count"]
+        if "token_map" in arrays:
+            tm = arrays["token_map"]
+            if tm.size and (int(tm.min()) < 0 or int(tm.max()) >= V):
+                raise E(f"{path}: array 'token_map' holds ids outside the compressed vocabulary [0, {V})")
+            st.token_map = tm
+        cc = head.get("context_counters", {})
+        for n, names in ctx_names.items():
+            c = cc.get(str(n)) if isinstance(cc, dict) else None
+            if not (isinstance(c, list) and len(c) == 4 and all(isinstance(x, int) and not isinstance(x, bool)
+                                                               and x >= 0 for x in c)):
+                raise E(f"{src}: context_counters.{n} must be 4 non-negative integers")
+            t = st.contexts[n]
+            t.load(*(read_member(zf, members[name], path, E) for name in names))
+            t.prunes, t.dropped_entries, t.dropped_occurrences, t.undercount_bound = c
+        st.row_bitmaps = [arrays[f"rows{li}"] for li in range(len(st.row_bitmaps))]
+    st.identity = _identity_of_state(head, st, src)
+    return st
+
+
+def _exact_int(x) -> int:
+    if not isinstance(x, str) or len(x) > _MAX_EXACT_DIGITS:
+        raise ValueError(x)
+    return int(x)
+
+
+def _identity_of_state(head: dict, st: StreamingGateStats, src: str) -> dict | None:
+    """The identity a state carries; for a file written before identities were kept, rebuilt from
+    its hash constants and token map (the encodings stay unknown)."""
+    from ..identity import check_identity
+    stored = check_identity(head.get("identity"), src, StatisticsFileError)
+    rebuilt = {"hash": None, "token_map": None, "encodings": None}
+    c = st.hash_constants
+    if isinstance(c, dict):
+        try:
+            L = len(st.layer_ids)
+            mult = np.asarray(c["multipliers"], dtype=np.int64).reshape(L, st.max_ngram)
+            primes = np.asarray(c["primes"], dtype=np.int64).reshape(L, st.max_ngram - 1, st.n_heads)
+            offsets = np.asarray(c["offsets"], dtype=np.int64).reshape(L, st.n_hash_cols)
+        except (KeyError, TypeError, ValueError, OverflowError):
+            raise StatisticsFileError(f"{src}: hash_constants do not have the shapes of the header's model") from None
+        rebuilt["hash"] = constants_digest(st.layer_ids, st.max_ngram, st.n_heads, st.pad_id, mult, primes, offsets)
+    if st.token_map is not None:
+        rebuilt["token_map"] = token_map_digest(st.token_map)
+    if stored is None:
+        return rebuilt if (rebuilt["hash"] or rebuilt["token_map"]) else None
+    differ = identity_mismatch(stored, rebuilt)
+    if differ:
+        raise StatisticsFileError(f"{src}: the stored model identity does not match its own {', '.join(differ)}")
+    return stored

@@ -73,6 +73,9 @@ def token_table(capture: Mapping, tokenizer=None, *, document: int = 0, frame: b
     """The long per-token table of one capture (needs `tokens.ids` and `L{id}.gate.gate`; the
     dot, mask and hash ids are used when captured). Token strings from the capture's meta, or
     from `tokenizer` (a Tokenizer or a path). frame=False returns a dict of numpy columns."""
+    from .._argcheck import need_capture, need_int
+    need_capture(capture)
+    need_int(document, "document", 0)
     if "tokens.ids" not in capture:
         raise KeyError("token_table needs `tokens.ids` in the capture")
     token_ids = np.asarray(capture["tokens.ids"], np.int64)

@@ -68,6 +68,8 @@ def describe_dict(model, scan_rows: bool | None = None) -> dict:
 
     scan_rows: count each table's rows that decode to NaN/inf (reads every row's scale bytes);
     None scans tables up to AUTO_SCAN_BYTES and leaves bigger ones unscanned (reported as null)."""
+    from .._argcheck import need_model
+    need_model(model)
     c, t = model.config, model.hash_tables
     checks = []
     sums = _exact_row_sums(model)
@@ -121,6 +123,8 @@ def ok(info: dict) -> bool:
 
 def describe(model, scan_rows: bool | None = None, info: dict | None = None) -> str:
     """Human-readable summary of an opened model, for `engram-numba info PATH`."""
+    from .._argcheck import need_model
+    need_model(model)
     d = info if info is not None else describe_dict(model, scan_rows)
     c, t, h = model.config, model.hash_tables, d["hash"]
     lines = [f"file      {model.path}", f"format    {model.format}"]

@@ -28,6 +28,7 @@ from .errors import (BadMetadataError, BadTensorError, EngramFileError, HashCons
                      TokenMapError, UnsupportedQuantError)
 from .gguf import check_regular_file
 from .model import EngramLayer, EngramModelBase, check_constant_sums, widen_gate
+from .jsonsafe import load_json, short_repr
 from .safetensors import SafetensorsFile, write_safetensors
 from .tokenmap import compressed_token_map
 
@@ -36,12 +37,25 @@ SINGLE_NAME = "model.safetensors"
 CONFIG_NAME = "config.json"
 TOKENIZER_NAME = "tokenizer.json"
 FP8_GROUP = 32
+MAX_JSON_BYTES = 64 * 2**20     # config.json and the index (DeepSeek's index is about 8 MB at most)
 
 # config.json keys: (key, required)
 CONFIG_KEYS = (("hidden_size", True), ("hc_mult", False), ("engram_layer_ids", True),
                ("engram_max_ngram_size", True), ("engram_n_heads", True), ("engram_head_dim", True),
                ("engram_vocab_size", True), ("engram_num_embeddings", False), ("engram_pad_token_id", False),
                ("engram_compressed_vocab_size", False), ("rms_norm_eps", False), ("vocab_size", False))
+
+
+def _read_bytes(path, limit: int) -> bytes:
+    """A small file's bytes; a file larger than `limit` is refused before it is read."""
+    size = check_regular_file(path, "file").st_size
+    if size > limit:
+        raise BadMetadataError(f"{path}: {size:,} bytes, more than a {Path(path).name} can sensibly be "
+                               f"({limit:,}); not the checkpoint's file")
+    try:
+        return Path(path).read_bytes()
+    except OSError as exc:
+        raise EngramFileError(f"{path}: cannot be read: {exc.strerror or exc}") from None
 
 
 def tensor_names(layer_id: int) -> dict[str, str]:
@@ -62,10 +76,7 @@ def read_config(path: Path) -> tuple[dict, dict]:
     """-> (values, where) for CONFIG_KEYS: each from the top level or from `text_config`
     (`where[key]` says which); a key in both places must agree."""
     check_regular_file(path, "config")
-    try:
-        cfg = json.loads(path.read_text())
-    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
-        raise BadMetadataError(f"{path}: not valid JSON ({exc})") from None
+    cfg = load_json(_read_bytes(path, MAX_JSON_BYTES), str(path), BadMetadataError)
     if not isinstance(cfg, dict):
         raise BadMetadataError(f"{path}: not a JSON object")
     nested = cfg.get("text_config") if isinstance(cfg.get("text_config"), dict) else {}
@@ -73,7 +84,8 @@ def read_config(path: Path) -> tuple[dict, dict]:
     for key, required in CONFIG_KEYS:
         top, sub = cfg.get(key), nested.get(key)
         if top is not None and sub is not None and top != sub:
-            raise BadMetadataError(f"{path}: {key} is {top!r} at the top level but {sub!r} under text_config")
+            raise BadMetadataError(f"{path}: {key} is {short_repr(top)} at the top level but {short_repr(sub)} under "
+                                   "text_config")
         if top is not None:
             values[key], where[key] = top, key
         elif sub is not None:
@@ -134,10 +146,7 @@ class HFCheckpointModel(EngramModelBase):
             f = self._file(single.name)
             return {name: single.name for name in f.tensors}, [single.name]
         check_regular_file(index, "index")
-        try:
-            data = json.loads(Path(index).read_text())
-        except (UnicodeDecodeError, json.JSONDecodeError) as exc:
-            raise BadMetadataError(f"{index}: not valid JSON ({exc})") from None
+        data = load_json(_read_bytes(index, MAX_JSON_BYTES), str(index), BadMetadataError)
         wm = data.get("weight_map") if isinstance(data, dict) else None
         if not isinstance(wm, dict) or not all(isinstance(k, str) and isinstance(v, str) for k, v in wm.items()):
             raise BadMetadataError(f"{index}: no 'weight_map' object of tensor name -> shard file")
@@ -172,14 +181,14 @@ class HFCheckpointModel(EngramModelBase):
     def _int(self, values, where, key, lo=1) -> int:
         v = values[key]
         if isinstance(v, bool) or not isinstance(v, int) or v < lo:
-            raise BadMetadataError(f"{self.config_path}: {where[key]} must be an integer >= {lo}, got {v!r}")
+            raise BadMetadataError(f"{self.config_path}: {where[key]} must be an integer >= {lo}, got {short_repr(v)}")
         return v
 
     def _config(self, values, where) -> EngramConfig:
         ids = values["engram_layer_ids"]
         if not isinstance(ids, list) or not ids or not all(isinstance(x, int) and not isinstance(x, bool) for x in ids):
             raise BadMetadataError(f"{self.config_path}: {where['engram_layer_ids']} must be a non-empty list of "
-                                   f"integers, got {ids!r}")
+                                   f"integers, got {short_repr(ids)}")
         dim = self._int(values, where, "hidden_size")
         hc = self._int(values, where, "hc_mult") if "hc_mult" in values else None
         if hc is None:   # from the gate vectors' shape [hc, dim]
@@ -187,7 +196,7 @@ class HFCheckpointModel(EngramModelBase):
             hc = int(info.shape[0]) if len(info.shape) == 2 else 1
         eps = values.get("rms_norm_eps", NORM_EPS)
         if isinstance(eps, bool) or not isinstance(eps, (int, float)):
-            raise BadMetadataError(f"{self.config_path}: {where['rms_norm_eps']} must be a number, got {eps!r}")
+            raise BadMetadataError(f"{self.config_path}: {where['rms_norm_eps']} must be a number, got {short_repr(eps)}")
         try:
             return EngramConfig(dim=dim, hc=hc, layer_ids=tuple(ids),
                                 max_ngram_size=self._int(values, where, "engram_max_ngram_size", 2),
@@ -253,9 +262,14 @@ class HFCheckpointModel(EngramModelBase):
         if vocab > INT64_MAX // 2:
             raise HashOverflowError(f"{self.config_path}: {where['engram_vocab_size']} = {vocab} leaves no room for "
                                     "primes above it in int64")
-        n_ids = values.get("vocab_size")
+        n_ids = self._int(values, where, "vocab_size") if "vocab_size" in values else None
         tok = compressed_token_map(self.tokenizer_path, None, cache)
-        if isinstance(n_ids, int) and not isinstance(n_ids, bool) and n_ids > tok.size:
+        if n_ids is not None and n_ids > tok.size:
+            # ids past the tokenizer's last are padding (DeepSeek pads 128,815 tokens to 129,280);
+            # a vocab_size far past the tokenizer is a wrong file, refused before any work
+            if n_ids > max(2 * tok.size, tok.size + 65536):
+                raise BadMetadataError(f"{self.config_path}: {where['vocab_size']} = {n_ids:,} but {self.tokenizer_path} "
+                                       f"has {tok.size:,} token ids: far more ids than the tokenizer can account for")
             tok = compressed_token_map(self.tokenizer_path, n_ids, cache)
         V = int(tok.max()) + 1
         want_v = values.get("engram_compressed_vocab_size")
@@ -271,7 +285,7 @@ class HFCheckpointModel(EngramModelBase):
                                          f"{where['engram_compressed_vocab_size']} = {want_v}", "ok": want_v == V})
         raw_pad = values.get("engram_pad_token_id", RAW_PAD_ID)
         if isinstance(raw_pad, bool) or not isinstance(raw_pad, int) or not 0 <= raw_pad < tok.size:
-            raise BadMetadataError(f"{self.config_path}: engram_pad_token_id {raw_pad!r} is not a raw token id "
+            raise BadMetadataError(f"{self.config_path}: engram_pad_token_id {short_repr(raw_pad)} is not a raw token id "
                                    f"in [0, {tok.size})")
         try:
             primes = build_primes(cfg.n_layers, cfg.max_ngram_size, cfg.n_heads, vocab)

@@ -14,7 +14,7 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-from .errors import MissingFileError, NotARegularFileError
+from .errors import BadMagicError, MissingFileError, NotARegularFileError
 from .gguf import check_regular_file
 
 
@@ -30,7 +30,8 @@ def load_model(path, *, validate: bool = True, key_prefix: str | None = None, to
     from .schema_b import SchemaBModel, is_schema_b
     from .split import open_gguf_container
 
-    p = Path(os.fspath(path))
+    from .._argcheck import need_path
+    p = Path(os.fspath(need_path(path)))
     if not os.path.lexists(p):
         raise MissingFileError(f"model file {p} does not exist")
     if p.is_dir():
@@ -38,9 +39,19 @@ def load_model(path, *, validate: bool = True, key_prefix: str | None = None, to
             return HFCheckpointModel(p, validate=validate, token_map_cache=token_map_cache)
     elif p.name.endswith((".json", ".safetensors")):
         check_regular_file(p)
+        if p.name.endswith(".safetensors"):
+            _not_a_toolkit_file(p)
         return HFCheckpointModel(p, validate=validate, token_map_cache=token_map_cache)
     elif not p.is_dir():
         check_regular_file(p)
+        try:
+            with open(p, "rb") as f:
+                head = f.read(4)
+        except OSError:
+            head = b""
+        if head.startswith(b"PK"):
+            raise BadMagicError(f"{p}: a .npz (zip) file, not a model (captures and statistics files are .npz: "
+                                "Capture.load / StreamingGateStats.load read them)")
     if p.is_dir() and not any(e.endswith(".gguf") for e in os.listdir(p)):
         raise NotARegularFileError(f"{p} is a directory holding no GGUF file, no model.safetensors.index.json "
                                    "and no model.safetensors: not a model folder")
@@ -52,6 +63,18 @@ def load_model(path, *, validate: bool = True, key_prefix: str | None = None, to
     except BaseException:
         container.close()
         raise
+
+
+def _not_a_toolkit_file(p: Path) -> None:
+    """A capture or highway file given where a model belongs is named as what it is."""
+    from .errors import BadMetadataError
+    from .safetensors import SafetensorsFile
+    st = SafetensorsFile(p)
+    kind = st.metadata.get("format")
+    st.close()
+    if kind in ("engram-capture", "engram-highway"):
+        what = "a capture (Capture.load)" if kind == "engram-capture" else "a highway file (load_highway)"
+        raise BadMetadataError(f"{p} is {what}, not a model")
 
 
 def describe_model(model, scan_rows: bool | None = None) -> str:

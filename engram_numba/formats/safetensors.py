@@ -21,10 +21,13 @@ from pathlib import Path
 
 import numpy as np
 
-from .errors import EngramFileError, SafetensorsHeaderError, TruncatedFileError
-from .gguf import TensorInfo, check_no_overlap, check_regular_file
+from .errors import BadTensorError, EngramFileError, OverlappingTensorsError, SafetensorsHeaderError, TruncatedFileError
+from .gguf import TensorInfo, check_regular_file
+from .jsonsafe import load_json, short_repr
 
 MAX_HEADER_BYTES = 100 * 2**20     # the safetensors library's own limit
+MAX_HEADER_DEPTH = 8               # {name: {"shape": [...]}} nests 3 deep
+MAX_AXES = 64                      # numpy's own limit on the number of axes
 # dtype -> (bytes per element, numpy dtype of the raw view, ml_dtypes name of the typed view or None)
 DTYPES: dict[str, tuple[int, str, str | None]] = {
     "BOOL": (1, "?", None), "U8": (1, "u1", None), "I8": (1, "i1", None),
@@ -40,6 +43,13 @@ class SafetensorsFile:
 
     path, size, header_bytes (N), data_start (8 + N), metadata (the "__metadata__" dict)
     tensors: name -> TensorInfo (type_name = the safetensors dtype, offset absolute, .shard as given)
+
+    Refused, as the safetensors library refuses them: a header length past the file or over
+    MAX_HEADER_BYTES, a header that is not UTF-8 JSON starting with '{', a key repeated in the
+    header, `__metadata__` that is not a string -> string map, an entry whose dtype, shape or
+    offsets do not agree, more than MAX_AXES axes, and a data section that the tensors do not
+    cover exactly (a hole, an overlap, bytes after the last tensor, or a header length that lands
+    in the header's padding and so shifts every tensor).
     """
 
     def __init__(self, path, shard: int = 0, what: str = "safetensors file"):
@@ -61,49 +71,84 @@ class SafetensorsFile:
                 text = f.read(n)
         except OSError as exc:
             raise EngramFileError(f"{self.path}: cannot be read: {exc.strerror or exc}") from None
+        if len(text) != n:
+            raise TruncatedFileError(f"{self.path}: the header claims {n:,} bytes but only {len(text):,} could be read")
         self.header_bytes, self.data_start = n, 8 + n
-        try:
-            header = json.loads(text.decode("utf-8"))
-        except (UnicodeDecodeError, json.JSONDecodeError) as exc:
-            raise SafetensorsHeaderError(f"{self.path}: the header is not JSON (not valid JSON: {exc})") from None
+        if not text.startswith(b"{"):
+            raise SafetensorsHeaderError(f"{self.path}: the header is not JSON: it does not start with '{{' (not a "
+                                         "safetensors file, or a wrong header length)")
+        header = load_json(text, self.path, SafetensorsHeaderError, max_depth=MAX_HEADER_DEPTH, what="header")
         if not isinstance(header, dict):
             raise SafetensorsHeaderError(f"{self.path}: the header is a JSON {type(header).__name__}, not an object")
-        meta = header.pop("__metadata__", None) or {}
-        if not isinstance(meta, dict):
-            raise SafetensorsHeaderError(f"{self.path}: __metadata__ is not an object")
+        meta = header.pop("__metadata__", None)
+        if meta is None:
+            meta = {}
+        if not isinstance(meta, dict) or not all(isinstance(v, str) for v in meta.values()):
+            raise SafetensorsHeaderError(f"{self.path}: __metadata__ must be an object of strings to strings")
         self.metadata = meta
         self.tensors: dict[str, TensorInfo] = {}
         for name, entry in header.items():
             self.tensors[name] = self._entry(name, entry, shard)
-        check_no_overlap(self.tensors.values(), self.path)
+        self._check_coverage()
         self.shard = shard
         self._map = None
         self._buf = None
 
+    def _check_coverage(self) -> None:
+        """The tensors must tile the data section [0, size - 8 - N) exactly, as the safetensors
+        library requires: sorted by begin, each starts where the previous ended."""
+        data_len = self.size - self.data_start
+        spans = sorted(((i.offset - self.data_start, i.offset - self.data_start + i.nbytes, i.name)
+                        for i in self.tensors.values()), key=lambda s: (s[0], s[1]))
+        pos, prev = 0, None
+        for begin, end, name in spans:
+            if begin < pos:
+                raise OverlappingTensorsError(
+                    f"{self.path}: the data of tensor {_q(name)} (bytes {begin}..{end} of the data section) overlaps "
+                    f"tensor {_q(prev)} (which runs to {pos}): overlapping or aliased tensor data is refused")
+            if begin > pos:
+                raise SafetensorsHeaderError(
+                    f"{self.path}: bytes {pos}..{begin} of the data section belong to no tensor (a hole before "
+                    f"tensor {_q(name)}); a safetensors file's tensors cover its data exactly")
+            pos, prev = end, name
+        if pos != data_len:
+            raise SafetensorsHeaderError(
+                f"{self.path}: the tensors cover {pos:,} bytes of data but the file has {data_len:,} after its "
+                f"{self.header_bytes:,}-byte header: "
+                + ("bytes after the last tensor, or a header length that falls short of the header" if pos < data_len
+                   else "the data is cut short"))
+
     def _entry(self, name: str, entry, shard: int) -> TensorInfo:
-        where = f"{self.path}: tensor {name!r}"
+        where = f"{self.path}: tensor {_q(name)}"
         if not isinstance(entry, dict):
             raise SafetensorsHeaderError(f"{where}: its header entry is not an object")
         dtype, shape, offs = entry.get("dtype"), entry.get("shape"), entry.get("data_offsets")
-        if dtype not in DTYPES:
-            raise SafetensorsHeaderError(f"{where}: dtype {dtype!r} is not a safetensors dtype this reader knows "
-                                         f"({', '.join(DTYPES)})")
-        if (not isinstance(shape, list) or
-                not all(isinstance(x, int) and not isinstance(x, bool) and x >= 0 for x in shape)):
-            raise SafetensorsHeaderError(f"{where}: shape {shape!r} is not a list of non-negative integers")
+        if not isinstance(dtype, str) or dtype not in DTYPES:
+            raise SafetensorsHeaderError(f"{where}: dtype {_short(dtype)} is not a safetensors dtype this reader "
+                                         f"knows ({', '.join(DTYPES)})")
+        if not isinstance(shape, list):
+            raise SafetensorsHeaderError(f"{where}: shape {_short(shape)} is not a list of non-negative integers")
+        if len(shape) > MAX_AXES:
+            raise SafetensorsHeaderError(f"{where}: shape has {len(shape):,} axes, more than {MAX_AXES}")
+        if not all(isinstance(x, int) and not isinstance(x, bool) and x >= 0 for x in shape):
+            raise SafetensorsHeaderError(f"{where}: shape {_short(shape)} is not a list of non-negative integers")
         if (not isinstance(offs, list) or len(offs) != 2 or
                 not all(isinstance(x, int) and not isinstance(x, bool) for x in offs) or not 0 <= offs[0] <= offs[1]):
-            raise SafetensorsHeaderError(f"{where}: data_offsets {offs!r} is not [begin, end] with 0 <= begin <= end")
+            raise SafetensorsHeaderError(f"{where}: data_offsets {_short(offs)} is not [begin, end] with "
+                                         "0 <= begin <= end")
         n = DTYPES[dtype][0]
         for x in shape:
             n *= x
+            if n > self.size:          # no tensor holds more bytes than the file
+                break
         if offs[1] - offs[0] != n:
+            need = f"{n:,}" if n <= self.size else "more than the file holds"
             raise SafetensorsHeaderError(f"{where}: data_offsets {offs} span {offs[1] - offs[0]:,} bytes but "
-                                         f"{dtype} {shape} needs {n:,}")
+                                         f"{dtype} {_short(shape)} needs {need}")
         start = self.data_start + offs[0]
         if start + n > self.size:
-            raise TruncatedFileError(f"{where} ({dtype} {shape}) needs bytes {start:,}..{start + n:,} but the file "
-                                     f"ends at byte {self.size:,}: its data runs past the file")
+            raise TruncatedFileError(f"{where} ({dtype} {_short(shape)}) needs bytes {start:,}..{start + n:,} but the "
+                                     f"file ends at byte {self.size:,}: its data runs past the file")
         return TensorInfo(name, -1, dtype, tuple(reversed(shape)), tuple(shape), start, n, shard)
 
     def _live(self) -> np.ndarray:
@@ -123,6 +168,10 @@ class SafetensorsFile:
         """The tensor as a zero-copy view: its shape, raw numpy dtype (uint8 for F8_*, uint16 for BF16)."""
         info = self.tensors[name]
         b = self._live()[info.offset:info.offset + info.nbytes]
+        if info.type_name == "BOOL" and b.size and int(b.max()) > 1:
+            i = int(np.argmax(b > 1))
+            raise BadTensorError(f"{self.path}: tensor {_q(name)} is BOOL but element {i} is the byte {int(b[i])}; "
+                                 "a BOOL byte is 0 or 1")
         return b.view(np.dtype(DTYPES[info.type_name][1])).reshape(info.shape)
 
     def array(self, name: str) -> np.ndarray:
@@ -137,6 +186,15 @@ class SafetensorsFile:
     def close(self) -> None:
         self._buf = None
         self._map = None
+
+
+def _q(name) -> str:
+    """A tensor name quoted for a message, cut short when long."""
+    return short_repr(name, 80)
+
+
+def _short(value) -> str:
+    return short_repr(value, 60)
 
 
 def write_safetensors(path, tensors: dict, metadata: dict | None = None) -> Path:

@@ -22,6 +22,7 @@ deliberately broken files. `describe` renders a model for `engram-numba info`.
 
 import dataclasses
 import pathlib
+from collections.abc import Mapping
 
 import numpy as np
 
@@ -363,7 +364,8 @@ def load_gguf(path, *, key_prefix: str = KEY_PREFIX, validate: bool = True) -> E
     validate=False: open a file whose hash constants disagree with each other or with the table
     row counts (shapes must still be right); the problems are listed in `model.problems`, for
     `describe` to show. Never hash with such a model."""
-    return EngramModel(path, key_prefix=key_prefix, validate=validate)
+    from .._argcheck import need_path
+    return EngramModel(need_path(path), key_prefix=key_prefix, validate=validate)
 
 
 def _infer_type(arr: np.ndarray, explicit: str | None, what: str) -> str:
@@ -477,6 +479,14 @@ def write_gguf(path, config: EngramConfig, hash_tables: EngramHashTables, layers
     """Write an Engram GGUF (schema A): the nine engram keys, embedding_length,
     general.architecture and general.name, and four tensors per layer (see build_gguf_entries
     for `layers`). Same inputs give the same bytes."""
+    from .._argcheck import need_path
+    need_path(path)
+    if not isinstance(config, EngramConfig):
+        raise TypeError(f"config must be an EngramConfig, got {type(config).__name__}")
+    if not isinstance(hash_tables, EngramHashTables):
+        raise TypeError(f"hash_tables must be an EngramHashTables, got {type(hash_tables).__name__}")
+    if not isinstance(layers, Mapping):
+        raise TypeError(f"layers must be a dict of layer id -> weights, got {type(layers).__name__}")
     kvs, tensors = build_gguf_entries(config, hash_tables, layers, name=name, key_prefix=key_prefix,
                                       omit_keys=omit_keys, kv_overrides=kv_overrides, check=check)
     return write_gguf_raw(path, kvs, tensors)

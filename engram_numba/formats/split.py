@@ -36,6 +36,24 @@ def shard_paths(path) -> list[Path] | None:
     count = int(m["count"])
     if count < 1 or not 1 <= int(m["no"]) <= count:
         raise BadSplitNumberError(f"{p}: shard number {int(m['no'])} of {count} in the file name is not valid")
+    # one listing of the folder, not `count` stat() calls: a name's count is checked against the
+    # shards that exist before anything is built from it
+    try:
+        entries = os.listdir(p.parent if str(p.parent) else ".")
+    except OSError:
+        entries = None
+    if entries is not None:
+        tail = f"-of-{count:05d}.gguf"
+        present = {int(e[len(m["prefix"]) + 1:len(m["prefix"]) + 6]) for e in entries
+                   if e.startswith(m["prefix"] + "-") and e.endswith(tail) and SHARD_NAME.match(e)
+                   and SHARD_NAME.match(e)["prefix"] == m["prefix"]}
+        if len(present) < count:
+            missing = [k for k in range(1, min(count, len(present) + 4) + 1) if k not in present][:3]
+            n_missing = count - len(present)
+            names = ", ".join(f"{m['prefix']}-{k:05d}-of-{count:05d}.gguf" for k in missing)
+            raise MissingShardError(
+                f"split GGUF {p.parent / m['prefix']}-*-of-{count:05d}.gguf: {n_missing:,} of {count:,} "
+                f"shards missing: {names}{', ...' if n_missing > len(missing) else ''}")
     return [p.with_name(f"{m['prefix']}-{k:05d}-of-{count:05d}.gguf") for k in range(1, count + 1)]
 
 

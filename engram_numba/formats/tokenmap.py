@@ -53,8 +53,16 @@ def build_token_map(tokenizer_path, n_ids: int | None = None) -> np.ndarray:
         tok = tk.Tokenizer.from_file(path)
     except Exception as exc:
         raise EngramFileError(f"{path}: not a tokenizer.json the tokenizers library can read ({exc})") from None
-    n = tok.get_vocab_size(with_added_tokens=True) if n_ids is None else int(n_ids)
-    texts = tok.decode_batch([[i] for i in range(n)], skip_special_tokens=False)
+    have = tok.get_vocab_size(with_added_tokens=True)
+    size = os.stat(path).st_size
+    if have > size:     # every token takes more than a byte of the file: an id far past the others
+        raise EngramFileError(f"{path}: the tokenizer claims {have:,} token ids but the file has {size:,} bytes: "
+                              "an added token's id is far past the vocabulary")
+    n = have if n_ids is None else int(n_ids)
+    if n < 0:
+        raise ValueError(f"n_ids must be >= 0, got {n}")
+    decoded = min(n, have)
+    texts = tok.decode_batch([[i] for i in range(decoded)], skip_special_tokens=False)
     norm = _normaliser()
     keys: dict[str, int] = {}
     out = np.empty(n, dtype=np.int64)
@@ -64,6 +72,8 @@ def build_token_map(tokenizer_path, n_ids: int | None = None) -> np.ndarray:
         else:
             key = norm.normalize_str(text) or text
         out[i] = keys.setdefault(key, len(keys))
+    if n > decoded:     # ids past the tokenizer's last decode to "" and share that key
+        out[decoded:] = keys.setdefault("", len(keys))
     return out
 
 

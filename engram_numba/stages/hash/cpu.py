@@ -101,6 +101,10 @@ class EngramHasher:
     """
 
     def __init__(self, tables: EngramHashTables, capacity: int = 1024):
+        if not isinstance(tables, EngramHashTables):
+            raise TypeError(f"tables must be an EngramHashTables (model.hash_tables), got {type(tables).__name__}")
+        if isinstance(capacity, bool) or not isinstance(capacity, (int, np.integer)):
+            raise TypeError(f"capacity must be an integer, got {type(capacity).__name__}")
         self.tables = tables
         self._history = np.empty(max(int(capacity), 16), dtype=np.int64)
         self._len = 0
@@ -155,4 +159,6 @@ class EngramHasher:
 
 def hash_tokens(tables: EngramHashTables, token_ids, token_mask=None) -> np.ndarray:
     """Row ids of a whole sequence in one call (a fresh `EngramHasher`)."""
-    return EngramHasher(tables, capacity=len(token_ids)).hash(token_ids, token_mask)
+    if not isinstance(tables, EngramHashTables):
+        raise TypeError(f"tables must be an EngramHashTables (model.hash_tables), got {type(tables).__name__}")
+    return EngramHasher(tables, capacity=int(np.asarray(token_ids).size)).hash(token_ids, token_mask)
