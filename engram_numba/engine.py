@@ -141,7 +141,8 @@ class EngramV41:
     def __init__(self, model, max_tokens: int, *, device_tables: bool = False, residual: str = "fp32",
                  stream=0, versions: dict | None = None, wkv_format: str | None = None, graphs: bool = True,
                  tables=None, cache_gb=None):
-        cfg = model.config
+        from ._argcheck import need_model
+        cfg = need_model(model, needs=("config", "layers")).config
         if not 1 <= cfg.hc <= MAX_HC:
             raise ValueError(f"EngramV41 supports hc in 1..={MAX_HC}, the model has hc = {cfg.hc}")
         if isinstance(max_tokens, bool) or not isinstance(max_tokens, (int, np.integer)) or max_tokens < 1:
