@@ -1,4 +1,4 @@
-"""Hard inputs from real files (issue 9, item 7): each gets a named error before any large
+"""Hard inputs from real files: each gets a named error before any large
 allocation, or (NaN rows) is flagged and never used silently."""
 import json
 import os
@@ -276,7 +276,7 @@ def test_kquant_rows_with_nonfinite_scales_flagged(rng):
 def test_nan_rows_decode_to_nan_in_the_rows_stage():
     """What the toolkit does with such a row: the rows stage decodes it as stored (NaN), so the
     projection and the gate of that token are NaN and `gate_stats` counts them; nothing is replaced.
-    Needs the rows stage's fp8 decoder (issue 9's rows encodings)."""
+    Needs the rows stage's fp8 decoder."""
     from engram_numba.fixtures import missing_encoders
     if missing_encoders("ds4"):
         pytest.skip("the rows stage's fp8 decoder (engram_numba.stages.rows.fp8) is not in this checkout")
