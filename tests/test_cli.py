@@ -113,7 +113,13 @@ def test_bench_smoke_runs_the_suite_in_the_simulator(tmp_path, capsys):
     assert {r["stage"] for r in res["records"]} == {"gather_dequant", "projection", "gate", "apply", "projection_q2k",
                                                    "projection_fp8", "decode_step", "engine_build", "corpus_stats"}
     corpus = [r for r in res["records"] if r["stage"] == "corpus_stats"]
-    assert {r["variant"] for r in corpus} == {"device", "device, gate statistics only", "host pinned", "host pageable"}
+    variants = {r["variant"] for r in corpus}
+    assert {"device", "device, gate statistics only", "host pinned", "host pageable"} <= variants
+    # the host-table runs (pinned tables read by the GPU): without and with prefetch, and with a cache
+    assert "host tables, no prefetch" in variants
+    assert any(v.startswith("host tables, prefetch, fetch grid") for v in variants)
+    assert any(v.startswith("host tables, prefetch, cache") for v in variants)
+    assert all(r.get("tables") in ("device", "host", "mixed") for r in corpus), corpus
     assert all(r["tokens_per_s"] > 0 and r["validated"] and r["device_sum_us"] > 0 for r in corpus)
     assert all(r["validated"] for r in res["variants"]) and res["variants"]
     assert (tmp_path / "smoke.png").stat().st_size > 1000
