@@ -48,7 +48,7 @@ class NoTokenizerError(EngramError, ValueError):
     """The model carries no tokenizer (or none that can encode) and none was given."""
 
 
-class TokenizerMismatchError(ValueError):
+class TokenizerMismatchError(EngramError, ValueError):
     """A tokenizer with more token ids than the model's token map: not this model's tokenizer."""
 
 
