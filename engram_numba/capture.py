@@ -56,13 +56,13 @@ def _meta(meta, path) -> dict:
 def point_names(layer_ids) -> list[str]:
     """Every capture point of a model, in firing order. `layer_ids`: the engram layer ids, or a
     model (anything `load_model` returns) or its config."""
+    from ._argcheck import need_int_list
     cfg = getattr(layer_ids, "config", layer_ids)
     layer_ids = getattr(cfg, "layer_ids", layer_ids)
-    try:
-        layer_ids = [int(lid) for lid in layer_ids]
-    except (TypeError, ValueError):
-        raise TypeError(f"point_names takes a model, its config or a list of layer ids, got "
-                        f"{type(layer_ids).__name__}") from None
+    if isinstance(layer_ids, (str, bytes)) or not hasattr(layer_ids, "__iter__"):
+        raise TypeError(f"point_names takes a model, its config or a list of layer ids (layer_ids must be a list of "
+                        f"integers), got {type(layer_ids).__name__} {str(layer_ids)[:40]!r}")
+    layer_ids = need_int_list(layer_ids, "layer_ids")
     return list(INPUT_POINTS) + [f"L{lid}.{p}" for lid in layer_ids for p in POINTS]
 
 

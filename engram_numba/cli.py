@@ -653,22 +653,6 @@ def cmd_kernels(args) -> int:
     return 0
 
 
-def _pair_line(a_label: str, b_label: str, report) -> str:
-    """One line for a backend pair: all points bit-identical, or the worst point."""
-    n = len(report.rows)
-    same = sum(1 for r in report.rows if r.equal)
-    if same == n:
-        return f"  {a_label} vs {b_label}: {n}/{n} points bit-identical"
-    worst = max((r for r in report.rows if not r.equal and r.kind != "int" and r.n),
-                key=lambda r: r.rel_l2, default=None)
-    ints = [r.name for r in report.rows if not r.equal and r.kind == "int"]
-    desc = (f"worst {worst.name}: rel L2 {worst.rel_l2:.2e}, max {worst.max_ulp:.0f} {worst.kind} ulps, "
-            f"{100.0 * worst.n_equal / worst.n:.1f}% elements equal" if worst is not None else "")
-    if ints:
-        desc += (", " if desc else "") + f"integer points differ: {ints}"
-    return f"  {a_label} vs {b_label}: {same}/{n} points bit-identical; {desc}"
-
-
 def cmd_demo(args) -> int:
     from .demo import run_demo
     path = _existing_file(args.file)

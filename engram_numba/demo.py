@@ -55,6 +55,22 @@ class _Clock:
               flush=True)
 
 
+def _pair_line(a_label: str, b_label: str, report) -> str:
+    """One line for a backend pair: all points bit-identical, or the worst point."""
+    n = len(report.rows)
+    same = sum(1 for r in report.rows if r.equal)
+    if same == n:
+        return f"  {a_label} vs {b_label}: {n}/{n} points bit-identical"
+    worst = max((r for r in report.rows if not r.equal and r.kind != "int" and r.n),
+                key=lambda r: r.rel_l2, default=None)
+    ints = [r.name for r in report.rows if not r.equal and r.kind == "int"]
+    desc = (f"worst {worst.name}: rel L2 {worst.rel_l2:.2e}, max {worst.max_ulp:.0f} {worst.kind} ulps, "
+            f"{100.0 * worst.n_equal / worst.n:.1f}% elements equal" if worst is not None else "")
+    if ints:
+        desc += (", " if desc else "") + f"integer points differ: {ints}"
+    return f"  {a_label} vs {b_label}: {same}/{n} points bit-identical; {desc}"
+
+
 def _kernels_line(kernels: dict) -> str:
     return ", ".join(f"{stage}={name}" for stage, name in kernels.items()) or "none"
 
@@ -129,7 +145,6 @@ def run_demo(path=None, out_dir="engram_demo", residual: str = "fp32", sim_token
     from .analysis.diff import diff
     from .analysis.plots import gate_heatmap
     from .analysis.stats import gate_stats
-    from .cli import _pair_line
     from .fixtures import TINY_MASK, TINY_TOKENS, tiny_model_path
     from .formats.load import load_model
     from .pipeline import Pipeline

@@ -527,9 +527,8 @@ def compressed_view(model, tokenizer=None) -> CompressedView:
     if isinstance(model, (str, os.PathLike)):
         from .formats.load import load_model
         model = load_model(model)
-    if not hasattr(model, "hash_tables"):
-        raise TypeError(f"compressed_view takes a model (load_model) or a path to one, got {type(model).__name__}")
-    tables = model.hash_tables
+    from ._argcheck import need_model
+    tables = need_model(model).hash_tables
     tok = None
     try:
         tok = tokenizer_for(model, tokenizer)

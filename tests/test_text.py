@@ -285,5 +285,5 @@ def test_run_takes_a_tokenizer_and_compressed_view_takes_a_path(tok):
     assert cap.meta["token_strings"] == tok.token_strings(cap["tokens.ids"])
     view = text.compressed_view(str(TINY_PATH))
     assert view.token_map.tolist() == model.hash_tables.token_map.tolist()
-    with pytest.raises(TypeError, match="compressed_view takes a model"):
+    with pytest.raises(TypeError, match="model must be an opened model"):
         text.compressed_view(3)
