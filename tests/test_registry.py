@@ -30,7 +30,7 @@ def test_the_catalog_has_records_for_every_cuda_stage():
             assert registry.get(stage, f"{family}_v1").bit_exact, f"{stage}.{family}_v1"
     # the lookups by encoding are filters of the same list
     assert registry.names("rows", "fp8") == ["fp8_v1", "fp8_v2"]
-    assert {r.encoding for r in registry.records("proj")} == {"bf16", "q2k", "fp8"}
+    assert {r.encoding for r in registry.records("proj")} == {"bf16", "q2k", "fp8", "q2k_r"}
 
 
 @pytest.mark.parametrize("rec", RECORDS, ids=_rid)
