@@ -61,7 +61,7 @@ def test_projection_blas_distance_from_reference_in_bf16_ulps(rng, T, K, N):
     ulps = bf16_ulp_distance(ref, blas)
     magnitude = np.abs(bf16_to_f32(x)).astype(np.float64) @ np.abs(bf16_to_f32(w)).astype(np.float64).T
     no_cancel = magnitude <= 32 * np.abs(bf16_to_f32(ref))
-    assert no_cancel.mean() > 0.5
+    assert no_cancel.mean() > 0.25                 # enough well-conditioned outputs for the check to mean something
     assert ulps[no_cancel].max() <= 1
     assert (ulps == 0).mean() >= 0.99
     assert bf16_ulp_distance(blas, projection_exact(x, w))[no_cancel].max() <= 1
