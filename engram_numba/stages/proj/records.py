@@ -244,10 +244,10 @@ _Q2KR_PAIR_ARGS = (_U32_1D, _U32_1D, _U32_1D, _U16_2D, _U16_2D, types.int64, typ
 
 
 def _q2kr_specs(name, kernel, pair_kernel, build=False):
-    specs = [Spec("", kernel, _Q2K_FAST_ARGS), Spec(".pair", pair_kernel, _Q2KR_PAIR_ARGS)]
+    specs = [Spec("", kernel, _Q2K_FAST_ARGS), Spec("[pair]", pair_kernel, _Q2KR_PAIR_ARGS)]
     if build:      # the repack and decode kernels of the engine's build (one record owns them)
-        specs += [Spec(".repack", cuda_gemv_q2kr.repack_kernel, (_U32_1D, _U32_1D, types.int64, types.int64, types.int64)),
-                  Spec(".decode", cuda_gemv_q2kr.decode_kernel, (_U32_1D, _U32_1D, types.int64, types.int64, types.int64))]
+        specs += [Spec("[repack]", cuda_gemv_q2kr.repack_kernel, (_U32_1D, _U32_1D, types.int64, types.int64, types.int64)),
+                  Spec("[decode]", cuda_gemv_q2kr.decode_kernel, (_U32_1D, _U32_1D, types.int64, types.int64, types.int64))]
     return tuple(specs)
 
 
