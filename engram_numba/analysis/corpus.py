@@ -202,6 +202,34 @@ def _id_documents(path: Path, fmt: str, stream=None, first_line: int = 1) -> Ite
                 raise ValueError(f"{path}:{i}: {bad!r} is not an integer token id") from None
 
 
+def encode_documents(pairs: Iterable[tuple[str, object]], tokenizer, *, add_special_tokens: bool = True,
+                     batch: int = 256) -> Iterator[Document]:
+    """(name, text or token ids) pairs -> Documents in order, texts tokenized `batch` at a time
+    (a run of texts is flushed before the next id document, so the order holds)."""
+    pending: list[tuple[str, str]] = []
+
+    def flush():
+        if tokenizer is None:
+            raise ValueError(f"{pending[0][0]}: this document is text, and no tokenizer can encode it "
+                             "(pass tokenizer=PATH to a tokenizer.json)")
+        ids = tokenizer.encode_batch([t for _, t in pending], add_special_tokens=add_special_tokens)
+        out = [Document(name, np.asarray(i, dtype=np.int64)) for (name, _), i in zip(pending, ids)]
+        pending.clear()
+        return out
+
+    for name, value in pairs:
+        if isinstance(value, str):
+            pending.append((name, value))
+            if len(pending) >= batch:
+                yield from flush()
+        else:
+            if pending:
+                yield from flush()
+            yield Document(name, np.asarray(value, dtype=np.int64))
+    if pending:
+        yield from flush()
+
+
 def iter_documents(files=None, *, texts=None, documents=None, tokenizer=None, field: str = "text",
                    split: str = "line", fmt: str | None = None, add_special_tokens: bool = True,
                    model=None, batch: int = 256) -> Iterator[Document]:
@@ -210,27 +238,7 @@ def iter_documents(files=None, *, texts=None, documents=None, tokenizer=None, fi
         raise ValueError(f"split must be one of {SPLITS}, got {split!r}")
 
     def encoded(pairs: Iterable[tuple[str, object]]) -> Iterator[Document]:
-        pending: list[tuple[str, str]] = []
-
-        def flush():
-            if tokenizer is None:
-                raise ValueError(f"{pending[0][0]}: this document is text, and no tokenizer can encode it "
-                                 "(pass tokenizer=PATH to a tokenizer.json)")
-            ids = tokenizer.encode_batch([t for _, t in pending], add_special_tokens=add_special_tokens)
-            out = [Document(name, i) for (name, _), i in zip(pending, ids)]
-            pending.clear()
-            return out
-        for name, value in pairs:
-            if isinstance(value, str):
-                pending.append((name, value))
-                if len(pending) >= batch:
-                    yield from flush()
-            else:
-                if pending:
-                    yield from flush()
-                yield Document(name, np.asarray(value, dtype=np.int64))
-        if pending:
-            yield from flush()
+        return encode_documents(pairs, tokenizer, add_special_tokens=add_special_tokens, batch=batch)
 
     if texts is not None:
         yield from encoded((f"texts[{i}]", t) for i, t in enumerate(texts))

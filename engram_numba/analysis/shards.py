@@ -35,7 +35,8 @@ from typing import Iterator
 import numpy as np
 
 from ..highway import load_highway
-from .corpus import SPLITS, Document, _id_documents, _jsonl_documents, _text_documents, corpus_format
+from .corpus import (SPLITS, Document, _id_documents, _jsonl_documents, _text_documents, corpus_format,
+                     encode_documents)
 from .records import _arrow_batches, _open_arrow, _require_pyarrow, record_values
 
 DEFAULT_SHARD_BYTES = 32 << 20       # about a minute of text on one CPU worker, seconds on a GPU
@@ -239,24 +240,5 @@ def shard_documents(shard: Shard, *, tokenizer=None, field: str = "text", add_sp
         hw = load_highway(shard.path, model)
         yield Document(shard.path, hw.token_ids, hw.token_mask, hw)
         return
-    pending: list[tuple[str, str]] = []
-
-    def flush():
-        if tokenizer is None:
-            raise ValueError(f"{pending[0][0]}: this document is text, and no tokenizer can encode it "
-                             "(pass tokenizer=PATH to a tokenizer.json)")
-        ids = tokenizer.encode_batch([t for _, t in pending], add_special_tokens=add_special_tokens)
-        out = [Document(name, np.asarray(i, dtype=np.int64)) for (name, _), i in zip(pending, ids)]
-        pending.clear()
-        return out
-    for name, value in shard_pairs(shard, field=field):
-        if isinstance(value, str):
-            pending.append((name, value))
-            if len(pending) >= batch:
-                yield from flush()
-        else:
-            if pending:
-                yield from flush()
-            yield Document(name, np.asarray(value, dtype=np.int64))
-    if pending:
-        yield from flush()
+    yield from encode_documents(shard_pairs(shard, field=field), tokenizer, add_special_tokens=add_special_tokens,
+                                batch=batch)
