@@ -33,7 +33,9 @@ from ...device.intrinsics import (SIMULATOR, byte_perm, cp_async_16, cp_async_co
                                   f32_to_bf16_bits, load_u32x4, store_u32x4)
 from ...device.launch import PreparedLaunch
 from .cuda_common import ALIGN, INLINE, U16_2D, bounds, cdiv, check_bf16_matrix, flat_u32
-from .cuda_gemv_q2k import lut_rounded, mma_subblock, pick4, x_words
+from ...device.intrinsics import cvt_pack_bf16x2, mma_bf16_16816, mul_rn, sub_rn
+from .cuda_bits import fma_rn, prmt, umulhi
+from .cuda_gemv_q2k import lut_rounded, mma_subblock, pick4, small_u32_to_f32, x_words
 from .q2k_r import BLOCK_VALUES, DD_OFFSET, SC_OFFSET, TILE_ROWS, UNIT_BLOCKS, UNIT_BYTES, UNIT_VALUES, q2k_r_shape
 from ...device.intrinsics import device_function
 
@@ -184,6 +186,7 @@ def prepare_decode_q2k_r(packed, out, *, stream=0) -> PreparedLaunch:
 # ---- gemv_q2k_v4 ---------------------------------------------------------------------------------
 
 V4_TOKENS = 8                # tokens a block (the mma's N)
+V7_SHAPE = (6, 2, 2)         # gemv_q2k_v7: v4's warps, units a warp and blocks an SM
 
 
 @device_function(**INLINE)
@@ -462,10 +465,214 @@ def _make_gemv_cp():
     return gemv, gemv_pair
 
 
+# ---- gemv_q2k_v7: v4's stream and math, a third of its integer instructions -------------------------
+# v4 spends ~30 SASS instructions a mma on decoding, two thirds of them on the integer pipe (half
+# the FP32 pipe's rate on sm_90), which bounds it. v7 keeps every value, product and sum of v4 (so
+# its kv is v4's, bit for bit) and cuts:
+#   - the table: a sub-block's 4 bf16 values stay as the two words cvt.rn.bf16x2 packs (entry q at
+#     bytes 2q, 2q+1), so a value's selector byte is 34q + 16 (`pick4p`) and the two byte_perm
+#     that split the table into low / high bytes go; y0 = 0*s - o and y2 = 2*s - o are one fma
+#     each (0*s and 2*s are exact, so fma rounds them as the multiply-then-subtract does);
+#   - the picks: raw `prmt` (libdevice's byte_perm masks every selector first: one LOP3 a prmt),
+#     the selector of values 2, 3 by mul.hi on the FP32 pipe instead of a shift;
+#   - the predicates: on the GPU a warp with no unit left (or the zero pad block of an odd K/256)
+#     skips it with a warp-uniform branch, so x is loaded unconditionally (tokens past T read the
+#     last token and are dropped at the store) and nothing is zero-filled. The simulator's mma
+#     twin needs every thread at every mma, so there the zero-fill path of v4 stays.
+
+@device_function(**INLINE)
+def lut_pairs(sc, d, dmin):
+    """The 4 values a sub-block's weights take (lut_rounded's: the reference decoder's fp32 values
+    rounded to bf16) as the pair words (y0 | y1 << 16, y2 | y3 << 16)."""
+    scale = mul_rn(d, small_u32_to_f32(sc & np.uint32(15)))
+    offset = mul_rn(dmin, small_u32_to_f32(sc >> np.uint32(4)))
+    neg = -offset
+    y0 = fma_rn(np.float32(0.0), scale, neg)       # == sub_rn(mul_rn(scale, 0), offset), -0 and NaN included
+    y1 = sub_rn(scale, offset)
+    y2 = fma_rn(np.float32(2.0), scale, neg)       # 2*scale is exact (|scale| < 2^20)
+    y3 = sub_rn(mul_rn(scale, np.float32(3.0)), offset)
+    return cvt_pack_bf16x2(y0, y1), cvt_pack_bf16x2(y2, y3)
+
+
+@device_function(**INLINE)
+def pick4p(p01, p23, word, shift):
+    """pick4 on the pair words of lut_pairs: 4 values from the 4 bytes of `word` (2-bit codes at
+    bit `shift`) -> two bf16x2 words (values 0, 1 and 2, 3)."""
+    v = (np.uint32(word) >> np.uint32(shift)) & np.uint32(0x03030303)
+    s = np.uint32(np.uint32(v * np.uint32(0x22)) + np.uint32(0x10101010))     # byte i: 2q_i | (2q_i + 1) << 4
+    s2 = np.uint32(umulhi(v, np.uint32(0x220000)) + np.uint32(0x1010))        # bytes 2, 3 of v * 0x22, + 0x1010
+    return prmt(p01, p23, s), prmt(p01, p23, s2)
+
+
+@device_function(**INLINE)
+def _mma_sub7(c0, c1, c2, c3, pa01, pa23, pb01, pb23, qa0, qa1, qa2, qa3, qb0, qb1, qb2, qb3, shift,
+              x0, x1, x2, x3, x4, x5, x6, x7, scratch):
+    """mma_subblock on pick4p's tables."""
+    a0, a1 = pick4p(pa01, pa23, qa0, shift)
+    b0, b1 = pick4p(pb01, pb23, qb0, shift)
+    c0, c1, c2, c3 = mma_bf16_16816(a0, b0, a1, b1, x0, x1, c0, c1, c2, c3, scratch)
+    a0, a1 = pick4p(pa01, pa23, qa1, shift)
+    b0, b1 = pick4p(pb01, pb23, qb1, shift)
+    c0, c1, c2, c3 = mma_bf16_16816(a0, b0, a1, b1, x2, x3, c0, c1, c2, c3, scratch)
+    a0, a1 = pick4p(pa01, pa23, qa2, shift)
+    b0, b1 = pick4p(pb01, pb23, qb2, shift)
+    c0, c1, c2, c3 = mma_bf16_16816(a0, b0, a1, b1, x4, x5, c0, c1, c2, c3, scratch)
+    a0, a1 = pick4p(pa01, pa23, qa3, shift)
+    b0, b1 = pick4p(pb01, pb23, qb3, shift)
+    return mma_bf16_16816(a0, b0, a1, b1, x6, x7, c0, c1, c2, c3, scratch)
+
+
+@device_function(**INLINE)
+def _x16(x32, v4, ok):
+    """16 consecutive x values at 16-byte index v4: unconditional loads on the GPU (the caller keeps
+    v4 in bounds), zeros when not `ok` in the simulator."""
+    if SIMULATOR:
+        return x_words(x32, v4, ok)
+    a0, a1, a2, a3 = load_u32x4(x32, v4)
+    b0, b1, b2, b3 = load_u32x4(x32, v4 + 1)
+    return a0, a1, a2, a3, b0, b1, b2, b3
+
+
+@device_function(**INLINE)
+def _sub7(c0, c1, c2, c3, sa, sb, j, da, dmina, db, dminb, qa0, qa1, qa2, qa3, qb0, qb1, qb2, qb3,
+          x32, xv, ok_x, scratch):
+    x0, x1, x2, x3, x4, x5, x6, x7 = _x16(x32, xv, ok_x)
+    sh = np.uint32(8 * j)
+    pa01, pa23 = lut_pairs((sa >> sh) & np.uint32(0xFF), da, dmina)
+    pb01, pb23 = lut_pairs((sb >> sh) & np.uint32(0xFF), db, dminb)
+    return _mma_sub7(c0, c1, c2, c3, pa01, pa23, pb01, pb23, qa0, qa1, qa2, qa3, qb0, qb1, qb2, qb3, 2 * j,
+                     x0, x1, x2, x3, x4, x5, x6, x7, scratch)
+
+
+@device_function(**INLINE)
+def _block7(c0, c1, c2, c3, e0, e1, e2, e3, qa0, qa1, qa2, qa3, qb0, qb1, qb2, qb3, sa, sb, dda, ddb,
+            x32, xv, ok_x, scratch):
+    """_block with v7's decode: sub-blocks 0, 2 into (c), 1, 3 into (e)."""
+    da, dmina = f16x2_to_f32x2(dda)
+    db, dminb = f16x2_to_f32x2(ddb)
+    c0, c1, c2, c3 = _sub7(c0, c1, c2, c3, sa, sb, 0, da, dmina, db, dminb, qa0, qa1, qa2, qa3,
+                           qb0, qb1, qb2, qb3, x32, xv, ok_x, scratch)
+    e0, e1, e2, e3 = _sub7(e0, e1, e2, e3, sa, sb, 1, da, dmina, db, dminb, qa0, qa1, qa2, qa3,
+                           qb0, qb1, qb2, qb3, x32, xv + 4, ok_x, scratch)
+    c0, c1, c2, c3 = _sub7(c0, c1, c2, c3, sa, sb, 2, da, dmina, db, dminb, qa0, qa1, qa2, qa3,
+                           qb0, qb1, qb2, qb3, x32, xv + 8, ok_x, scratch)
+    e0, e1, e2, e3 = _sub7(e0, e1, e2, e3, sa, sb, 3, da, dmina, db, dminb, qa0, qa1, qa2, qa3,
+                           qb0, qb1, qb2, qb3, x32, xv + 12, ok_x, scratch)
+    return c0, c1, c2, c3, e0, e1, e2, e3
+
+
+@device_function(**INLINE)
+def _unit7(c0, c1, c2, c3, e0, e1, e2, e3, wv, x32, xv, KB, blk0, ok_tok, scratch):
+    """_unit with v7's decode. On the GPU the caller runs it only for a unit of the warp's share
+    (warp-uniform), and the unit's second block only when it is inside K (warp-uniform too)."""
+    (a0, a1, a2, a3, b0, b1, b2, b3, g0, g1, g2, g3, h0, h1, h2, h3,
+     s0, s1, s2, s3, d0, d1, d2, d3) = wv
+    c0, c1, c2, c3, e0, e1, e2, e3 = _block7(c0, c1, c2, c3, e0, e1, e2, e3, a0, a1, a2, a3, b0, b1, b2, b3,
+                                             s0, s1, d0, d1, x32, xv, ok_tok and blk0 < KB, scratch)
+    if SIMULATOR or blk0 + 1 < KB:
+        c0, c1, c2, c3, e0, e1, e2, e3 = _block7(c0, c1, c2, c3, e0, e1, e2, e3, g0, g1, g2, g3, h0, h1, h2, h3,
+                                                 s2, s3, d2, d3, x32, xv + 32, ok_tok and blk0 + 1 < KB, scratch)
+    return c0, c1, c2, c3, e0, e1, e2, e3
+
+
+def _make_gemv7(warps: int, units: int, blocks_per_sm: int):
+    """gemv_q2k_v7 and its two-layer launch: v4's blocks and stream (`warps` warps on one 16-row
+    tile, each loading `units` units of its K share before decoding them) with v7's decode."""
+    threads = warps * 32
+    red_size = warps * 32 * 4
+    scratch_size = 6 * threads if SIMULATOR else 1
+
+    @device_function(**INLINE)
+    def body(x32, w32, w16, out, T, K, red, scratch):
+        tid = cuda.threadIdx.x
+        lane = tid & 31
+        warp = tid >> 5
+        g = lane >> 2
+        t = lane & 3
+        N = out.shape[1]
+        KB = K // BLOCK_VALUES
+        NU = (K + UNIT_VALUES - 1) // UNIT_VALUES
+        tile = cuda.blockIdx.x
+        tok = cuda.blockIdx.y * V4_TOKENS + g
+        ok_tok = tok < T
+        x16 = np.int64(min(tok, T - 1)) * (K >> 3)             # tokens past T read the last one
+        xoff = 16 * (t >> 1) + 2 * (t & 1)
+        per = (NU + warps - 1) // warps
+        per = (per + units - 1) // units * units
+        u_begin = warp * per
+        u_end = min(u_begin + per, NU)
+        tile16 = w16 + np.int64(tile) * NU * UNIT_CHUNKS
+        z = float32(0.0)
+        c0 = c1 = c2 = c3 = e0 = e1 = e2 = e3 = z
+        for s in range(0, per, units):
+            u0 = u_begin + s
+            blk = u0 * UNIT_BLOCKS
+            if SIMULATOR:                   # v4's zero-filled path: every thread reaches every mma
+                wa = _load_unit(w32, tile16 + np.int64(u0) * UNIT_CHUNKS, lane, g, u0 < u_end)
+                if units == 2:
+                    wb = _load_unit(w32, tile16 + np.int64(u0 + 1) * UNIT_CHUNKS, lane, g, u0 + 1 < u_end)
+                c0, c1, c2, c3, e0, e1, e2, e3 = _unit7(c0, c1, c2, c3, e0, e1, e2, e3, wa, x32,
+                                                        x16 + 32 * blk + xoff, KB, blk, ok_tok and u0 < u_end,
+                                                        scratch)
+                if units == 2:
+                    c0, c1, c2, c3, e0, e1, e2, e3 = _unit7(c0, c1, c2, c3, e0, e1, e2, e3, wb, x32,
+                                                            x16 + 32 * (blk + 2) + xoff, KB, blk + 2,
+                                                            ok_tok and u0 + 1 < u_end, scratch)
+            else:                           # loads from units inside the weight, decode only the warp's
+                wa = _load_unit(w32, tile16 + np.int64(min(u0, NU - 1)) * UNIT_CHUNKS, lane, g, True)
+                if units == 2:
+                    wb = _load_unit(w32, tile16 + np.int64(min(u0 + 1, NU - 1)) * UNIT_CHUNKS, lane, g, True)
+                if u0 < u_end:
+                    c0, c1, c2, c3, e0, e1, e2, e3 = _unit7(c0, c1, c2, c3, e0, e1, e2, e3, wa, x32,
+                                                            x16 + 32 * blk + xoff, KB, blk, True, scratch)
+                if units == 2 and u0 + 1 < u_end:
+                    c0, c1, c2, c3, e0, e1, e2, e3 = _unit7(c0, c1, c2, c3, e0, e1, e2, e3, wb, x32,
+                                                            x16 + 32 * (blk + 2) + xoff, KB, blk + 2, True,
+                                                            scratch)
+        base = (warp * 32 + lane) * 4
+        red[base] = c0 + e0
+        red[base + 1] = c1 + e1
+        red[base + 2] = c2 + e2
+        red[base + 3] = c3 + e3
+        cuda.syncthreads()
+        if tid < 128:
+            s_ = float32(0.0)
+            for w in range(warps):
+                s_ += red[w * 128 + tid]
+            el = tid >> 2
+            c = tid & 3
+            row = tile * TILE_ROWS + (el >> 2) + 8 * (c >> 1)
+            tk = cuda.blockIdx.y * V4_TOKENS + 2 * (el & 3) + (c & 1)
+            if row < N and tk < T:
+                out[tk, row] = f32_to_bf16_bits(s_)
+
+    @cuda.jit(**bounds(threads, blocks_per_sm))
+    def gemv(x32, w32, out, T, K):
+        # x32: uint32 [T*K/2] flat x; w32: uint32 flat q2k_r [ceil(N/16) * NU * 672]; out: uint16 [T, N]
+        red = cuda.shared.array(red_size, float32)
+        scratch = cuda.shared.array(scratch_size, types.uint32)
+        body(x32, w32, np.int64(0), out, T, K, red, scratch)
+
+    @cuda.jit(**bounds(threads, blocks_per_sm))
+    def gemv_pair(x32a, x32b, w32, outa, outb, T, K):
+        red = cuda.shared.array(red_size, float32)
+        scratch = cuda.shared.array(scratch_size, types.uint32)
+        if cuda.blockIdx.z == 0:
+            body(x32a, w32, np.int64(0), outa, T, K, red, scratch)
+        else:
+            layer16 = np.int64((outb.shape[1] + TILE_ROWS - 1) // TILE_ROWS) * \
+                ((K + UNIT_VALUES - 1) // UNIT_VALUES) * UNIT_CHUNKS
+            body(x32b, w32, layer16, outb, T, K, red, scratch)
+
+    return gemv, gemv_pair
+
+
 # name -> (warps a block, units a warp loads at once, blocks an SM)
-SHAPES = {"gemv_q2k_v4": (6, 2, 2), "gemv_q2k_v5": (12, 1, 2), "gemv_q2k_v6": (CP_WARPS, CP_UNITS, CP_BLOCKS_PER_SM)}
-_BUILT = {name: _make_gemv(*shape) for name, shape in SHAPES.items() if name != "gemv_q2k_v6"}
+SHAPES = {"gemv_q2k_v4": (6, 2, 2), "gemv_q2k_v5": (12, 1, 2), "gemv_q2k_v6": (CP_WARPS, CP_UNITS, CP_BLOCKS_PER_SM),
+          "gemv_q2k_v7": V7_SHAPE}
+_BUILT = {name: _make_gemv(*SHAPES[name]) for name in ("gemv_q2k_v4", "gemv_q2k_v5")}
 _BUILT["gemv_q2k_v6"] = _make_gemv_cp()
+_BUILT["gemv_q2k_v7"] = _make_gemv7(*V7_SHAPE)
 KERNELS = {name: built[0] for name, built in _BUILT.items()}
 PAIR_KERNELS = {name: built[1] for name, built in _BUILT.items()}
 

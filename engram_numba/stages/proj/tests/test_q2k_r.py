@@ -94,7 +94,52 @@ def test_project_q_refuses_bad_q2k_r(rng):
         P.prepare_project_q(x, w, out=cuda.device_array((1, 40), np.uint16), weight="q2k_r")
     with pytest.raises(ValueError, match="wkv_raw must be \\[N, K/256\\*84\\]"):
         P.prepare_project_q(x, w, out=cuda.device_array((1, 20), np.uint16), weight="q2k", version="gemv_q2k_v4")
-    assert P.pick(1, 512, 20, weight="q2k_r").name == "gemv_q2k_v4"
+    assert P.pick(1, 512, 20, weight="q2k_r").name == "gemv_q2k_v7"
+
+
+def test_prmt_and_umulhi_twins():
+    """The helpers behind gemv_q2k_v7's picks, against their PTX definitions: prmt's nibbles pick
+    bytes of the pair (b above a), bit 3 replicates the picked byte's sign; mul.hi.u32."""
+    from engram_numba.stages.proj.cuda_bits import prmt, umulhi
+    a, b = 0x8C3B2A19, 0x7F6E5D4C                      # bytes 0..7: 19 2A 3B 8C 4C 5D 6E 7F
+    assert prmt(a, b, 0x7654) == b and prmt(a, b, 0x3210) == a
+    assert prmt(a, b, 0x0473) == 0x194C7F8C
+    assert prmt(a, b, 0x8B38) == 0x00FF8C00           # nibble 8: byte 0 (0x19) sign 0; B: byte 3 sign 1
+    assert umulhi(0xFFFFFFFF, 0xFFFFFFFF) == 0xFFFFFFFE and umulhi(0x03020100, 0x220000) == 0x6644
+    # pick4p's selectors: 34q + 16 per value, values 2, 3 through mul.hi
+    for q in range(4):
+        v = np.uint32(q * 0x01010101)
+        assert (v * np.uint32(0x22) + np.uint32(0x10101010)) & 0xFF == 2 * q | (2 * q + 1) << 4
+        assert (umulhi(v, 0x220000) + 0x1010) & 0xFFFF == (2 * q | (2 * q + 1) << 4) * 0x0101
+
+
+def test_v7_tables_and_picks_equal_v4s(rng):
+    """gemv_q2k_v7's decode gives v4's bf16 values for every code of every scale byte, on d/dmin
+    draws that include zeros of both signs: the same weights, only fewer instructions."""
+    from engram_numba.stages.proj.cuda_gemv_q2k import lut_rounded, pick4
+    ds = [np.float32(v) for v in (0.0, -0.0, 1.0, -3.5e-3, 6.1e-5, 65504.0)]
+    ds += [np.float32(v) for v in rng.standard_normal(6) * 0.01]
+    word = np.uint32(0b11100100_10010011_01001110_00111001)      # every code in every byte position
+    for sc in range(256):
+        for d, dmin in zip(ds, ds[::-1]):
+            lo, hi = lut_rounded(np.uint32(sc), d, dmin)
+            p01, p23 = C.lut_pairs(np.uint32(sc), d, dmin)
+            for shift in (0, 2, 4, 6):
+                assert C.pick4p(p01, p23, word, shift) == pick4(lo, hi, word, shift), (sc, d, dmin, shift)
+
+
+@pytest.mark.slow
+def test_v7_is_v4_bit_for_bit(rng):
+    """Same stream, values and summation order: v7's kv equals v4's bit for bit (a pad block,
+    rows past N, tokens past T)."""
+    T, K, N = 3, 768, 13
+    raw = repack_q2k_r(random_q2k(rng, N, K), K)
+    x = cuda.to_device(random_x(rng, T, K))
+    outs = {}
+    for v in ("gemv_q2k_v4", "gemv_q2k_v7"):
+        outs[v] = cuda.to_device(np.full((T, N), POISON, np.uint16))
+        P.project_q(x, cuda.to_device(raw), None, outs[v], weight="q2k_r", version=v)
+    np.testing.assert_array_equal(outs["gemv_q2k_v7"].copy_to_host(), outs["gemv_q2k_v4"].copy_to_host())
 
 
 @pytest.mark.slow
@@ -108,9 +153,9 @@ def test_two_layer_launch_equals_the_single_launches(rng):
     xs = [cuda.to_device(x) for x in xh]
     pair = cuda.to_device(np.concatenate([repack_q2k_r(r, K) for r in raws]))
     outs = [cuda.to_device(np.full((T, N), POISON, np.uint16)) for _ in range(2)]
-    C.prepare_pair("gemv_q2k_v4", xs[0], xs[1], pair, outs[0], outs[1])()
+    C.prepare_pair("gemv_q2k_v7", xs[0], xs[1], pair, outs[0], outs[1])()
     single = cuda.to_device(np.full((T, N), POISON, np.uint16))
-    P.project_q(xs[1], cuda.to_device(repack_q2k_r(raws[1], K)), None, single, weight="q2k_r", version="gemv_q2k_v4")
+    P.project_q(xs[1], cuda.to_device(repack_q2k_r(raws[1], K)), None, single, weight="q2k_r", version="gemv_q2k_v7")
     np.testing.assert_array_equal(outs[1].copy_to_host(), single.copy_to_host())
     ref = R.projection_exact(xh[0], R.wkv_q2k_bf16(raws[0], K))
     assert bf16_ulp_distance(outs[0].copy_to_host(), ref).max() <= 1
@@ -146,3 +191,28 @@ def test_gpu_repack_and_decode_released_every_tile(gpu_record):
                passed=same_bytes and differ == 0)
     assert same_bytes
     assert differ == 0
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("T,K,N", [(1, 6144, 25600), (4, 6144, 25600), (8, 6144, 25600),
+                                   (9, 1536, 5),        # 2 token groups, warps with no unit (GPU: skipped)
+                                   (3, 768, 13),        # a pad block (GPU: skipped), rows past N
+                                   (2, 6656, 40)])      # 13 units over 6 warps x 2: the clamped loads
+def test_gpu_v7_is_v4_bit_for_bit(rng, gpu_record, T, K, N):
+    """On the GPU v7 takes its own paths (unconditional x loads, warp-uniform skips) where the
+    simulator runs v4's zero fill: its kv must still be v4's, bit for bit, single and paired."""
+    raw = repack_q2k_r(random_q2k(rng, N, K), K)
+    xh = random_x(rng, T, K)
+    x, w = cuda.to_device(xh), cuda.to_device(raw)
+    outs = {}
+    for v in ("gemv_q2k_v4", "gemv_q2k_v7"):
+        outs[v] = cuda.to_device(np.full((T, N), POISON, np.uint16))
+        P.project_q(x, w, None, outs[v], weight="q2k_r", version=v)
+    got, want = outs["gemv_q2k_v7"].copy_to_host(), outs["gemv_q2k_v4"].copy_to_host()
+    pa, pb = (cuda.to_device(np.full((T, N), POISON, np.uint16)) for _ in range(2))
+    C.prepare_pair("gemv_q2k_v7", x, x, cuda.to_device(np.concatenate([raw, raw])), pa, pb)()
+    differ = int((got != want).sum())
+    pair_same = bool(np.array_equal(pa.copy_to_host(), got) and np.array_equal(pb.copy_to_host(), got))
+    gpu_record(test="gemv_q2k_v7 vs gemv_q2k_v4 bits", shape=[T, K, N], outputs_differing=differ,
+               pair_equals_single=pair_same, passed=differ == 0 and pair_same)
+    assert differ == 0 and pair_same
