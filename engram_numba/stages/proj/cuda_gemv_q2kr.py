@@ -33,7 +33,7 @@ from ...device.intrinsics import (SIMULATOR, byte_perm, cp_async_16, cp_async_co
                                   f32_to_bf16_bits, load_u32x4, store_u32x4)
 from ...device.launch import PreparedLaunch
 from .cuda_common import ALIGN, INLINE, U16_2D, bounds, cdiv, check_bf16_matrix, flat_u32
-from ...device.intrinsics import cvt_pack_bf16x2, mma_bf16_16816, mul_rn, sub_rn
+from ...device.intrinsics import cvt_pack_bf16x2, mma_bf16_16816, mul_rn, sub_rn, u32_as_f32
 from .cuda_bits import fma_rn, prmt, umulhi
 from .cuda_gemv_q2k import lut_rounded, mma_subblock, pick4, small_u32_to_f32, x_words
 from .q2k_r import BLOCK_VALUES, DD_OFFSET, SC_OFFSET, TILE_ROWS, UNIT_BLOCKS, UNIT_BYTES, UNIT_VALUES, q2k_r_shape
@@ -480,12 +480,38 @@ def _make_gemv_cp():
 #     last token and are dropped at the store) and nothing is zero-filled. The simulator's mma
 #     twin needs every thread at every mma, so there the zero-fill path of v4 stays.
 
+# pick4p's selectors: v = codes | SEL_BIAS (bits disjoint from the codes' 0x03030303, so | is +);
+# v * 0x22 + SEL_LO_ADD has 2q | (2q + 1) << 4 in bytes 0, 1 (values 0, 1), and
+# mul.hi(v, 0x220000) the same for values 2, 3 in its low 16 bits: SEL_BIAS * 0x220000 =
+# 0x1010 << 32 + 0x68000000, the + 0x1010 carried in with no add (and no 64-bit addend to build).
+SEL_BIAS = 0x0078F400
+SEL_LO_ADD = (0x10101010 - SEL_BIAS * 0x22) % (1 << 16)     # only bits 0..15 select: no wrap-around
+SEL_HI_MUL = 0x220000
+NIB_MAGIC = 0x4B000000                 # 2^23 as fp32 bits: a small integer in its low mantissa bits
+
+
 @device_function(**INLINE)
-def lut_pairs(sc, d, dmin):
+def nibble_f32(n4, j, magic):
+    """Byte j of n4 (each byte < 16) as fp32, exactly: one prmt puts it under 2^23's exponent
+    (magic = NIB_MAGIC, held in a register: see `opaque_zero`)."""
+    return u32_as_f32(prmt(n4, magic, np.uint32(0x7440 + j))) - np.float32(8388608.0)
+
+
+@device_function(**INLINE)
+def opaque_zero(T):
+    """0, computed from the launch's T so that ptxas keeps the constants added to it in one
+    register for the whole kernel (as two-constant LOP3 / PRMT operands it rebuilds them with a MOV
+    before every use, ~100 MOVs a trip)."""
+    return np.uint32(np.uint64(T) >> np.uint64(48))
+
+
+@device_function(**INLINE)
+def lut_pairs(sc_lo, sc_hi, d, dmin):
     """The 4 values a sub-block's weights take (lut_rounded's: the reference decoder's fp32 values
-    rounded to bf16) as the pair words (y0 | y1 << 16, y2 | y3 << 16)."""
-    scale = mul_rn(d, small_u32_to_f32(sc & np.uint32(15)))
-    offset = mul_rn(dmin, small_u32_to_f32(sc >> np.uint32(4)))
+    rounded to bf16; sc_lo, sc_hi the scale byte's nibbles as fp32) as the pair words
+    (y0 | y1 << 16, y2 | y3 << 16)."""
+    scale = mul_rn(d, sc_lo)
+    offset = mul_rn(dmin, sc_hi)
     neg = -offset
     y0 = fma_rn(np.float32(0.0), scale, neg)       # == sub_rn(mul_rn(scale, 0), offset), -0 and NaN included
     y1 = sub_rn(scale, offset)
@@ -495,30 +521,32 @@ def lut_pairs(sc, d, dmin):
 
 
 @device_function(**INLINE)
-def pick4p(p01, p23, word, shift):
+def pick4p(p01, p23, word, shift, bias):
     """pick4 on the pair words of lut_pairs: 4 values from the 4 bytes of `word` (2-bit codes at
-    bit `shift`) -> two bf16x2 words (values 0, 1 and 2, 3)."""
-    v = (np.uint32(word) >> np.uint32(shift)) & np.uint32(0x03030303)
-    s = np.uint32(np.uint32(v * np.uint32(0x22)) + np.uint32(0x10101010))     # byte i: 2q_i | (2q_i + 1) << 4
-    s2 = np.uint32(umulhi(v, np.uint32(0x220000)) + np.uint32(0x1010))        # bytes 2, 3 of v * 0x22, + 0x1010
+    bit `shift`) -> two bf16x2 words (values 0, 1 and 2, 3). The shift is a mul.hi too; bias =
+    SEL_BIAS in a register."""
+    w = np.uint32(word) if shift == 0 else umulhi(word, np.uint32(1 << (32 - shift)))
+    v = (w & np.uint32(0x03030303)) | bias
+    s = np.uint32(np.uint32(v * np.uint32(0x22)) + np.uint32(SEL_LO_ADD))
+    s2 = umulhi(v, np.uint32(SEL_HI_MUL))
     return prmt(p01, p23, s), prmt(p01, p23, s2)
 
 
 @device_function(**INLINE)
 def _mma_sub7(c0, c1, c2, c3, pa01, pa23, pb01, pb23, qa0, qa1, qa2, qa3, qb0, qb1, qb2, qb3, shift,
-              x0, x1, x2, x3, x4, x5, x6, x7, scratch):
+              x0, x1, x2, x3, x4, x5, x6, x7, bias, scratch):
     """mma_subblock on pick4p's tables."""
-    a0, a1 = pick4p(pa01, pa23, qa0, shift)
-    b0, b1 = pick4p(pb01, pb23, qb0, shift)
+    a0, a1 = pick4p(pa01, pa23, qa0, shift, bias)
+    b0, b1 = pick4p(pb01, pb23, qb0, shift, bias)
     c0, c1, c2, c3 = mma_bf16_16816(a0, b0, a1, b1, x0, x1, c0, c1, c2, c3, scratch)
-    a0, a1 = pick4p(pa01, pa23, qa1, shift)
-    b0, b1 = pick4p(pb01, pb23, qb1, shift)
+    a0, a1 = pick4p(pa01, pa23, qa1, shift, bias)
+    b0, b1 = pick4p(pb01, pb23, qb1, shift, bias)
     c0, c1, c2, c3 = mma_bf16_16816(a0, b0, a1, b1, x2, x3, c0, c1, c2, c3, scratch)
-    a0, a1 = pick4p(pa01, pa23, qa2, shift)
-    b0, b1 = pick4p(pb01, pb23, qb2, shift)
+    a0, a1 = pick4p(pa01, pa23, qa2, shift, bias)
+    b0, b1 = pick4p(pb01, pb23, qb2, shift, bias)
     c0, c1, c2, c3 = mma_bf16_16816(a0, b0, a1, b1, x4, x5, c0, c1, c2, c3, scratch)
-    a0, a1 = pick4p(pa01, pa23, qa3, shift)
-    b0, b1 = pick4p(pb01, pb23, qb3, shift)
+    a0, a1 = pick4p(pa01, pa23, qa3, shift, bias)
+    b0, b1 = pick4p(pb01, pb23, qb3, shift, bias)
     return mma_bf16_16816(a0, b0, a1, b1, x6, x7, c0, c1, c2, c3, scratch)
 
 
@@ -534,44 +562,49 @@ def _x16(x32, v4, ok):
 
 
 @device_function(**INLINE)
-def _sub7(c0, c1, c2, c3, sa, sb, j, da, dmina, db, dminb, qa0, qa1, qa2, qa3, qb0, qb1, qb2, qb3,
-          x32, xv, ok_x, scratch):
+def _sub7(c0, c1, c2, c3, la, ha, lb, hb, j, da, dmina, db, dminb, qa0, qa1, qa2, qa3, qb0, qb1, qb2, qb3,
+          x32, xv, ok_x, bias, magic, scratch):
+    """Sub-block j of the lane's quarter of one block, rows g and g+8 (la/ha, lb/hb: their scale
+    bytes' low / high nibbles, byte j each)."""
     x0, x1, x2, x3, x4, x5, x6, x7 = _x16(x32, xv, ok_x)
-    sh = np.uint32(8 * j)
-    pa01, pa23 = lut_pairs((sa >> sh) & np.uint32(0xFF), da, dmina)
-    pb01, pb23 = lut_pairs((sb >> sh) & np.uint32(0xFF), db, dminb)
+    pa01, pa23 = lut_pairs(nibble_f32(la, j, magic), nibble_f32(ha, j, magic), da, dmina)
+    pb01, pb23 = lut_pairs(nibble_f32(lb, j, magic), nibble_f32(hb, j, magic), db, dminb)
     return _mma_sub7(c0, c1, c2, c3, pa01, pa23, pb01, pb23, qa0, qa1, qa2, qa3, qb0, qb1, qb2, qb3, 2 * j,
-                     x0, x1, x2, x3, x4, x5, x6, x7, scratch)
+                     x0, x1, x2, x3, x4, x5, x6, x7, bias, scratch)
 
 
 @device_function(**INLINE)
 def _block7(c0, c1, c2, c3, e0, e1, e2, e3, qa0, qa1, qa2, qa3, qb0, qb1, qb2, qb3, sa, sb, dda, ddb,
-            x32, xv, ok_x, scratch):
+            x32, xv, ok_x, bias, magic, scratch):
     """_block with v7's decode: sub-blocks 0, 2 into (c), 1, 3 into (e)."""
     da, dmina = f16x2_to_f32x2(dda)
     db, dminb = f16x2_to_f32x2(ddb)
-    c0, c1, c2, c3 = _sub7(c0, c1, c2, c3, sa, sb, 0, da, dmina, db, dminb, qa0, qa1, qa2, qa3,
-                           qb0, qb1, qb2, qb3, x32, xv, ok_x, scratch)
-    e0, e1, e2, e3 = _sub7(e0, e1, e2, e3, sa, sb, 1, da, dmina, db, dminb, qa0, qa1, qa2, qa3,
-                           qb0, qb1, qb2, qb3, x32, xv + 4, ok_x, scratch)
-    c0, c1, c2, c3 = _sub7(c0, c1, c2, c3, sa, sb, 2, da, dmina, db, dminb, qa0, qa1, qa2, qa3,
-                           qb0, qb1, qb2, qb3, x32, xv + 8, ok_x, scratch)
-    e0, e1, e2, e3 = _sub7(e0, e1, e2, e3, sa, sb, 3, da, dmina, db, dminb, qa0, qa1, qa2, qa3,
-                           qb0, qb1, qb2, qb3, x32, xv + 12, ok_x, scratch)
+    m = np.uint32(0x0F0F0F0F)
+    la, ha = sa & m, (sa >> np.uint32(4)) & m
+    lb, hb = sb & m, (sb >> np.uint32(4)) & m
+    c0, c1, c2, c3 = _sub7(c0, c1, c2, c3, la, ha, lb, hb, 0, da, dmina, db, dminb, qa0, qa1, qa2, qa3,
+                           qb0, qb1, qb2, qb3, x32, xv, ok_x, bias, magic, scratch)
+    e0, e1, e2, e3 = _sub7(e0, e1, e2, e3, la, ha, lb, hb, 1, da, dmina, db, dminb, qa0, qa1, qa2, qa3,
+                           qb0, qb1, qb2, qb3, x32, xv + 4, ok_x, bias, magic, scratch)
+    c0, c1, c2, c3 = _sub7(c0, c1, c2, c3, la, ha, lb, hb, 2, da, dmina, db, dminb, qa0, qa1, qa2, qa3,
+                           qb0, qb1, qb2, qb3, x32, xv + 8, ok_x, bias, magic, scratch)
+    e0, e1, e2, e3 = _sub7(e0, e1, e2, e3, la, ha, lb, hb, 3, da, dmina, db, dminb, qa0, qa1, qa2, qa3,
+                           qb0, qb1, qb2, qb3, x32, xv + 12, ok_x, bias, magic, scratch)
     return c0, c1, c2, c3, e0, e1, e2, e3
 
 
 @device_function(**INLINE)
-def _unit7(c0, c1, c2, c3, e0, e1, e2, e3, wv, x32, xv, KB, blk0, ok_tok, scratch):
+def _unit7(c0, c1, c2, c3, e0, e1, e2, e3, wv, x32, xv, KB, blk0, ok_tok, bias, magic, scratch):
     """_unit with v7's decode. On the GPU the caller runs it only for a unit of the warp's share
     (warp-uniform), and the unit's second block only when it is inside K (warp-uniform too)."""
     (a0, a1, a2, a3, b0, b1, b2, b3, g0, g1, g2, g3, h0, h1, h2, h3,
      s0, s1, s2, s3, d0, d1, d2, d3) = wv
     c0, c1, c2, c3, e0, e1, e2, e3 = _block7(c0, c1, c2, c3, e0, e1, e2, e3, a0, a1, a2, a3, b0, b1, b2, b3,
-                                             s0, s1, d0, d1, x32, xv, ok_tok and blk0 < KB, scratch)
+                                             s0, s1, d0, d1, x32, xv, ok_tok and blk0 < KB, bias, magic, scratch)
     if SIMULATOR or blk0 + 1 < KB:
         c0, c1, c2, c3, e0, e1, e2, e3 = _block7(c0, c1, c2, c3, e0, e1, e2, e3, g0, g1, g2, g3, h0, h1, h2, h3,
-                                                 s2, s3, d2, d3, x32, xv + 32, ok_tok and blk0 + 1 < KB, scratch)
+                                                 s2, s3, d2, d3, x32, xv + 32, ok_tok and blk0 + 1 < KB, bias, magic,
+                                                 scratch)
     return c0, c1, c2, c3, e0, e1, e2, e3
 
 
@@ -602,6 +635,9 @@ def _make_gemv7(warps: int, units: int, blocks_per_sm: int):
         u_begin = warp * per
         u_end = min(u_begin + per, NU)
         tile16 = w16 + np.int64(tile) * NU * UNIT_CHUNKS
+        zero = opaque_zero(T)
+        bias = np.uint32(SEL_BIAS) + zero        # + (not |): LLVM would reassociate an | into the picks
+        magic = np.uint32(NIB_MAGIC) + zero
         z = float32(0.0)
         c0 = c1 = c2 = c3 = e0 = e1 = e2 = e3 = z
         for s in range(0, per, units):
@@ -612,22 +648,22 @@ def _make_gemv7(warps: int, units: int, blocks_per_sm: int):
                 if units == 2:
                     wb = _load_unit(w32, tile16 + np.int64(u0 + 1) * UNIT_CHUNKS, lane, g, u0 + 1 < u_end)
                 c0, c1, c2, c3, e0, e1, e2, e3 = _unit7(c0, c1, c2, c3, e0, e1, e2, e3, wa, x32,
-                                                        x16 + 32 * blk + xoff, KB, blk, ok_tok and u0 < u_end,
+                                                        x16 + 32 * blk + xoff, KB, blk, ok_tok and u0 < u_end, bias, magic,
                                                         scratch)
                 if units == 2:
                     c0, c1, c2, c3, e0, e1, e2, e3 = _unit7(c0, c1, c2, c3, e0, e1, e2, e3, wb, x32,
                                                             x16 + 32 * (blk + 2) + xoff, KB, blk + 2,
-                                                            ok_tok and u0 + 1 < u_end, scratch)
+                                                            ok_tok and u0 + 1 < u_end, bias, magic, scratch)
             else:                           # loads from units inside the weight, decode only the warp's
                 wa = _load_unit(w32, tile16 + np.int64(min(u0, NU - 1)) * UNIT_CHUNKS, lane, g, True)
                 if units == 2:
                     wb = _load_unit(w32, tile16 + np.int64(min(u0 + 1, NU - 1)) * UNIT_CHUNKS, lane, g, True)
                 if u0 < u_end:
                     c0, c1, c2, c3, e0, e1, e2, e3 = _unit7(c0, c1, c2, c3, e0, e1, e2, e3, wa, x32,
-                                                            x16 + 32 * blk + xoff, KB, blk, True, scratch)
+                                                            x16 + 32 * blk + xoff, KB, blk, True, bias, magic, scratch)
                 if units == 2 and u0 + 1 < u_end:
                     c0, c1, c2, c3, e0, e1, e2, e3 = _unit7(c0, c1, c2, c3, e0, e1, e2, e3, wb, x32,
-                                                            x16 + 32 * (blk + 2) + xoff, KB, blk + 2, True,
+                                                            x16 + 32 * (blk + 2) + xoff, KB, blk + 2, True, bias, magic,
                                                             scratch)
         base = (warp * 32 + lane) * 4
         red[base] = c0 + e0

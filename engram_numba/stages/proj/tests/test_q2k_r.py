@@ -106,11 +106,15 @@ def test_prmt_and_umulhi_twins():
     assert prmt(a, b, 0x0473) == 0x194C7F8C
     assert prmt(a, b, 0x8B38) == 0x00FF8C00           # nibble 8: byte 0 (0x19) sign 0; B: byte 3 sign 1
     assert umulhi(0xFFFFFFFF, 0xFFFFFFFF) == 0xFFFFFFFE and umulhi(0x03020100, 0x220000) == 0x6644
-    # pick4p's selectors: 34q + 16 per value, values 2, 3 through mul.hi
-    for q in range(4):
-        v = np.uint32(q * 0x01010101)
-        assert (v * np.uint32(0x22) + np.uint32(0x10101010)) & 0xFF == 2 * q | (2 * q + 1) << 4
-        assert (umulhi(v, 0x220000) + 0x1010) & 0xFFFF == (2 * q | (2 * q + 1) << 4) * 0x0101
+    # pick4p's selectors: byte i of v * 0x22 + SEL_LO_ADD (values 0, 1) and of mul.hi(v, SEL_HI_MUL)
+    # (values 2, 3) is 2q | (2q + 1) << 4 for every code q, v = codes | SEL_BIAS
+    assert C.SEL_BIAS & 0x03030303 == 0
+    for codes in range(256):
+        q = [(codes >> (2 * i)) & 3 for i in range(4)]
+        v = np.uint32(sum(qi << (8 * i) for i, qi in enumerate(q)) | C.SEL_BIAS)
+        sel = [2 * qi | (2 * qi + 1) << 4 for qi in q]
+        assert (int(v) * 0x22 + C.SEL_LO_ADD) & 0xFFFF == sel[0] | sel[1] << 8
+        assert umulhi(v, C.SEL_HI_MUL) & 0xFFFF == sel[2] | sel[3] << 8
 
 
 def test_v7_tables_and_picks_equal_v4s(rng):
@@ -123,9 +127,11 @@ def test_v7_tables_and_picks_equal_v4s(rng):
     for sc in range(256):
         for d, dmin in zip(ds, ds[::-1]):
             lo, hi = lut_rounded(np.uint32(sc), d, dmin)
-            p01, p23 = C.lut_pairs(np.uint32(sc), d, dmin)
+            n = np.uint32(sc << 8)                                     # the scale byte as byte 1
+            p01, p23 = C.lut_pairs(C.nibble_f32(n & np.uint32(0x0F0F0F0F), 1, C.NIB_MAGIC),
+                                   C.nibble_f32((n >> np.uint32(4)) & np.uint32(0x0F0F0F0F), 1, C.NIB_MAGIC), d, dmin)
             for shift in (0, 2, 4, 6):
-                assert C.pick4p(p01, p23, word, shift) == pick4(lo, hi, word, shift), (sc, d, dmin, shift)
+                assert C.pick4p(p01, p23, word, shift, C.SEL_BIAS) == pick4(lo, hi, word, shift), (sc, d, dmin, shift)
 
 
 @pytest.mark.slow
