@@ -18,13 +18,14 @@ gemv_q2k_v1 / gemv_fp8_v1 in the simulator or for unaligned data, the tensor-cor
 gemv_fp8_v2 on a GPU, for any T (8 tokens a weight pass; the engine decodes the weight to bf16
 and runs the bf16 GEMM above QUANT_GEMV_MAX_TOKENS). gemv_q2k_v3 (factored, exact weights) is
 picked by name.
-q2k_r weights (the Q2_K blocks re-laid out on the device, q2k_r.py): gemv_q2k_v7, v4's kernel with
-the decode's integer work cut by a third (bit-identical to v4). v4 (register-staged) was the fastest
-of v4..v6 at T = 1, 4 and 8 on the H200 (bench/results/h200_decode_dev_b4a1848.json,
-L2 flushed between runs): T=1 v4 45.7 us, v6 47.3, v5 47.5, against v2's 58.9 on the file layout
-and cuBLAS's 91.1 on the bf16 weight. All three sit at ~26% of the copy floor with the SMs ~65%
-busy (Nsight Compute, bench/results/h200_ncu_gemv_q2kr_b4a1848.txt): the decode's instructions,
-not the loads, bound them now.
+q2k_r weights (the Q2_K blocks re-laid out on the device, q2k_r.py): gemv_q2k_v4 (register-staged),
+the fastest of v4..v7 at T = 1, 4 and 8 on the H200 (bench/results/h200_decode_dev_b4a1848.json and
+h200_decode_dev_b26720f.json, L2 flushed between runs): T=1 v4 45.6-45.7 us, v6 46.7-47.3, v7 46.7,
+v5 47.4-47.5, against v2's 58.9 on the file layout and cuBLAS's 91-93 on the bf16 weight. All sit
+at ~26% of the copy floor with the SMs ~65% busy (Nsight Compute,
+bench/results/h200_ncu_gemv_q2kr_b4a1848.txt). v7 runs v4's kernel with 28% fewer instructions
+(55-60% fewer on the integer pipe) and bit-identical output at the same speed, so the instruction
+count alone is not what bounds them.
 """
 from __future__ import annotations
 
@@ -257,14 +258,16 @@ for _name, _log, _when, _rule, _sim in (
      "v2's math on q2k_r, the Q2_K weight re-laid out at load (same bytes): six 16-byte loads a lane per "
      "16 rows x 512 k, each warp's loads for its whole K share issued into registers before any decode, "
      "6 warps a block (160 registers: 2 blocks an SM); 45.7 / 46.2 / 46.2 us at T = 1 / 4 / 8, L2 cold (v2: 58.9)",
-     "never (pick it by name)", None,
+     "q2k_r weights (on a GPU the engine holds a Q2_K wkv as q2k_r)", lambda c: c["weight"] == "q2k_r",
      [(1, 768, 13)]),
     ("gemv_q2k_v7",
      "v4 (same stream, same values, same summation order: bit-identical kv) with a third of its integer "
      "instructions: table kept as cvt.rn.bf16x2's pair words, raw prmt, the second selector by mul.hi, "
-     "y0/y2 as fma, warp-uniform skips instead of zero-filled loads (1656 SASS instructions a 4-block "
-     "trip against v4's 1916; integer-pipe ones 780 against 1160; 147 registers)",
-     "q2k_r weights (on a GPU the engine holds a Q2_K wkv as q2k_r)", lambda c: c["weight"] == "q2k_r",
+     "y0/y2 as fma, warp-uniform skips instead of zero-filled loads (1382 SASS instructions a 4-block "
+     "trip against v4's 1916, integer-pipe ones ~490 against ~1160; 143 registers), and no faster: "
+     "46.7 / 47.3 / 48.9 us at T = 1 / 4 / 8 against v4's 45.6 / 46.4 / 45.7 in the same run, L2 cold "
+     "(bench/results/h200_decode_dev_b26720f.json): v4 is not bound by its instruction count",
+     "never (pick it by name)", None,
      [(1, 768, 13),
       (9, 1536, 5)]),           # 2 token groups, 3 units over 6 warps: warps with no unit
     ("gemv_q2k_v5",

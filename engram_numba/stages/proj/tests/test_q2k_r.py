@@ -94,7 +94,7 @@ def test_project_q_refuses_bad_q2k_r(rng):
         P.prepare_project_q(x, w, out=cuda.device_array((1, 40), np.uint16), weight="q2k_r")
     with pytest.raises(ValueError, match="wkv_raw must be \\[N, K/256\\*84\\]"):
         P.prepare_project_q(x, w, out=cuda.device_array((1, 20), np.uint16), weight="q2k", version="gemv_q2k_v4")
-    assert P.pick(1, 512, 20, weight="q2k_r").name == "gemv_q2k_v7"
+    assert P.pick(1, 512, 20, weight="q2k_r").name == "gemv_q2k_v4"
 
 
 def test_prmt_and_umulhi_twins():
@@ -159,9 +159,9 @@ def test_two_layer_launch_equals_the_single_launches(rng):
     xs = [cuda.to_device(x) for x in xh]
     pair = cuda.to_device(np.concatenate([repack_q2k_r(r, K) for r in raws]))
     outs = [cuda.to_device(np.full((T, N), POISON, np.uint16)) for _ in range(2)]
-    C.prepare_pair("gemv_q2k_v7", xs[0], xs[1], pair, outs[0], outs[1])()
+    C.prepare_pair("gemv_q2k_v4", xs[0], xs[1], pair, outs[0], outs[1])()
     single = cuda.to_device(np.full((T, N), POISON, np.uint16))
-    P.project_q(xs[1], cuda.to_device(repack_q2k_r(raws[1], K)), None, single, weight="q2k_r", version="gemv_q2k_v7")
+    P.project_q(xs[1], cuda.to_device(repack_q2k_r(raws[1], K)), None, single, weight="q2k_r", version="gemv_q2k_v4")
     np.testing.assert_array_equal(outs[1].copy_to_host(), single.copy_to_host())
     ref = R.projection_exact(xh[0], R.wkv_q2k_bf16(raws[0], K))
     assert bf16_ulp_distance(outs[0].copy_to_host(), ref).max() <= 1
