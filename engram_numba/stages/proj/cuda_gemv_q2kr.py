@@ -2,7 +2,7 @@
 
     prepare_repack(raw, packed, N, K)      Q2_K blocks uint8 [N, K/256*84] -> q2k_r, on the device
     prepare_decode_q2k_r(packed, out)      q2k_r -> bf16 words uint16 [N, K], through the GEMV's decode
-    gemv_q2k_v4, v5, v6                    kv = bf16(x @ W^T) for a few tokens, W read as q2k_r
+    gemv_q2k_v4 .. v7                      kv = bf16(x @ W^T) for a few tokens, W read as q2k_r
 
 The math is gemv_q2k_v2's (bf16-rounded weights: each weight is the reference decoder's fp32 value
 `(d*sc)*q - dmin*m` rounded to bf16, picked from a byte_perm table of the sub-block's 4 values, fed
@@ -22,6 +22,9 @@ blockIdx.z picks the layer) giving each layer the bits of its own launch.
                the chunks it will read (no barrier in the stream), one commit group a unit, decoding
                unit i once only the later units are in flight: 80 registers, 36 KB of slots (5 blocks
                an SM fit).
+  gemv_q2k_v7  v4 with a third of its integer instructions (pair-word tables, raw prmt, mul.hi
+               selectors and shifts, fma table entries, warp-uniform skips): bit-identical to v4,
+               143 registers, not faster on the H200.
 """
 from __future__ import annotations
 
@@ -467,8 +470,8 @@ def _make_gemv_cp():
 
 # ---- gemv_q2k_v7: v4's stream and math, a third of its integer instructions -------------------------
 # v4 spends ~30 SASS instructions a mma on decoding, two thirds of them on the integer pipe (half
-# the FP32 pipe's rate on sm_90), which bounds it. v7 keeps every value, product and sum of v4 (so
-# its kv is v4's, bit for bit) and cuts:
+# the FP32 pipe's rate on sm_90). v7 keeps every value, product and sum of v4 (so its kv is v4's,
+# bit for bit) and cuts:
 #   - the table: a sub-block's 4 bf16 values stay as the two words cvt.rn.bf16x2 packs (entry q at
 #     bytes 2q, 2q+1), so a value's selector byte is 34q + 16 (`pick4p`) and the two byte_perm
 #     that split the table into low / high bytes go; y0 = 0*s - o and y2 = 2*s - o are one fma
@@ -479,6 +482,9 @@ def _make_gemv_cp():
 #     skips it with a warp-uniform branch, so x is loaded unconditionally (tokens past T read the
 #     last token and are dropped at the store) and nothing is zero-filled. The simulator's mma
 #     twin needs every thread at every mma, so there the zero-fill path of v4 stays.
+# Per 4-block trip of a warp (64 mma, sm_90a SASS): 1382 instructions against v4's 1916, ~490 on
+# the integer pipe against ~1160. On the H200 it runs at v4's speed or 1-3 us slower (records.py):
+# the issue rate of the decode is not what holds these GEMVs at a quarter of the copy floor.
 
 # pick4p's selectors: v = codes | SEL_BIAS (bits disjoint from the codes' 0x03030303, so | is +);
 # v * 0x22 + SEL_LO_ADD has 2q | (2q + 1) << 4 in bytes 0, 1 (values 0, 1), and
