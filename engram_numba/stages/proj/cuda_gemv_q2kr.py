@@ -482,9 +482,10 @@ def _make_gemv_cp():
 #     skips it with a warp-uniform branch, so x is loaded unconditionally (tokens past T read the
 #     last token and are dropped at the store) and nothing is zero-filled. The simulator's mma
 #     twin needs every thread at every mma, so there the zero-fill path of v4 stays.
-# Per 4-block trip of a warp (64 mma, sm_90a SASS): 1382 instructions against v4's 1916, ~490 on
-# the integer pipe against ~1160. On the H200 it runs at v4's speed or 1-3 us slower (records.py):
-# the issue rate of the decode is not what holds these GEMVs at a quarter of the copy floor.
+# Per 4-block trip of a warp (64 mma, sm_90a SASS, tests/sass_count_q2kr.py): 1382 instructions
+# against v4's 1916, 521 on the integer pipe against 1178. On the H200 it runs at v4's speed or
+# 1-3 us slower (records.py): the issue rate of the decode is not what holds these GEMVs at a
+# quarter of the copy floor.
 
 # pick4p's selectors: v = codes | SEL_BIAS (bits disjoint from the codes' 0x03030303, so | is +);
 # v * 0x22 + SEL_LO_ADD has 2q | (2q + 1) << 4 in bytes 0, 1 (values 0, 1), and

@@ -24,7 +24,7 @@ h200_decode_dev_b26720f.json, L2 flushed between runs): T=1 v4 45.6-45.7 us, v6 
 v5 47.4-47.5, against v2's 58.9 on the file layout and cuBLAS's 91-93 on the bf16 weight. All sit
 at ~26% of the copy floor with the SMs ~65% busy (Nsight Compute,
 bench/results/h200_ncu_gemv_q2kr_b4a1848.txt). v7 runs v4's kernel with 28% fewer instructions
-(55-60% fewer on the integer pipe) and bit-identical output at the same speed, so the instruction
+(56% fewer on the integer pipe, tests/sass_count_q2kr.py) and bit-identical output at the same speed, so the instruction
 count alone is not what bounds them.
 """
 from __future__ import annotations
@@ -264,7 +264,7 @@ for _name, _log, _when, _rule, _sim in (
      "v4 (same stream, same values, same summation order: bit-identical kv) with a third of its integer "
      "instructions: table kept as cvt.rn.bf16x2's pair words, raw prmt, the second selector by mul.hi, "
      "y0/y2 as fma, warp-uniform skips instead of zero-filled loads (1382 SASS instructions a 4-block "
-     "trip against v4's 1916, integer-pipe ones ~490 against ~1160; 143 registers), and no faster: "
+     "trip against v4's 1916, integer-pipe ones 521 against 1178; 143 registers), and no faster: "
      "46.7 / 47.3 / 48.9 us at T = 1 / 4 / 8 against v4's 45.6 / 46.4 / 45.7 in the same run, L2 cold "
      "(bench/results/h200_decode_dev_b26720f.json): v4 is not bound by its instruction count",
      "never (pick it by name)", None,

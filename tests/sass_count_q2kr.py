@@ -1,0 +1,88 @@
+"""SASS instruction counts of the q2k_r GEMVs' main loop, for sm_90a, on a machine with no GPU.
+
+    NVDISASM=/path/to/nvdisasm python tests/sass_count_q2kr.py [gemv_q2k_v4 gemv_q2k_v7 ...]
+
+Compiles each kernel as the compile tier does (`engram_numba.stages.compile_check`: numba's PTX,
+assembled by nvJitLink for sm_90a), disassembles the cubin with nvdisasm (CUDA toolkit, or the
+`nvidia-cuda-nvdisasm` wheel) and counts the opcodes of the K loop's body: one trip of a warp is
+2 units = 4 Q2_K blocks of 16 rows = 64 mma = 16384 weights. Prints the total, the integer-pipe
+share (LOP3, PRMT, SHF, MOV, CS2R, IADD3, LEA, ISETP, SEL: half the FP32 pipe's rate on sm_90)
+and the top opcodes. The loop is found as the span between the label a backward branch jumps to
+and the last branch back to it.
+"""
+from __future__ import annotations
+
+import collections
+import os
+import re
+import shutil
+import subprocess
+import sys
+import tempfile
+
+os.environ["NUMBA_ENABLE_CUDASIM"] = "0"
+
+INT_PIPE = ("LOP3", "PRMT", "SHF", "MOV", "CS2R", "IADD3", "LEA", "ISETP", "SEL")
+WEIGHTS_A_TRIP = 4 * 16 * 256
+
+
+def sass_of(name: str) -> str:
+    from cuda.bindings import nvjitlink as nj
+    from numba import cuda
+
+    from engram_numba.stages import compile_check as cc
+    from engram_numba.stages.proj import cuda_gemv_q2kr as C, records
+    cc._patch_current_device()
+    k = C.KERNELS[name]
+    ptx, _ = cuda.compile_ptx(k.py_func, tuple(records.FAST_ARGS), cc=cc.CC,
+                              launch_bounds=k.targetoptions.get("launch_bounds"))
+    h = nj.create(1, [f"-arch={cc.ARCH}"])
+    try:
+        data = ptx.encode()
+        nj.add_data(h, nj.InputType.PTX, data, len(data), name)
+        nj.complete(h)
+        cubin = bytearray(nj.get_linked_cubin_size(h))
+        nj.get_linked_cubin(h, cubin)
+    finally:
+        nj.destroy(h)
+    tool = os.environ.get("NVDISASM") or shutil.which("nvdisasm")
+    if not tool:
+        raise SystemExit("error: no nvdisasm (set NVDISASM, or pip install nvidia-cuda-nvdisasm)")
+    with tempfile.NamedTemporaryFile(suffix=".cubin") as f:
+        f.write(cubin)
+        f.flush()
+        return subprocess.run([tool, "-c", f.name], capture_output=True, text=True, check=True).stdout
+
+
+def loop_counts(sass: str) -> collections.Counter:
+    lines = sass.splitlines()
+    labels = {m.group(1): i for i, ln in enumerate(lines) if (m := re.match(r"^(\.L_x_\d+):", ln))}
+    best = None
+    for i, ln in enumerate(lines):
+        m = re.search(r"BRA `\((\.L_x_\d+)\)", ln)
+        if m and m.group(1) in labels and labels[m.group(1)] < i:
+            span = (labels[m.group(1)], i)
+            if best is None or span[1] - span[0] > best[1] - best[0]:
+                best = span
+    if best is None:
+        raise SystemExit("error: no backward branch (loop) found in the SASS")
+    ops = collections.Counter()
+    for ln in lines[best[0]:best[1] + 1]:
+        m = re.match(r"^\s+/\*[0-9a-f]+\*/\s+(?:@!?U?P\w+\s+)?([A-Z0-9_]+)", ln)
+        if m:
+            ops[m.group(1)] += 1
+    return ops
+
+
+def main(names) -> None:
+    for name in names:
+        ops = loop_counts(sass_of(name))
+        total = sum(ops.values())
+        integer = sum(v for k, v in ops.items() if k in INT_PIPE)
+        print(f"{name}: {total} instructions a trip ({total / WEIGHTS_A_TRIP:.3f} a weight), integer pipe "
+              f"{integer} ({integer / WEIGHTS_A_TRIP:.3f} a weight), HMMA {ops.get('HMMA', 0)}")
+        print("   " + ", ".join(f"{k} {v}" for k, v in ops.most_common(12)))
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:] or ["gemv_q2k_v4", "gemv_q2k_v7"])
