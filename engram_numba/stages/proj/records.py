@@ -260,16 +260,6 @@ for _name, _log, _when, _rule, _sim in (
      "6 warps a block (160 registers: 2 blocks an SM); 45.7 / 46.2 / 46.2 us at T = 1 / 4 / 8, L2 cold (v2: 58.9)",
      "q2k_r weights (on a GPU the engine holds a Q2_K wkv as q2k_r)", lambda c: c["weight"] == "q2k_r",
      [(1, 768, 13)]),
-    ("gemv_q2k_v7",
-     "v4 (same stream, same values, same summation order: bit-identical kv) with a third of its integer "
-     "instructions: table kept as cvt.rn.bf16x2's pair words, raw prmt, the second selector by mul.hi, "
-     "y0/y2 as fma, warp-uniform skips instead of zero-filled loads (1382 SASS instructions a 4-block "
-     "trip against v4's 1916, integer-pipe ones 521 against 1178; 143 registers), and no faster: "
-     "46.7 / 47.3 / 48.9 us at T = 1 / 4 / 8 against v4's 45.6 / 46.4 / 45.7 in the same run, L2 cold "
-     "(bench/results/h200_decode_dev_b26720f.json): v4 is not bound by its instruction count",
-     "never (pick it by name)", None,
-     [(1, 768, 13),
-      (9, 1536, 5)]),           # 2 token groups, 3 units over 6 warps: warps with no unit
     ("gemv_q2k_v5",
      "v4 with 12 warps a block, each loading one unit (24 words a lane): 79 registers, 24 warps an SM "
      "(47.5 / 47.8 / 48.7 us at T = 1 / 4 / 8)", "never (pick it by name)", None,
@@ -280,6 +270,16 @@ for _name, _log, _when, _rule, _sim in (
      "an SM (47.3 / 46.6 / 48.0 us at T = 1 / 4 / 8)", "never (pick it by name)", None,
      [(3, 768, 13),
       (1, 6656, 13)]),          # 13 units > 4 warps x 3: two trips, warps with no units
+    ("gemv_q2k_v7",
+     "v4 (same stream, same values, same summation order: bit-identical kv) with a third of its integer "
+     "instructions: table kept as cvt.rn.bf16x2's pair words, raw prmt, the second selector by mul.hi, "
+     "y0/y2 as fma, warp-uniform skips instead of zero-filled loads (1382 SASS instructions a 4-block "
+     "trip against v4's 1916, integer-pipe ones 521 against 1178; 143 registers), and no faster: "
+     "46.7 / 47.3 / 48.9 us at T = 1 / 4 / 8 against v4's 45.6 / 46.4 / 45.7 in the same run, L2 cold "
+     "(bench/results/h200_decode_dev_b26720f.json): v4 is not bound by its instruction count",
+     "never (pick it by name)", None,
+     [(1, 768, 13),
+      (9, 1536, 5)]),           # 2 token groups, 3 units over 6 warps: warps with no unit
 ):
     _proj(_name, _log, kernel=cuda_gemv_q2kr.KERNELS[_name], geometry=cuda_gemv_q2kr.geometry(_name), args="fast",
           specs=_q2kr_specs(_name, cuda_gemv_q2kr.KERNELS[_name], cuda_gemv_q2kr.PAIR_KERNELS[_name],
