@@ -655,8 +655,8 @@ def _make_gemv7(warps: int, units: int, blocks_per_sm: int):
                 if units == 2:
                     wb = _load_unit(w32, tile16 + np.int64(u0 + 1) * UNIT_CHUNKS, lane, g, u0 + 1 < u_end)
                 c0, c1, c2, c3, e0, e1, e2, e3 = _unit7(c0, c1, c2, c3, e0, e1, e2, e3, wa, x32,
-                                                        x16 + 32 * blk + xoff, KB, blk, ok_tok and u0 < u_end, bias, magic,
-                                                        scratch)
+                                                        x16 + 32 * blk + xoff, KB, blk, ok_tok and u0 < u_end,
+                                                        bias, magic, scratch)
                 if units == 2:
                     c0, c1, c2, c3, e0, e1, e2, e3 = _unit7(c0, c1, c2, c3, e0, e1, e2, e3, wb, x32,
                                                             x16 + 32 * (blk + 2) + xoff, KB, blk + 2,
