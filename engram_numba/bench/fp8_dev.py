@@ -68,7 +68,7 @@ def run(out_dir: Path, tokens, smoke: bool) -> list:
     from ..bf16 import bf16_to_f32
     from ..stages.proj import cpu as C
     from ..stages.proj import reference as R
-    from ..stages.proj.cuda_fp8_wgmma import prepare_act_quant
+    from ..stages.proj.cuda_fp8_wgmma import prepare_act_quant, scales_by_row, stage_scales_shape
     from ..stages.proj.launch import prepare_project, prepare_project_q
     from .timing import DeviceTimer
 
@@ -89,14 +89,14 @@ def run(out_dir: Path, tokens, smoke: bool) -> list:
             # 1. act_quant, all of x
             q_want, s_want = C.act_quant_cpu(x)
             qd = cuda.device_array((T, K), np.uint8)
-            sd = cuda.device_array((T, K // 32), np.float32)
+            sd = cuda.to_device(np.zeros(stage_scales_shape(T, K), np.float32))
             prepare_act_quant(dx, qd, sd)()
             from ..stages.rows.fp8 import E4M3_VALUES
             q_got = E4M3_VALUES[qd.copy_to_host()]
             rec[f"act_quant_{kind}_bit_exact"] = bool(np.array_equal(q_got.view(np.uint32) & 0x7FFFFFFF,
                                                                      q_want.view(np.uint32) & 0x7FFFFFFF)
                                                       and np.array_equal(np.signbit(q_got), np.signbit(q_want))
-                                                      and np.array_equal(sd.copy_to_host(), s_want))
+                                                      and np.array_equal(scales_by_row(sd.copy_to_host(), K), s_want))
             # 2. the GEMMs on sampled rows
             rows = np.unique(np.r_[0, T - 1, rng.integers(0, T, SAMPLE_ROWS)])[:SAMPLE_ROWS]
             twin = C.projection_deepseek_fp8_cpu(x[rows], codes, scales)

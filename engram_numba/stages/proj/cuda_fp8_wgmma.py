@@ -57,7 +57,11 @@ ROW_BYTES = BK
 GROUP_BYTES = 8 * ROW_BYTES     # one 1024-byte swizzle atom
 ALIGN_SLACK = 1024
 A_BYTES = BM * ROW_BYTES
-STAGE_BYTES = (BM + BN) * ROW_BYTES
+B_BYTES = BN * ROW_BYTES
+SX_BYTES = BM * 16               # a stage's scales of x: 4 k blocks x 128 token rows (one 16-byte chunk a row)
+SW_BYTES = (BN // BLOCK) * 16    # ... and of w: 4 k blocks x 4 tiles of 32 outputs
+STAGE_BYTES = -(-(A_BYTES + B_BYTES + SX_BYTES + SW_BYTES) // 1024) * 1024   # atoms stay 1024-aligned
+SCALE_K = BK // BLOCK           # k blocks a stage (4): the scale arrays' innermost axis
 STASH_STRIDE = BN // 2 + (4 - BN // 2) % 8      # words a row of the bf16x2 output tile (bank-conflict free)
 SMEM_BYTES = max(STAGES * STAGE_BYTES, BM * STASH_STRIDE * 4) + ALIGN_SLACK
 
@@ -230,7 +234,8 @@ def _word_amax(amax, u):
 
 @cuda.jit(**bounds(AQ_THREADS, 8))
 def act_quant_kernel(x32, q32, s, T, K):
-    # x32: uint32 [T*K/2] bf16 pairs; q32: uint32 [T*K/4] e4m3 codes; s: float32 [T, K/32].
+    # x32: uint32 [T*K/2] bf16 pairs; q32: uint32 [T*K/4] e4m3 codes; s: float32 [ceil(K/128), T, 4]
+    # (the scale of group b of token t at [b // 4, t, b % 4]: one 16-byte chunk per token and GEMM stage).
     # One thread a group of 32 values: 4 16-byte loads for the amax, the same 4 (L1 hits) again to
     # quantise, 2 16-byte stores of codes.
     i = cuda.grid(1)
@@ -246,7 +251,7 @@ def act_quant_kernel(x32, q32, s, T, K):
         u0, u1, u2, u3 = load_u32x4(x32, v0 + c)
         amax = _word_amax(_word_amax(_word_amax(_word_amax(amax, u0), u1), u2), u3)
     scale = act_scale(amax)
-    s[t, b] = scale
+    s[b >> 2, t, b & 3] = scale
     for c in range(2):                               # 16 values -> one 16-byte chunk of codes
         u0, u1, u2, u3 = load_u32x4(x32, v0 + 2 * c)
         u4, u5, u6, u7 = load_u32x4(x32, v0 + 2 * c + 1)
@@ -259,13 +264,13 @@ def act_quant_kernel(x32, q32, s, T, K):
 
 @cuda.jit
 def e8m0_table_kernel(scales, out):
-    # scales: uint8 [NB, KB] e8m0 bytes -> out: float32 [KB, NB] (transposed: a k block's tiles adjacent)
+    # scales: uint8 [NB, KB] e8m0 bytes -> out: float32 [ceil(KB/4), NB, 4] (the stage layout of act_quant's s)
     i = cuda.grid(1)
     NB, KB = scales.shape
     if i < NB * KB:
         nb = i // KB
         kb = i - nb * KB
-        out[kb, nb] = e8m0_to_f32(scales[nb, kb])
+        out[kb >> 2, nb, kb & 3] = e8m0_to_f32(scales[nb, kb])
 
 
 # ---- the GEMM --------------------------------------------------------------------------------------
@@ -275,15 +280,23 @@ def make_kernel(double_buffer: bool):
     B_CHUNKS = BN * 8 // THREADS
     K_STEP = 32                              # a k32 step: 32 bytes along the swizzled 128-byte row
     ZERO = tuple(np.float32(0.0) for _ in range(NACC))
-    ZS = tuple(np.float32(0.0) for _ in range(2 * NG))
     cp_wait = cp_async_waiter(STAGES - 2)
     cp_wait0 = cp_async_waiter(0)
     mma_wait0 = wgmma_waiter(0)
     mma_wait1 = wgmma_waiter(1)
 
     @device_function(**INLINE)
-    def _issue_stage(smem, stage_off, x32, w32, m0, n0, T, N, K16, kt, row0, q, off0):
-        """cp.async this thread's 16-byte chunks of k tile kt into the stage at byte stage_off."""
+    def _issue_stage(smem, stage_off, x32, w32, sx32, sw32, m0, n0, T, N, NB, K16, kt, row0, q, off0, tid):
+        """cp.async this thread's 16-byte chunks of k tile kt into the stage at byte stage_off: the
+        operands, and (threads 0..131) the tile's scales: x's for 128 token rows, w's for 4 tiles."""
+        if tid < BM:
+            r = m0 + tid
+            cp_async_16(smem, stage_off + A_BYTES + B_BYTES + 16 * tid, sx32, np.int64(kt) * T + min(r, T - 1),
+                        16 if r < T else 0)
+        elif tid < BM + BN // BLOCK:
+            c = tid - BM
+            cp_async_16(smem, stage_off + A_BYTES + B_BYTES + SX_BYTES + 16 * c, sw32,
+                        np.int64(kt) * NB + min(n0 // BLOCK + c, NB - 1), 16)
         kq = kt * 8 + q
         k_ok = kq < K16
         kc = min(kq, K16 - 1)
@@ -298,30 +311,28 @@ def make_kernel(double_buffer: bool):
                         16 if ok else 0)
 
     @device_function(**INLINE)
-    def _scales(sx, sw, t0, t1, c0, c1, c2, c3, kb, KB):
-        """(s_x[t0] * s_w[c0..c3], s_x[t1] * s_w[c0..c3]) of k block kb (zeros past K: the zero-filled
-        tail's partial is 0 and must stay 0)."""
-        if kb < KB:
-            a0 = sx[t0, kb]
-            a1 = sx[t1, kb]
-            w0 = sw[kb, c0]
-            w1 = sw[kb, c1]
-            w2 = sw[kb, c2]
-            w3 = sw[kb, c3]
-            return (a0 * w0, a0 * w1, a0 * w2, a0 * w3, a1 * w0, a1 * w1, a1 * w2, a1 * w3)
-        return ZS
+    def _scales(smem, sc, r0, j):
+        """(s_x[row r0] * s_w[tiles 0..3], s_x[row r0 + 8] * s_w[tiles 0..3]) of k block j of the stage
+        whose scales start at word sc of smem (zeros past K: the zero-filled tail's partial stays 0)."""
+        a0 = u32_as_f32(smem[sc + 4 * r0 + j])
+        a1 = u32_as_f32(smem[sc + 4 * r0 + 32 + j])
+        w = sc + SX_BYTES // 4 + j
+        w0 = u32_as_f32(smem[w])
+        w1 = u32_as_f32(smem[w + 4])
+        w2 = u32_as_f32(smem[w + 8])
+        w3 = u32_as_f32(smem[w + 12])
+        return (a0 * w0, a0 * w1, a0 * w2, a0 * w3, a1 * w0, a1 * w1, a1 * w2, a1 * w3)
 
     @cuda.jit(**bounds(THREADS, 1))
-    def gemm_fp8(x32, w32, sx, sw, out, T, K):
-        # x32: uint32 [T*K/4] e4m3 codes of x; w32: uint32 [N*K/4] of wkv; sx: float32 [T, K/32];
-        # sw: float32 [K/32, ceil(N/32)]; out: uint16 [T, N]
+    def gemm_fp8(x32, w32, sx32, sw32, out, T, K):
+        # x32: uint32 [T*K/4] e4m3 codes of x; w32: uint32 [N*K/4] of wkv; sx32: float32 bits
+        # [ceil(K/128) * T * 4] (act_quant's stage layout); sw32: [ceil(K/128) * ceil(N/32) * 4]; out: uint16 [T, N]
         smem = cuda.shared.array(0, types.uint32)
         tid = cuda.threadIdx.x
         wg = tid >> 7
         N = out.shape[1]
         K16 = K >> 4
-        KB = K >> 5
-        NB = sw.shape[1]
+        NB = (N + BLOCK - 1) // BLOCK
         n_k = (K16 + 7) >> 3
         m0 = cuda.blockIdx.x * BM
         n0 = cuda.blockIdx.y * BN
@@ -334,20 +345,14 @@ def make_kernel(double_buffer: bool):
         d_hi = wgmma_descriptor(0, 16, GROUP_BYTES, WGMMA_SWIZZLE_128B)
         a_wg = wg * (64 * ROW_BYTES)
 
-        # this thread's accumulator rows (token) and scale tiles (outputs), clamped into range
+        # this thread's first accumulator row within the CTA tile (the second is 8 below)
         p = tid & 127
-        r_lo = m0 + wg * 64 + 16 * (p >> 5) + ((p & 31) >> 2)
-        t0 = min(r_lo, T - 1)
-        t1 = min(r_lo + 8, T - 1)
-        cb = n0 // BLOCK
-        c0 = min(cb, NB - 1)
-        c1 = min(cb + 1, NB - 1)
-        c2 = min(cb + 2, NB - 1)
-        c3 = min(cb + 3, NB - 1)
+        r0 = wg * 64 + 16 * (p >> 5) + ((p & 31) >> 2)
 
         for s in range(STAGES - 1):
             if s < n_k:
-                _issue_stage(smem, s0 - base + s * STAGE_BYTES, x32, w32, m0, n0, T, N, K16, s, row0, q, off0)
+                _issue_stage(smem, s0 - base + s * STAGE_BYTES, x32, w32, sx32, sw32, m0, n0, T, N, NB, K16, s, row0, q,
+                             off0, tid)
             cp_async_commit()
 
         acc = ZERO
@@ -358,12 +363,10 @@ def make_kernel(double_buffer: bool):
             cp_wait()
             fence_proxy_async()
             cuda.syncthreads()
-            kb = kt * 4
+            sc = (st - base + A_BYTES + B_BYTES) >> 2      # word of this stage's scales in smem
             if double_buffer:
                 # blocks kb (pa) and kb+1 (pb) in flight; each promotion waits only for its own block,
                 # the next block's MMA runs meanwhile; the stage ends with nothing in flight
-                sa = _scales(sx, sw, t0, t1, c0, c1, c2, c3, kb, KB)
-                sb = _scales(sx, sw, t0, t1, c0, c1, c2, c3, kb + 1, KB)
                 pa = wgmma_fence(pa)
                 pa = wgmma_e4m3(pa, d_hi | wgmma_descriptor(st + a_wg, 0, 0, 0),
                                 d_hi | wgmma_descriptor(st + A_BYTES, 0, 0, 0), smem)
@@ -373,37 +376,34 @@ def make_kernel(double_buffer: bool):
                                 d_hi | wgmma_descriptor(st + A_BYTES + K_STEP, 0, 0, 0), smem)
                 wgmma_commit()
                 pa = mma_wait1(pa)
-                acc = fp8_promote(acc, pa, sa)
-                sa = _scales(sx, sw, t0, t1, c0, c1, c2, c3, kb + 2, KB)
+                acc = fp8_promote(acc, pa, _scales(smem, sc, r0, 0))
                 pa = wgmma_fence(pa)
                 pa = wgmma_e4m3(pa, d_hi | wgmma_descriptor(st + a_wg + 2 * K_STEP, 0, 0, 0),
                                 d_hi | wgmma_descriptor(st + A_BYTES + 2 * K_STEP, 0, 0, 0), smem)
                 wgmma_commit()
                 pb = mma_wait1(pb)
-                acc = fp8_promote(acc, pb, sb)
-                sb = _scales(sx, sw, t0, t1, c0, c1, c2, c3, kb + 3, KB)
+                acc = fp8_promote(acc, pb, _scales(smem, sc, r0, 1))
                 pb = wgmma_fence(pb)
                 pb = wgmma_e4m3(pb, d_hi | wgmma_descriptor(st + a_wg + 3 * K_STEP, 0, 0, 0),
                                 d_hi | wgmma_descriptor(st + A_BYTES + 3 * K_STEP, 0, 0, 0), smem)
                 wgmma_commit()
                 pa = mma_wait1(pa)
-                acc = fp8_promote(acc, pa, sa)
+                acc = fp8_promote(acc, pa, _scales(smem, sc, r0, 2))
                 pb = mma_wait0(pb)
-                acc = fp8_promote(acc, pb, sb)
+                acc = fp8_promote(acc, pb, _scales(smem, sc, r0, 3))
             else:
                 for ks in range(4):
-                    sa = _scales(sx, sw, t0, t1, c0, c1, c2, c3, kb + ks, KB)
                     pa = wgmma_fence(pa)
                     pa = wgmma_e4m3(pa, d_hi | wgmma_descriptor(st + a_wg + ks * K_STEP, 0, 0, 0),
                                     d_hi | wgmma_descriptor(st + A_BYTES + ks * K_STEP, 0, 0, 0), smem)
                     wgmma_commit()
                     pa = mma_wait0(pa)
-                    acc = fp8_promote(acc, pa, sa)
+                    acc = fp8_promote(acc, pa, _scales(smem, sc, r0, ks))
             cuda.syncthreads()                       # both warpgroups are done with stage kt
             nk = kt + STAGES - 1
             if nk < n_k:
-                _issue_stage(smem, s0 - base + (nk % STAGES) * STAGE_BYTES, x32, w32, m0, n0, T, N, K16, nk,
-                             row0, q, off0)
+                _issue_stage(smem, s0 - base + (nk % STAGES) * STAGE_BYTES, x32, w32, sx32, sw32, m0, n0, T, N, NB,
+                             K16, nk, row0, q, off0, tid)
             cp_async_commit()
         cp_wait0()
         cuda.syncthreads()
@@ -462,9 +462,27 @@ class Fp8GemmLaunch:
         return f"Fp8GemmLaunch({self.name}: act_quant {self.quant.grid} + gemm {self.grid})"
 
 
+def stage_scales_shape(rows: int, K: int) -> tuple:
+    """Shape of a scale array in the GEMM's stage layout: [ceil(K/128), rows, 4] float32, the scale of
+    k block b of row r at [b // 4, r, b % 4] (zeros past K)."""
+    return (cdiv(K, BK), rows, SCALE_K)
+
+
+def scales_by_row(s3, K: int) -> np.ndarray:
+    """A host scale array in the stage layout -> [rows, K/32] (row-major blocks, as act_quant_cpu's s)."""
+    s3 = np.asarray(s3)
+    rows = s3.shape[1]
+    return np.ascontiguousarray(s3.transpose(1, 0, 2).reshape(rows, -1)[:, : K // BLOCK])
+
+
+def _zeros(shape, stream):
+    return cuda.to_device(np.zeros(shape, dtype=np.float32), stream=stream)
+
+
 def prepare_act_quant(x, q_codes, x_scales, *, stream=0) -> PreparedLaunch:
     """act_quant of x (device uint16 [T, K] bf16 words, K % 32 == 0, 16-byte aligned) into q_codes
-    (uint8 [T, K]) and x_scales (float32 [T, K/32])."""
+    (uint8 [T, K]) and x_scales (float32 `stage_scales_shape(T, K)`, zero-filled once by the caller:
+    the padding past K is never written; `scales_by_row` turns it into [T, K/32])."""
     T, K = x.shape
     grid, block = act_quant_geometry(T, K)
     args = (x.view(np.uint32).reshape(T * K // 2), q_codes.view(np.uint32).reshape(T * K // 4), x_scales, T, K)
@@ -473,22 +491,25 @@ def prepare_act_quant(x, q_codes, x_scales, *, stream=0) -> PreparedLaunch:
 
 def launcher(rec, x, codes, scales, out, *, stream=0) -> Fp8GemmLaunch:
     """The records' launcher (`prepare_project_q(..., weight="fp8", version=...)` has checked the
-    shapes: x [T, K] bf16, codes [N, K] uint8, scales [ceil(N/32), K/32] uint8, out [T, N])."""
+    shapes: x [T, K] bf16, codes [N, K] uint8, scales [ceil(N/32), K/32] uint8, out [T, N]). The
+    workspaces (x's codes and scales, w's scales as fp32 in the stage layout) are allocated here,
+    once per prepared launch."""
     from ...device.devarray import data_address
     T, K = x.shape
     N = codes.shape[0]
     if data_address(x) % 16 or data_address(codes) % 16:
         raise ValueError(f"{rec.name} reads x and the e4m3 codes as 16-byte chunks: both must be 16-byte aligned")
     q_codes = cuda.device_array((T, K), dtype=np.uint8, stream=stream)
-    x_scales = cuda.device_array((T, K // BLOCK), dtype=np.float32, stream=stream)
+    x_scales = _zeros(stage_scales_shape(T, K), stream)
     NB, KB = scales.shape
-    w_scales = cuda.device_array((KB, NB), dtype=np.float32, stream=stream)
+    w_scales = _zeros(stage_scales_shape(NB, K), stream)
     e8m0_table_kernel[cdiv(NB * KB, 256), 256, stream](scales, w_scales)
     quant = prepare_act_quant(x, q_codes, x_scales, stream=stream)
     kernel = rec.kernel_for(T)
     grid, block, smem = geometry(T, N)
-    args = (q_codes.view(np.uint32).reshape(T * K // 4), codes.view(np.uint32).reshape(N * K // 4), x_scales,
-            w_scales, out, T, K)
+    args = (q_codes.view(np.uint32).reshape(T * K // 4), codes.view(np.uint32).reshape(N * K // 4),
+            x_scales.view(np.uint32).reshape(x_scales.size), w_scales.view(np.uint32).reshape(w_scales.size),
+            out, T, K)
     allow_dynamic_shared(kernel, args, smem)
     gemm = PreparedLaunch(rec.name, kernel, grid, block, stream, args, out, sharedmem=smem)
     return Fp8GemmLaunch(rec.name, quant, gemm, out, q_codes, x_scales, w_scales)

@@ -283,15 +283,15 @@ for _name, _log, _when, _rule, _sim in (
 # docs/numerics.md states (the tensor core's order inside a k32 step is unspecified).
 
 DEEPSEEK_FP8_VERSIONS = ("gemm_fp8_v1", "gemm_fp8_v2")
-_F32_2D = types.float32[:, ::1]
-_FP8_GEMM_ARGS = (_U32_1D, _U32_1D, _F32_2D, _F32_2D, _U16_2D, types.int64, types.int64)   # xq32, w32, sx, sw, out, T, K
+_F32_3D = types.float32[:, :, ::1]
+_FP8_GEMM_ARGS = (_U32_1D, _U32_1D, _U32_1D, _U32_1D, _U16_2D, types.int64, types.int64)   # xq32, w32, sx32, sw32, out, T, K
 
 
 def _fp8_gemm_specs(name):
     return (Spec("", cuda_fp8_wgmma.KERNELS[name], _FP8_GEMM_ARGS),
-            Spec("[act_quant]", cuda_fp8_wgmma.act_quant_kernel, (_U32_1D, _U32_1D, _F32_2D, types.int64, types.int64),
+            Spec("[act_quant]", cuda_fp8_wgmma.act_quant_kernel, (_U32_1D, _U32_1D, _F32_3D, types.int64, types.int64),
                  vector_io=True),
-            Spec("[e8m0_table]", cuda_fp8_wgmma.e8m0_table_kernel, (_U8_2D, _F32_2D)))
+            Spec("[e8m0_table]", cuda_fp8_wgmma.e8m0_table_kernel, (_U8_2D, _F32_3D)))
 
 
 for _name, _log, _sim in (

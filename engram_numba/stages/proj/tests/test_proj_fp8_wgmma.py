@@ -59,9 +59,9 @@ def edge_x(rng, T, K):
 def run_act_quant(x):
     T, K = x.shape
     q = cuda.device_array((T, K), np.uint8)
-    s = cuda.device_array((T, K // 32), np.float32)
+    s = dev(np.zeros(F.stage_scales_shape(T, K), np.float32))
     F.prepare_act_quant(dev(x), q, s)()
-    return q.copy_to_host(), s.copy_to_host()
+    return q.copy_to_host(), F.scales_by_row(s.copy_to_host(), K)
 
 
 def assert_act_quant_matches_twin(x):
@@ -146,11 +146,12 @@ def test_bad_inputs_are_refused_before_any_launch(rng):
 
 # ---- on the GPU ------------------------------------------------------------------------------------
 
-# The bound docs/numerics.md states against the twin: the tensor core's sum of a k32 block differs
-# from the twin's sequential fp32 sum by a few fp32 ulps of the block's |terms|, so a bf16 output
-# lands at most 1 ulp from the twin's, and only where the fp32 sum sits near a bf16 rounding boundary.
-GPU_MAX_ULP = 1
-GPU_MAX_SHARE_DIFFER = 0.01
+# The bound docs/numerics.md states against the twin, from the H200 (bench/results/h200_fp8_dev_*.json):
+# the tensor core sums a k32 block with less than fp32's precision (about 14 bits), so about 3-5% of
+# the bf16 outputs land 1 ulp from the twin's and the fp32 values sit ~4e-4 apart in relative L2;
+# near-zero outputs (cancellation) can be many ulps off, so ulps alone are no bound.
+GPU_MAX_REL_L2 = 2e-3
+GPU_MAX_SHARE_DIFFER = 0.10
 
 
 @pytest.mark.gpu
@@ -164,6 +165,9 @@ def test_gpu_fp8_gemm_against_the_twin_at_the_released_shape(rng, gpu_record, ve
     want = C.projection_deepseek_fp8_cpu(x[rows], codes, scales)
     got = run_gemm(version, x, codes, scales)[rows]
     d = bf16_ulp_distance(got, want)
-    gpu_record(version=version, T=T, max_ulp=int(d.max()), share_differ=float((d > 0).mean()))
-    assert d.max() <= GPU_MAX_ULP and (d > 0).mean() <= GPU_MAX_SHARE_DIFFER
+    g, w = bf16_to_f32(got).astype(np.float64), bf16_to_f32(want).astype(np.float64)
+    rel_l2 = float(np.linalg.norm(g - w) / np.linalg.norm(w))
+    gpu_record(version=version, T=T, max_ulp=int(d.max()), share_differ=float((d > 0).mean()),
+               share_over_1ulp=float((d > 1).mean()), rel_l2=rel_l2)
+    assert rel_l2 <= GPU_MAX_REL_L2 and (d > 0).mean() <= GPU_MAX_SHARE_DIFFER
     assert_act_quant_matches_twin(x)
