@@ -1,4 +1,4 @@
-"""Development run of DeepSeek's FP8 projection on Hopper (gemm_fp8_v1 / _v2): validated, then timed.
+"""Development run of DeepSeek's FP8 projection on Hopper (gemm_fp8_v2 / _v3): validated, then timed.
 
     python -m engram_numba.bench.fp8_dev [--out DIR] [--tokens 1,3,...] [--smoke]
 
@@ -28,7 +28,7 @@ import numpy as np
 
 K_REL, N_REL = 6144, 25600
 TOKENS = (1, 3, 17, 128, 130, 256, 512, 1024, 4096)
-VERSIONS = ("gemm_fp8_v1", "gemm_fp8_v2")
+VERSIONS = ("gemm_fp8_v2", "gemm_fp8_v3")
 SAMPLE_ROWS = 24
 
 
@@ -140,11 +140,11 @@ def table(records) -> str:
              f"{'v2 TF/s':>8s} {'x v4':>6s}  v2 vs twin (max ulp, share) / vs exact"]
     for r in records:
         t = r["time_us"]
-        c = r.get("gemm_fp8_v2_vs_cpu_twin_normal", {})
-        e = r.get("gemm_fp8_v2_vs_exact_normal", {})
-        lines.append(f"{r['T']:5d} {t['gemm_fp8_v1']:8.1f} {t['gemm_fp8_v2']:8.1f} {t['gemm_fp8_v2.gemm']:8.1f} "
+        c = r.get("gemm_fp8_v3_vs_cpu_twin_normal", {})
+        e = r.get("gemm_fp8_v3_vs_exact_normal", {})
+        lines.append(f"{r['T']:5d} {t['gemm_fp8_v2']:8.1f} {t['gemm_fp8_v3']:8.1f} {t['gemm_fp8_v3.gemm']:8.1f} "
                      f"{t['act_quant']:7.1f} {t.get('gemm_v4', float('nan')):8.1f} {t.get('cublas_v1', float('nan')):8.1f} "
-                     f"{r['tflops']['gemm_fp8_v2']:8.1f} {r.get('speedup_vs_gemm_v4', {}).get('gemm_fp8_v2', float('nan')):6.2f}"
+                     f"{r['tflops']['gemm_fp8_v3']:8.1f} {r.get('speedup_vs_gemm_v4', {}).get('gemm_fp8_v3', float('nan')):6.2f}"
                      f"  {c.get('max_ulp')} {c.get('share_differ', 0):.2e} / {e.get('max_ulp')} {e.get('share_differ', 0):.2e}")
     return "\n".join(lines)
 

@@ -24,12 +24,15 @@ specify. The simulator's wgmma sums the 32 exact products sequentially in fp32 (
 CPU twin's order, so in the simulator the whole projection is bit-identical to
 `projection_deepseek_fp8_cpu`; on the GPU the distance is measured (numerics.md states it).
 
-Kernel versions (one factory, `make_kernel(double_buffer)`)
-  gemm_fp8_v1  CTA tile 128 x 128 (2 warpgroups, m64n128k32 each on its 64 token rows), BK = 128
+Kernel versions (after act_quant; v2 and v3 from one factory, `make_kernel(double_buffer)`)
+  gemm_fp8_v1  naive: one thread per output (t, n), the twin's loops (k in order inside a block, blocks
+               in K order) on act_quant's codes and scales: bit-identical to the twin on the GPU too
+               (every product and every scaling is exact, so contraction into fma changes nothing).
+  gemm_fp8_v2  CTA tile 128 x 128 (2 warpgroups, m64n128k32 each on its 64 token rows), BK = 128
                (4 scale blocks a stage), 5 cp.async stages of 128-byte-swizzled K-major operands
                (gemm_v4's pipeline on bytes); each block: wgmma into the partial tile, wait for it,
                promote. One warpgroup's promotion overlaps the other's MMA.
-  gemm_fp8_v2  v1 with two partial tiles: the MMA of block kb+1 is in flight while block kb is
+  gemm_fp8_v3  v2 with two partial tiles: the MMA of block kb+1 is in flight while block kb is
                promoted (wgmma.wait_group 1), so one warpgroup alone keeps the tensor core fed.
 """
 from __future__ import annotations
@@ -38,12 +41,12 @@ import numpy as np
 from numba import cuda, types
 
 from ...device.intrinsics import (SIMULATOR, WGMMA_SWIZZLE_128B, bf16_bits_to_f32, cp_async_16, cp_async_commit,
-                                  cp_async_waiter, device_function, f32_as_u32, fence_proxy_async, load_u32x4,
+                                  cp_async_waiter, device_function, f32_as_u32, f32_to_bf16_bits, fence_proxy_async, load_u32x4,
                                   shared_address, store_u32x4, u32_as_f32, wgmma_commit, wgmma_descriptor,
                                   wgmma_fence, wgmma_store_bf16x2, wgmma_waiter)
 from ...device.launch import PreparedLaunch, allow_dynamic_shared
 from .cuda_common import INLINE, bounds, cdiv
-from .cuda_gemv_fp8 import e8m0_to_f32
+from .cuda_gemv_fp8 import e4m3_to_f32, e8m0_to_f32
 
 BLOCK = 32                      # act_quant group = K block of the promotion = one k32 wgmma
 THREADS = 256                   # 2 warpgroups
@@ -429,7 +432,32 @@ def make_kernel(double_buffer: bool):
     return gemm_fp8
 
 
-KERNELS = {"gemm_fp8_v1": make_kernel(False), "gemm_fp8_v2": make_kernel(True)}
+@cuda.jit
+def gemm_fp8_naive(xq, codes, sx, sw, out):
+    # xq: uint8 [T, K] e4m3 codes of x; codes: uint8 [N, K]; sx: float32 [ceil(K/128), T, 4];
+    # sw: float32 [ceil(K/128), ceil(N/32), 4]; out: uint16 [T, N]
+    n, t = cuda.grid(2)
+    T, K = xq.shape
+    N = codes.shape[0]
+    if n >= N or t >= T:
+        return
+    acc = np.float32(0.0)
+    for b in range(K // BLOCK):
+        partial = np.float32(0.0)
+        for k in range(BLOCK * b, BLOCK * b + BLOCK):          # k in order inside the block
+            partial += e4m3_to_f32(xq[t, k]) * e4m3_to_f32(codes[n, k])
+        acc += (partial * sx[b >> 2, t, b & 3]) * sw[b >> 2, n // BLOCK, b & 3]   # blocks in K order
+    out[t, n] = f32_to_bf16_bits(acc)
+
+
+NAIVE_BLOCK = (32, 4)
+
+
+def geometry_naive(T: int, N: int):
+    return (cdiv(N, NAIVE_BLOCK[0]), cdiv(T, NAIVE_BLOCK[1])), NAIVE_BLOCK
+
+
+KERNELS = {"gemm_fp8_v1": gemm_fp8_naive, "gemm_fp8_v2": make_kernel(False), "gemm_fp8_v3": make_kernel(True)}
 
 
 def geometry(T: int, N: int):
@@ -497,8 +525,10 @@ def launcher(rec, x, codes, scales, out, *, stream=0) -> Fp8GemmLaunch:
     from ...device.devarray import data_address
     T, K = x.shape
     N = codes.shape[0]
-    if data_address(x) % 16 or data_address(codes) % 16:
-        raise ValueError(f"{rec.name} reads x and the e4m3 codes as 16-byte chunks: both must be 16-byte aligned")
+    if data_address(x) % 16:
+        raise ValueError(f"{rec.name}: act_quant reads x as 16-byte chunks: x must be 16-byte aligned (an aligned copy)")
+    if rec.args != "naive" and data_address(codes) % 16:
+        raise ValueError(f"{rec.name} reads the e4m3 codes as 16-byte chunks: they must be 16-byte aligned")
     q_codes = cuda.device_array((T, K), dtype=np.uint8, stream=stream)
     x_scales = _zeros(stage_scales_shape(T, K), stream)
     NB, KB = scales.shape
@@ -506,6 +536,10 @@ def launcher(rec, x, codes, scales, out, *, stream=0) -> Fp8GemmLaunch:
     e8m0_table_kernel[cdiv(NB * KB, 256), 256, stream](scales, w_scales)
     quant = prepare_act_quant(x, q_codes, x_scales, stream=stream)
     kernel = rec.kernel_for(T)
+    if rec.args == "naive":
+        grid, block = geometry_naive(T, N)
+        gemm = PreparedLaunch(rec.name, kernel, grid, block, stream, (q_codes, codes, x_scales, w_scales, out), out)
+        return Fp8GemmLaunch(rec.name, quant, gemm, out, q_codes, x_scales, w_scales)
     grid, block, smem = geometry(T, N)
     args = (q_codes.view(np.uint32).reshape(T * K // 4), codes.view(np.uint32).reshape(N * K // 4),
             x_scales.view(np.uint32).reshape(x_scales.size), w_scales.view(np.uint32).reshape(w_scales.size),
