@@ -26,7 +26,7 @@ CPU twin's order, so in the simulator the whole projection is bit-identical to
 
 Kernel versions (after act_quant; v2 and v3 from one factory, `make_kernel(double_buffer)`)
   gemm_fp8_v1  naive: one thread per output (t, n), the twin's loops (k in order inside a block, blocks
-               in K order) on act_quant's codes and scales: bit-identical to the twin on the GPU too
+               in K order) on act_quant's codes and scales: bit-identical to the twin in the simulator and, by construction, on the GPU
                (every product and every scaling is exact, so contraction into fma changes nothing).
   gemm_fp8_v2  CTA tile 128 x 128 (2 warpgroups, m64n128k32 each on its 64 token rows), BK = 128
                (4 scale blocks a stage), 5 cp.async stages of 128-byte-swizzled K-major operands

@@ -300,7 +300,7 @@ for _name, _log, _sim in (
     ("gemm_fp8_v1",
      "naive: act_quant kernel (e4m3 codes + power-of-two scales per 32 values, bit-identical to the CPU twin), then "
      "one thread per output (t, n) summing each K block of 32 in k order and promoting it: bit-identical to "
-     "projection_deepseek_fp8_cpu, on the GPU too",
+     "projection_deepseek_fp8_cpu (in the simulator; by construction on the GPU)",
      [(3, 160, 40),             # a partial scale tile (N % 32), K % 128 == 32
       (17, 288, 70)]),
     ("gemm_fp8_v2",
