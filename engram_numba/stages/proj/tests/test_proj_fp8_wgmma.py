@@ -30,7 +30,8 @@ E4M3_POSITIVE = np.unique(E4M3_VALUES[:0x7F])                  # the 127 non-neg
 
 def random_x(rng, T, K):
     """bf16 x with a spread of group magnitudes (act_quant rounds these)."""
-    x = rng.standard_t(4, (T, K)).astype(np.float32) * rng.lognormal(-2, 3, (T, K // 32)).repeat(32, 1).astype(np.float32)
+    scale = rng.lognormal(-2, 3, (T, K // 32)).repeat(32, 1).astype(np.float32)     # per group of 32
+    x = rng.standard_t(4, (T, K)).astype(np.float32) * scale
     return f32_to_bf16(x)
 
 
