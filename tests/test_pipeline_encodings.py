@@ -213,3 +213,21 @@ def test_what_quantisation_costs_at_the_gate():
             assert 0 < q8.rel_l2[point] < q2.rel_l2[point], (lid, point)
         assert q8.rel_l2["rows.bf16"] < 0.05 < q2.rel_l2["rows.bf16"] < 0.5
         assert q8.sign_flips <= q2.sign_flips and q8.gate_mean_abs < q2.gate_mean_abs
+
+
+@pytest.mark.slow
+def test_pipeline_picks_deepseeks_fp8_gemm_by_name():
+    """An FP8 wkv projected with DeepSeek's arithmetic on the tensor cores (gemm_fp8_v3, picked by
+    name): in the simulator, the captured kv is the CPU twin's, bit for bit, from the captured rows."""
+    from engram_numba.stages.proj.cpu import projection_deepseek_fp8_cpu
+    model = build_model("fp8")
+    tokens, mask = TINY_TOKENS[:2], TINY_MASK[:2]
+    with pytest.warns(UserWarning, match="simulator"):
+        pipe = Pipeline(model, "cuda", cuda_versions={"proj": "gemm_fp8_v3"})
+    cap = pipe.run(tokens, token_mask=mask)
+    assert cap.meta["cuda_kernels"]["proj"] == "gemm_fp8_v3"
+    for lid in model.config.layer_ids:
+        layer = model.layers[lid]
+        x = cap[f"L{lid}.rows.bf16"].reshape(len(tokens), -1)
+        want = projection_deepseek_fp8_cpu(x, layer.wkv_raw, layer.wkv_scales)
+        np.testing.assert_array_equal(cap[f"L{lid}.proj.kv"], want)

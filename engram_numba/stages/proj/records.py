@@ -32,7 +32,7 @@ from __future__ import annotations
 from numba import types
 
 from ..registry import Factory, KernelRecord, Spec, register
-from . import cublas, cuda_gemm, cuda_gemv, cuda_gemv_fp8, cuda_gemv_q2k, cuda_gemv_q2kr, cuda_wgmma
+from . import cublas, cuda_fp8_wgmma, cuda_gemm, cuda_gemv, cuda_gemv_fp8, cuda_gemv_q2k, cuda_gemv_q2kr, cuda_wgmma
 from .cuda_common import prepare
 
 GEMV_MAX_TOKENS = 32    # 2 passes of gemv_v4 (~2 x 100 us) beat gemm_v3's latency-bound ~280 us at T <= 128
@@ -285,3 +285,51 @@ for _name, _log, _when, _rule, _sim in (
           specs=_q2kr_specs(_name, cuda_gemv_q2kr.KERNELS[_name], cuda_gemv_q2kr.PAIR_KERNELS[_name],
                             build=_name == "gemv_q2k_v4"),
           encoding="q2k_r", when=_when, rule=_rule, sim=_sim, sweep=QUANT_SWEEP, vector_io=True)
+
+
+# ---- DeepSeek's FP8 arithmetic on Hopper's FP8 tensor cores (cuda_fp8_wgmma.py) ---------------------
+# An FP8 wkv read as it is stored, with DeepSeek's arithmetic (`reference.projection_deepseek_fp8`),
+# not the bf16 projection of the exact weights the other fp8 records compute: picked by name
+# (`prepare_project_q(..., weight="fp8", version="gemm_fp8_v3")`, `EngramV41(versions={"proj": ...})`).
+# In the simulator bit-identical to `cpu.projection_deepseek_fp8_cpu`; on the GPU within the bound
+# docs/numerics.md states (the tensor core's order inside a k32 step is unspecified).
+
+DEEPSEEK_FP8_VERSIONS = ("gemm_fp8_v1", "gemm_fp8_v2", "gemm_fp8_v3")
+_F32_3D = types.float32[:, :, ::1]
+_FP8_GEMM_ARGS = (_U32_1D, _U32_1D, _U32_1D, _U32_1D, _U16_2D, types.int64, types.int64)   # xq32, w32, sx32, sw32, out, T, K
+_FP8_GEMM_NAIVE_ARGS = (_U8_2D, _U8_2D, _F32_3D, _F32_3D, _U16_2D)                           # xq, codes, sx, sw, out
+
+
+def _fp8_gemm_specs(name):
+    main = (_FP8_GEMM_NAIVE_ARGS if name == "gemm_fp8_v1" else _FP8_GEMM_ARGS)
+    return (Spec("", cuda_fp8_wgmma.KERNELS[name], main),
+            Spec("[act_quant]", cuda_fp8_wgmma.act_quant_kernel, (_U32_1D, _U32_1D, _F32_3D, types.int64, types.int64),
+                 spill_free=True, vector_io=True),
+            Spec("[e8m0_table]", cuda_fp8_wgmma.e8m0_table_kernel, (_U8_2D, _F32_3D), spill_free=True))
+
+
+for _name, _log, _sim in (
+    ("gemm_fp8_v1",
+     "naive: act_quant kernel (e4m3 codes + power-of-two scales per 32 values, bit-identical to the CPU twin), then "
+     "one thread per output (t, n) summing each K block of 32 in k order and promoting it: bit-identical to "
+     "projection_deepseek_fp8_cpu (in the simulator; by construction on the GPU)",
+     [(3, 160, 40),             # a partial scale tile (N % 32), K % 128 == 32
+      (17, 288, 70)]),
+    ("gemm_fp8_v2",
+     "DeepSeek's FP8 arithmetic on the FP8 tensor cores: wgmma m64n128k32 e4m3 on 128x128 tiles (5 cp.async stages of "
+     "128B-swizzled operands, the stage's scales alongside), each K block of 32 summed in a fresh fp32 tile and "
+     "promoted: acc += partial * s_x * s_w (3.44 ms at T=4096 on the H200, 0.53x gemm_v4)",
+     [(3, 160, 40),             # one tile: rows past T and N, a partial scale tile (N % 32), 2 k tiles, the
+                                # second with one k block (K % 128 == 32: zero-filled tail, scales 0)
+      (17, 288, 136)]),         # 2 output tiles (the second 8 wide), 3 k tiles
+    ("gemm_fp8_v3",
+     "gemm_fp8_v2 with two partial tiles: block kb+1's MMA runs while block kb is promoted (wait_group 1; 3.02 ms "
+     "= 426 TFLOP/s at T=4096, 0.60x gemm_v4; 136 us at T=128)",
+     [(3, 160, 40),
+      (130, 736, 72)]),         # 2 token tiles (2 rows in the second), 6 k tiles: the 5-stage ring wraps
+):
+    naive = _name == "gemm_fp8_v1"
+    _proj(_name, _log, kernel=cuda_fp8_wgmma.KERNELS[_name],
+          geometry=cuda_fp8_wgmma.geometry_naive if naive else cuda_fp8_wgmma.geometry, args="naive" if naive else "fast",
+          specs=_fp8_gemm_specs(_name), encoding="fp8", launcher=cuda_fp8_wgmma.launcher, sim=_sim, exact=naive,
+          sweep=(128, 256, 512, 1024, 4096), vector_io=False)

@@ -34,13 +34,15 @@ from engram_numba.stages.proj import cuda_gemv_fp8, cuda_gemv_q2k
 from engram_numba.stages.proj import launch as P
 from engram_numba.stages.proj import reference as R
 from engram_numba.stages.proj.q2k_r import repack_q2k_r
+from engram_numba.stages.proj.records import DEEPSEEK_FP8_VERSIONS
 
 from .conftest import (NOISE_SIGMAS, POISON, U, Yardstick, assert_within_tolerance, bf16_ulp_size, dev, error_stats,
                        poisoned)
 
 Q2K_VERSIONS = tuple(registry.names("proj", "q2k"))
 Q2KR_VERSIONS = tuple(registry.names("proj", "q2k_r"))    # the same Q2_K weight, re-laid out (q2k_r.py)
-FP8_VERSIONS = tuple(registry.names("proj", "fp8"))
+# gemm_fp8_*: DeepSeek's FP8 arithmetic, not the bf16 projection of the exact weights (test_proj_fp8_wgmma.py)
+FP8_VERSIONS = tuple(n for n in registry.names("proj", "fp8") if n not in DEEPSEEK_FP8_VERSIONS)
 EXACT_WEIGHT = ("gemv_q2k_v3",)          # the factored, exact-weight path: its own yardstick
 RESULTS: list[dict] = []
 
@@ -134,7 +136,8 @@ def check_version(version, weight, x, raw, scales, *, record=None):
 # (T, K, N): tiny, each case naming what it exercises. The tensor-core versions run 256 threads
 # and a simulated mma per 16 values: a few seconds a case.
 
-SIM_CASES = {r.name: r.sim_cases for r in registry.records("proj") if r.encoding != "bf16"}
+SIM_CASES = {r.name: r.sim_cases for r in registry.records("proj")
+             if r.encoding != "bf16" and r.name not in DEEPSEEK_FP8_VERSIONS}
 # each version's first case runs in `make test-fast`; the others (larger, slower to simulate) are `slow`
 SIM_PARAMS = [pytest.param(v, s, id=f"{v}-{s[0]}x{s[1]}x{s[2]}", marks=(pytest.mark.slow,) if i else ())
               for v, shapes in SIM_CASES.items() for i, s in enumerate(shapes)]

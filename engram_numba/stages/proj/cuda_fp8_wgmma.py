@@ -1,0 +1,554 @@
+"""DeepSeek's FP8 projection on Hopper's FP8 tensor cores (sm_90a): act_quant, then an e4m3 GEMM
+whose partial sums are promoted to fp32 at every K block.
+
+The arithmetic is `reference.projection_deepseek_fp8` (docs/math.md section 5.4), on an FP8 wkv as
+DeepSeek's checkpoint stores it: codes uint8 [N, K] (e4m3) and scales uint8 [ceil(N/32), K/32]
+(e8m0, one per 32 x 32 tile).
+  1. `act_quant` (kernel `act_quant_kernel`): per token and group of 32 values, amax floored at
+     1e-4, s = 2^ceil(log2(amax / 448)), q = e4m3 round-to-nearest-even of clamp(x / s, +-448),
+     written as e4m3 codes uint8 [T, K] and s as fp32 [T, K/32]. Every step is exact or one
+     correctly rounded fp32 operation, so the codes and scales are bit-identical to
+     `act_quant_reference` / `act_quant_cpu` on the GPU and in the simulator.
+  2. The GEMM: for each K block of 32 (the scale block, one k32 wgmma), the tensor core computes
+     the block's 32-term sum into a fresh fp32 register tile (scale-d = 0), and the threads add
+     `partial * (s_x[t, kb] * s_w[n // 32, kb])` into the fp32 accumulators, blocks in K order;
+     bf16 once at the end. This is DeepGEMM's promotion with V4.1's block of 32: Hopper's FP8 MMA
+     accumulates with reduced precision, so nothing is carried in the tensor core across blocks.
+     Both scales are powers of two: their product, and the product with the partial, are exact
+     whenever they stay in fp32's normal range (every scale byte a checkpoint uses), so
+     `fma(partial, s_x * s_w, acc)` equals the reference's `acc + (partial * s_x) * s_w`.
+
+Numerics (docs/numerics.md, "DeepSeek's FP8 arithmetic on the tensor cores"): the only freedom
+left is the order and precision of the 32-term sum inside the tensor core, which PTX does not
+specify. The simulator's wgmma sums the 32 exact products sequentially in fp32 (k in order), the
+CPU twin's order, so in the simulator the whole projection is bit-identical to
+`projection_deepseek_fp8_cpu`; on the GPU the distance is measured (numerics.md states it).
+
+Kernel versions (after act_quant; v2 and v3 from one factory, `make_kernel(double_buffer)`)
+  gemm_fp8_v1  naive: one thread per output (t, n), the twin's loops (k in order inside a block,
+               blocks in K order) on act_quant's codes and scales: bit-identical to the twin in the
+               simulator and, by construction, on the GPU (every product and every scaling is
+               exact, so contraction into fma changes nothing).
+  gemm_fp8_v2  CTA tile 128 x 128 (2 warpgroups, m64n128k32 each on its 64 token rows), BK = 128
+               (4 scale blocks a stage), 5 cp.async stages of 128-byte-swizzled K-major operands
+               (gemm_v4's pipeline on bytes) with the stage's scales alongside; each block: wgmma
+               into the partial tile, wait for it, promote. One warpgroup's promotion overlaps the
+               other's MMA. H200, T = 4096: 3.44 ms (gemm_v4 1.83 ms).
+  gemm_fp8_v3  v2 with two partial tiles: the MMA of block kb+1 is in flight while block kb is
+               promoted (wgmma.wait_group 1). H200, T = 4096: 3.02 ms = 426 TFLOP/s, 0.60x
+               gemm_v4: the wait and the 64 FMAs a thread after every k32 block are not hidden
+               by two warpgroups (docs/gpu.md).
+"""
+from __future__ import annotations
+
+import numpy as np
+from numba import cuda, types
+
+from ...device.intrinsics import (SIMULATOR, WGMMA_SWIZZLE_128B, bf16_bits_to_f32, cp_async_16, cp_async_commit,
+                                  cp_async_waiter, device_function, f32_as_u32, f32_to_bf16_bits, fence_proxy_async,
+                                  load_u32x4, shared_address, store_u32x4, u32_as_f32, wgmma_commit, wgmma_descriptor,
+                                  wgmma_fence, wgmma_store_bf16x2, wgmma_waiter)
+from ...device.launch import PreparedLaunch, allow_dynamic_shared
+from .cuda_common import INLINE, bounds, cdiv
+from .cuda_gemv_fp8 import e4m3_to_f32, e8m0_to_f32
+
+BLOCK = 32                      # act_quant group = K block of the promotion = one k32 wgmma
+THREADS = 256                   # 2 warpgroups
+BM, BN = 128, 128               # CTA tile: tokens x outputs
+WG_N = 128                      # each warpgroup: 64 token rows x 128 outputs (m64n128k32)
+NACC = WG_N // 2                # fp32 accumulators a thread
+NG = WG_N // BLOCK              # scale tiles of w a warpgroup's outputs span
+BK = 128                        # k values (bytes) a stage: one 128-byte row per operand row
+STAGES = 5
+ROW_BYTES = BK
+GROUP_BYTES = 8 * ROW_BYTES     # one 1024-byte swizzle atom
+ALIGN_SLACK = 1024
+A_BYTES = BM * ROW_BYTES
+B_BYTES = BN * ROW_BYTES
+SX_BYTES = BM * 16               # a stage's scales of x: 4 k blocks x 128 token rows (one 16-byte chunk a row)
+SW_BYTES = (BN // BLOCK) * 16    # ... and of w: 4 k blocks x 4 tiles of 32 outputs
+STAGE_BYTES = -(-(A_BYTES + B_BYTES + SX_BYTES + SW_BYTES) // 1024) * 1024   # atoms stay 1024-aligned
+SCALE_K = BK // BLOCK           # k blocks a stage (4): the scale arrays' innermost axis
+STASH_STRIDE = BN // 2 + (4 - BN // 2) % 8      # words a row of the bf16x2 output tile (bank-conflict free)
+SMEM_BYTES = max(STAGES * STAGE_BYTES, BM * STASH_STRIDE * 4) + ALIGN_SLACK
+
+
+# ---- the FP8 wgmma and the promotion, with their simulator twins -----------------------------------
+#
+# - `wgmma_e4m3(part, desc_a, desc_b, smem)`: one warpgroup-wide
+#   `wgmma.mma_async.sync.aligned.m64nNk32.f32.e4m3.e4m3` with scale-d = 0: part = A[64 x 32] B[32 x N]
+#   (the accumulator's previous values are ignored), A rows and B columns read K-major through the
+#   descriptors (32 bytes of a row per k32 step: the same bytes a bf16 k16 step reads, so the
+#   descriptors are the bf16 ones). N = 2 * len(part); the fragment layout is wgmma_bf16's. The same
+#   asynchronous rules as wgmma_bf16: wgmma_fence before, read only after commit and a waiter.
+#   Simulator twin: the 32 products (exact in fp32) summed sequentially in fp32, k = 0..31.
+# - `fp8_promote(acc, part, scales)` -> acc: acc[i] = fma(part[i], scales[g(i)], acc[i]) with
+#   g(i) = 4 h + j // 4 for i = 4 j + 2 h + c (row half h, output column 8 j + 2 t + c, so j // 4 is
+#   the 32-wide scale tile of the column within the warpgroup's 128): `scales` is the tuple
+#   (s_row0 * s_w[0..3], s_row8 * s_w[0..3]). `part` must be retired (a waiter) before.
+
+if SIMULATOR:
+    from ...device.intrinsics import WgmmaAcc, _QUEUES, _bytes, _element_offsets, _thread_id
+    from ..rows.fp8 import E4M3_VALUES
+
+    def _fp8_operand(smem_b, desc, rows):
+        """fp32 values [len(rows), 32] of a K-major e4m3 operand: byte j of a row is byte j % 2 of
+        its bf16-sized element j // 2."""
+        off = _element_offsets(desc, rows)                                  # [r, 16] bytes of bf16 pairs
+        off = (off[:, :, None] + np.arange(2)[None, None, :]).reshape(off.shape[0], 32)
+        if off.min() < 0 or off.max() + 1 > smem_b.size:
+            raise IndexError(f"wgmma_e4m3 operand reaches bytes {off.min()}..{off.max()} of a "
+                             f"{smem_b.size}-byte shared array (descriptor {int(desc):#x})")
+        return E4M3_VALUES[smem_b[off]]
+
+    def wgmma_e4m3(part, desc_a, desc_b, smem):
+        if not isinstance(part, WgmmaAcc) or not part.fenced:
+            raise RuntimeError("wgmma_e4m3: no wgmma_fence since the accumulators were last written "
+                               "or read by other instructions")
+        n_cols = 2 * part.values.size
+        p = _thread_id() % 128
+        w, g, t = p // 32, (p % 32) >> 2, p & 3
+        rows_a = [16 * w + g, 16 * w + g + 8]
+        cols = [8 * j + 2 * t + c for j in range(n_cols // 8) for c in range(2)]
+        smem_b, da, db = _bytes(smem), int(desc_a), int(desc_b)
+
+        def run():
+            a = _fp8_operand(smem_b, da, rows_a)                             # [2, 32] fp32
+            b = _fp8_operand(smem_b, db, cols)                               # [N/4, 32]
+            prod = a[:, None, :] * b[None, :, :]                             # exact in fp32
+            s = np.cumsum(prod, axis=-1, dtype=np.float32)[..., -1]          # k in order, fp32
+            part.values = s.reshape(2, n_cols // 8, 2).transpose(1, 0, 2).reshape(-1).astype(np.float32)
+            part.in_flight -= 1
+        part.in_flight += 1
+        _QUEUES.mma_open.append(run)
+        return part
+
+    def fp8_promote(acc, part, scales):
+        p = part.read("fp8_promote") if isinstance(part, WgmmaAcc) else np.array(part, np.float32)
+        a = np.array(acc, dtype=np.float32)
+        s = np.array(scales, dtype=np.float32)
+        i = np.arange(a.size)
+        g = 4 * ((i >> 1) & 1) + (i >> 2) // 4
+        # partial * scale is exact (powers of two), so the fp32 add is the fma's one rounding
+        out = (a + p * s[g]).astype(np.float32)
+        return tuple(np.float32(v) for v in out)
+
+else:
+    from llvmlite import ir
+    from numba.cuda.extending import intrinsic
+
+    _I32, _I64, _F32 = ir.IntType(32), ir.IntType(64), ir.FloatType()
+
+    def _is_tile(acc):
+        return isinstance(acc, types.UniTuple) and acc.dtype == types.float32 and acc.count % 4 == 0 \
+            and 4 <= acc.count <= 128
+
+    @intrinsic
+    def wgmma_e4m3(typingctx, part, desc_a, desc_b, smem):
+        if not (_is_tile(part) and isinstance(desc_a, types.Integer) and isinstance(desc_b, types.Integer)):
+            return None
+        n = part.count
+        regs = ", ".join(f"${i}" for i in range(n))
+        # scale-d = 0 (a fresh sum); e4m3 operands take no transpose immediates (K-major only)
+        text = ("{ .reg .pred p; setp.ne.b32 p, $%d, 0; "
+                "wgmma.mma_async.sync.aligned.m64n%dk32.f32.e4m3.e4m3 {%s}, $%d, $%d, p, 1, 1; }"
+                % (2 * n + 2, 2 * n, regs, 2 * n, 2 * n + 1))
+
+        def codegen(context, builder, signature, args):
+            acc_t, da_t, db_t, _ = signature.args
+            da = context.cast(builder, args[1], da_t, types.uint64)
+            db = context.cast(builder, args[2], db_t, types.uint64)
+            vals = [builder.extract_value(args[0], i) for i in range(n)]
+            constraints = ",".join(["=f"] * n + [str(i) for i in range(n)]) + ",l,l,r,~{memory}"
+            fnty = ir.FunctionType(ir.LiteralStructType([_F32] * n), [_F32] * n + [_I64, _I64, _I32])
+            res = builder.call(ir.InlineAsm(fnty, text, constraints, side_effect=True),
+                               vals + [da, db, ir.Constant(_I32, 0)])
+            return context.make_tuple(builder, acc_t, [builder.extract_value(res, i) for i in range(n)])
+        return part(part, desc_a, desc_b, smem), codegen
+
+    @intrinsic
+    def fp8_promote(typingctx, acc, part, scales):
+        if not (_is_tile(acc) and acc == part and isinstance(scales, types.UniTuple)
+                and scales.dtype == types.float32 and scales.count == 2 * (acc.count // 16)):
+            return None
+        n = acc.count
+
+        def codegen(context, builder, signature, args):
+            # one fma.rn each, spelled out: the sum must not be left to the compiler's contraction choices
+            fma = ir.InlineAsm(ir.FunctionType(_F32, [_F32, _F32, _F32]), "fma.rn.f32 $0, $1, $2, $3;", "=f,f,f,f",
+                               side_effect=False)
+            out = []
+            for i in range(n):
+                g = 4 * ((i >> 1) & 1) + (i >> 2) // 4
+                out.append(builder.call(fma, [builder.extract_value(args[1], i), builder.extract_value(args[2], g),
+                                              builder.extract_value(args[0], i)]))
+            return context.make_tuple(builder, signature.return_type, out)
+        return acc(acc, part, scales), codegen
+
+
+# ---- act_quant ---------------------------------------------------------------------------------------
+
+AQ_THREADS = 128
+F32_TWO23 = np.float32(8388608.0)
+
+
+@device_function(**INLINE)
+def e4m3_code(v):
+    """e4m3 code (uint32, 0..255) of the nearest e4m3 value to fp32 v, |v| <= 448, ties to even;
+    the sign bit is v's (so -0 -> 0x80). The step of v's binade is 2^(E-3) (3 mantissa bits),
+    never finer than the subnormal step 2^-9; v / step is exact, and adding and subtracting 2^23
+    rounds it to an integer (nearest even) in one fp32 rounding."""
+    u = f32_as_u32(v)
+    sign = (u >> np.uint32(24)) & np.uint32(0x80)
+    a = abs(v)
+    ea = np.int32((f32_as_u32(a) >> np.uint32(23)) & np.uint32(0xFF))      # biased fp32 exponent
+    se = max(ea - np.int32(130), np.int32(-9))                              # step = 2^se
+    y = a * u32_as_f32(np.uint32(np.int32(127) - se) << np.uint32(23))      # exact, < 16
+    r = (y + F32_TWO23) - F32_TWO23                                         # nearest integer, ties even
+    qv = r * u32_as_f32(np.uint32(np.int32(127) + se) << np.uint32(23))      # exact e4m3 value
+    bq = f32_as_u32(qv)
+    eq = (bq >> np.uint32(23)) & np.uint32(0xFF)
+    if eq >= np.uint32(121):                                                # >= 2^-6: normal e4m3
+        code = ((eq - np.uint32(120)) << np.uint32(3)) | ((bq >> np.uint32(20)) & np.uint32(7))
+    else:                                                                   # subnormal: r * 2^-9
+        code = np.uint32(r)
+    return code | sign
+
+
+@device_function(**INLINE)
+def act_scale(amax):
+    """2^ceil(log2(max(amax, 1e-4) / 448)) in fp32, the ceil-log2 read off the fp32 bits."""
+    r = max(amax, np.float32(1e-4)) / np.float32(448.0)
+    b = f32_as_u32(r)
+    e = np.int32((b >> np.uint32(23)) & np.uint32(0xFF))
+    if b & np.uint32(0x7FFFFF):
+        e += np.int32(1)
+    return u32_as_f32(np.uint32(e) << np.uint32(23))
+
+
+@device_function(**INLINE)
+def _pair_codes(u, scale):
+    """Two bf16 values (one bf16x2 word) -> their e4m3 codes in the low 16 bits."""
+    lo = min(max(bf16_bits_to_f32(u & np.uint32(0xFFFF)) / scale, np.float32(-448.0)), np.float32(448.0))
+    hi = min(max(bf16_bits_to_f32(u >> np.uint32(16)) / scale, np.float32(-448.0)), np.float32(448.0))
+    return e4m3_code(lo) | (e4m3_code(hi) << np.uint32(8))
+
+
+@device_function(**INLINE)
+def _word_amax(amax, u):
+    return max(amax, abs(bf16_bits_to_f32(u & np.uint32(0xFFFF))), abs(bf16_bits_to_f32(u >> np.uint32(16))))
+
+
+@cuda.jit(**bounds(AQ_THREADS, 8))
+def act_quant_kernel(x32, q32, s, T, K):
+    # x32: uint32 [T*K/2] bf16 pairs; q32: uint32 [T*K/4] e4m3 codes; s: float32 [ceil(K/128), T, 4]
+    # (the scale of group b of token t at [b // 4, t, b % 4]: one 16-byte chunk per token and GEMM stage).
+    # One thread a group of 32 values: 4 16-byte loads for the amax, the same 4 (L1 hits) again to
+    # quantise, 2 16-byte stores of codes.
+    i = cuda.grid(1)
+    KB = K // BLOCK
+    if i >= T * KB:
+        return
+    t = i // KB
+    b = i - t * KB
+    e0 = np.int64(t) * K + b * BLOCK                 # first value of the group
+    v0 = e0 >> 3                                     # its 16-byte chunk of x
+    amax = np.float32(0.0)
+    for c in range(4):
+        u0, u1, u2, u3 = load_u32x4(x32, v0 + c)
+        amax = _word_amax(_word_amax(_word_amax(_word_amax(amax, u0), u1), u2), u3)
+    scale = act_scale(amax)
+    s[b >> 2, t, b & 3] = scale
+    for c in range(2):                               # 16 values -> one 16-byte chunk of codes
+        u0, u1, u2, u3 = load_u32x4(x32, v0 + 2 * c)
+        u4, u5, u6, u7 = load_u32x4(x32, v0 + 2 * c + 1)
+        store_u32x4(q32, (e0 >> 4) + c,
+                    _pair_codes(u0, scale) | (_pair_codes(u1, scale) << np.uint32(16)),
+                    _pair_codes(u2, scale) | (_pair_codes(u3, scale) << np.uint32(16)),
+                    _pair_codes(u4, scale) | (_pair_codes(u5, scale) << np.uint32(16)),
+                    _pair_codes(u6, scale) | (_pair_codes(u7, scale) << np.uint32(16)))
+
+
+@cuda.jit
+def e8m0_table_kernel(scales, out):
+    # scales: uint8 [NB, KB] e8m0 bytes -> out: float32 [ceil(KB/4), NB, 4] (the stage layout of act_quant's s)
+    i = cuda.grid(1)
+    NB, KB = scales.shape
+    if i < NB * KB:
+        nb = i // KB
+        kb = i - nb * KB
+        out[kb >> 2, nb, kb & 3] = e8m0_to_f32(scales[nb, kb])
+
+
+# ---- the GEMM --------------------------------------------------------------------------------------
+
+def make_kernel(double_buffer: bool):
+    A_CHUNKS = BM * 8 // THREADS
+    B_CHUNKS = BN * 8 // THREADS
+    K_STEP = 32                              # a k32 step: 32 bytes along the swizzled 128-byte row
+    ZERO = tuple(np.float32(0.0) for _ in range(NACC))
+    cp_wait = cp_async_waiter(STAGES - 2)
+    cp_wait0 = cp_async_waiter(0)
+    mma_wait0 = wgmma_waiter(0)
+    mma_wait1 = wgmma_waiter(1)
+
+    @device_function(**INLINE)
+    def _issue_stage(smem, stage_off, x32, w32, sx32, sw32, m0, n0, T, N, NB, K16, kt, row0, q, off0, tid):
+        """cp.async this thread's 16-byte chunks of k tile kt into the stage at byte stage_off: the
+        operands, and (threads 0..131) the tile's scales: x's for 128 token rows, w's for 4 tiles."""
+        if tid < BM:
+            r = m0 + tid
+            cp_async_16(smem, stage_off + A_BYTES + B_BYTES + 16 * tid, sx32, np.int64(kt) * T + min(r, T - 1),
+                        16 if r < T else 0)
+        elif tid < BM + BN // BLOCK:
+            c = tid - BM
+            cp_async_16(smem, stage_off + A_BYTES + B_BYTES + SX_BYTES + 16 * c, sw32,
+                        np.int64(kt) * NB + min(n0 // BLOCK + c, NB - 1), 16)
+        kq = kt * 8 + q
+        k_ok = kq < K16
+        kc = min(kq, K16 - 1)
+        for i in range(A_CHUNKS):
+            r = m0 + row0 + 32 * i
+            ok = k_ok and r < T
+            cp_async_16(smem, stage_off + off0 + 4096 * i, x32, np.int64(min(r, T - 1)) * K16 + kc, 16 if ok else 0)
+        for i in range(B_CHUNKS):
+            r = n0 + row0 + 32 * i
+            ok = k_ok and r < N
+            cp_async_16(smem, stage_off + A_BYTES + off0 + 4096 * i, w32, np.int64(min(r, N - 1)) * K16 + kc,
+                        16 if ok else 0)
+
+    @device_function(**INLINE)
+    def _scales(smem, sc, r0, j):
+        """(s_x[row r0] * s_w[tiles 0..3], s_x[row r0 + 8] * s_w[tiles 0..3]) of k block j of the stage
+        whose scales start at word sc of smem (zeros past K: the zero-filled tail's partial stays 0)."""
+        a0 = u32_as_f32(smem[sc + 4 * r0 + j])
+        a1 = u32_as_f32(smem[sc + 4 * r0 + 32 + j])
+        w = sc + SX_BYTES // 4 + j
+        w0 = u32_as_f32(smem[w])
+        w1 = u32_as_f32(smem[w + 4])
+        w2 = u32_as_f32(smem[w + 8])
+        w3 = u32_as_f32(smem[w + 12])
+        return (a0 * w0, a0 * w1, a0 * w2, a0 * w3, a1 * w0, a1 * w1, a1 * w2, a1 * w3)
+
+    @cuda.jit(**bounds(THREADS, 1))
+    def gemm_fp8(x32, w32, sx32, sw32, out, T, K):
+        # x32: uint32 [T*K/4] e4m3 codes of x; w32: uint32 [N*K/4] of wkv; sx32: float32 bits
+        # [ceil(K/128) * T * 4] (act_quant's stage layout); sw32: [ceil(K/128) * ceil(N/32) * 4]; out: uint16 [T, N]
+        smem = cuda.shared.array(0, types.uint32)
+        tid = cuda.threadIdx.x
+        wg = tid >> 7
+        N = out.shape[1]
+        K16 = K >> 4
+        NB = (N + BLOCK - 1) // BLOCK
+        n_k = (K16 + 7) >> 3
+        m0 = cuda.blockIdx.x * BM
+        n0 = cuda.blockIdx.y * BN
+        base = np.int64(shared_address(smem))
+        pad = (1024 - (base & 1023)) & 1023
+        s0 = base + pad
+        row0 = tid >> 3
+        q = tid & 7
+        off0 = row0 * ROW_BYTES + ((q ^ (row0 & 7)) << 4)
+        d_hi = wgmma_descriptor(0, 16, GROUP_BYTES, WGMMA_SWIZZLE_128B)
+        a_wg = wg * (64 * ROW_BYTES)
+
+        # this thread's first accumulator row within the CTA tile (the second is 8 below)
+        p = tid & 127
+        r0 = wg * 64 + 16 * (p >> 5) + ((p & 31) >> 2)
+
+        for s in range(STAGES - 1):
+            if s < n_k:
+                _issue_stage(smem, s0 - base + s * STAGE_BYTES, x32, w32, sx32, sw32, m0, n0, T, N, NB, K16, s, row0, q,
+                             off0, tid)
+            cp_async_commit()
+
+        acc = ZERO
+        pa = ZERO
+        pb = ZERO
+        for kt in range(n_k):
+            st = s0 + (kt % STAGES) * STAGE_BYTES
+            cp_wait()
+            fence_proxy_async()
+            cuda.syncthreads()
+            sc = (st - base + A_BYTES + B_BYTES) >> 2      # word of this stage's scales in smem
+            if double_buffer:
+                # blocks kb (pa) and kb+1 (pb) in flight; each promotion waits only for its own block,
+                # the next block's MMA runs meanwhile; the stage ends with nothing in flight
+                pa = wgmma_fence(pa)
+                pa = wgmma_e4m3(pa, d_hi | wgmma_descriptor(st + a_wg, 0, 0, 0),
+                                d_hi | wgmma_descriptor(st + A_BYTES, 0, 0, 0), smem)
+                wgmma_commit()
+                pb = wgmma_fence(pb)
+                pb = wgmma_e4m3(pb, d_hi | wgmma_descriptor(st + a_wg + K_STEP, 0, 0, 0),
+                                d_hi | wgmma_descriptor(st + A_BYTES + K_STEP, 0, 0, 0), smem)
+                wgmma_commit()
+                pa = mma_wait1(pa)
+                acc = fp8_promote(acc, pa, _scales(smem, sc, r0, 0))
+                pa = wgmma_fence(pa)
+                pa = wgmma_e4m3(pa, d_hi | wgmma_descriptor(st + a_wg + 2 * K_STEP, 0, 0, 0),
+                                d_hi | wgmma_descriptor(st + A_BYTES + 2 * K_STEP, 0, 0, 0), smem)
+                wgmma_commit()
+                pb = mma_wait1(pb)
+                acc = fp8_promote(acc, pb, _scales(smem, sc, r0, 1))
+                pb = wgmma_fence(pb)
+                pb = wgmma_e4m3(pb, d_hi | wgmma_descriptor(st + a_wg + 3 * K_STEP, 0, 0, 0),
+                                d_hi | wgmma_descriptor(st + A_BYTES + 3 * K_STEP, 0, 0, 0), smem)
+                wgmma_commit()
+                pa = mma_wait1(pa)
+                acc = fp8_promote(acc, pa, _scales(smem, sc, r0, 2))
+                pb = mma_wait0(pb)
+                acc = fp8_promote(acc, pb, _scales(smem, sc, r0, 3))
+            else:
+                for ks in range(4):
+                    pa = wgmma_fence(pa)
+                    pa = wgmma_e4m3(pa, d_hi | wgmma_descriptor(st + a_wg + ks * K_STEP, 0, 0, 0),
+                                    d_hi | wgmma_descriptor(st + A_BYTES + ks * K_STEP, 0, 0, 0), smem)
+                    wgmma_commit()
+                    pa = mma_wait0(pa)
+                    acc = fp8_promote(acc, pa, _scales(smem, sc, r0, ks))
+            cuda.syncthreads()                       # both warpgroups are done with stage kt
+            nk = kt + STAGES - 1
+            if nk < n_k:
+                _issue_stage(smem, s0 - base + (nk % STAGES) * STAGE_BYTES, x32, w32, sx32, sw32, m0, n0, T, N, NB,
+                             K16, nk, row0, q, off0, tid)
+            cp_async_commit()
+        cp_wait0()
+        cuda.syncthreads()
+
+        # epilogue (gemm_v4's): bf16 pairs into a [BM][STASH_STRIDE] word tile, then row-contiguous stores
+        w4 = p >> 5
+        lane = p & 31
+        wbase = (pad >> 2) + (16 * w4 + (lane >> 2)) * STASH_STRIDE + (lane & 3) + wg * 64 * STASH_STRIDE
+        wgmma_store_bf16x2(smem, wbase, STASH_STRIDE, acc)
+        cuda.syncthreads()
+        words = BN // 2
+        for i in range(tid, BM * words, THREADS):
+            r = i // words
+            c = i - r * words
+            t = m0 + r
+            n = n0 + 2 * c
+            if t < T and n < N:
+                word = smem[(pad >> 2) + r * STASH_STRIDE + c]
+                out[t, n] = np.uint16(word & np.uint32(0xFFFF))
+                if n + 1 < N:
+                    out[t, n + 1] = np.uint16(word >> np.uint32(16))
+
+    return gemm_fp8
+
+
+@cuda.jit
+def gemm_fp8_naive(xq, codes, sx, sw, out):
+    # xq: uint8 [T, K] e4m3 codes of x; codes: uint8 [N, K]; sx: float32 [ceil(K/128), T, 4];
+    # sw: float32 [ceil(K/128), ceil(N/32), 4]; out: uint16 [T, N]
+    n, t = cuda.grid(2)
+    T, K = xq.shape
+    N = codes.shape[0]
+    if n >= N or t >= T:
+        return
+    acc = np.float32(0.0)
+    for b in range(K // BLOCK):
+        partial = np.float32(0.0)
+        for k in range(BLOCK * b, BLOCK * b + BLOCK):          # k in order inside the block
+            partial += e4m3_to_f32(xq[t, k]) * e4m3_to_f32(codes[n, k])
+        acc += (partial * sx[b >> 2, t, b & 3]) * sw[b >> 2, n // BLOCK, b & 3]   # blocks in K order
+    out[t, n] = f32_to_bf16_bits(acc)
+
+
+NAIVE_BLOCK = (32, 4)
+
+
+def geometry_naive(T: int, N: int):
+    return (cdiv(N, NAIVE_BLOCK[0]), cdiv(T, NAIVE_BLOCK[1])), NAIVE_BLOCK
+
+
+KERNELS = {"gemm_fp8_v1": gemm_fp8_naive, "gemm_fp8_v2": make_kernel(False), "gemm_fp8_v3": make_kernel(True)}
+
+
+def geometry(T: int, N: int):
+    return (cdiv(T, BM), cdiv(N, BN)), THREADS, SMEM_BYTES
+
+
+def act_quant_geometry(T: int, K: int):
+    return cdiv(T * (K // BLOCK), AQ_THREADS), AQ_THREADS
+
+
+# ---- launch ----------------------------------------------------------------------------------------
+
+class Fp8GemmLaunch:
+    """act_quant of x, then the FP8 GEMM, with their workspaces (x's codes and scales, the weight's
+    scales as fp32) allocated at prepare; calling it launches both kernels and returns `out`."""
+
+    __slots__ = ("name", "quant", "gemm", "out", "grid", "block", "x_codes", "x_scales", "w_scales")
+
+    def __init__(self, name, quant, gemm, out, x_codes, x_scales, w_scales):
+        self.name, self.quant, self.gemm, self.out = name, quant, gemm, out
+        self.grid, self.block = gemm.grid, gemm.block
+        self.x_codes, self.x_scales, self.w_scales = x_codes, x_scales, w_scales
+
+    def __call__(self):
+        self.quant()
+        self.gemm()
+        return self.out
+
+    def __repr__(self) -> str:
+        return f"Fp8GemmLaunch({self.name}: act_quant {self.quant.grid} + gemm {self.grid})"
+
+
+def stage_scales_shape(rows: int, K: int) -> tuple:
+    """Shape of a scale array in the GEMM's stage layout: [ceil(K/128), rows, 4] float32, the scale of
+    k block b of row r at [b // 4, r, b % 4] (zeros past K)."""
+    return (cdiv(K, BK), rows, SCALE_K)
+
+
+def scales_by_row(s3, K: int) -> np.ndarray:
+    """A host scale array in the stage layout -> [rows, K/32] (row-major blocks, as act_quant_cpu's s)."""
+    s3 = np.asarray(s3)
+    rows = s3.shape[1]
+    return np.ascontiguousarray(s3.transpose(1, 0, 2).reshape(rows, -1)[:, : K // BLOCK])
+
+
+def _zeros(shape, stream):
+    return cuda.to_device(np.zeros(shape, dtype=np.float32), stream=stream)
+
+
+def prepare_act_quant(x, q_codes, x_scales, *, stream=0) -> PreparedLaunch:
+    """act_quant of x (device uint16 [T, K] bf16 words, K % 32 == 0, 16-byte aligned) into q_codes
+    (uint8 [T, K]) and x_scales (float32 `stage_scales_shape(T, K)`, zero-filled once by the caller:
+    the padding past K is never written; `scales_by_row` turns it into [T, K/32])."""
+    T, K = x.shape
+    grid, block = act_quant_geometry(T, K)
+    args = (x.view(np.uint32).reshape(T * K // 2), q_codes.view(np.uint32).reshape(T * K // 4), x_scales, T, K)
+    return PreparedLaunch("act_quant", act_quant_kernel, grid, block, stream, args, (q_codes, x_scales))
+
+
+def launcher(rec, x, codes, scales, out, *, stream=0) -> Fp8GemmLaunch:
+    """The records' launcher (`prepare_project_q(..., weight="fp8", version=...)` has checked the
+    shapes: x [T, K] bf16, codes [N, K] uint8, scales [ceil(N/32), K/32] uint8, out [T, N]). The
+    workspaces (x's codes and scales, w's scales as fp32 in the stage layout) are allocated here,
+    once per prepared launch."""
+    from ...device.devarray import data_address
+    T, K = x.shape
+    N = codes.shape[0]
+    if data_address(x) % 16:
+        raise ValueError(f"{rec.name}: act_quant reads x as 16-byte chunks: x must be 16-byte aligned "
+                         "(pass an aligned copy)")
+    if rec.args != "naive" and data_address(codes) % 16:
+        raise ValueError(f"{rec.name} reads the e4m3 codes as 16-byte chunks: they must be 16-byte aligned")
+    q_codes = cuda.device_array((T, K), dtype=np.uint8, stream=stream)
+    x_scales = _zeros(stage_scales_shape(T, K), stream)
+    NB, KB = scales.shape
+    w_scales = _zeros(stage_scales_shape(NB, K), stream)
+    e8m0_table_kernel[cdiv(NB * KB, 256), 256, stream](scales, w_scales)
+    quant = prepare_act_quant(x, q_codes, x_scales, stream=stream)
+    kernel = rec.kernel_for(T)
+    if rec.args == "naive":
+        grid, block = geometry_naive(T, N)
+        gemm = PreparedLaunch(rec.name, kernel, grid, block, stream, (q_codes, codes, x_scales, w_scales, out), out)
+        return Fp8GemmLaunch(rec.name, quant, gemm, out, q_codes, x_scales, w_scales)
+    grid, block, smem = geometry(T, N)
+    args = (q_codes.view(np.uint32).reshape(T * K // 4), codes.view(np.uint32).reshape(N * K // 4),
+            x_scales.view(np.uint32).reshape(x_scales.size), w_scales.view(np.uint32).reshape(w_scales.size),
+            out, T, K)
+    allow_dynamic_shared(kernel, args, smem)
+    gemm = PreparedLaunch(rec.name, kernel, grid, block, stream, args, out, sharedmem=smem)
+    return Fp8GemmLaunch(rec.name, quant, gemm, out, q_codes, x_scales, w_scales)
