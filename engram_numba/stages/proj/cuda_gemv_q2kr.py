@@ -29,8 +29,9 @@ import numpy as np
 from numba import cuda, float32, types
 
 from ...device.devarray import data_address
-from ...device.intrinsics import (SIMULATOR, byte_perm, cp_async_16, cp_async_commit, cp_async_waiter, f16x2_to_f32x2,
-                                  f32_to_bf16_bits, load_u32x4, store_u32x4)
+from ...device.intrinsics import SIMULATOR, byte_perm, f32_to_bf16_bits, load_u32x4, store_u32x4
+from ...device.hopper import cp_async_16, cp_async_commit, cp_async_waiter
+from .gemv_common import f16x2_to_f32x2
 from ...device.launch import PreparedLaunch
 from .cuda_common import ALIGN, INLINE, U16_2D, bounds, cdiv, check_bf16_matrix, flat_u32
 from .cuda_gemv_q2k import lut_rounded, mma_subblock, pick4, x_words

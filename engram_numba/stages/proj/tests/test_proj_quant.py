@@ -205,7 +205,7 @@ def test_e4m3_and_e8m0_decoders_match_ml_dtypes():
     """The kernels' scalar decoders (e4m3_to_f32, e8m0_to_f32) and the intrinsic that converts 4
     codes to bf16, on every code, against ml_dtypes' float8_e4m3fn / float8_e8m0fnu."""
     import ml_dtypes
-    from engram_numba.device.intrinsics import e4m3x4_to_bf16x2x2
+    from engram_numba.stages.proj.gemv_common import e4m3x4_to_bf16x2x2
     want = np.arange(256, dtype=np.uint8).view(ml_dtypes.float8_e4m3fn).astype(np.float32)
     got = np.array([cuda_gemv_fp8.e4m3_to_f32(c) for c in range(256)], dtype=np.float32)
     np.testing.assert_array_equal(np.isnan(got), np.isnan(want))
