@@ -7,7 +7,7 @@ import pytest
 
 import engram_numba as en
 from engram_numba import highway, text
-from engram_numba.cli import common as cli_common
+from engram_numba.commands import common as cli_common
 from engram_numba.errors import EngramError
 from engram_numba.formats import errors as file_errors
 

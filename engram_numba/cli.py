@@ -21,14 +21,13 @@ arguments are checked. ENGRAM_DEBUG=1 shows the traceback as well.
 """
 from __future__ import annotations
 
-from .common import T_START  # noqa: F401  (imported first: the demo's clock starts here)
+from .commands.common import EXIT_USAGE, UserError  # first: the demo's clock starts with the command's imports
 
 import argparse  # noqa: E402
 import os  # noqa: E402
 import sys  # noqa: E402
 
-from . import bench, demo, diff, info, kernels, make_fixture, points, run, stats  # noqa: E402
-from .common import EXIT_USAGE, UserError  # noqa: E402
+from .commands import bench, demo, diff, info, kernels, make_fixture, points, run, stats  # noqa: E402
 
 COMMANDS = (demo, info, run, stats, diff, points, kernels, make_fixture, bench)   # in the order --help lists them
 
@@ -52,7 +51,7 @@ def _glue_dash_values(argv: list[str]) -> list[str]:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    from .. import __version__
+    from . import __version__
     p = argparse.ArgumentParser(prog="engram-numba", description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--version", action="version", version=f"engram-numba {__version__}")
@@ -64,7 +63,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv=None) -> int:
     args = build_parser().parse_args(_glue_dash_values(list(sys.argv[1:] if argv is None else argv)))
-    from ..formats.errors import EngramFileError
+    from .formats.errors import EngramFileError
     try:
         return args.func(args)
     except (UserError, EngramFileError) as exc:
@@ -79,3 +78,7 @@ def main(argv=None) -> int:
         msg = exc.args[0] if isinstance(exc, KeyError) and exc.args else exc
         print(f"error: {msg} ({type(exc).__name__}; ENGRAM_DEBUG=1 shows the traceback)", file=sys.stderr)
         return EXIT_USAGE
+
+
+if __name__ == "__main__":
+    sys.exit(main())
