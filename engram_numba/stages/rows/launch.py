@@ -20,7 +20,7 @@ from __future__ import annotations
 import numpy as np
 from numba import cuda
 
-from ...device.checks import check_array
+from ...device.checks import INTEGER, check_array
 from ...device.devarray import as_device_array, data_address
 from ...device.intrinsics import SIMULATOR
 from ...device.launch import NoLaunch
@@ -173,10 +173,7 @@ def gather_rows(table, row_ids, out=None, *, encoding: str = "q2k", stream=0, ve
     n_rows = table.shape[0]
     host_ids = isinstance(row_ids, np.ndarray)
     if host_ids:
-        if row_ids.ndim != 1:
-            raise ValueError(f"row_ids must be 1-D [n], got shape {row_ids.shape} (reshape(-1) it)")
-        if not np.issubdtype(row_ids.dtype, np.integer):
-            raise TypeError(f"row_ids must be an integer array, got {row_ids.dtype}")
+        check_array(row_ids, "row_ids", INTEGER, 1, doc="[n] (reshape(-1) it)", contiguous=False)
         pick(encoding, version)
         if out is not None:
             _output(out, row_ids.shape[0], stream)   # argument errors first, then the ids' range

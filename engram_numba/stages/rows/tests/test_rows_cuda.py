@@ -285,7 +285,7 @@ def test_gather_argument_validation(rng):
         RL.gather_rows(cuda.to_device(np.zeros((5, 80), np.uint8)), ids)
     with pytest.raises(TypeError, match="row_ids must be an integer array"):
         RL.gather_rows(table, ids.astype(np.float32))
-    with pytest.raises(ValueError, match=r"row_ids must be 1-D"):
+    with pytest.raises(TypeError, match=r"row_ids must be 1-D"):
         RL.gather_rows(table, ids.reshape(3, 1))
     with pytest.raises(TypeError, match="row_ids must be int32 or int64, got uint32"):
         RL.gather_rows(table, cuda.to_device(ids.astype(np.uint32)))
