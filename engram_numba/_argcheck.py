@@ -1,11 +1,10 @@
 """Type checks for the public face: a wrong-typed argument is a TypeError that names the
-parameter and what it takes, raised before any work (never an AttributeError from deep inside)."""
+parameter and what it takes, raised before any work (never an AttributeError from deep inside).
+The rule and the array / integer checks live in `engram_numba.device.checks`; these call them."""
 from __future__ import annotations
 
 import os
 from collections.abc import Mapping
-
-import numpy as np
 
 
 def need_path(path, param: str = "path"):
@@ -36,11 +35,8 @@ def need_capture(capture, param: str = "capture"):
 
 def need_int(value, param: str, lo: int | None = None):
     """An integer (numpy integers too; never a bool or a float, which would be truncated)."""
-    if isinstance(value, (bool, np.bool_)) or not isinstance(value, (int, np.integer)):
-        raise TypeError(f"{param} must be an integer, got {type(value).__name__} {value!r}")
-    if lo is not None and value < lo:
-        raise ValueError(f"{param} must be >= {lo}, got {value}")
-    return int(value)
+    from .device.checks import check_int
+    return check_int(value, param, lo)
 
 
 def need_int_list(values, param: str) -> list[int]:

@@ -6,7 +6,7 @@ ValueError), so `except ValueError` goes on working.
       EngramFileError (formats/errors.py)   a model file: GGUF, split GGUF, safetensors checkpoint
       HighwayFileError (highway.py)         a highway file (also a ValueError)
       NoTokenizerError (text.py)            no tokenizer to encode with (also a ValueError)
-      UserError (cli.py)                    a command-line mistake, reported in one line
+      UserError (commands/common.py)        a command-line mistake, reported in one line
 """
 from __future__ import annotations
 

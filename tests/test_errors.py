@@ -6,14 +6,15 @@ import inspect
 import pytest
 
 import engram_numba as en
-from engram_numba import cli, highway, text
+from engram_numba import highway, text
+from engram_numba.commands import common as cli_common
 from engram_numba.errors import EngramError
 from engram_numba.formats import errors as file_errors
 
 
 def _error_classes():
     out = []
-    for mod in (file_errors, highway, text, cli):
+    for mod in (file_errors, highway, text, cli_common):
         for _, obj in inspect.getmembers(mod, inspect.isclass):
             if issubclass(obj, Exception) and obj.__module__ == mod.__name__:
                 out.append(obj)

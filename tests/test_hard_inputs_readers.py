@@ -427,7 +427,7 @@ def test_statistics_files_are_checked_at_load(tmp_path, model, rng):
     a = _stats(model, rng)
     a.save(tmp_path / "a.npz")
     src, dst = tmp_path / "a.npz", tmp_path / "b.npz"
-    SE = en.StreamingGateStats.load.__globals__["StatisticsFileError"]
+    from engram_numba.analysis.stats_file import StatisticsFileError as SE
     # written before identities were kept: loads, and the identity is rebuilt from its constants
     _rewrite_npz(src, dst, lambda s: s.pop("identity"))
     old = en.StreamingGateStats.load(dst)
@@ -634,7 +634,7 @@ def test_fuzzed_checkpoint_json_ends_in_file_errors(hf_copy, rng, name):
 
 
 def test_fuzzed_npz_captures_and_statistics_end_in_their_errors(tmp_path, rng, model):
-    SE = en.StreamingGateStats.load.__globals__["StatisticsFileError"]
+    from engram_numba.analysis.stats_file import StatisticsFileError as SE
     cap = Capture({"tokens.ids": TINY_TOKENS.copy(), "L1.gate.gate": rng.random((14, 4), dtype=np.float32)},
                   {"n_tokens": 14})
     cap.save(tmp_path / "c.npz")

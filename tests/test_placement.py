@@ -337,7 +337,7 @@ def test_cli_stats_table_placement_refusals(tmp_path, capsys, argv, why):
 def test_cli_table_placement_spec():
     import argparse
 
-    from engram_numba.cli import table_placement_spec
+    from engram_numba.commands.stats import table_placement_spec
     assert table_placement_spec("1=device, 14=host") == {1: "device", 14: "host"}
     assert table_placement_spec("device<=100GB") == "device<=100GB"
     with pytest.raises(argparse.ArgumentTypeError, match="not one of"):

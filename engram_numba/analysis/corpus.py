@@ -54,7 +54,8 @@ from ..formats.jsonsafe import load_json
 from ..formats.safetensors import is_safetensors
 from ..highway import HighwayFile, load_highway
 from ..stages.hash.cpu import EngramHasher
-from .streaming import DEFAULT_MAX_CONTEXTS, Chunk, StreamingGateStats, ngram_windows_from_history
+from ..stages.hash.cpu import ngram_windows as ngram_windows_from_history
+from .streaming import DEFAULT_MAX_CONTEXTS, Chunk, StreamingGateStats
 
 FORMATS = ("text", "jsonl", "npy", "ids", "highway", "parquet", "arrow")
 SPLITS = ("line", "paragraph", "file")

@@ -54,340 +54,17 @@ from dataclasses import dataclass
 from fractions import Fraction
 
 import numpy as np
-from numba import njit
 
 from ..config import GATE_CLAMP
 from ..stages.hash.cpu import hash_positions
-from ..stages.hash.cpu import ngram_windows as ngram_windows_from_history  # noqa: F401  (the corpus driver's name)
-from ..formats.errors import EngramFileError
-from ..identity import constants_digest, identity_mismatch, model_identity, token_map_digest
+from ..identity import identity_mismatch, model_identity
+from .context_table import ContextTable, pack_width, unpack_contexts
+from .reducers import (EXP_BINS, FINE_BINS, FIXED_POINT_BITS, MAX_CALL_TOKENS, exact_m2, exact_mean, fold_sums,
+                       mark_rows, popcount_range, reduce_layer)
 from .stats import QUANTILES, StreamGateStats
+from .stats_file import STATE_VERSION, load_state
 
-FINE_BINS = 100_000                 # fine histogram bins over [0, 1]: quantile resolution 1e-5
-FIXED_POINT_BITS = 32               # per-key gate sums are integer multiples of 2^-32
-MAX_CALL_TOKENS = 32_768            # the reducer's int64 squares stay exact for this many values a call
 DEFAULT_MAX_CONTEXTS = 200_000
-_EXP_BINS = 256                     # fp32 biased exponents (0 and 1 share: denormals)
-STATE_VERSION = 1
-
-
-# The per-element reducer ----------------------------------------------------------------------
-
-@njit(cache=True, nogil=True, inline="always")
-def _add_exact(bits, s1, s2, c):  # pragma: no cover - jitted
-    """Add one fp32 value (its bits) to the exponent-binned integer sums s1 (of the signed
-    significand) and s2 (of its square) of column c; returns (exponent bin, significand)."""
-    e = (bits >> 23) & 0xFF
-    m = np.int64(bits & 0x7FFFFF)
-    if e == 0:
-        e = 1                                                 # denormals share the first bin
-    else:
-        m |= 0x800000
-    if bits >> 31:
-        s1[c, e] -= m
-    else:
-        s1[c, e] += m
-    s2[c, e] += m * m
-    return e, m
-
-
-@njit(cache=True, nogil=True)
-def _reduce_layer(gate_bits, dot_bits, gate, dot, live, cids, g1, g2, d1, d2, dabs, counts, minmax,
-                  fine, tok_sum, fine_bins, clamp):  # pragma: no cover - jitted
-    """One layer of one chunk: gate, dot [T, hc] (fp32, and their uint32 bits), live [T],
-    cids [T] compressed ids. Exponent-binned integer sums into g1/g2/d1/d2/dabs [hc, 256] int64,
-    counts [hc, 6] int64 (n, n_nonfinite, masked_nonzero, n_dot, n_clamped, n_dot_nonfinite),
-    minmax [hc, 4] f64 (gate min, max, dot min, max), fine [hc, fine_bins], tok_sum [hc, V]."""
-    T, hc = gate.shape
-    scale = 4294967296.0                                      # 2^FIXED_POINT_BITS
-    for t in range(T):
-        for c in range(hc):
-            g = gate[t, c]
-            if not live[t]:
-                if g != 0.0:
-                    counts[c, 2] += 1
-                continue
-            if not np.isfinite(g):
-                counts[c, 1] += 1
-            else:
-                counts[c, 0] += 1
-                e, m = _add_exact(gate_bits[t, c], g1, g2, c)
-                gv = np.float64(g)
-                if gv < minmax[c, 0]:
-                    minmax[c, 0] = gv
-                if gv > minmax[c, 1]:
-                    minmax[c, 1] = gv
-                b = np.int64(gv * fine_bins)
-                if b < 0:
-                    b = 0
-                elif b >= fine_bins:
-                    b = fine_bins - 1
-                fine[c, b] += 1
-                tok_sum[c, cids[t]] += np.int64(np.rint(gv * scale))
-            d = dot[t, c]
-            if not np.isfinite(d):
-                counts[c, 5] += 1
-                continue
-            counts[c, 3] += 1
-            e, m = _add_exact(dot_bits[t, c], d1, d2, c)
-            dabs[c, e] += m
-            dv = np.float64(d)
-            if dv < minmax[c, 2]:
-                minmax[c, 2] = dv
-            if dv > minmax[c, 3]:
-                minmax[c, 3] = dv
-            if abs(dv) < clamp:
-                counts[c, 4] += 1
-
-
-@njit(cache=True, nogil=True)
-def _mark_rows(bitmap, ids):  # pragma: no cover - jitted
-    """Set bit ids[i] of the byte bitmap (bit i&7 of byte i>>3) for every id."""
-    for i in range(ids.size):
-        r = ids[i]
-        bitmap[r >> 3] |= np.uint8(1 << (r & 7))
-
-
-@njit(cache=True, nogil=True)
-def _popcount_range(bitmap, lo, hi):  # pragma: no cover - jitted
-    """Set bits in [lo, hi)."""
-    n = 0
-    for r in range(lo, hi):
-        if (bitmap[r >> 3] >> (r & 7)) & 1:
-            n += 1
-    return n
-
-
-# Exact sums -----------------------------------------------------------------------------------
-
-def _fold(acc: np.ndarray, power: int) -> list[int]:
-    """[hc, 256] int64 exponent-binned sums -> per stream, a Python int = sum * 2^(power*149)."""
-    out = []
-    for row in acc:
-        total = 0
-        for e in np.flatnonzero(row):
-            total += int(row[e]) << (power * (int(e) - 1))
-        out.append(total)
-    return out
-
-
-def _mean(s1: int, n: int, power_shift: int = 149) -> float:
-    return float(Fraction(s1, n << power_shift)) if n else float("nan")
-
-
-def _m2(s1: int, s2: int, n: int) -> float:
-    """Sum of squared deviations from exact sum (x 2^149) and sum of squares (x 2^298)."""
-    if not n:
-        return float("nan")
-    return float(Fraction(n * s2 - s1 * s1, n << 298))
-
-
-# Context tables -------------------------------------------------------------------------------
-
-# A context table's slot is one int64 record [W key words | count | L*hc gate sums]: one cache
-# miss per token instead of three. count 0 marks an empty slot.
-
-@njit(cache=True, nogil=True)
-def _slot_of(slots, W, key):  # pragma: no cover - jitted
-    """The slot holding `key`, or the empty slot where it goes (linear probing; never full)."""
-    mask = slots.shape[0] - 1
-    h = np.uint64(0x9E3779B97F4A7C15)
-    for w in range(W):
-        h = (h ^ np.uint64(key[w])) * np.uint64(0xBF58476D1CE4E5B9)
-        h ^= h >> np.uint64(31)
-    i = np.int64(h & np.uint64(mask))
-    while slots[i, W] != 0:
-        same = True
-        for w in range(W):
-            if slots[i, w] != key[w]:
-                same = False
-                break
-        if same:
-            return i
-        i = (i + 1) & mask
-    return i
-
-
-@njit(cache=True, nogil=True)
-def _ctx_add_tokens(slots, W, windows, live, q, order, bits, per_word):  # pragma: no cover - jitted
-    """Count every live token's context of `order` (slots 0..order-1 of windows [T, M]) and add its
-    fixed-point gates q [T, L*hc]; returns (new contexts, the largest count touched)."""
-    key = np.zeros(W, np.int64)
-    G = q.shape[1]
-    new = 0
-    top = 0
-    for t in range(windows.shape[0]):
-        if not live[t]:
-            continue
-        for w in range(W):
-            key[w] = 0
-        for s in range(order):
-            key[s // per_word] |= windows[t, s] << (bits * (s % per_word))
-        i = _slot_of(slots, W, key)
-        if slots[i, W] == 0:
-            for w in range(W):
-                slots[i, w] = key[w]
-            new += 1
-        slots[i, W] += 1
-        if slots[i, W] > top:
-            top = slots[i, W]
-        for g in range(G):
-            slots[i, W + 1 + g] += q[t, g]
-    return new, top
-
-
-@njit(cache=True, nogil=True)
-def _ctx_add_entries(slots, W, entries):  # pragma: no cover - jitted
-    """Add records entries [n, W + 1 + L*hc] (key, count, sums); returns the number of new contexts."""
-    new = 0
-    R = entries.shape[1]
-    for j in range(entries.shape[0]):
-        i = _slot_of(slots, W, entries[j, :W])
-        if slots[i, W] == 0:
-            for w in range(W):
-                slots[i, w] = entries[j, w]
-            new += 1
-        for r in range(W, R):
-            slots[i, r] += entries[j, r]
-    return new
-
-
-class ContextTable:
-    """Occurrences and fixed-point gate sums per n-gram context of one order, with a cap (module doc).
-
-    An open-addressing hash table (one int64 record a slot, @njit inserts, no sorting per chunk),
-    kept under half full. Read it through `keys` [G, W] int64 (packed contexts), `count` [G] int64
-    and `gsum` [G, L, hc] int64, sorted by key. 8 (W + 1 + L hc) bytes a slot.
-    """
-
-    def __init__(self, order: int, width: int, n_layers: int, hc: int, cap: int, bits: int = 21, per_word: int = 3):
-        self.order, self.width, self.n_layers, self.hc, self.cap = order, width, n_layers, hc, int(cap)
-        self.bits, self.per_word = bits, per_word
-        self.n = 0
-        self._alloc(1024)
-        self.prunes = 0
-        self.dropped_entries = 0
-        self.dropped_occurrences = 0
-        self.undercount_bound = 0
-        self._compact = None
-
-    def _alloc(self, slots: int) -> None:
-        self._slots = np.zeros((slots, self.width + 1 + self.n_layers * self.hc), np.int64)
-
-    @property
-    def exact(self) -> bool:
-        return self.prunes == 0
-
-    def _records(self) -> np.ndarray:
-        return self._slots[np.flatnonzero(self._slots[:, self.width])]
-
-    def _reserve(self, more: int) -> None:
-        """Keep the load under 1/2 with `more` new contexts."""
-        need = self.n + more
-        slots = self._slots.shape[0]
-        if 2 * need <= slots:
-            return
-        while 2 * need > slots:
-            slots *= 2
-        records = self._records()
-        self._alloc(slots)
-        self.n = int(_ctx_add_entries(self._slots, self.width, records))
-
-    def add_tokens(self, windows: np.ndarray, live: np.ndarray, q: np.ndarray) -> None:
-        """One chunk: windows [T, M] compressed ids, live [T] bool, q [T, L, hc] fixed-point gates."""
-        self._reserve(int(live.sum()))
-        new, top = _ctx_add_tokens(self._slots, self.width, windows, live, q.reshape(q.shape[0], -1), self.order,
-                                   self.bits, self.per_word)
-        self.n += int(new)
-        self._compact = None
-        self._check_overflow(int(top))
-        if self.n > self.cap:
-            self._prune()
-
-    def _check_overflow(self, top: int | None = None) -> None:
-        if top is None:
-            top = int(self._slots[:, self.width].max()) if self.n else 0
-        if top >= 1 << 31:
-            raise OverflowError(f"order-{self.order} context seen {top} times: the fixed-point gate sums hold 2^31 "
-                                "occurrences; split the corpus and merge fewer parts")
-
-    def flush(self) -> None:
-        """Nothing pending (kept for the callers that fold before reading)."""
-
-    def _sorted(self) -> np.ndarray:
-        if self._compact is None:
-            rec = self._records()
-            W = self.width
-            order = np.lexsort(rec[:, :W].T[::-1]) if rec.shape[0] else np.zeros(0, np.int64)
-            self._compact = rec[order]
-        return self._compact
-
-    @property
-    def keys(self) -> np.ndarray:
-        return self._sorted()[:, :self.width]
-
-    @property
-    def count(self) -> np.ndarray:
-        return self._sorted()[:, self.width]
-
-    @property
-    def gsum(self) -> np.ndarray:
-        return self._sorted()[:, self.width + 1:].reshape(-1, self.n_layers, self.hc)
-
-    def load(self, keys, count, gsum, slots: int = 1024) -> None:
-        """Replace the contents with these entries (distinct keys), in at least `slots` slots."""
-        records = np.concatenate([np.asarray(keys, np.int64).reshape(-1, self.width),
-                                  np.asarray(count, np.int64).reshape(-1, 1),
-                                  np.asarray(gsum, np.int64).reshape(-1, self.n_layers * self.hc)], axis=1)
-        self._load_records(records, slots)
-
-    def _load_records(self, records: np.ndarray, slots: int = 1024) -> None:
-        self.n = 0
-        self._alloc(max(1024, 1 << (int(slots) - 1).bit_length()))
-        self._reserve(int(records.shape[0]))
-        self.n = int(_ctx_add_entries(self._slots, self.width, np.ascontiguousarray(records)))
-        self._compact = None
-
-    def _prune(self) -> None:
-        rec = self._sorted()
-        W = self.width
-        keep_n = max(self.cap // 2, 1)
-        count = rec[:, W]
-        order = np.lexsort(tuple(rec[:, :W].T[::-1]) + (-count,))       # most frequent first, ties by key
-        keep, drop = np.sort(order[:keep_n]), order[keep_n:]
-        self.prunes += 1
-        self.dropped_entries += int(drop.size)
-        self.dropped_occurrences += int(count[drop].sum())
-        self.undercount_bound += int(count[drop].max()) if drop.size else 0
-        self._load_records(rec[keep], slots=self._slots.shape[0])       # same size: no regrowth
-
-    def merged(self, other: "ContextTable") -> "ContextTable":
-        out = ContextTable(self.order, self.width, self.n_layers, self.hc, self.cap, self.bits, self.per_word)
-        out._load_records(self._records())
-        records = other._records()
-        out._reserve(int(records.shape[0]))
-        out.n += int(_ctx_add_entries(out._slots, out.width, records))
-        for f in ("prunes", "dropped_entries", "dropped_occurrences", "undercount_bound"):
-            setattr(out, f, getattr(self, f) + getattr(other, f))
-        if out.n > out.cap:
-            out._prune()
-        out._check_overflow()
-        return out
-
-
-def _pack_width(max_ngram: int, bits: int) -> tuple[int, int]:
-    """(int64 words per key, slots per word) for contexts of up to max_ngram ids of `bits` bits."""
-    per_word = max(63 // bits, 1)
-    return -(-max_ngram // per_word), per_word
-
-
-def unpack_contexts(keys: np.ndarray, order: int, bits: int, per_word: int) -> np.ndarray:
-    """keys [n, width] -> windows [n, order] (slot 0 = the current token)."""
-    out = np.empty((keys.shape[0], order), np.int64)
-    mask = (1 << bits) - 1
-    for s in range(order):
-        out[:, s] = (keys[:, s // per_word] >> np.int64(bits * (s % per_word))) & mask
-    return out
 
 
 # The statistics ----------------------------------------------------------------------------------
@@ -450,7 +127,7 @@ class StreamingGateStats:
         self.tok_gsum = np.zeros((L, hc, self.compressed_vocab), np.int64)
         self.raw_count = np.zeros(self.raw_vocab, np.int64)
         self.bits = max(int(self.compressed_vocab - 1).bit_length(), 1)
-        self.key_width, self.per_word = _pack_width(self.max_ngram, self.bits)
+        self.key_width, self.per_word = pack_width(self.max_ngram, self.bits)
         self.contexts = {n: ContextTable(n, self.key_width, L, hc, self.max_contexts, self.bits, self.per_word)
                          for n in range(2, self.max_ngram + 1)} if self.track_contexts else {}
         self.row_bitmaps = [np.zeros(-(-r // 8), np.uint8) for r in self.table_rows] if self.track_rows else []
@@ -522,18 +199,18 @@ class StreamingGateStats:
         T = gate.shape[0]
         for t0 in range(0, T, MAX_CALL_TOKENS):
             t1 = min(T, t0 + MAX_CALL_TOKENS)
-            acc = [np.zeros((self.hc, _EXP_BINS), np.int64) for _ in range(5)]
-            _reduce_layer(gate[t0:t1].view(np.uint32), dot[t0:t1].view(np.uint32), gate[t0:t1], dot[t0:t1],
+            acc = [np.zeros((self.hc, EXP_BINS), np.int64) for _ in range(5)]
+            reduce_layer(gate[t0:t1].view(np.uint32), dot[t0:t1].view(np.uint32), gate[t0:t1], dot[t0:t1],
                           live[t0:t1], cids[t0:t1], *acc, self.counts[li], self.minmax[li], self.fine[li],
                           self.tok_gsum[li], FINE_BINS, GATE_CLAMP)
             for name, a, power in (("g1", acc[0], 1), ("g2", acc[1], 2), ("d1", acc[2], 1), ("d2", acc[3], 2),
                                    ("dabs", acc[4], 1)):
                 tot = getattr(self, name)[li]
-                for c, v in enumerate(_fold(a, power)):
+                for c, v in enumerate(fold_sums(a, power)):
                     tot[c] += v
         if self.track_rows:
             ids = np.ascontiguousarray(row_ids[live, li, :]).reshape(-1)
-            _mark_rows(self.row_bitmaps[li], ids)
+            mark_rows(self.row_bitmaps[li], ids)
 
     @staticmethod
     def _add_counts(target: np.ndarray, ids: np.ndarray) -> None:
@@ -643,8 +320,8 @@ class StreamingGateStats:
         if not 0 <= c < self.hc:
             raise KeyError(f"stream {stream} is outside 0..{self.hc - 1}")
         n, n_nonfinite, masked_nonzero, n_dot, n_clamped, _ = (int(x) for x in self.counts[li, c])
-        mean = _mean(self.g1[li][c], n)
-        m2 = _m2(self.g1[li][c], self.g2[li][c], n)
+        mean = exact_mean(self.g1[li][c], n)
+        m2 = exact_m2(self.g1[li][c], self.g2[li][c], n)
         q = self.quantile(layer_id, c, QUANTILES)
         nan = float("nan")
         gmin, gmax = (float(self.minmax[li, c, 0]), float(self.minmax[li, c, 1])) if n else (nan, nan)
@@ -653,7 +330,7 @@ class StreamingGateStats:
             layer=int(layer_id), stream=c, n=n, n_masked=self.n_masked, masked_nonzero=masked_nonzero,
             n_nonfinite=n_nonfinite, mean=mean, std=math.sqrt(m2 / n) if n else float("nan"), min=gmin, max=gmax,
             q05=float(q[0]), q25=float(q[1]), q50=float(q[2]), q75=float(q[3]), q95=float(q[4]),
-            dot_mean_abs=_mean(self.dabs[li][c], n_dot), dot_min=dmin, dot_max=dmax, n_clamped=n_clamped,
+            dot_mean_abs=exact_mean(self.dabs[li][c], n_dot), dot_min=dmin, dot_max=dmax, n_clamped=n_clamped,
             clamp_frac=n_clamped / n_dot if n_dot else float("nan"), hist_counts=self.histogram(layer_id, c)[0])
 
     def moments(self, layer_id: int, stream: int, what: str = "gate") -> dict:
@@ -665,7 +342,7 @@ class StreamingGateStats:
             n, s1, s2, lo, hi = int(self.counts[li, c, 3]), self.d1[li][c], self.d2[li][c], *self.minmax[li, c, 2:]
         else:
             raise ValueError(f"what must be 'gate' or 'dot', got {what!r}")
-        return {"count": n, "mean": _mean(s1, n), "M2": _m2(s1, s2, n), "min": float(lo) if n else float("nan"),
+        return {"count": n, "mean": exact_mean(s1, n), "M2": exact_m2(s1, s2, n), "min": float(lo) if n else float("nan"),
                 "max": float(hi) if n else float("nan"),
                 "sum": float(Fraction(s1, 1 << 149)), "sum_sq": float(Fraction(s2, 1 << 298))}
 
@@ -784,7 +461,7 @@ class StreamingGateStats:
                 order = col // self.n_heads + 2
                 lo = int(offsets[li, col]) if offsets is not None else 0
                 hi = lo + int(primes.reshape(len(self.layer_ids), -1)[li, col]) if primes is not None else self.table_rows[li]
-                distinct = int(_popcount_range(self.row_bitmaps[li], lo, hi))
+                distinct = int(popcount_range(self.row_bitmaps[li], lo, hi))
                 rec = {"layer": lid, "col": col, "order": order, "head": col % self.n_heads, "reads": int(reads),
                        "distinct_ids": distinct, "rows_in_column": hi - lo}
                 if (li, col) in ctx_ids:
@@ -974,7 +651,7 @@ class StreamingGateStats:
     def load(cls, path) -> "StreamingGateStats":
         """Read a file written by `save`. Anything else, or a file whose arrays do not have the
         shapes its header implies, is a `StatisticsFileError` naming the file and the entry."""
-        return _load_state(cls, path)
+        return load_state(cls, path)
 
 
 def _stream(stream) -> int:
@@ -1008,174 +685,3 @@ def merge(parts) -> StreamingGateStats:
     for p in parts[1:]:
         total = total + p
     return total.finish()
-
-
-# Reading a saved state ----------------------------------------------------------------------------
-
-class StatisticsFileError(EngramFileError, ValueError):
-    """A file `StreamingGateStats.load` cannot take: not a statistics file, an older one, or one
-    whose header and arrays disagree (the message names the entry)."""
-
-
-_EXACT_FIELDS = ("g1", "g2", "d1", "d2", "dabs")
-_MAX_EXACT_DIGITS = 400         # exact sums x 2^298 of up to 2^63 values stay far below this
-
-
-def _load_state(cls, path) -> StreamingGateStats:
-    from ..formats.gguf import check_regular_file
-    from ..formats.jsonsafe import field, load_json
-    from ..formats.npz import member_header, open_npz, read_member
-    from .._argcheck import need_path
-    E = StatisticsFileError
-    need_path(path)
-    try:
-        check_regular_file(path, "statistics file")
-    except EngramFileError as exc:
-        raise E(str(exc)) from None
-    zf, members = open_npz(path, E)
-    with zf:
-        if "__state__" not in members:
-            what = " (a capture: Capture.load reads it)" if "__meta__" in members else ""
-            raise E(f"{path} is not a statistics file saved by StreamingGateStats.save (no __state__ entry){what}")
-        state = read_member(zf, members["__state__"], path, E)
-        if state.shape != () or state.dtype.kind != "U":
-            raise E(f"{path}: __state__ is {state.dtype}{list(state.shape)}, not one JSON string")
-        head = load_json(str(state), f"{path}: __state__", E, what="state")
-        if not isinstance(head, dict):
-            raise E(f"{path}: __state__ is a JSON {type(head).__name__}, not an object")
-        version = head.get("version")
-        if version != STATE_VERSION:
-            older = isinstance(version, int) and not isinstance(version, bool) and version < STATE_VERSION
-            raise E(f"{path}: statistics state version {str(version)[:20]}, this reader knows {STATE_VERSION}"
-                    + (": written by an older version of engram_numba; recompute it" if older else ""))
-        src = f"{path}: __state__"
-
-        def num(key, lo=0):
-            v = field(head, key, int, src, E)
-            if v < lo:
-                raise E(f"{src}: key {key!r} must be >= {lo}, got {v}")
-            return v
-
-        layer_ids = field(head, "layer_ids", list, src, E)
-        if not layer_ids or len(layer_ids) > 4096 or not all(isinstance(x, int) and not isinstance(x, bool)
-                                                             for x in layer_ids):
-            raise E(f"{src}: key 'layer_ids' must be a non-empty list of integers")
-        L = len(layer_ids)
-        hc, n_hash_cols, n_heads, max_ngram = num("hc", 1), num("n_hash_cols", 1), num("n_heads", 1), num("max_ngram", 2)
-        V, R = num("compressed_vocab", 1), num("raw_vocab", 1)
-        pad = num("pad_id")
-        if pad >= V:
-            raise E(f"{src}: pad_id {pad} is outside the compressed vocabulary [0, {V})")
-        table_rows = field(head, "table_rows", list, src, E)
-        if len(table_rows) != L or not all(isinstance(x, int) and not isinstance(x, bool) and x >= 1 for x in table_rows):
-            raise E(f"{src}: key 'table_rows' must be {L} positive integers")
-        bins, max_contexts = num("bins", 1), num("max_contexts", 1)
-        contexts, rows = field(head, "contexts", bool, src, E), field(head, "rows", bool, src, E)
-        meta = field(head, "meta", dict, src, E)
-        consts = field(head, "hash_constants", dict, src, E, required=False)
-        counters = {k: num(k) for k in ("n_documents", "n_tokens", "n_masked", "n_chunks")}
-        exact = field(head, "exact", dict, src, E)
-        sums = {}
-        for k in _EXACT_FIELDS:
-            rows_k = exact.get(k)
-            if (not isinstance(rows_k, list) or len(rows_k) != L or
-                    not all(isinstance(r, list) and len(r) == hc for r in rows_k)):
-                raise E(f"{src}: exact.{k} must be {L} lists of {hc} decimal strings")
-            try:
-                sums[k] = [[_exact_int(x) for x in r] for r in rows_k]
-            except (TypeError, ValueError):
-                raise E(f"{src}: exact.{k} holds a value that is not a decimal integer of at most "
-                        f"{_MAX_EXACT_DIGITS} digits") from None
-        # every array's declared shape, before anything of the header's sizes is allocated
-        width, _ = _pack_width(max_ngram, max(int(V - 1).bit_length(), 1))
-        want = {"counts": ((L, hc, 6), np.int64), "minmax": ((L, hc, 4), np.float64),
-                "fine": ((L, hc, FINE_BINS), np.int64), "tok_count": ((V,), np.int64),
-                "tok_gsum": ((L, hc, V), np.int64), "raw_count": ((R,), np.int64)}
-        if "token_map" in members:
-            want["token_map"] = ((R,), np.int64)
-        if rows:
-            for li, r in enumerate(table_rows):
-                want[f"rows{li}"] = ((-(-r // 8),), np.uint8)
-        shapes = {}
-        for name, (shape, dtype) in want.items():
-            if name not in members:
-                raise E(f"{path}: array {name!r} is missing")
-            got_shape, got_dtype = member_header(zf, members[name], path, E)
-            if got_shape != shape or got_dtype != np.dtype(dtype):
-                raise E(f"{path}: array {name!r} is {got_dtype}{list(got_shape)[:6]}, but the header makes it "
-                        f"{np.dtype(dtype)}{list(shape)}")
-            shapes[name] = got_shape
-        ctx_names = {}
-        if contexts:
-            for n in range(2, max_ngram + 1):
-                names = (f"ctx{n}_keys", f"ctx{n}_count", f"ctx{n}_gsum")
-                hs = []
-                for name in names:
-                    if name not in members:
-                        raise E(f"{path}: array {name!r} is missing")
-                    hs.append(member_header(zf, members[name], path, E))
-                G = hs[1][0][0] if len(hs[1][0]) == 1 else -1
-                for name, (got_shape, got_dtype), shape in zip(names, hs, ((G, width), (G,), (G, L, hc))):
-                    if G < 0 or got_shape != shape or got_dtype != np.dtype(np.int64):
-                        raise E(f"{path}: array {name!r} is {got_dtype}{list(got_shape)[:6]}, but the header makes "
-                                f"it int64{list(shape)}")
-                ctx_names[n] = names
-        st = cls(layer_ids=layer_ids, hc=hc, n_hash_cols=n_hash_cols, n_heads=n_heads, max_ngram=max_ngram,
-                 compressed_vocab=V, raw_vocab=R, pad_id=pad, table_rows=table_rows, hash_constants=consts,
-                 bins=bins, max_contexts=max_contexts, contexts=contexts, rows=rows, meta=meta)
-        for k, v in counters.items():
-            setattr(st, k, v)
-        for k, v in sums.items():
-            setattr(st, k, v)
-        arrays = {name: read_member(zf, members[name], path, E) for name in want}
-        st.counts, st.minmax, st.fine = arrays["counts"], arrays["minmax"], arrays["fine"]
-        st.tok_count, st.tok_gsum, st.raw_count = arrays["tok_count"], arrays["tok_gsum"], arrays["raw_count"]
-        if "token_map" in arrays:
-            tm = arrays["token_map"]
-            if tm.size and (int(tm.min()) < 0 or int(tm.max()) >= V):
-                raise E(f"{path}: array 'token_map' holds ids outside the compressed vocabulary [0, {V})")
-            st.token_map = tm
-        cc = head.get("context_counters", {})
-        for n, names in ctx_names.items():
-            c = cc.get(str(n)) if isinstance(cc, dict) else None
-            if not (isinstance(c, list) and len(c) == 4 and all(isinstance(x, int) and not isinstance(x, bool)
-                                                               and x >= 0 for x in c)):
-                raise E(f"{src}: context_counters.{n} must be 4 non-negative integers")
-            t = st.contexts[n]
-            t.load(*(read_member(zf, members[name], path, E) for name in names))
-            t.prunes, t.dropped_entries, t.dropped_occurrences, t.undercount_bound = c
-        st.row_bitmaps = [arrays[f"rows{li}"] for li in range(len(st.row_bitmaps))]
-    st.identity = _identity_of_state(head, st, src)
-    return st
-
-
-def _exact_int(x) -> int:
-    if not isinstance(x, str) or len(x) > _MAX_EXACT_DIGITS:
-        raise ValueError(x)
-    return int(x)
-
-
-def _identity_of_state(head: dict, st: StreamingGateStats, src: str) -> dict | None:
-    """The identity a state carries; for a file written before identities were kept, rebuilt from
-    its hash constants and token map (the encodings stay unknown)."""
-    from ..identity import check_identity
-    stored = check_identity(head.get("identity"), src, StatisticsFileError)
-    rebuilt = {"hash": None, "token_map": None, "encodings": None}
-    c = st.hash_constants
-    if isinstance(c, dict):
-        try:
-            L = len(st.layer_ids)
-            mult = np.asarray(c["multipliers"], dtype=np.int64).reshape(L, st.max_ngram)
-            primes = np.asarray(c["primes"], dtype=np.int64).reshape(L, st.max_ngram - 1, st.n_heads)
-            offsets = np.asarray(c["offsets"], dtype=np.int64).reshape(L, st.n_hash_cols)
-        except (KeyError, TypeError, ValueError, OverflowError):
-            raise StatisticsFileError(f"{src}: hash_constants do not have the shapes of the header's model") from None
-        rebuilt["hash"] = constants_digest(st.layer_ids, st.max_ngram, st.n_heads, st.pad_id, mult, primes, offsets)
-    if st.token_map is not None:
-        rebuilt["token_map"] = token_map_digest(st.token_map)
-    if stored is None:
-        return rebuilt if (rebuilt["hash"] or rebuilt["token_map"]) else None
-    differ = identity_mismatch(stored, rebuilt)
-    if differ:
-        raise StatisticsFileError(f"{src}: the stored model identity does not match its own {', '.join(differ)}")
-    return stored

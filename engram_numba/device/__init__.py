@@ -1,4 +1,5 @@
-"""Stage-independent device helpers: intrinsics (each with its simulator twin), device-array
+"""Stage-independent device helpers: intrinsics (each with its simulator twin;
+the Hopper cp.async / wgmma ones in `hopper`), device-array
 conversion, prepared launches, CUDA graphs, uploads. (The compile-only checker reads the kernel
 records, so it lives beside them: `engram_numba.stages.compile_check`.)
 

@@ -22,23 +22,13 @@ from __future__ import annotations
 import numpy as np
 
 from ...config import MAX_HC, NORM_EPS
+from ...device.checks import check_array, check_choice
 from ...device.devarray import as_device_array, data_address
 from ...device.intrinsics import SIMULATOR
 from .. import registry
 from . import records  # noqa: F401  (registers the gate kernels)
 from .cuda import LAYOUTS, launch_config
 from .reference import RESIDUALS, check_eps
-
-
-def _check(name: str, a, dtype, ndim: int, shape=None):
-    if a.dtype != np.dtype(dtype):
-        raise TypeError(f"{name} must be {np.dtype(dtype).name}, got {a.dtype}")
-    if a.ndim != ndim:
-        raise ValueError(f"{name} must be {ndim}-D, got shape {tuple(a.shape)}")
-    if shape is not None and tuple(a.shape) != tuple(shape):
-        raise ValueError(f"{name} must have shape {tuple(shape)}, got {tuple(a.shape)}")
-    if not a.is_c_contiguous():
-        raise ValueError(f"{name} must be C-contiguous")
 
 
 def context(T: int, hc: int, dim: int, aligned: bool, layout=None, tps=None) -> dict:
@@ -50,42 +40,34 @@ def prepare_gate(highway, kv, w, *, token_mask=None, residual: str = "fp32", eps
                  dot_out=None, gate_out=None, stream=0, version: str | None = None,
                  layout: str | None = None, tps: int | None = None):
     """Validate the gate's arguments once; returns a PreparedLaunch (see the module doc)."""
-    if residual not in RESIDUALS:
-        raise ValueError(f"residual must be one of {RESIDUALS}, got {residual!r}")
+    check_choice(residual, "residual", RESIDUALS)
     if version is not None:
         registry.get("gate", version)
-    if layout is not None and layout not in LAYOUTS:
-        raise ValueError(f"layout must be one of {LAYOUTS} or None, got {layout!r}")
+    check_choice(layout, "layout", LAYOUTS, optional=True)
     eps = check_eps(eps)
 
     highway = as_device_array(highway, "highway")
-    if highway.dtype != np.float32:
-        raise TypeError(f"highway must be float32, got {highway.dtype}")
-    if highway.ndim != 3:
-        raise ValueError(f"highway must be 3-D [T, hc, dim], got shape {tuple(highway.shape)}")
+    check_array(highway, "highway", np.float32, 3, doc="[T, hc, dim]")
     T, hc, dim = (int(s) for s in highway.shape)
     if not 1 <= hc <= MAX_HC:
         raise ValueError(f"highway's hc (axis 1) must be in 1..{MAX_HC}, got {hc}")
     if dim <= 0 or dim % 8:
         raise ValueError(f"highway's dim (axis 2) must be a positive multiple of 8, got {dim}")
-    _check("highway", highway, np.float32, 3)
 
     kv = as_device_array(kv, "kv")
-    if kv.dtype != np.uint16:
-        raise TypeError(f"kv must be uint16 (bf16 words), got {kv.dtype}")
-    _check("kv", kv, np.uint16, 2, (T, (hc + 1) * dim))
+    check_array(kv, "kv", np.uint16, shape=(T, (hc + 1) * dim), what="uint16 (bf16 words)", doc="[T, (hc+1)*dim]")
     w = as_device_array(w, "w")
-    _check("w", w, np.float32, 2, (hc, dim))
+    check_array(w, "w", np.float32, shape=(hc, dim), doc="[hc, dim]")
     mask = as_device_array(token_mask, "token_mask", optional=True)
     if mask is not None:
         if mask.dtype == np.bool_:
             mask = mask.view(np.uint8)
-        _check("token_mask", mask, np.uint8, 1, (T,))
+        check_array(mask, "token_mask", np.uint8, shape=(T,), what="uint8 or bool", doc="[T]")
     outs = {}
     for name, arr in (("dot_out", dot_out), ("gate_out", gate_out)):
         arr = as_device_array(arr, name, optional=True)
         if arr is not None:
-            _check(name, arr, np.float32, 2, (T, hc))
+            check_array(arr, name, np.float32, shape=(T, hc), doc="[T, hc]")
         outs[name] = arr
 
     launch_config(max(T, 1), hc, dim, 2, layout, tps)   # checks tps

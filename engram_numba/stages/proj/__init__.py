@@ -5,6 +5,7 @@
     cpu.py         projection_cpu and projection_deepseek_fp8_cpu (@njit, bit-identical twins)
     weights.py     wkv_to_bf16: the stored wkv (bf16, f16, f32, q2k, q8_0, fp8 tiles) -> bf16 words
     cuda_common.py what the kernels share (views, launch bounds, simulator switches)
+    gemv_common.py the weight-decoding helpers of the q2k / fp8 GEMVs (8-byte loads, f16x2 and e4m3 widening)
     cuda_gemv.py   GEMVs for few tokens: gemv_v1 (naive) .. gemv_v4 (tensor-core GEMV)
     cuda_gemm.py   GEMMs for many tokens: gemm_v1 (naive) .. gemm_v3 (mma.sync tensor cores)
     cuda_gemv_q2k.py  GEMVs straight on a Q2_K wkv: gemv_q2k_v1 (naive) .. gemv_q2k_v3 (factored)

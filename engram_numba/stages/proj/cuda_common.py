@@ -16,6 +16,7 @@ from __future__ import annotations
 import numpy as np
 from numba import types
 
+from ...device.checks import check_array
 from ...device.devarray import data_address
 from ...device.intrinsics import SIMULATOR
 from ...device.launch import PreparedLaunch, allow_dynamic_shared
@@ -91,9 +92,4 @@ def fast_launch(name: str, kernel, grid, block, x, wkv, out, stream) -> Prepared
 
 def check_bf16_matrix(a, name: str, shape_doc: str):
     """A launcher's check of a bf16 matrix argument (uint16 words, 2-D, C-contiguous)."""
-    if a.dtype != np.dtype(np.uint16):
-        raise ValueError(f"{name} must be bf16 words (uint16) {shape_doc}, got dtype {a.dtype}")
-    if a.ndim != 2:
-        raise ValueError(f"{name} must be 2-D {shape_doc}, got shape {tuple(a.shape)}")
-    if not a.is_c_contiguous():
-        raise ValueError(f"{name} must be C-contiguous")
+    return check_array(a, name, np.uint16, 2, what="bf16 words (uint16)", doc=shape_doc)

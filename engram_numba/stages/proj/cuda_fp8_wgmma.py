@@ -44,10 +44,11 @@ from __future__ import annotations
 import numpy as np
 from numba import cuda, types
 
-from ...device.intrinsics import (SIMULATOR, WGMMA_SWIZZLE_128B, bf16_bits_to_f32, cp_async_16, cp_async_commit,
-                                  cp_async_waiter, device_function, f32_as_u32, f32_to_bf16_bits, fence_proxy_async,
-                                  load_u32x4, shared_address, store_u32x4, u32_as_f32, wgmma_commit, wgmma_descriptor,
-                                  wgmma_fence, wgmma_store_bf16x2, wgmma_waiter)
+from ...device.hopper import (WGMMA_SWIZZLE_128B, cp_async_16, cp_async_commit, cp_async_waiter, fence_proxy_async,
+                              shared_address, wgmma_commit, wgmma_descriptor, wgmma_fence, wgmma_store_bf16x2,
+                              wgmma_waiter)
+from ...device.intrinsics import (SIMULATOR, bf16_bits_to_f32, device_function, f32_as_u32, f32_to_bf16_bits,
+                                  load_u32x4, store_u32x4, u32_as_f32)
 from ...device.launch import PreparedLaunch, allow_dynamic_shared
 from .cuda_common import INLINE, bounds, cdiv
 from .cuda_gemv_fp8 import e4m3_to_f32, e8m0_to_f32
@@ -88,7 +89,7 @@ SMEM_BYTES = max(STAGES * STAGE_BYTES, BM * STASH_STRIDE * 4) + ALIGN_SLACK
 #   (s_row0 * s_w[0..3], s_row8 * s_w[0..3]). `part` must be retired (a waiter) before.
 
 if SIMULATOR:
-    from ...device.intrinsics import WgmmaAcc, _QUEUES, _bytes, _element_offsets, _thread_id
+    from ...device.hopper import WgmmaAcc, _QUEUES, _bytes, _element_offsets, _thread_id
     from ..rows.fp8 import E4M3_VALUES
 
     def _fp8_operand(smem_b, desc, rows):

@@ -26,8 +26,8 @@ import numpy as np
 from numba import cuda, float32, types
 
 from ...device.intrinsics import (SIMULATOR, bf16_bits_to_f32, bf16x2_hi, bf16x2_lo, cvt_pack_bf16x2, device_function,
-                                  e4m3x4_to_bf16x2x2, f32_to_bf16_bits, load_u32x2, load_u32x4, mma_bf16_16816,
-                                  round_to_bf16, u32_as_f32)
+                                  f32_to_bf16_bits, load_u32x4, mma_bf16_16816, round_to_bf16, u32_as_f32)
+from .gemv_common import e4m3x4_to_bf16x2x2, load_u32x2
 from ...device.launch import PreparedLaunch
 from .cuda_common import INLINE, bounds, cdiv
 

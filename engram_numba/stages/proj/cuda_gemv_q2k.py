@@ -37,8 +37,9 @@ import numpy as np
 from numba import cuda, float32, types
 
 from ...device.intrinsics import (SIMULATOR, bf16_bits_to_f32, bf16x2_hi, bf16x2_lo, byte_perm, cvt_pack_bf16x2,
-                                  device_function, f16_bits_to_f32, f16x2_to_f32x2, f32_as_u32, f32_to_bf16_bits,
-                                  load_u32x4, mma_bf16_16816, mul_rn, round_to_bf16, sub_rn, u32_as_f32)
+                                  device_function, f16_bits_to_f32, f32_as_u32, f32_to_bf16_bits, load_u32x4,
+                                  mma_bf16_16816, mul_rn, round_to_bf16, sub_rn, u32_as_f32)
+from .gemv_common import f16x2_to_f32x2
 from .cuda_common import INLINE, bounds, cdiv
 
 BLOCK_VALUES = 256          # one Q2_K block: 256 consecutive k of one row

@@ -32,15 +32,15 @@ import numpy as np
 from numba import cuda, float32, types
 
 from ...device.devarray import data_address
-from ...device.intrinsics import (SIMULATOR, byte_perm, cp_async_16, cp_async_commit, cp_async_waiter, f16x2_to_f32x2,
-                                  f32_to_bf16_bits, load_u32x4, store_u32x4)
+from ...device.hopper import cp_async_16, cp_async_commit, cp_async_waiter
+from ...device.intrinsics import (SIMULATOR, byte_perm, cvt_pack_bf16x2, device_function, f32_to_bf16_bits,
+                                  load_u32x4, mma_bf16_16816, mul_rn, store_u32x4, sub_rn, u32_as_f32)
 from ...device.launch import PreparedLaunch
-from .cuda_common import ALIGN, INLINE, U16_2D, bounds, cdiv, check_bf16_matrix, flat_u32
-from ...device.intrinsics import cvt_pack_bf16x2, mma_bf16_16816, mul_rn, sub_rn, u32_as_f32
 from .cuda_bits import fma_rn, prmt, umulhi
+from .cuda_common import ALIGN, INLINE, U16_2D, bounds, cdiv, check_bf16_matrix, flat_u32
 from .cuda_gemv_q2k import lut_rounded, mma_subblock, pick4, small_u32_to_f32, x_words
+from .gemv_common import f16x2_to_f32x2
 from .q2k_r import BLOCK_VALUES, DD_OFFSET, SC_OFFSET, TILE_ROWS, UNIT_BLOCKS, UNIT_BYTES, UNIT_VALUES, q2k_r_shape
-from ...device.intrinsics import device_function
 
 BLOCK_WORDS = 21                    # an 84-byte Q2_K block in uint32 words
 UNIT_CHUNKS = UNIT_BYTES // 16      # 168 sixteen-byte chunks a unit
@@ -482,7 +482,7 @@ def _make_gemv_cp():
 #     skips it with a warp-uniform branch, so x is loaded unconditionally (tokens past T read the
 #     last token and are dropped at the store) and nothing is zero-filled. The simulator's mma
 #     twin needs every thread at every mma, so there the zero-fill path of v4 stays.
-# Per 4-block trip of a warp (64 mma, sm_90a SASS, tests/sass_count_q2kr.py): 1382 instructions
+# Per 4-block trip of a warp (64 mma, sm_90a SASS, tools/sass_count_q2kr.py): 1382 instructions
 # against v4's 1916, 521 on the integer pipe against 1178. On the H200 it runs at v4's speed or
 # 1-3 us slower (records.py): the issue rate of the decode is not what holds these GEMVs at a
 # quarter of the copy floor.

@@ -3,7 +3,7 @@
 Shapes and argument conventions in `cuda_common`; numerics as gemm_v3 (the tensor core sums each
 16-term product internally; within 1 bf16 ulp of the float64 answer where fp32 summation noise is
 small, docs/numerics.md). The helpers (`cp_async_16`, `wgmma_bf16`, descriptors, fences) and their
-simulator twins are in `device/intrinsics.py`; docs/design.md says how the pieces fit.
+simulator twins are in `device/hopper.py`; docs/design.md says how the pieces fit.
 
 Kernel versions
   gemm_v4  CTA tile 128 x 256 (tokens x outputs), BK = 64, 4 shared-memory stages filled with
@@ -38,9 +38,10 @@ from __future__ import annotations
 import numpy as np
 from numba import cuda, types
 
-from ...device.intrinsics import (WGMMA_NO_SWIZZLE, WGMMA_SWIZZLE_128B, cp_async_16, cp_async_commit, device_function,
-                                  cp_async_waiter, fence_proxy_async, shared_address, wgmma_bf16, wgmma_commit,
-                                  wgmma_descriptor, wgmma_fence, wgmma_store_bf16x2, wgmma_waiter)
+from ...device.intrinsics import device_function
+from ...device.hopper import (WGMMA_NO_SWIZZLE, WGMMA_SWIZZLE_128B, cp_async_16, cp_async_commit, cp_async_waiter,
+                              fence_proxy_async, shared_address, wgmma_bf16, wgmma_commit, wgmma_descriptor,
+                              wgmma_fence, wgmma_store_bf16x2, wgmma_waiter)
 from ...device.launch import PreparedLaunch, allow_dynamic_shared
 from .cuda_common import INLINE, bounds, cdiv, fast_launch
 

@@ -15,6 +15,7 @@ from __future__ import annotations
 import numpy as np
 from numba import cuda
 
+from ...device.checks import check_array
 from ...device.devarray import as_device_array, data_address
 from ...device.intrinsics import SIMULATOR
 from ...device.launch import NoLaunch
@@ -98,12 +99,7 @@ Q2K_BLOCK_VALUES, Q2K_BLOCK_BYTES, FP8_TILE = 256, 84, 32
 
 
 def _check_u8_matrix(a, name: str, shape_doc: str):
-    if a.dtype != np.dtype(np.uint8):
-        raise ValueError(f"{name} must be uint8 {shape_doc}, got dtype {a.dtype}")
-    if a.ndim != 2:
-        raise ValueError(f"{name} must be 2-D {shape_doc}, got shape {tuple(a.shape)}")
-    if not a.is_c_contiguous():
-        raise ValueError(f"{name} must be C-contiguous")
+    return check_array(a, name, np.uint8, 2, doc=shape_doc)
 
 
 def check_quant_weight(wkv_raw, wkv_scales, K: int, weight: str, N: int | None = None):

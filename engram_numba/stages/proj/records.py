@@ -24,7 +24,7 @@ h200_decode_dev_b26720f.json, L2 flushed between runs): T=1 v4 45.6-45.7 us, v6 
 v5 47.4-47.5, against v2's 58.9 on the file layout and cuBLAS's 91-93 on the bf16 weight. All sit
 at ~26% of the copy floor with the SMs ~65% busy (Nsight Compute,
 bench/results/h200_ncu_gemv_q2kr_b4a1848.txt). v7 runs v4's kernel with 28% fewer instructions
-(56% fewer on the integer pipe, tests/sass_count_q2kr.py) and bit-identical output at the same
+(56% fewer on the integer pipe, tools/sass_count_q2kr.py) and bit-identical output at the same
 speed, so the instruction count alone is not what bounds them.
 """
 from __future__ import annotations

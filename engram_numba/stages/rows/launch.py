@@ -20,6 +20,7 @@ from __future__ import annotations
 import numpy as np
 from numba import cuda
 
+from ...device.checks import INTEGER, check_array
 from ...device.devarray import as_device_array, data_address
 from ...device.intrinsics import SIMULATOR
 from ...device.launch import NoLaunch
@@ -29,13 +30,8 @@ from .encodings import ROW_VALUES, get_encoding
 
 
 def _check_array(a, name: str, dtype, ndim: int, width=None):
-    if a.dtype != np.dtype(dtype):
-        raise ValueError(f"{name} must be {np.dtype(dtype)}, got {a.dtype}")
-    if a.ndim != ndim or (width is not None and a.shape[1] != width):
-        want = f"[n, {width}]" if width is not None else "[n]"
-        raise ValueError(f"{name} must be {np.dtype(dtype)} {want}, got shape {tuple(a.shape)}")
-    if not a.is_c_contiguous():
-        raise ValueError(f"{name} must be C-contiguous")
+    shape = (None, width) if width is not None else (None,) * ndim
+    return check_array(a, name, dtype, shape=shape, doc=f"[n, {width}]" if width is not None else "[n]")
 
 
 def _output(out, n: int, stream):
@@ -142,14 +138,10 @@ def prepare_gather(table, row_ids, out=None, *, encoding: str = "q2k", stream=0,
     scales: for fp8 only, the e8m0 bytes [rows, 8] when `table` holds the codes [rows, 256]."""
     table, scales = _check_table(table, encoding, scales)
     row_ids = as_device_array(row_ids, "row_ids")
-    if row_ids.dtype not in (np.dtype(np.int32), np.dtype(np.int64)):
-        raise ValueError(f"row_ids must be int32 or int64, got {row_ids.dtype}")
-    _check_array(row_ids, "row_ids", row_ids.dtype, 1)
+    _check_array(row_ids, "row_ids", (np.int32, np.int64), 1)
     if bad_count is not None:
         bad_count = as_device_array(bad_count, "bad_count")
-        _check_array(bad_count, "bad_count", np.uint32, 1)
-        if bad_count.shape[0] != 1:
-            raise ValueError(f"bad_count must be uint32 [1], got shape {tuple(bad_count.shape)}")
+        check_array(bad_count, "bad_count", np.uint32, shape=(1,))
     n = row_ids.shape[0]
     pick(encoding, version)
     out = _output(out, n, stream)
@@ -181,10 +173,7 @@ def gather_rows(table, row_ids, out=None, *, encoding: str = "q2k", stream=0, ve
     n_rows = table.shape[0]
     host_ids = isinstance(row_ids, np.ndarray)
     if host_ids:
-        if row_ids.ndim != 1:
-            raise ValueError(f"row_ids must be 1-D [n], got shape {row_ids.shape} (reshape(-1) it)")
-        if not np.issubdtype(row_ids.dtype, np.integer):
-            raise TypeError(f"row_ids must be an integer array, got {row_ids.dtype}")
+        check_array(row_ids, "row_ids", INTEGER, 1, doc="[n] (reshape(-1) it)", contiguous=False)
         pick(encoding, version)
         if out is not None:
             _output(out, row_ids.shape[0], stream)   # argument errors first, then the ids' range

@@ -474,7 +474,7 @@ BAD_ARGS = [
     ("highway", lambda a, r: cuda.to_device(a["highway"].copy_to_host().astype(np.float64)), TypeError, "highway"),
     ("highway", lambda a, r: cuda.to_device(np.zeros((3, 5, 64), F32)), ValueError, "hc"),
     ("highway", lambda a, r: cuda.to_device(np.zeros((3, 2, 60), F32)), ValueError, "dim"),
-    ("highway", lambda a, r: cuda.to_device(np.zeros((6, 64), F32)), ValueError, "highway"),
+    ("highway", lambda a, r: cuda.to_device(np.zeros((6, 64), F32)), TypeError, "highway must be 3-D"),
     ("kv", lambda a, r: cuda.to_device(np.zeros((3, 2 * 64), np.uint16)), ValueError, "kv"),
     ("kv", lambda a, r: cuda.to_device(np.zeros((3, 3 * 64), np.float32)), TypeError, "kv"),
     ("kv", lambda a, r: cuda.to_device(np.zeros((4, 3 * 64), np.uint16)), ValueError, "kv"),

@@ -251,12 +251,12 @@ BAD_ARGS = [
     ("host x", lambda x, w: (x, dev(w), None), TypeError, "x is a host numpy array"),
     ("host wkv", lambda x, w: (dev(x), w, None), TypeError, "wkv is a host numpy array"),
     ("not an array", lambda x, w: ([1, 2], dev(w), None), TypeError, "x must be a device array"),
-    ("float x", lambda x, w: (dev(x.astype(np.float32)), dev(w), None), ValueError, "x must be bf16 words"),
-    ("1-D wkv", lambda x, w: (dev(x), dev(w.ravel()), None), ValueError, "wkv must be 2-D"),
+    ("float x", lambda x, w: (dev(x.astype(np.float32)), dev(w), None), TypeError, "x must be bf16 words"),
+    ("1-D wkv", lambda x, w: (dev(x), dev(w.ravel()), None), TypeError, "wkv must be 2-D"),
     ("K mismatch", lambda x, w: (dev(x), dev(w[:, :8]), None), ValueError, "K differs"),
     ("K % 8", lambda x, w: (dev(x[:, :12]), dev(w[:, :12]), None), ValueError, "multiple of 8"),
     ("out shape", lambda x, w: (dev(x), dev(w), dev(np.zeros((2, 4), np.uint16))), ValueError, "out must be"),
-    ("out dtype", lambda x, w: (dev(x), dev(w), dev(np.zeros((2, 3), np.float32))), ValueError, "out must be bf16"),
+    ("out dtype", lambda x, w: (dev(x), dev(w), dev(np.zeros((2, 3), np.float32))), TypeError, "out must be bf16"),
     ("host out", lambda x, w: (dev(x), dev(w), np.zeros((2, 3), np.uint16)), TypeError, "out is a host"),
 ]
 

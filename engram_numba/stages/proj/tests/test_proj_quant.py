@@ -208,7 +208,7 @@ def test_e4m3_and_e8m0_decoders_match_ml_dtypes():
     """The kernels' scalar decoders (e4m3_to_f32, e8m0_to_f32) and the intrinsic that converts 4
     codes to bf16, on every code, against ml_dtypes' float8_e4m3fn / float8_e8m0fnu."""
     import ml_dtypes
-    from engram_numba.device.intrinsics import e4m3x4_to_bf16x2x2
+    from engram_numba.stages.proj.gemv_common import e4m3x4_to_bf16x2x2
     want = np.arange(256, dtype=np.uint8).view(ml_dtypes.float8_e4m3fn).astype(np.float32)
     got = np.array([cuda_gemv_fp8.e4m3_to_f32(c) for c in range(256)], dtype=np.float32)
     np.testing.assert_array_equal(np.isnan(got), np.isnan(want))
@@ -289,13 +289,13 @@ def _bad_cases(rng):
         ("unknown weight", lambda: P.prepare_project_q(dev(x), dev(raw), weight="q4_k"), ValueError, "weight must be one of"),
         ("host x", lambda: P.prepare_project_q(x, dev(raw), weight="q2k"), TypeError, "x is a host numpy array"),
         ("host wkv", lambda: P.prepare_project_q(dev(x), raw, weight="q2k"), TypeError, "wkv_raw is a host"),
-        ("float x", lambda: P.prepare_project_q(dev(x.astype(np.float32)), dev(raw), weight="q2k"), ValueError,
+        ("float x", lambda: P.prepare_project_q(dev(x.astype(np.float32)), dev(raw), weight="q2k"), TypeError,
          "x must be bf16 words"),
         ("K % 256", lambda: P.prepare_project_q(dev(x[:, :128]), dev(raw), weight="q2k"), ValueError,
          "multiple of 256"),
         ("q2k width", lambda: P.prepare_project_q(dev(random_x(rng, 2, 512)), dev(raw), weight="q2k"), ValueError,
          r"\[N, 168\] Q2_K blocks for K = 512"),
-        ("q2k dtype", lambda: P.prepare_project_q(dev(x), dev(raw.view(np.int8)), weight="q2k"), ValueError,
+        ("q2k dtype", lambda: P.prepare_project_q(dev(x), dev(raw.view(np.int8)), weight="q2k"), TypeError,
          "wkv_raw must be uint8"),
         ("q2k scales", lambda: P.prepare_project_q(dev(x), dev(raw), dev(scales), weight="q2k"), ValueError,
          "wkv_scales must be None"),

@@ -1,6 +1,6 @@
 """SASS instruction counts of the q2k_r GEMVs' main loop, for sm_90a, on a machine with no GPU.
 
-    NVDISASM=/path/to/nvdisasm python tests/sass_count_q2kr.py [gemv_q2k_v4 gemv_q2k_v7 ...]
+    NVDISASM=/path/to/nvdisasm python tools/sass_count_q2kr.py [gemv_q2k_v4 gemv_q2k_v7 ...]
 
 Compiles each kernel as the compile tier does (`engram_numba.stages.compile_check`: numba's PTX,
 assembled by nvJitLink for sm_90a), disassembles the cubin with nvdisasm (CUDA toolkit, or the

@@ -1,6 +1,6 @@
 """Development run of the prefill projection on a Hopper GPU: every wgmma variant checked, then timed.
 
-    python -m engram_numba.bench.prefill_dev [--out DIR] [--ncu] [--quick]
+    python tools/prefill_dev.py [--out DIR] [--ncu] [--quick]     (from the repository root)
 
 One command does the whole batch (docs/gpu.md): a worker process checks every variant of
 `stages/proj/cuda_wgmma.py` (the records gemm_v4 / gemm_v5 and the other tiles and layouts in
@@ -28,6 +28,10 @@ import sys
 import time
 from pathlib import Path
 
+REPO = Path(__file__).resolve().parent.parent
+if str(REPO) not in sys.path:          # run as a script: the package beside tools/
+    sys.path.insert(0, str(REPO))
+
 import numpy as np
 
 K_REL, N_REL = 6144, 25600
@@ -48,7 +52,7 @@ class Yard:
     """float64 product of sampled token rows, and which elements fp32 summation noise leaves alone."""
 
     def __init__(self, x_rows, w_f64, w2_f64):
-        from ..bf16 import bf16_to_f32, f32_to_bf16
+        from engram_numba.bf16 import bf16_to_f32, f32_to_bf16
         xf = bf16_to_f32(x_rows).astype(np.float64)
         self.exact64 = xf @ w_f64.T
         self.exact = f32_to_bf16(self.exact64)
@@ -58,7 +62,7 @@ class Yard:
         self.allow = noise + 2.0 ** -7 * (np.abs(self.exact64) + noise)
 
     def check(self, got_rows) -> dict:
-        from ..bf16 import bf16_to_f32, bf16_ulp_distance
+        from engram_numba.bf16 import bf16_to_f32, bf16_ulp_distance
         ulps = bf16_ulp_distance(got_rows, self.exact)
         g64 = bf16_to_f32(got_rows).astype(np.float64)
         ill = ~self.well
@@ -82,11 +86,11 @@ def _emit(fh, rec):
 def worker(out_dir: Path, skip: set, quick: bool, smoke: bool, only=None, tokens_arg=None, sweep_arg=None):
     from numba import cuda
 
-    from ..bf16 import bf16_to_f32, f32_to_bf16
-    from ..stages.gate.launch import prepare_gate
-    from ..stages.proj import cuda_wgmma as W
-    from ..stages.proj.launch import prepare_project
-    from .timing import DeviceTimer
+    from engram_numba.bf16 import bf16_to_f32, f32_to_bf16
+    from engram_numba.stages.gate.launch import prepare_gate
+    from engram_numba.stages.proj import cuda_wgmma as W
+    from engram_numba.stages.proj.launch import prepare_project
+    from engram_numba.bench.timing import DeviceTimer
 
     variants = {**W.VARIANTS, **W.CANDIDATES}
     if only:       # --variants: these (and cuBLAS) in every phase
@@ -264,8 +268,8 @@ def ncu_target(name: str):
     """One launch of variant `name` at T = 4096 (what Nsight Compute profiles)."""
     from numba import cuda
 
-    from ..bf16 import f32_to_bf16
-    from ..stages.proj import cuda_wgmma as W
+    from engram_numba.bf16 import f32_to_bf16
+    from engram_numba.stages.proj import cuda_wgmma as W
     variants = {**W.VARIANTS, **W.CANDIDATES}
     rng = np.random.default_rng(0)
     xw = cuda.to_device(f32_to_bf16(rng.standard_normal((4096, K_REL), dtype=np.float32)))
@@ -350,7 +354,7 @@ def main(argv=None) -> int:
     for attempt in range(3):
         if log.exists():     # a restarted worker redoes everything but the variant that killed the last one
             log.unlink()
-        cmd = [sys.executable, "-m", "engram_numba.bench.prefill_dev", "--worker", "--out", str(out_dir),
+        cmd = [sys.executable, str(Path(__file__).resolve()), "--worker", "--out", str(out_dir),
                "--skip", ",".join(sorted(failed))] + (["--quick"] if args.quick else []) \
             + (["--smoke"] if args.smoke else []) + (["--variants", args.variants] if args.variants else []) \
             + (["--tokens", args.tokens] if args.tokens else []) \
@@ -366,7 +370,7 @@ def main(argv=None) -> int:
             break
         failed.add(culprit)
     records = [json.loads(ln) for ln in log.read_text().splitlines()] if log.exists() else []
-    from .timing import commit
+    from engram_numba.bench.timing import commit
     records.insert(0, {"phase": "meta", "commit": commit(), "python": sys.version.split()[0],
                        "argv": sys.argv[1:], "unit": "time_us: CUDA-event median, L2 flushed; ulps vs float64"})
     if failed:
@@ -377,7 +381,7 @@ def main(argv=None) -> int:
         cmd = ["ncu", "--clock-control", "none", "--print-details", "all",
                "--section", "SpeedOfLight", "--section", "WarpStateStats",
                "--section", "ComputeWorkloadAnalysis", "--section", "MemoryWorkloadAnalysis",
-               "-k", "regex:gemm_wgmma", "-c", "1", sys.executable, "-m", "engram_numba.bench.prefill_dev",
+               "-k", "regex:gemm_wgmma", "-c", "1", sys.executable, str(Path(__file__).resolve()),
                "--ncu-target", name]
         t0 = time.time()
         try:

@@ -4,7 +4,7 @@
 # launches) and the decode graph against the ungraphed step (the engine's q2k_r kernel),
 # then the decode benchmark's projection records (every version validated on sampled rows against
 # the float64 yardstick before it is timed, L2 cold) and decode_step, then Nsight Compute on v7,
-# FP8, the file-layout default and v4 (launch order of tests/gpu_ncu_q2k.py). Run from the
+# FP8, the file-layout default and v4 (launch order of tools/gpu_ncu_q2k.py). Run from the
 # repository root with the wheels installed and PYTHONPATH set
 # (docs/gpu.md).
 set -uo pipefail
@@ -34,5 +34,5 @@ PY
 echo "bench exit status: $?"
 timeout "${NCU_TIMEOUT:-40}" ncu --clock-control none --kernel-name regex:gemv --launch-skip 10 --launch-count 4 \
   --section SpeedOfLight --section Occupancy --section WarpStateStats --section LaunchStats \
-  python3 tests/gpu_ncu_q2k.py > "$OUT/ncu_gemv_v7.txt" 2>&1
+  python3 tools/gpu_ncu_q2k.py > "$OUT/ncu_gemv_v7.txt" 2>&1
 echo "ncu exit status: $?"

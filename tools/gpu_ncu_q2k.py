@@ -4,9 +4,14 @@ re-laid out on the device) and the FP8 default, T = 1.
 
     ncu --clock-control none --kernel-name regex:gemv --launch-skip 10 --launch-count 5 \
         --section SpeedOfLight --section Occupancy --section WarpStateStats --section LaunchStats \
-        python3 tests/gpu_ncu_q2k.py
+        python3 tools/gpu_ncu_q2k.py
 """
-import numpy as np
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))   # the package beside tools/
+
+import numpy as np  # noqa: E402
 from numba import cuda
 
 from engram_numba.bf16 import f32_to_bf16

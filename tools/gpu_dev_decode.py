@@ -2,7 +2,7 @@
 its kernels, and the decode benchmark; a compact table last, JSON in $OUT.
 
     # with the carried wheels installed as docs/gpu.md says (PYTHONPATH = .site:repo root):
-    ENGRAM_COMMIT=<hash> OUT=<folder> python3 tests/gpu_dev_decode.py [--build-table-gib 30] [--no-tests]
+    ENGRAM_COMMIT=<hash> OUT=<folder> python3 tools/gpu_dev_decode.py [--build-table-gib 30] [--no-tests]
                                                                      [--no-bench] [--tokens N] [--ncu]
 
 Writes $OUT/gpu_tests_decode.json (pytest outcomes + recorded figures), $OUT/gpu_tests_decode.log,
@@ -66,11 +66,11 @@ def run_compile_report(out: Path) -> list:
 
 
 def run_ncu(out: Path) -> int:
-    """Nsight Compute on tests/gpu_ncu_q2k.py: DRAM throughput, warp stalls, registers, occupancy."""
+    """Nsight Compute on tools/gpu_ncu_q2k.py: DRAM throughput, warp stalls, registers, occupancy."""
     cmd = ["ncu", "--clock-control", "none", "--kernel-name", "regex:gemv", "--launch-skip", "10",
            "--launch-count", "5", "--section", "SpeedOfLight", "--section", "MemoryWorkloadAnalysis",
            "--section", "Occupancy", "--section", "WarpStateStats", "--section", "LaunchStats",
-           sys.executable, "tests/gpu_ncu_q2k.py"]
+           sys.executable, "tools/gpu_ncu_q2k.py"]
     rc, _ = sh(cmd, out / "ncu_gemv.txt", timeout=300, env=dict(os.environ, NUMBA_ENABLE_CUDASIM="0"))
     return rc
 

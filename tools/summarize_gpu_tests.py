@@ -1,6 +1,6 @@
 """Rewrite the table at the top of tests/gpu_results/README.md from a gpu-tier results file.
 
-    python tests/gpu_results/summarize.py tests/gpu_results/h200_gpu_tests.json
+    python tools/summarize_gpu_tests.py tests/gpu_results/h200_gpu_tests.json
 (the file tests/gpu_run.sh writes to $OUT/gpu_tests.json, copied here).
 """
 import collections
@@ -8,7 +8,7 @@ import json
 import sys
 from pathlib import Path
 
-HERE = Path(__file__).resolve().parent
+README = Path(__file__).resolve().parent.parent / "tests" / "gpu_results" / "README.md"
 
 
 def summarize(path: Path) -> str:
@@ -37,7 +37,7 @@ def summarize(path: Path) -> str:
 
 
 if __name__ == "__main__":
-    readme = HERE / "README.md"
+    readme = README
     text = readme.read_text()
     tail = text[text.index("\nFull records:"):]
     readme.write_text(summarize(Path(sys.argv[1])) + tail)

@@ -33,5 +33,5 @@ PY
 echo "bench exit status: $?"
 timeout "${NCU_TIMEOUT:-60}" ncu --clock-control none --kernel-name regex:gemv --launch-skip 8 --launch-count 6 \
   --section SpeedOfLight --section Occupancy --section WarpStateStats --section LaunchStats \
-  python3 tests/gpu_ncu_q2k.py > "$OUT/ncu_gemv.txt" 2>&1
+  python3 tools/gpu_ncu_q2k.py > "$OUT/ncu_gemv.txt" 2>&1
 echo "ncu exit status: $?"

@@ -1,6 +1,6 @@
 """Development run of DeepSeek's FP8 projection on Hopper (gemm_fp8_v2 / _v3): validated, then timed.
 
-    python -m engram_numba.bench.fp8_dev [--out DIR] [--tokens 1,3,...] [--smoke]
+    python tools/fp8_dev.py [--out DIR] [--tokens 1,3,...] [--smoke]
 
 One batch: an FP8 wkv at the released shape (K = 6144, N = 25600; e4m3 codes of normal draws,
 e8m0 tile scales 2^-9..2^-6) and, for every T:
@@ -24,7 +24,13 @@ import json
 import time
 from pathlib import Path
 
-import numpy as np
+import sys
+
+REPO = Path(__file__).resolve().parent.parent
+if str(REPO) not in sys.path:          # run as a script: the package beside tools/
+    sys.path.insert(0, str(REPO))
+
+import numpy as np  # noqa: E402
 
 K_REL, N_REL = 6144, 25600
 TOKENS = (1, 3, 17, 128, 130, 256, 512, 1024, 4096)
@@ -41,11 +47,11 @@ def _fp8_weight(rng, N, K):
 
 
 def _x_rows(rng, T, K, fp8_values: bool):
-    from ..bf16 import f32_to_bf16
+    from engram_numba.bf16 import f32_to_bf16
     if fp8_values:       # engram rows as the FP8 checkpoint stores them: e4m3 x a power of two per 32
-        from ..fixtures import realistic_rows
-        from ..stages.rows.fp8 import assemble_rows_fp8, encode_rows_fp8
-        from ..stages.rows.reference import rows_reference
+        from engram_numba.fixtures import realistic_rows
+        from engram_numba.stages.rows.fp8 import assemble_rows_fp8, encode_rows_fp8
+        from engram_numba.stages.rows.reference import rows_reference
         n = T * K // 256
         codes, scales = encode_rows_fp8(realistic_rows(rng, n))
         return rows_reference(assemble_rows_fp8(codes, scales), "fp8").reshape(T, K)
@@ -53,7 +59,7 @@ def _x_rows(rng, T, K, fp8_values: bool):
 
 
 def _distance(got, want) -> dict:
-    from ..bf16 import bf16_to_f32, bf16_ulp_distance
+    from engram_numba.bf16 import bf16_to_f32, bf16_ulp_distance
     d = bf16_ulp_distance(got, want)
     g, w = bf16_to_f32(got).astype(np.float64), bf16_to_f32(want).astype(np.float64)
     return {"max_ulp": int(d.max()), "share_differ": float((d > 0).mean()),
@@ -65,11 +71,11 @@ def _distance(got, want) -> dict:
 def run(out_dir: Path, tokens, smoke: bool) -> list:
     from numba import cuda
 
-    from ..bf16 import bf16_to_f32
-    from ..stages.proj import cpu as C
-    from ..stages.proj import reference as R
-    from ..stages.proj.cuda_fp8_wgmma import prepare_act_quant, scales_by_row, stage_scales_shape
-    from ..stages.proj.launch import prepare_project, prepare_project_q
+    from engram_numba.bf16 import bf16_to_f32
+    from engram_numba.stages.proj import cpu as C
+    from engram_numba.stages.proj import reference as R
+    from engram_numba.stages.proj.cuda_fp8_wgmma import prepare_act_quant, scales_by_row, stage_scales_shape
+    from engram_numba.stages.proj.launch import prepare_project, prepare_project_q
     from .timing import DeviceTimer
 
     K, N = (K_REL, N_REL) if not smoke else (512, 136)
@@ -91,7 +97,7 @@ def run(out_dir: Path, tokens, smoke: bool) -> list:
             qd = cuda.device_array((T, K), np.uint8)
             sd = cuda.to_device(np.zeros(stage_scales_shape(T, K), np.float32))
             prepare_act_quant(dx, qd, sd)()
-            from ..stages.rows.fp8 import E4M3_VALUES
+            from engram_numba.stages.rows.fp8 import E4M3_VALUES
             q_got = E4M3_VALUES[qd.copy_to_host()]
             rec[f"act_quant_{kind}_bit_exact"] = bool(np.array_equal(q_got.view(np.uint32) & 0x7FFFFFFF,
                                                                      q_want.view(np.uint32) & 0x7FFFFFFF)

@@ -1,0 +1,213 @@
+"""Per n-gram context counts and fixed-point gate sums with a cap: the hash table behind
+`StreamingGateStats.top_contexts` (`engram_numba.analysis.streaming` describes the cap and the
+undercount bound it reports)."""
+from __future__ import annotations
+
+import numpy as np
+from numba import njit
+
+
+# A context table's slot is one int64 record [W key words | count | L*hc gate sums]: one cache
+# miss per token instead of three. count 0 marks an empty slot.
+
+@njit(cache=True, nogil=True)
+def _slot_of(slots, W, key):  # pragma: no cover - jitted
+    """The slot holding `key`, or the empty slot where it goes (linear probing; never full)."""
+    mask = slots.shape[0] - 1
+    h = np.uint64(0x9E3779B97F4A7C15)
+    for w in range(W):
+        h = (h ^ np.uint64(key[w])) * np.uint64(0xBF58476D1CE4E5B9)
+        h ^= h >> np.uint64(31)
+    i = np.int64(h & np.uint64(mask))
+    while slots[i, W] != 0:
+        same = True
+        for w in range(W):
+            if slots[i, w] != key[w]:
+                same = False
+                break
+        if same:
+            return i
+        i = (i + 1) & mask
+    return i
+
+
+@njit(cache=True, nogil=True)
+def _ctx_add_tokens(slots, W, windows, live, q, order, bits, per_word):  # pragma: no cover - jitted
+    """Count every live token's context of `order` (slots 0..order-1 of windows [T, M]) and add its
+    fixed-point gates q [T, L*hc]; returns (new contexts, the largest count touched)."""
+    key = np.zeros(W, np.int64)
+    G = q.shape[1]
+    new = 0
+    top = 0
+    for t in range(windows.shape[0]):
+        if not live[t]:
+            continue
+        for w in range(W):
+            key[w] = 0
+        for s in range(order):
+            key[s // per_word] |= windows[t, s] << (bits * (s % per_word))
+        i = _slot_of(slots, W, key)
+        if slots[i, W] == 0:
+            for w in range(W):
+                slots[i, w] = key[w]
+            new += 1
+        slots[i, W] += 1
+        if slots[i, W] > top:
+            top = slots[i, W]
+        for g in range(G):
+            slots[i, W + 1 + g] += q[t, g]
+    return new, top
+
+
+@njit(cache=True, nogil=True)
+def _ctx_add_entries(slots, W, entries):  # pragma: no cover - jitted
+    """Add records entries [n, W + 1 + L*hc] (key, count, sums); returns the number of new contexts."""
+    new = 0
+    R = entries.shape[1]
+    for j in range(entries.shape[0]):
+        i = _slot_of(slots, W, entries[j, :W])
+        if slots[i, W] == 0:
+            for w in range(W):
+                slots[i, w] = entries[j, w]
+            new += 1
+        for r in range(W, R):
+            slots[i, r] += entries[j, r]
+    return new
+
+
+class ContextTable:
+    """Occurrences and fixed-point gate sums per n-gram context of one order, with a cap (module doc).
+
+    An open-addressing hash table (one int64 record a slot, @njit inserts, no sorting per chunk),
+    kept under half full. Read it through `keys` [G, W] int64 (packed contexts), `count` [G] int64
+    and `gsum` [G, L, hc] int64, sorted by key. 8 (W + 1 + L hc) bytes a slot.
+    """
+
+    def __init__(self, order: int, width: int, n_layers: int, hc: int, cap: int, bits: int = 21, per_word: int = 3):
+        self.order, self.width, self.n_layers, self.hc, self.cap = order, width, n_layers, hc, int(cap)
+        self.bits, self.per_word = bits, per_word
+        self.n = 0
+        self._alloc(1024)
+        self.prunes = 0
+        self.dropped_entries = 0
+        self.dropped_occurrences = 0
+        self.undercount_bound = 0
+        self._compact = None
+
+    def _alloc(self, slots: int) -> None:
+        self._slots = np.zeros((slots, self.width + 1 + self.n_layers * self.hc), np.int64)
+
+    @property
+    def exact(self) -> bool:
+        return self.prunes == 0
+
+    def _records(self) -> np.ndarray:
+        return self._slots[np.flatnonzero(self._slots[:, self.width])]
+
+    def _reserve(self, more: int) -> None:
+        """Keep the load under 1/2 with `more` new contexts."""
+        need = self.n + more
+        slots = self._slots.shape[0]
+        if 2 * need <= slots:
+            return
+        while 2 * need > slots:
+            slots *= 2
+        records = self._records()
+        self._alloc(slots)
+        self.n = int(_ctx_add_entries(self._slots, self.width, records))
+
+    def add_tokens(self, windows: np.ndarray, live: np.ndarray, q: np.ndarray) -> None:
+        """One chunk: windows [T, M] compressed ids, live [T] bool, q [T, L, hc] fixed-point gates."""
+        self._reserve(int(live.sum()))
+        new, top = _ctx_add_tokens(self._slots, self.width, windows, live, q.reshape(q.shape[0], -1), self.order,
+                                   self.bits, self.per_word)
+        self.n += int(new)
+        self._compact = None
+        self._check_overflow(int(top))
+        if self.n > self.cap:
+            self._prune()
+
+    def _check_overflow(self, top: int | None = None) -> None:
+        if top is None:
+            top = int(self._slots[:, self.width].max()) if self.n else 0
+        if top >= 1 << 31:
+            raise OverflowError(f"order-{self.order} context seen {top} times: the fixed-point gate sums hold 2^31 "
+                                "occurrences; split the corpus and merge fewer parts")
+
+    def flush(self) -> None:
+        """Nothing pending (kept for the callers that fold before reading)."""
+
+    def _sorted(self) -> np.ndarray:
+        if self._compact is None:
+            rec = self._records()
+            W = self.width
+            order = np.lexsort(rec[:, :W].T[::-1]) if rec.shape[0] else np.zeros(0, np.int64)
+            self._compact = rec[order]
+        return self._compact
+
+    @property
+    def keys(self) -> np.ndarray:
+        return self._sorted()[:, :self.width]
+
+    @property
+    def count(self) -> np.ndarray:
+        return self._sorted()[:, self.width]
+
+    @property
+    def gsum(self) -> np.ndarray:
+        return self._sorted()[:, self.width + 1:].reshape(-1, self.n_layers, self.hc)
+
+    def load(self, keys, count, gsum, slots: int = 1024) -> None:
+        """Replace the contents with these entries (distinct keys), in at least `slots` slots."""
+        records = np.concatenate([np.asarray(keys, np.int64).reshape(-1, self.width),
+                                  np.asarray(count, np.int64).reshape(-1, 1),
+                                  np.asarray(gsum, np.int64).reshape(-1, self.n_layers * self.hc)], axis=1)
+        self._load_records(records, slots)
+
+    def _load_records(self, records: np.ndarray, slots: int = 1024) -> None:
+        self.n = 0
+        self._alloc(max(1024, 1 << (int(slots) - 1).bit_length()))
+        self._reserve(int(records.shape[0]))
+        self.n = int(_ctx_add_entries(self._slots, self.width, np.ascontiguousarray(records)))
+        self._compact = None
+
+    def _prune(self) -> None:
+        rec = self._sorted()
+        W = self.width
+        keep_n = max(self.cap // 2, 1)
+        count = rec[:, W]
+        order = np.lexsort(tuple(rec[:, :W].T[::-1]) + (-count,))       # most frequent first, ties by key
+        keep, drop = np.sort(order[:keep_n]), order[keep_n:]
+        self.prunes += 1
+        self.dropped_entries += int(drop.size)
+        self.dropped_occurrences += int(count[drop].sum())
+        self.undercount_bound += int(count[drop].max()) if drop.size else 0
+        self._load_records(rec[keep], slots=self._slots.shape[0])       # same size: no regrowth
+
+    def merged(self, other: "ContextTable") -> "ContextTable":
+        out = ContextTable(self.order, self.width, self.n_layers, self.hc, self.cap, self.bits, self.per_word)
+        out._load_records(self._records())
+        records = other._records()
+        out._reserve(int(records.shape[0]))
+        out.n += int(_ctx_add_entries(out._slots, out.width, records))
+        for f in ("prunes", "dropped_entries", "dropped_occurrences", "undercount_bound"):
+            setattr(out, f, getattr(self, f) + getattr(other, f))
+        if out.n > out.cap:
+            out._prune()
+        out._check_overflow()
+        return out
+
+
+def pack_width(max_ngram: int, bits: int) -> tuple[int, int]:
+    """(int64 words per key, slots per word) for contexts of up to max_ngram ids of `bits` bits."""
+    per_word = max(63 // bits, 1)
+    return -(-max_ngram // per_word), per_word
+
+
+def unpack_contexts(keys: np.ndarray, order: int, bits: int, per_word: int) -> np.ndarray:
+    """keys [n, width] -> windows [n, order] (slot 0 = the current token)."""
+    out = np.empty((keys.shape[0], order), np.int64)
+    mask = (1 << bits) - 1
+    for s in range(order):
+        out[:, s] = (keys[:, s // per_word] >> np.int64(bits * (s % per_word))) & mask
+    return out

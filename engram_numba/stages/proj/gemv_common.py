@@ -1,0 +1,124 @@
+"""Weight-decoding helpers of the proj stage's GEMVs (q2k and fp8 wkv), each with a simulator
+twin chosen at import, like those of `engram_numba.device.intrinsics`.
+
+Contracts
+- `load_u32x2(a, i)` reads a[2i:2i+2] of a 1-D uint32 array as one 8-byte load (a's data must
+  be 8-byte aligned); the GPU version is `ld.global.v2.u32` (or its shared twin).
+- `f16x2_to_f32x2(word)` widens the two IEEE halves of a uint32 (low half first) to fp32,
+  exactly (subnormals, inf and NaN included): two `cvt.f32.f16` on the GPU.
+- `e4m3x4_to_bf16x2x2(word)` converts the four FP8 e4m3 codes of a uint32 (byte 0 = the lowest
+  index) to bf16 and returns them as two bf16x2 words (codes 0, 1 | codes 2, 3, the lower index
+  in the low half). Every finite e4m3 value is exact in bf16 (docs/math.md 4.4), so nothing
+  rounds; the NaN codes 0x7F / 0xFF become a bf16 NaN. On the GPU: `cvt.rn.f16x2.e4m3x2` (sm_89+),
+  `cvt.f32.f16`, `cvt.rn.bf16x2.f32`.
+"""
+from __future__ import annotations
+
+import numpy as np
+
+from ...device.intrinsics import SIMULATOR
+
+# The simulator twins are plain functions (see `device_function`).
+
+if SIMULATOR:
+    _E4M3_BF16 = None
+
+    def _e4m3_table():
+        global _E4M3_BF16
+        if _E4M3_BF16 is None:
+            import ml_dtypes
+            vals = np.arange(256, dtype=np.uint8).view(ml_dtypes.float8_e4m3fn).astype(np.float32)
+            _E4M3_BF16 = vals.view(np.uint32) >> np.uint32(16)    # [256] bf16 words (exact; NaN stays NaN)
+        return _E4M3_BF16
+
+    def load_u32x2(a, i):
+        return a[2 * i], a[2 * i + 1]
+
+    def f16x2_to_f32x2(word):
+        w = np.array([np.uint32(word)], dtype=np.uint32).view(np.float16).astype(np.float32)
+        return w[0], w[1]
+
+    def e4m3x4_to_bf16x2x2(word):
+        tab = _e4m3_table()
+        w = int(np.uint32(word))
+        b = [int(tab[(w >> (8 * k)) & 0xFF]) for k in range(4)]
+        return np.uint32(b[0] | (b[1] << 16)), np.uint32(b[2] | (b[3] << 16))
+
+else:
+    from llvmlite import ir
+    from numba import cuda, types
+    from numba.cuda import cgutils
+    from numba.cuda.extending import intrinsic
+
+    _V2 = ir.VectorType(ir.IntType(32), 2)
+
+    @intrinsic
+    def _load_u32x2(typingctx, a, i):
+        if not (isinstance(a, types.Array) and a.dtype == types.uint32 and a.ndim == 1
+                and isinstance(i, types.Integer)):
+            return None
+        sig = types.UniTuple(types.uint32, 2)(a, i)
+
+        def codegen(context, builder, signature, args):
+            arr, idx = args
+            idx = context.cast(builder, idx, signature.args[1], types.intp)
+            ary = cgutils.create_struct_proxy(signature.args[0])(context, builder, value=arr)
+            ptr = builder.gep(builder.bitcast(ary.data, _V2.as_pointer()), [idx])
+            vec = builder.load(ptr, align=8)
+            elems = [builder.extract_element(vec, ir.Constant(ir.IntType(32), k)) for k in range(2)]
+            return context.make_tuple(builder, signature.return_type, elems)
+
+        return sig, codegen
+
+    @cuda.jit(device=True)
+    def load_u32x2(a, i):
+        return _load_u32x2(a, i)
+
+    @intrinsic
+    def _f16x2_to_f32x2(typingctx, word):
+        if word != types.uint32:
+            return None
+        sig = types.UniTuple(types.float32, 2)(types.uint32)
+
+        def codegen(context, builder, signature, args):
+            f32, i32 = ir.FloatType(), ir.IntType(32)
+            fnty = ir.FunctionType(ir.LiteralStructType([f32, f32]), [i32])
+            asm = ir.InlineAsm(fnty, "{ .reg .b16 lo, hi; mov.b32 {lo, hi}, $2; "
+                                     "cvt.f32.f16 $0, lo; cvt.f32.f16 $1, hi; }", "=f,=f,r")
+            res = builder.call(asm, list(args))
+            return context.make_tuple(builder, signature.return_type,
+                                      [builder.extract_value(res, 0), builder.extract_value(res, 1)])
+
+        return sig, codegen
+
+    @cuda.jit(device=True)
+    def f16x2_to_f32x2(word):
+        return _f16x2_to_f32x2(np.uint32(word))
+
+    _E4M3X4_TO_BF16 = (
+        "{ .reg .b16 c01, c23, h0, h1, h2, h3; .reg .b32 p01, p23; .reg .f32 f0, f1, f2, f3; "
+        "mov.b32 {c01, c23}, $2; "
+        "cvt.rn.f16x2.e4m3x2 p01, c01; cvt.rn.f16x2.e4m3x2 p23, c23; "
+        "mov.b32 {h0, h1}, p01; mov.b32 {h2, h3}, p23; "
+        "cvt.f32.f16 f0, h0; cvt.f32.f16 f1, h1; cvt.f32.f16 f2, h2; cvt.f32.f16 f3, h3; "
+        # cvt.rn.bf16x2.f32 packs its first source into the upper half
+        "cvt.rn.bf16x2.f32 $0, f1, f0; cvt.rn.bf16x2.f32 $1, f3, f2; }")
+
+    @intrinsic
+    def _e4m3x4_to_bf16x2x2(typingctx, word):
+        if word != types.uint32:
+            return None
+        sig = types.UniTuple(types.uint32, 2)(types.uint32)
+
+        def codegen(context, builder, signature, args):
+            i32 = ir.IntType(32)
+            fnty = ir.FunctionType(ir.LiteralStructType([i32, i32]), [i32])
+            res = builder.call(ir.InlineAsm(fnty, _E4M3X4_TO_BF16, "=r,=r,r"), list(args))
+            return context.make_tuple(builder, signature.return_type,
+                                      [builder.extract_value(res, 0), builder.extract_value(res, 1)])
+
+        return sig, codegen
+
+    @cuda.jit(device=True)
+    def e4m3x4_to_bf16x2x2(word):
+        return _e4m3x4_to_bf16x2x2(np.uint32(word))
