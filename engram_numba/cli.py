@@ -165,10 +165,12 @@ def cmd_info(args) -> int:
     # be read at all is an error naming the problem (exit status 2).
     with load_model(path, validate=False) as model:
         info = describe_dict(model, scan_rows=True if args.scan_rows else None)
+        from .placement import format_placement, placement_report
+        info["placement"] = placement_report(model)       # what tables="auto" picks here (nothing built)
         if args.json:
             print(json.dumps(info, indent=1))
         else:
-            print(describe(model, info=info))
+            print(describe(model, info=info) + "\n" + format_placement(info["placement"]))
         return 0 if ok(info) else EXIT_TOLERANCE
 
 
