@@ -387,10 +387,13 @@ class DecodeStaging:
 
     def prefetch(self, token_id, live: bool, hasher) -> None:
         from .device.graphs import CapturedGraph
-        if self._fetch_graphs is None:
-            self._fetch_graphs = [CapturedGraph(self.side, self.fetch_launches(self.side, b), n_tokens=1)
-                                  for b in range(2)]
         b = self.free_buffer()
+        if self._fetch_graphs is None:
+            for launch in self.fetch_launches(self.side, b):     # compile first (a capture must not), on the free set
+                launch()
+            self.side.synchronize()
+            self._fetch_graphs = [CapturedGraph(self.side, self.fetch_launches(self.side, k), n_tokens=1)
+                                  for k in range(2)]
         hasher.hash([token_id], None if live else np.array([False]), out=self.ids[b])   # checks the id first
         self.next = 1 - b
         self.mask[b][0] = 1 if live else 0

@@ -130,7 +130,7 @@ def test_decode_with_the_next_token_prefetched_is_bit_identical(model, device_en
 def test_prefetch_decode_then_another_call_is_refused(model):
     """After prefetch_decode the hasher holds that token: a decode of another token (or with
     another hasher), a step, a second prefetch are refused before anything is written."""
-    host = EngramV41(model, max_tokens=4, tables={4: "host"})
+    host = EngramV41(model, max_tokens=4, tables={1: "device", 4: "host"})
     toks = [int(t) for t in TINY_TOKENS[:2]]
     hs = EngramHasher(model.hash_tables)
     assert host.prefetch_decode(toks[0], hs)
