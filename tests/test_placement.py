@@ -440,3 +440,19 @@ def test_cli_info_reports_placement(capsys):
     rep = json.loads(capsys.readouterr().out)["placement"]
     assert {lay["placement"] for lay in rep["layers"].values()} <= {"device", "host", "mmap"}
     assert rep["layers"]["1"]["table_bytes"] == 462 * 84
+
+
+def test_cache_hits_per_chunk_add_up_to_the_hit_rate(model, rng):
+    from engram_numba.bench.cache_hits import chunk_hits, run
+    train, test = rng.zipf(1.4, (900, 6)) % 200, rng.zipf(1.4, (70, 6)) % 200
+    ranked = rank_rows(train)
+    r = chunk_hits(ranked, test, 15, 84, chunk=16)
+    assert [p["tokens"] for p in r["per_chunk"]] == [16, 16, 16, 16, 6]
+    assert r["hits"] == sum(np.isin(test[k:k + 16], ranked[:15]).sum() for k in range(0, 70, 16))
+    assert r["hit_rate"] == pytest.approx(cache_hit_rates(train, test, [15])[15])
+    assert all(p["host_bytes"] == 84 * p["misses"] and p["hits"] + p["misses"] == 6 * p["tokens"] for p in r["per_chunk"])
+    docs = [rng.choice(TINY_TOKENS, 40) for _ in range(20)]
+    res = run(budgets=(1e-6,), log=lambda *a: None, model=model, docs=docs)
+    lay = res["layers"]["1"]["budgets"]["1e-06 GB q2k"]
+    assert lay["slots"] == 11 and res["n_documents"] == {"train": 18, "held_out": 2}
+    assert 0 < lay["hit_rate"] <= 1 and lay["hits"] + lay["misses"] == 80 * model.config.n_hash_cols
