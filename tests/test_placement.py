@@ -164,6 +164,9 @@ def test_fetch_rows_pair_reads_both_layers_in_one_launch(rng):
     FetchRowsLaunch([(la, cuda.to_device(ia), oa), (lb, cuda.to_device(ib), ob)])()
     np.testing.assert_array_equal(oa.copy_to_host()[:5].view(np.uint8), ta[ia])
     np.testing.assert_array_equal(ob.copy_to_host().view(np.uint8), tb[ib])
+    one = cuda.device_array((7, 66), np.uint32)                     # one layer: the pair's other half is empty
+    FetchRowsLaunch([(lb, cuda.to_device(ib[::-1].copy()), one)])()
+    np.testing.assert_array_equal(one.copy_to_host().view(np.uint8), tb[ib[::-1]])
     with pytest.raises(ValueError, match="fetch output must be"):
         FetchRowsLaunch([(la, cuda.to_device(ia), ob)])
 
