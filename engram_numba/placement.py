@@ -374,7 +374,8 @@ class DecodeStaging:
         out = [HostToDeviceCopy(self.dev_ids[b], self.ids[b].reshape(L * C), stream, "ids"),
                HostToDeviceCopy(self.dev_mask[b], self.mask[b], stream, "mask")]
         out.append(FetchRowsLaunch([(fl[lid], self.dev_ids[b][order.index(lid) * C:(order.index(lid) + 1) * C],
-                                     self.raw[b][lid]) for lid in self.host_layers], stream))
+                                     self.raw[b][lid]) for lid in self.host_layers], stream,
+                                   bad=self.engine._decode_bad))
         return out
 
     def free_buffer(self) -> int:

@@ -167,6 +167,10 @@ def test_fetch_rows_pair_reads_both_layers_in_one_launch(rng):
     one = cuda.device_array((7, 66), np.uint32)                     # one layer: the pair's other half is empty
     FetchRowsLaunch([(lb, cuda.to_device(ib[::-1].copy()), one)])()
     np.testing.assert_array_equal(one.copy_to_host().view(np.uint8), tb[ib[::-1]])
+    bad = cuda.to_device(np.zeros(1, np.uint32))                   # ids outside the table: counted, not read
+    FetchRowsLaunch([(lb, cuda.to_device(np.array([30, 2, -1])), one)], bad=bad)()
+    assert bad.copy_to_host()[0] == 2
+    np.testing.assert_array_equal(one.copy_to_host()[1].view(np.uint8), tb[2])
     with pytest.raises(ValueError, match="fetch output must be"):
         FetchRowsLaunch([(la, cuda.to_device(ia), ob)])
 
@@ -379,7 +383,7 @@ def test_fetch_kernel_compiles_for_sm90():
             "from engram_numba.device.hostrows import fetch_rows_pair_v1 as p\n"
             "w = types.uint32[:, ::1]\n"
             "one = (w, w, w, types.int32[::1], types.int64[::1], w)\n"
-            "cuda.compile_ptx(p.py_func, one + one, cc=(9, 0))\n"
+            "cuda.compile_ptx(p.py_func, one + one + (types.uint32[::1],), cc=(9, 0))\n"
             "print('ok')\n")
     env = {**os.environ, "NUMBA_ENABLE_CUDASIM": "0"}
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=300)
