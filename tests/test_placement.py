@@ -186,14 +186,18 @@ def test_host_tables_on_the_gpu_bit_identical(model, rng, gpu_record):
     hc, dim = model.config.hc, model.config.dim
     h0 = rng.standard_normal((1, hc, dim)).astype(np.float32)
     outs = []
-    for e in (dev, host):
+    for e, ahead in ((dev, False), (host, False), (host, True)):
         h = cuda.to_device(h0)
         hs = EngramHasher(model.hash_tables)
-        for tok in TINY_TOKENS[:6]:
+        for k, tok in enumerate(TINY_TOKENS[:6]):
+            if ahead and k % 3:                                    # the next token's rows fetched ahead, or not
+                assert e.prefetch_decode(int(tok), hs)
             e.decode(int(tok), h, hs)
         e.decode_stream.synchronize()
         outs.append(h.copy_to_host())
     np.testing.assert_array_equal(outs[0], outs[1])
+    np.testing.assert_array_equal(outs[0], outs[2])
+    assert host.decode_bad_ids() == 0
     chunks = [TINY_TOKENS[0:4], TINY_TOKENS[4:8], TINY_TOKENS[8:12]]
     hp = rng.standard_normal((4, hc, dim)).astype(np.float32)
     res = []
