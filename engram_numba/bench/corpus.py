@@ -27,6 +27,16 @@ host reduction costs), "host pinned" and "host pageable" (the highway copied fro
 every chunk: 4096 x 4 x 5120 x 4 B = 335 MB, so PCIe bounds it; `h2d_gbps` and
 `h2d_bound_tokens_per_s` say where). Plus peak host memory (getrusage) and peak device memory
 (the lowest free memory seen) of the run.
+
+Host tables (unless --no-host): the same corpus with both tables in pinned host memory (shrunk to
+what `MemAvailable` holds, and said so): no prefetch, prefetch (the fetch grid swept, or only
+the default with --quick), prefetch + a static cache at each --cache-gb budget (hit rate, host
+and cache bytes per chunk); random rows read from pinned memory against the device table and
+the copy floor; `decode_step` with device tables, host tables (both layers' rows fetched in one
+launch inside the graph) and host tables with the next token fetched ahead (`prefetch_decode`).
+Every corpus_stats and decode_step record has `tables` and `cache_gb`. --quick (one device-table
+variant, 8 chunks, the default grid, 256 decode tokens) is meant to fit ~150 s on an H200 with
+the released 32 GB tables, most of it pinning 64.5 GB (42 s measured) and compiling.
 """
 from __future__ import annotations
 
