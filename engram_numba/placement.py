@@ -433,13 +433,16 @@ def placement_report(model, max_tokens: int = 4096, tables="auto", cache_gb=None
     if host_available is None:
         host_available = host_available_bytes()
     sizes, rbytes, nrows = {}, {}, {}
-    for lid in cfg.layer_ids:
-        lf = model.layers[lid]
-        t, scales = lf.table, getattr(lf, "table_scales", None)
-        sizes[lid] = int(t.shape[0]) * int(t.shape[1]) + (0 if scales is None else int(np.prod(scales.shape)))
-        rbytes[lid] = get_encoding(getattr(lf, "table_encoding", "q2k")).row_bytes
-        nrows[lid] = int(t.shape[0])
-    wkv = {lid: _file_wkv_format(model.layers[lid]) for lid in cfg.layer_ids}
+    try:
+        for lid in cfg.layer_ids:
+            lf = model.layers[lid]
+            t, scales = lf.table, getattr(lf, "table_scales", None)
+            sizes[lid] = int(t.shape[0]) * int(t.shape[1]) + (0 if scales is None else int(np.prod(scales.shape)))
+            rbytes[lid] = get_encoding(getattr(lf, "table_encoding", "q2k")).row_bytes
+            nrows[lid] = int(t.shape[0])
+        wkv = {lid: _file_wkv_format(model.layers[lid]) for lid in cfg.layer_ids}
+    except (AttributeError, KeyError, TypeError, ValueError, IndexError) as exc:   # a model without tables
+        return {"max_tokens": int(max_tokens), "policy": repr(tables), "error": f"no placement: {exc}"}
     gb = lambda b: None if b is None else round(b / 1e9, 3)  # noqa: E731
     out = {"max_tokens": int(max_tokens), "policy": repr(tables), "device_free_gb": gb(device_free),
            "host_available_gb": gb(host_available),
@@ -478,6 +481,8 @@ def _human(b: int) -> str:
 
 def format_placement(rep: dict) -> str:
     """`placement_report` as the lines `engram-numba info` prints."""
+    if "error" in rep:
+        return f"placement {rep['error']}"
     free = "unknown (no GPU)" if rep["device_free_gb"] is None else f"{rep['device_free_gb']:.2f} GB free"
     host = "unknown" if rep["host_available_gb"] is None else f"{rep['host_available_gb']:.2f} GB available"
     lines = [f"placement tables={rep['policy']}, max_tokens {rep['max_tokens']}: device {free}, host {host}"]
