@@ -40,7 +40,7 @@ from .device.devarray import as_device_array, data_address, is_device_like
 from .device.graphs import CapturedGraph, HostToDeviceCopy
 from .device.intrinsics import SIMULATOR
 from .device.upload import Uploader
-from .placement import fetched_rows, host_tables_for, make_fetcher, plan_tables
+from .placement import DecodeStaging, fetched_rows, host_tables_for, make_fetcher, plan_tables
 from .stages import registry
 from .stages.gate.launch import prepare_gate
 from .stages.gate.reference import RESIDUALS
@@ -223,6 +223,8 @@ class EngramV41:
         self._decode_graphs: dict = {}  # highway identity -> _DecodeGraph
         self._graph_stream = None
         self._decode_bad = None        # device uint32 [1]: out-of-range row ids the decode graphs met
+        self._staging = None           # DecodeStaging: decode graphs' buffers when tables are in host memory
+        self._decode_pending = None    # (token id, live, hasher, ids) hashed by prefetch_decode, not yet decoded
         if not SIMULATOR:
             cuda.synchronize()
         self.build_report = {"seconds": round(time.perf_counter() - t_build, 4),
@@ -640,7 +642,13 @@ class EngramV41:
         self._check_tokens(T, "step")
         if h.ndim != 3 or int(h.shape[0]) != T:
             raise ValueError(f"highway must be [T={T}, hc, dim], got {list(h.shape)}")
+        if self._decode_pending is not None:
+            raise ValueError(f"step: token {self._decode_pending[0]} was hashed by prefetch_decode and not yet "
+                             f"decoded: call decode with it first")
         ids = hasher.hash(token_ids, token_mask)             # [T, L, C] (checks the token ids)
+        return self._step_ids(ids, highway, h, token_mask, residual)
+
+    def _step_ids(self, ids, highway, h, token_mask, residual):
         for li, lid in enumerate(self.config.layer_ids):
             lw = self.layers[lid]
             if lw.table is not None:
@@ -689,9 +697,20 @@ class EngramV41:
                 raise ValueError(f"token_mask must be a bool (or bool array of one element), got {m.dtype}{list(m.shape)}")
             live = bool(m.reshape(-1)[0])
         check_hasher(hasher, self.model.hash_tables)
+        pending = self._decode_pending
+        if pending is not None and (pending[0] != int(token_id) or pending[1] != live or pending[2] is not hasher):
+            raise ValueError(f"decode(token {token_id}{'' if live else ', dead'}) after prefetch_decode(token "
+                             f"{pending[0]}{'' if pending[1] else ', dead'}{'' if pending[2] is hasher else ', another hasher'}): "
+                             f"that hasher already holds token {pending[0]}; decode it next")
         if not self.graphs_available:
-            return self.step([token_id], highway, hasher, None if token_mask is None else np.array([live]),
-                             residual=residual, graph=False)
+            if pending is None:
+                return self.step([token_id], highway, hasher, None if token_mask is None else np.array([live]),
+                                 residual=residual, graph=False)
+            h = as_device_array(highway, "highway")
+            if h.ndim != 3 or int(h.shape[0]) != 1:
+                raise ValueError(f"highway must be [T=1, hc, dim], got {list(h.shape)}")
+            self._decode_pending = None
+            return self._step_ids(pending[3], highway, h, None if live else _DEAD, residual)
         residual = self.residual if residual is None else residual
         if residual not in RESIDUALS:
             raise ValueError(f"residual must be one of {RESIDUALS}, got {residual!r}")
@@ -703,10 +722,45 @@ class EngramV41:
         graph = self._decode_graphs.get(key)
         if graph is None:
             graph = self._new_decode_graph(key, h, residual)
-        graph.run(token_id, live, hasher)
+        self._decode_pending = None
+        if pending is not None:
+            graph.run_prefetched()
+        else:
+            graph.run(token_id, live, hasher)
         for ws in self._ws.values():
             ws.rows_tokens = ws.kv_tokens = ws.gate_tokens = 1
         return highway
+
+    def prefetch_decode(self, token_id, hasher: EngramHasher, token_mask=None) -> bool:
+        """Hash the next decode token now and start fetching its host-table rows on a side stream,
+        so the `decode` of that token (which must come next, with the same hasher) reads them from
+        device memory: call it as soon as the token is sampled, before the model's layers that
+        come ahead of the first engram layer run. Returns False (and hashes nothing) when no table
+        is in host memory, or one is left in the memory map: decode then works as before.
+        token_mask: None or a bool (False: a dead token)."""
+        live = True
+        if token_mask is not None:
+            m = np.asarray(token_mask)
+            if m.dtype != np.bool_ or m.size != 1:
+                raise ValueError(f"token_mask must be a bool (or bool array of one element), got {m.dtype}{list(m.shape)}")
+            live = bool(m.reshape(-1)[0])
+        check_hasher(hasher, self.model.hash_tables)
+        if not self.host_layers or any(lw.placement == "mmap" for lw in self.layers.values()):
+            return False
+        if self._decode_pending is not None:
+            raise ValueError(f"prefetch_decode: token {self._decode_pending[0]} was prefetched and not yet decoded")
+        if self.graphs_available:
+            if self._decode_bad is None:
+                self._decode_bad = cuda.to_device(np.zeros(1, np.uint32))
+            if self._staging is None:
+                self._staging = DecodeStaging(self)
+            self._staging.prefetch(token_id, live, hasher)
+            self._decode_pending = (int(token_id), live, hasher, None)
+            return True
+        ids = hasher.hash([token_id], None if live else _DEAD)        # checks the id first
+        self.prefetch(ids)
+        self._decode_pending = (int(token_id), live, hasher, ids)
+        return True
 
     def _new_decode_graph(self, key, h, residual):
         if len(self._decode_graphs) >= 4:             # keep the last few highways' graphs
@@ -714,7 +768,12 @@ class EngramV41:
             self._decode_graphs.pop(next(iter(self._decode_graphs)))
         if self._decode_bad is None:
             self._decode_bad = cuda.to_device(np.zeros(1, np.uint32))
-        graph = self._decode_graphs[key] = _DecodeGraph(self, h, residual)
+        if self.host_layers and not any(lw.placement == "mmap" for lw in self.layers.values()):
+            if self._staging is None:
+                self._staging = DecodeStaging(self)
+            graph = self._decode_graphs[key] = _HostDecodeGraph(self, h, residual)
+        else:
+            graph = self._decode_graphs[key] = _DecodeGraph(self, h, residual)
         return graph
 
     def decode_bad_ids(self) -> int:
@@ -896,3 +955,64 @@ class _DecodeGraph:
         self.events[b].record(self.stream)
         self.recorded[b] = True
         self.next = 1 - b
+
+
+class _HostDecodeGraph(_DecodeGraph):
+    """The one-token decode graphs of an engine with tables in pinned host memory (and none left in
+    the memory map). The host rows of every host layer are read in one launch, every read in
+    flight at once, into staged device buffers (`DecodeStaging`); each host layer then decodes
+    from its buffer, device layers gather as usual. Two graphs per buffer set b: `full[b]` (ids
+    and mask up, the fetch, the layers) for a token decoded straight away, `compute[b]` (the
+    layers only) for a token whose fetch `prefetch_decode` ran ahead on a side stream."""
+
+    def __init__(self, engine: EngramV41, highway, residual: str):
+        self.engine = engine
+        self.stream = stream = engine.decode_stream
+        self.st = st = engine._staging
+        self.device_tables = True          # the base class's device layers gather from dev_ids
+        # compile every kernel first (a capture must not compile), on a scratch highway, with the
+        # buffer set a prefetch issued ahead is not filling (it re-sends that set's last ids)
+        scratch = cuda.to_device(np.zeros(tuple(highway.shape), np.float32), stream=stream)
+        c = st.next if st.pending is None else 1 - st.pending[0]
+        for launch in st.fetch_launches(stream, c) + self._launches_b(scratch, residual, c):
+            launch()
+        stream.synchronize()
+        self.full, self.compute, keep = [], [], []
+        for b in range(2):
+            fetch, layers = st.fetch_launches(stream, b), self._launches_b(highway, residual, b)
+            self.full.append(CapturedGraph(stream, fetch + layers, n_tokens=1))
+            self.compute.append(CapturedGraph(stream, self._launches_b(highway, residual, b), n_tokens=1))
+            keep.append(fetch)
+        self.names = [getattr(x, "name", "?") for x in st.fetch_launches(stream, 0)[2:] + layers]
+        self._keep = (keep, scratch)
+
+    def _launches_b(self, h, residual, b):
+        self.dev_ids, self.dev_mask, self._b = self.st.dev_ids[b], self.st.dev_mask[b], b
+        return self._launches(h, residual)
+
+    def _rows_launch(self, li, lid):
+        eng = self.engine
+        lw, ws = eng.layers[lid], eng._ws[lid]
+        if lw.placement == "host":
+            return prepare_decode(self.st.raw_u8(self._b, lid), ws.rows[:eng.config.n_hash_cols], encoding=lw.encoding,
+                                  stream=self.stream, version=eng.versions.get("rows"))
+        return super()._rows_launch(li, lid)
+
+    def run(self, token_id, live: bool, hasher: EngramHasher) -> None:
+        st = self.st
+        b = st.free_buffer()
+        hasher.hash([token_id], None if live else _DEAD, out=st.ids[b])    # checks the id first
+        st.next = 1 - b
+        st.mask[b][0] = 1 if live else 0
+        self.full[b].replay()
+        st.done[b].record(self.stream)
+        st.done_recorded[b] = True
+
+    def run_prefetched(self) -> None:
+        st = self.st
+        b = st.pending[0]
+        st.pending = None
+        st.fetched[b].wait(self.stream)
+        self.compute[b].replay()
+        st.done[b].record(self.stream)
+        st.done_recorded[b] = True

@@ -318,3 +318,180 @@ def fetched_rows(engine, lw, ws, flat: np.ndarray, T: int) -> bool:
     fetcher.release(k)
     engine._loaded(ws, T)
     return True
+
+
+class DecodeStaging:
+    """What one-token decode graphs of an engine with host tables share: two sets of pinned ids
+    and mask buffers, their device copies, and the host layers' raw rows staged on the device
+    (double buffered: the hasher fills set b while a graph may still read the other), plus the
+    fetch of a token issued ahead on a side stream (`EngramV41.prefetch_decode`).
+
+    The fetch part of a token (ids and mask up, then every host row of every host layer in one
+    launch: `FetchRowsLaunch`) either opens the token's decode graph, or runs ahead on the side
+    stream as its own graph; the decode graph then starts at the decode of the staged rows.
+        prefetch(b): host waits done[b] (the graph that last read set b), hashes into ids[b],
+                     replays fetch graph b on the side stream, records fetched[b] there
+        decode:      decode stream waits fetched[b], replays compute graph b, records done[b]"""
+
+    def __init__(self, engine):
+        from .device.hostrows import nonblocking_stream
+        cfg = engine.config
+        L, C = len(cfg.layer_ids), cfg.n_hash_cols
+        self.engine = engine
+        self.host_layers = [lid for lid in cfg.layer_ids if engine.layers[lid].placement == "host"]
+        self.ids = [cuda_pinned((1, L, C), np.int64) for _ in range(2)]      # the hasher writes here
+        self.mask = [cuda_pinned(1, np.uint8) for _ in range(2)]
+        for b in range(2):
+            self.ids[b][:] = 0
+            self.mask[b][:] = 1
+        from numba import cuda
+        self.dev_ids = [cuda.to_device(np.zeros(L * C, np.int64)) for _ in range(2)]     # [L*C] int64
+        self.dev_mask = [cuda.to_device(np.ones(1, np.uint8)) for _ in range(2)]
+        fl = engine._fetcher.layers
+        self.raw = [{lid: cuda.device_array((C, fl[lid].W), dtype=fl[lid].words) for lid in self.host_layers}
+                    for _ in range(2)]
+        self.side = nonblocking_stream()
+        self.fetched = [cuda.event(timing=False) for _ in range(2)]
+        self.done = [cuda.event(timing=False) for _ in range(2)]
+        self.done_recorded = [False, False]
+        self.next = 0
+        self.pending = None            # (buffer, token id, live, hasher) of a fetch issued ahead
+        self._fetch_graphs = None
+
+    def raw_u8(self, b: int, lid: int):
+        """Staged rows of host layer lid in set b as uint8 [C, row_bytes] (what the decode reads)."""
+        a = self.raw[b][lid]
+        return a if a.dtype == np.uint8 else a.view(np.uint8)
+
+    def fetch_launches(self, stream, b: int) -> list:
+        """Set b's ids and mask up, then the host rows of every host layer (one launch a pair)."""
+        from .device.graphs import HostToDeviceCopy
+        from .device.hostrows import FetchRowsLaunch
+        C = self.engine.config.n_hash_cols
+        order = self.engine.config.layer_ids
+        fl = self.engine._fetcher.layers
+        L = len(order)
+        out = [HostToDeviceCopy(self.dev_ids[b], self.ids[b].reshape(L * C), stream, "ids"),
+               HostToDeviceCopy(self.dev_mask[b], self.mask[b], stream, "mask")]
+        out.append(FetchRowsLaunch([(fl[lid], self.dev_ids[b][order.index(lid) * C:(order.index(lid) + 1) * C],
+                                     self.raw[b][lid]) for lid in self.host_layers], stream,
+                                   bad=self.engine._decode_bad))
+        return out
+
+    def free_buffer(self) -> int:
+        """The set the next token uses, once the graph that last read it is done (the caller
+        advances `next` after its hash succeeds)."""
+        b = self.next
+        if self.done_recorded[b]:
+            self.done[b].synchronize()
+        return b
+
+    def prefetch(self, token_id, live: bool, hasher) -> None:
+        from .device.graphs import CapturedGraph
+        b = self.free_buffer()
+        if self._fetch_graphs is None:
+            for launch in self.fetch_launches(self.side, b):     # compile first (a capture must not), on the free set
+                launch()
+            self.side.synchronize()
+            self._fetch_graphs = [CapturedGraph(self.side, self.fetch_launches(self.side, k), n_tokens=1)
+                                  for k in range(2)]
+        hasher.hash([token_id], None if live else np.array([False]), out=self.ids[b])   # checks the id first
+        self.next = 1 - b
+        self.mask[b][0] = 1 if live else 0
+        self._fetch_graphs[b].replay()
+        self.fetched[b].record(self.side)
+        self.pending = (b, int(token_id), bool(live), hasher)
+
+
+def cuda_pinned(shape, dtype):
+    from numba import cuda
+    return cuda.pinned_array(shape, dtype=dtype)
+
+
+# -- what `engram-numba info` reports: the plan of an engine, without building one ----------------
+def _file_wkv_format(lf) -> str:
+    enc = str(getattr(lf, "wkv_encoding", None) or getattr(lf, "wkv_type", None) or "bf16").lower()
+    if "q2" in enc:
+        return "q2k_r"
+    return "fp8" if "fp8" in enc or "e4m3" in enc else "bf16"
+
+
+def placement_report(model, max_tokens: int = 4096, tables="auto", cache_gb=None,
+                     device_free=None, host_available=None) -> dict:
+    """What EngramV41(model, max_tokens, tables=tables, cache_gb=cache_gb) would place where on
+    this machine, and the bytes each layer costs on the device and in pinned host memory, from the
+    tables' shapes alone (nothing is read, uploaded or pinned). Where the device's free memory is
+    unknown (no GPU, or numba's simulator) it says so and plans as if it were unbounded. A plan
+    that cannot fit is reported with the reason instead of raising."""
+    from .stages.rows.encodings import get_encoding
+    cfg = model.config
+    if device_free is None:
+        try:
+            device_free = device_free_bytes()
+        except Exception:                    # no GPU or no driver: unknown
+            device_free = None
+    if host_available is None:
+        host_available = host_available_bytes()
+    sizes, rbytes, nrows = {}, {}, {}
+    try:
+        for lid in cfg.layer_ids:
+            lf = model.layers[lid]
+            t, scales = lf.table, getattr(lf, "table_scales", None)
+            sizes[lid] = int(t.shape[0]) * int(t.shape[1]) + (0 if scales is None else int(np.prod(scales.shape)))
+            rbytes[lid] = get_encoding(getattr(lf, "table_encoding", "q2k")).row_bytes
+            nrows[lid] = int(t.shape[0])
+        wkv = {lid: _file_wkv_format(model.layers[lid]) for lid in cfg.layer_ids}
+    except (AttributeError, KeyError, TypeError, ValueError, IndexError) as exc:   # a model without tables
+        return {"max_tokens": int(max_tokens), "policy": repr(tables), "error": f"no placement: {exc}"}
+    gb = lambda b: None if b is None else round(b / 1e9, 3)  # noqa: E731
+    out = {"max_tokens": int(max_tokens), "policy": repr(tables), "device_free_gb": gb(device_free),
+           "host_available_gb": gb(host_available),
+           "layers": {lid: {"table_gb": gb(sizes[lid]), "table_bytes": sizes[lid], "rows": nrows[lid],
+                            "row_bytes": rbytes[lid]}
+                      for lid in cfg.layer_ids}}
+    try:
+        kw = dict(cache_gb=cache_gb, row_bytes=rbytes, n_rows=nrows)
+        first = plan_placement(sizes, tables, **kw, device_free=1 << 62, host_available=1 << 62)
+        hosts = [lid for lid, lp in first.layers.items() if lp.placement == "host"]
+        other = engine_device_estimate(cfg, max_tokens, wkv, rbytes, hosts)
+        plan = plan_placement(sizes, tables, **kw, other_device_bytes=other,
+                              device_free=device_free if device_free is not None else 1 << 62,
+                              host_available=host_available if host_available is not None else 1 << 62)
+    except PlacementError as exc:
+        out["refused"] = str(exc)
+        return out
+    for lid, lp in plan.layers.items():
+        dev = (lp.table_bytes if lp.placement == "device" else 0) + lp.cache_bytes
+        pinned = lp.table_bytes if lp.placement == "host" else 0
+        out["layers"][lid].update(placement=lp.placement, device_gb=gb(dev), device_bytes=dev, pinned_gb=gb(pinned),
+                                  pinned_bytes=pinned)
+    out.update(kind=plan.kind, device_gb_planned=gb(plan.device_bytes), host_pinned_gb=gb(plan.host_pinned_bytes),
+               device_bytes_planned=plan.device_bytes, host_pinned_bytes=plan.host_pinned_bytes,
+               weights_and_workspaces_gb=gb(plan.other_device_bytes), weights_and_workspaces_bytes=plan.other_device_bytes,
+               note=None if device_free is not None else "no GPU seen: device memory unknown, planned as unbounded")
+    return out
+
+
+def _human(b: int) -> str:
+    for unit, scale in (("GB", 1e9), ("MB", 1e6), ("KB", 1e3)):
+        if b >= scale:
+            return f"{b / scale:.2f} {unit}"
+    return f"{b} B"
+
+
+def format_placement(rep: dict) -> str:
+    """`placement_report` as the lines `engram-numba info` prints."""
+    if "error" in rep:
+        return f"placement {rep['error']}"
+    free = "unknown (no GPU)" if rep["device_free_gb"] is None else f"{rep['device_free_gb']:.2f} GB free"
+    host = "unknown" if rep["host_available_gb"] is None else f"{rep['host_available_gb']:.2f} GB available"
+    lines = [f"placement tables={rep['policy']}, max_tokens {rep['max_tokens']}: device {free}, host {host}"]
+    if "refused" in rep:
+        return "\n".join(lines + [f"  refused: {rep['refused']}"])
+    for lid, lay in rep["layers"].items():
+        lines.append(f"  layer {lid}: {lay['placement']:6s} table {_human(lay['table_bytes'])} ({lay['rows']:,} rows of "
+                     f"{lay['row_bytes']} B); on the device {_human(lay['device_bytes'])}, pinned host "
+                     f"{_human(lay['pinned_bytes'])}")
+    lines.append(f"  planned: device {_human(rep['device_bytes_planned'])} (weights and workspaces "
+                 f"{_human(rep['weights_and_workspaces_bytes'])}), pinned host {_human(rep['host_pinned_bytes'])}")
+    return "\n".join(lines)

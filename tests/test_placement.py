@@ -107,6 +107,74 @@ def test_mixed_placement_decode_step_bit_identical(model, device_engine, rng):
     np.testing.assert_array_equal(out[0], out[1])
 
 
+@pytest.mark.slow
+def test_decode_with_the_next_token_prefetched_is_bit_identical(model, device_engine, rng):
+    """prefetch_decode hashes the next token and fetches its host rows ahead; the decode of that
+    token then reads the staged rows and ends on device tables' bits (a live token, a dead one)."""
+    host = EngramV41(model, max_tokens=4, tables={1: "device", 4: "host"})
+    h0 = rng.standard_normal((1, model.config.hc, model.config.dim)).astype(np.float32)
+    toks = [int(t) for t in TINY_TOKENS[3:5]]
+    out = []
+    for e, ahead in ((device_engine, False), (host, True)):
+        h, hs = cuda.to_device(h0), EngramHasher(model.hash_tables)
+        for k, tok in enumerate(toks):
+            live = k == 0
+            if ahead:
+                assert e.prefetch_decode(tok, hs, token_mask=live)
+            e.decode(tok, h, hs, token_mask=live)
+        out.append(h.copy_to_host())
+    np.testing.assert_array_equal(out[0], out[1])
+    assert host._fetcher.taken == len(toks) and host._fetcher.missed == 0      # every token read ahead
+
+
+def test_prefetch_decode_then_another_call_is_refused(model):
+    """After prefetch_decode the hasher holds that token: a decode of another token (or with
+    another hasher), a step, a second prefetch are refused before anything is written."""
+    host = EngramV41(model, max_tokens=4, tables={1: "device", 4: "host"})
+    toks = [int(t) for t in TINY_TOKENS[:2]]
+    hs = EngramHasher(model.hash_tables)
+    assert host.prefetch_decode(toks[0], hs)
+    assert host._fetcher.issued == 1 and hs.position == 1
+    h0 = np.ones((1, model.config.hc, model.config.dim), np.float32)
+    h = cuda.to_device(h0)
+    for bad in (lambda: host.decode(toks[1], h, hs), lambda: host.decode(toks[0], h, EngramHasher(model.hash_tables)),
+                lambda: host.decode(toks[0], h, hs, token_mask=False),
+                lambda: host.step([toks[0]], h, hs, graph=False), lambda: host.prefetch_decode(toks[1], hs)):
+        with pytest.raises(ValueError, match="prefetch"):
+            bad()
+    np.testing.assert_array_equal(h.copy_to_host(), h0)             # nothing written
+    assert hs.position == 1 and host._fetcher.issued == 1
+    assert not EngramV41(model, max_tokens=4, tables="device").prefetch_decode(toks[0], hs)   # no host table
+    assert hs.position == 1                                         # ... and nothing hashed
+
+
+def test_fetch_rows_pair_reads_both_layers_in_one_launch(rng):
+    """The decode graph's fetch: both layers' rows (one through a cache, one with split parts)
+    in one launch, equal to the tables' rows."""
+    from engram_numba.device.hostrows import FetchRowsLaunch, RowCache
+    ta = rng.integers(0, 256, (40, 84), dtype=np.uint8)
+    tb = rng.integers(0, 256, (30, 264), dtype=np.uint8)
+    cache = RowCache(40, 84, 5 * 84, np.uint32)
+    hot = np.array([3, 17, 9])
+    cache.fill(hot, lambda r: ta[r])
+    la = HostLayer(1, [cuda.to_device(ta)], 84, 40, cache)
+    lb = HostLayer(2, [cuda.to_device(np.ascontiguousarray(tb[:, :256])), cuda.to_device(np.ascontiguousarray(tb[:, 256:]))], 264, 30, None)
+    ia, ib = np.array([17, 0, 39, 3, 3]), rng.integers(0, 30, 7)
+    oa, ob = cuda.device_array((6, 21), np.uint32), cuda.device_array((7, 66), np.uint32)
+    FetchRowsLaunch([(la, cuda.to_device(ia), oa), (lb, cuda.to_device(ib), ob)])()
+    np.testing.assert_array_equal(oa.copy_to_host()[:5].view(np.uint8), ta[ia])
+    np.testing.assert_array_equal(ob.copy_to_host().view(np.uint8), tb[ib])
+    one = cuda.device_array((7, 66), np.uint32)                     # one layer: the pair's other half is empty
+    FetchRowsLaunch([(lb, cuda.to_device(ib[::-1].copy()), one)])()
+    np.testing.assert_array_equal(one.copy_to_host().view(np.uint8), tb[ib[::-1]])
+    bad = cuda.to_device(np.zeros(1, np.uint32))                   # ids outside the table: counted, not read
+    FetchRowsLaunch([(lb, cuda.to_device(np.array([30, 2, -1])), one)], bad=bad)()
+    assert bad.copy_to_host()[0] == 2
+    np.testing.assert_array_equal(one.copy_to_host()[1].view(np.uint8), tb[2])
+    with pytest.raises(ValueError, match="fetch output must be"):
+        FetchRowsLaunch([(la, cuda.to_device(ia), ob)])
+
+
 @pytest.mark.gpu
 def test_host_tables_on_the_gpu_bit_identical(model, rng, gpu_record):
     """On a GPU: decode graphs that gather straight from mapped host memory, and prefetched,
@@ -118,14 +186,18 @@ def test_host_tables_on_the_gpu_bit_identical(model, rng, gpu_record):
     hc, dim = model.config.hc, model.config.dim
     h0 = rng.standard_normal((1, hc, dim)).astype(np.float32)
     outs = []
-    for e in (dev, host):
+    for e, ahead in ((dev, False), (host, False), (host, True)):
         h = cuda.to_device(h0)
         hs = EngramHasher(model.hash_tables)
-        for tok in TINY_TOKENS[:6]:
+        for k, tok in enumerate(TINY_TOKENS[:6]):
+            if ahead and k % 3:                                    # the next token's rows fetched ahead, or not
+                assert e.prefetch_decode(int(tok), hs)
             e.decode(int(tok), h, hs)
         e.decode_stream.synchronize()
         outs.append(h.copy_to_host())
     np.testing.assert_array_equal(outs[0], outs[1])
+    np.testing.assert_array_equal(outs[0], outs[2])
+    assert host.decode_bad_ids() == 0
     chunks = [TINY_TOKENS[0:4], TINY_TOKENS[4:8], TINY_TOKENS[8:12]]
     hp = rng.standard_normal((4, hc, dim)).astype(np.float32)
     res = []
@@ -312,6 +384,10 @@ def test_fetch_kernel_compiles_for_sm90():
             "    sig = (w, w, w, types.int32[::1], types.int64[::1], w, types.int64[::1], types.int64)\n"
             "    ptx, _ = cuda.compile_ptx(k.py_func, sig, cc=(9, 0))\n"
             "    assert 'atom.shared' in ptx or 'atom.add' in ptx or 'red.' in ptx, 'no atomic'\n"
+            "from engram_numba.device.hostrows import fetch_rows_pair_v1 as p\n"
+            "w = types.uint32[:, ::1]\n"
+            "one = (w, w, w, types.int32[::1], types.int64[::1], w)\n"
+            "cuda.compile_ptx(p.py_func, one + one + (types.uint32[::1],), cc=(9, 0))\n"
             "print('ok')\n")
     env = {**os.environ, "NUMBA_ENABLE_CUDASIM": "0"}
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=300)
@@ -342,3 +418,52 @@ def test_cli_table_placement_spec():
     assert table_placement_spec("device<=100GB") == "device<=100GB"
     with pytest.raises(argparse.ArgumentTypeError, match="not one of"):
         table_placement_spec("1=gpu")
+
+
+def test_placement_report_plans_without_building(model, monkeypatch):
+    """What `info` prints: the auto plan from the tables' shapes alone (nothing allocated)."""
+    calls = []
+    for name in ("device_array", "to_device", "pinned_array", "mapped_array"):
+        monkeypatch.setattr(cuda, name, lambda *a, _n=name, **k: calls.append(_n))
+    roomy = placement.placement_report(model, max_tokens=4, device_free=1 << 40, host_available=1 << 40)
+    assert roomy["kind"] == "device" and roomy["host_pinned_bytes"] == 0
+    t1, t4 = (roomy["layers"][lid]["table_bytes"] for lid in (1, 4))
+    assert (t1, t4) == (model.layers[1].table.nbytes, model.layers[4].table.nbytes)
+    other = roomy["weights_and_workspaces_bytes"]
+    tight = placement.placement_report(model, max_tokens=4, device_free=placement.DEVICE_RESERVE + other + t1 + 10_000,
+                                       host_available=1 << 40)
+    assert [tight["layers"][lid]["placement"] for lid in (1, 4)] == ["device", "host"]
+    assert tight["layers"][4]["pinned_bytes"] == t4 and t4 > 10_000
+    assert tight["device_bytes_planned"] == tight["weights_and_workspaces_bytes"] + t1
+    refused = placement.placement_report(model, tables="device", device_free=placement.DEVICE_RESERVE,
+                                         host_available=1 << 40)
+    assert "do not fit on the device" in refused["refused"]
+    text = placement.format_placement(tight)
+    assert "layer 4: host" in text and "pinned host" in text
+    assert calls == []
+
+
+def test_cli_info_reports_placement(capsys):
+    import json
+
+    from engram_numba.cli import main
+    assert main(["info", str(TINY_PATH), "--json"]) == 0
+    rep = json.loads(capsys.readouterr().out)["placement"]
+    assert {lay["placement"] for lay in rep["layers"].values()} <= {"device", "host", "mmap"}
+    assert rep["layers"]["1"]["table_bytes"] == 462 * 84
+
+
+def test_cache_hits_per_chunk_add_up_to_the_hit_rate(model, rng):
+    from engram_numba.bench.cache_hits import chunk_hits, run
+    train, test = rng.zipf(1.4, (900, 6)) % 200, rng.zipf(1.4, (70, 6)) % 200
+    ranked = rank_rows(train)
+    r = chunk_hits(ranked, test, 15, 84, chunk=16)
+    assert [p["tokens"] for p in r["per_chunk"]] == [16, 16, 16, 16, 6]
+    assert r["hits"] == sum(np.isin(test[k:k + 16], ranked[:15]).sum() for k in range(0, 70, 16))
+    assert r["hit_rate"] == pytest.approx(cache_hit_rates(train, test, [15])[15])
+    assert all(p["host_bytes"] == 84 * p["misses"] and p["hits"] + p["misses"] == 6 * p["tokens"] for p in r["per_chunk"])
+    docs = [rng.choice(TINY_TOKENS, 40) for _ in range(20)]
+    res = run(budgets=(1e-6,), log=lambda *a: None, model=model, docs=docs)
+    lay = res["layers"]["1"]["budgets"]["1e-06 GB q2k"]
+    assert lay["slots"] == 11 and res["n_documents"] == {"train": 18, "held_out": 2}
+    assert 0 < lay["hit_rate"] <= 1 and lay["hits"] + lay["misses"] == 80 * model.config.n_hash_cols

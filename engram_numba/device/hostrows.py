@@ -81,6 +81,88 @@ def fetch_rows_v1(part1, part2, cache, remap, ids, out, hits, hit_slot):
 
 
 @cuda.jit
+def fetch_rows_pair_v1(a1, a2, a_cache, a_remap, a_ids, a_out, b1, b2, b_cache, b_remap, b_ids, b_out, bad):
+    """fetch_rows_v1 for two layers in one launch, one thread a word and no loop: every host read
+    of a decode token (both layers' rows) is in flight at once, one PCIe round trip in all, where
+    a gather per layer waits one round trip each. Threads [0, na*Wa) copy layer a's rows, the next
+    nb*Wb layer b's (b_ids may be empty). No hit counters (a decode token is not a chunk). An id
+    outside its table reads nothing: its row is left as it was and counted in bad (uint32 [1])."""
+    i = cuda.grid(1)
+    na = a_ids.shape[0] * a_out.shape[1]
+    if i < na:
+        W = a_out.shape[1]
+        r = i // W
+        w = i - r * W
+        row = a_ids[r]
+        if row < 0 or row >= a1.shape[0]:
+            if w == 0:
+                cuda.atomic.add(bad, 0, np.uint32(1))
+            return
+        slot = -1
+        if row < a_remap.shape[0]:
+            slot = a_remap[row]
+        W1 = a1.shape[1]
+        if slot >= 0:
+            a_out[r, w] = a_cache[slot, w]
+        elif w < W1:
+            a_out[r, w] = a1[row, w]
+        else:
+            a_out[r, w] = a2[row, w - W1]
+        return
+    i -= na
+    if i < b_ids.shape[0] * b_out.shape[1]:
+        W = b_out.shape[1]
+        r = i // W
+        w = i - r * W
+        row = b_ids[r]
+        if row < 0 or row >= b1.shape[0]:
+            if w == 0:
+                cuda.atomic.add(bad, 0, np.uint32(1))
+            return
+        slot = -1
+        if row < b_remap.shape[0]:
+            slot = b_remap[row]
+        W1 = b1.shape[1]
+        if slot >= 0:
+            b_out[r, w] = b_cache[slot, w]
+        elif w < W1:
+            b_out[r, w] = b1[row, w]
+        else:
+            b_out[r, w] = b2[row, w - W1]
+
+
+class FetchRowsLaunch:
+    """A prepared launch (callable, capturable in a CUDA graph) that copies the raw rows of up to
+    two host layers at once: `layers` is [(HostLayer, ids device int64 [n], out device [n, W] words)];
+    more than two layers take one launch per pair."""
+
+    def __init__(self, layers, stream=0, bad=None):
+        self.name = "fetch_rows_pair_v1"
+        self.stream = stream
+        self.bad = bad if bad is not None else cuda.to_device(np.zeros(1, np.uint32))   # out-of-range ids
+        self.launches = []
+        for j in range(0, len(layers), 2):
+            pair = list(layers[j:j + 2])
+            if len(pair) == 1:
+                hl, ids, out = pair[0]
+                pair.append((hl, ids[:0], out[:0]))
+            args = []
+            total = 0
+            for hl, ids, out in pair:
+                if tuple(out.shape[1:]) != (hl.W,) or out.dtype != hl.words or out.shape[0] < ids.shape[0]:
+                    raise ValueError(f"layer {hl.layer_id}: fetch output must be [>= {ids.shape[0]}, {hl.W}] "
+                                     f"{hl.words}, got {out.dtype}{list(out.shape)}")
+                out = out[: ids.shape[0]]
+                args += [hl.word_parts[0], hl.word_parts[1], hl.cache.table, hl.cache.remap, ids, out]
+                total += int(ids.shape[0]) * hl.W
+            self.launches.append((_grid(total), tuple(args) + (self.bad,)))
+
+    def __call__(self):
+        for grid, args in self.launches:
+            fetch_rows_pair_v1[grid, FETCH_THREADS, self.stream](*args)
+
+
+@cuda.jit
 def _fill_i32(a, value):
     i = cuda.grid(1)
     if i < a.shape[0]:
