@@ -55,15 +55,15 @@ from pathlib import Path
 
 import numpy as np
 
+from .partfile import PartialStats, read_part, write_part
 from .shards import DEFAULT_SHARD_BYTES, Shard, plan_documents, plan_shards, shard_documents
 from .streaming import DEFAULT_MAX_CONTEXTS, StreamingGateStats
 
 DISTRIBUTED_EXTRA = "pip install 'engram-numba[distributed]'  (dask and distributed)"
 PARTS = "parts"
-PART_VERSION = 1
+PART_VERSION = 1                    # what a partial result means (model, settings, shard); its file format: partfile
 DEFAULT_DOCS_PER_SHARD = 256        # in-memory documents per shard
-PART_COMPRESSLEVEL = 1              # zlib level of partial files: ~7x faster than 6 on row bitmaps, ~20% larger
-WRITER_THREADS = 4                  # partial files written side by side (zlib releases the GIL)
+WRITER_THREADS = 2                  # partial files written side by side, beside the next shard
 ENGINE_RESOURCE = "engram"          # a worker's pipeline: shard tasks take it, merges run beside
 
 
@@ -193,8 +193,7 @@ _WRITES: list = []
 
 
 def _write_later(st: StreamingGateStats, path: Path) -> None:
-    """Write on the worker's writer threads (compressing a released-size state takes seconds: the
-    next shard runs meanwhile); `flush_writes` waits for them."""
+    """Write on the worker's writer threads while the next shard runs; `flush_writes` waits for them."""
     global _WRITER
     from concurrent.futures import ThreadPoolExecutor
     with _RESIDENT_LOCK:
@@ -214,14 +213,8 @@ def flush_writes() -> int:
 
 
 def write_partial(st: StreamingGateStats, path: Path) -> None:
-    """Save to a temporary name in the same folder, then rename: a partial file is whole or absent."""
-    tmp = path.with_name(f".{path.stem}.{os.getpid()}.{threading.get_ident()}.tmp.npz")
-    try:
-        st.save(tmp, compresslevel=PART_COMPRESSLEVEL)
-        os.replace(tmp, path)
-    finally:
-        if tmp.exists():
-            tmp.unlink()
+    """The shard's part file (`partfile.write_part`: temporary name, fsync, rename): whole or absent."""
+    write_part(st, path)
 
 
 def read_partial_header(path: Path) -> dict:
@@ -252,9 +245,12 @@ def check_partial(path: Path, want: dict) -> None:
                          "): delete it, or give another output folder")
 
 
-def run_shard(shard: Shard, documents, source, settings: dict, out, identity: dict) -> StreamingGateStats:
-    """One task: the statistics of one shard, written to its partial file, returned for the merge."""
+def run_shard(shard: Shard, documents, source, settings: dict, out, identity: dict) -> PartialStats:
+    """One task: the statistics of one shard, written to its partial file (on a writer thread, while
+    the next shard runs), returned for the merge tree (`PartialStats`: split for merging when the
+    first merge or transfer needs it, not on the GPU's critical path)."""
     from .corpus import corpus_stats
+    _register_sizeof()
     r = resident(source, settings)
     if r.identity["sha256"] != identity["sha256"]:
         raise ValueError(f"host {socket.gethostname()}: the model at {source.key} is not the one the client opened "
@@ -275,7 +271,7 @@ def run_shard(shard: Shard, documents, source, settings: dict, out, identity: di
                             "tokens": st.n_tokens}
     if out is not None:
         _write_later(st, part_path(out, shard.index))
-    return st
+    return PartialStats.later(st)
 
 
 def warm_lengths(chunk_tokens: int) -> list[int]:
@@ -307,16 +303,33 @@ def warm_worker(source, settings: dict) -> str:
     return _worker_name()
 
 
-def load_partial(path) -> StreamingGateStats:
-    return StreamingGateStats.load(path)
+def load_partial(path) -> PartialStats:
+    """A part file of a finished shard (either format `partfile.read_part` reads)."""
+    _register_sizeof()
+    return PartialStats.of(read_part(path))
 
 
-def _merge_two(a: StreamingGateStats, b: StreamingGateStats) -> StreamingGateStats:
+def _merge_two(a: PartialStats, b: PartialStats) -> PartialStats:
     return a + b
 
 
-def _shard_info(st: StreamingGateStats) -> dict:
+def _shard_info(st: PartialStats) -> dict:
     return dict(st.meta.get("shard_run", {}))
+
+
+_SIZEOF = []
+
+
+def _register_sizeof() -> None:
+    """Tell Dask how large a PartialStats is (its memory accounting and transfer costs), once."""
+    if _SIZEOF:
+        return
+    try:
+        from dask.sizeof import sizeof
+    except ImportError:  # pragma: no cover - dask without sizeof
+        return
+    sizeof.register(PartialStats)(lambda p: p.nbytes)
+    _SIZEOF.append(True)
 
 
 def _worker_name() -> str:
@@ -409,12 +422,17 @@ class RunSummary:
     wall_s: float = 0.0
     dashboard: str | None = None
     per_worker: dict = dc_field(default_factory=dict)
+    result_s: float = 0.0           # after the last shard's statistics arrived: the merges left and the transfer
+    flush_s: float = 0.0            # then waiting for the part files still being written
+    finalize_s: float = 0.0         # then the merged state's context tables filled on the client
 
     def to_json(self) -> dict:
         return {"workers": self.workers, "shards": self.shards, "computed": self.computed, "skipped": self.skipped,
                 "tokens": self.tokens, "wall_s": round(self.wall_s, 3),
                 "tokens_per_s": round(self.tokens / self.wall_s, 1) if self.wall_s > 0 else None,
-                "dashboard": self.dashboard, "per_worker": self.per_worker}
+                "dashboard": self.dashboard, "per_worker": self.per_worker,
+                "tail_s": {"merges_and_transfer": round(self.result_s, 3), "part_files": round(self.flush_s, 3),
+                           "finalize": round(self.finalize_s, 3)}}
 
     def __str__(self) -> str:
         j = self.to_json()
@@ -424,6 +442,8 @@ class RunSummary:
         for w, d in sorted(self.per_worker.items()):
             lines.append(f"  {w}: {d['shards']} shard(s), {d['tokens']:,} tokens, {d['busy_s']:.2f} s busy, "
                          f"{d['tokens_per_s']:,.0f} tokens/s")
+        lines.append(f"  after the last shard: {self.result_s:.2f} s merges and transfer, {self.flush_s:.2f} s part "
+                     f"files, {self.finalize_s:.2f} s filling the context tables")
         return "\n".join(lines)
 
 
@@ -611,8 +631,14 @@ def distributed_corpus_stats(model, corpus=None, *, documents=None, out, client=
                     bar.set_postfix_str(f"{summary.tokens / max(el, 1e-9):,.0f} tok/s; " + ", ".join(
                         f"{k} {v['tokens_per_s']:,.0f}" for k, v in sorted(per.items())), refresh=False)
                     bar.update(1)
-            st = total_f.result()
+            t_end = time.perf_counter()
+            total = total_f.result()
+            summary.result_s = time.perf_counter() - t_end
             client.run(flush_writes)
+            summary.flush_s = time.perf_counter() - t_end - summary.result_s
+            t_end = time.perf_counter()
+            st = total.stats()
+            summary.finalize_s = time.perf_counter() - t_end
         except BaseException:
             client.cancel(leaves + infos + merges)      # a shared cluster goes on with other work
             raise
