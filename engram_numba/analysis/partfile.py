@@ -298,7 +298,8 @@ class SortedContexts:
 
     @classmethod
     def of(cls, t: ContextTable) -> "SortedContexts":
-        rec = np.concatenate([t.keys, t.count.reshape(-1, 1), t.gsum.reshape(t.count.size, -1)], axis=1)
+        rec = np.concatenate([t.keys, t.count.reshape(-1, 1), t.gsum.reshape(t.count.size, t.n_layers * t.hc)],
+                             axis=1)
         return cls((t.order, t.width, t.n_layers, t.hc, t.cap, t.bits, t.per_word),
                    np.ascontiguousarray(rec, dtype=np.int64), {f: int(getattr(t, f)) for f in _COUNTERS})
 
