@@ -139,6 +139,7 @@ class _Resident:
     tokenizer: object
     identity: dict
     synthetic: object = None            # the device-cached synthetic highway (cuda pipelines)
+    build_s: float = 0.0                # opening the model and building the engine, once
     lock: object = dc_field(default_factory=threading.Lock)     # one task at a time on an engine
 
 
@@ -157,6 +158,7 @@ def resident(source, settings: dict) -> _Resident:
             return r
         from ..pipeline import Pipeline
         from ..text import NoTokenizerError, tokenizer_for
+        t0 = time.perf_counter()
         model, engine = source.open(settings)
         pipe = Pipeline(model, settings["backend"], residual=settings["residual"],
                         cuda_versions=settings["cuda_versions"])
@@ -172,7 +174,7 @@ def resident(source, settings: dict) -> _Resident:
         if engine is not None:
             from .corpus import DeviceSyntheticBlocks
             synth = DeviceSyntheticBlocks(model.config.hc, model.config.dim, int(settings["chunk_tokens"]))
-        r = _Resident(model, engine, tok, model_identity(model), synth)
+        r = _Resident(model, engine, tok, model_identity(model), synth, time.perf_counter() - t0)
         _RESIDENT[key] = r
         return r
 
@@ -287,11 +289,13 @@ def warm_run(run, model, chunk_tokens: int) -> None:
         run([np.arange(n, dtype=np.int64) % vocab])
 
 
-def warm_worker(source, settings: dict) -> str:
+def warm_worker(source, settings: dict) -> dict:
     """Open the model and build the engine on this worker, and run one document of every chunk
-    length that picks another kernel: benchmarks time what follows."""
+    length that picks another kernel: benchmarks time what follows. Returns {"worker", "build_s"
+    (model and engine), "warm_s" (the warm-up runs)}."""
     from .corpus import corpus_stats
     r = resident(source, settings)
+    t0 = time.perf_counter()
     with r.lock:
         if r.synthetic is not None:
             r.synthetic.device(np.arange(int(settings["chunk_tokens"])))
@@ -300,7 +304,7 @@ def warm_worker(source, settings: dict) -> str:
             tokenizer=r.tokenizer, residual=settings["residual"], cuda_versions=settings["cuda_versions"],
             engine=r.engine, device_highway=None if r.synthetic is None else r.synthetic.device),
             r.model, settings["chunk_tokens"])
-    return _worker_name()
+    return {"worker": _worker_name(), "build_s": round(r.build_s, 3), "warm_s": round(time.perf_counter() - t0, 3)}
 
 
 def load_partial(path) -> PartialStats:
