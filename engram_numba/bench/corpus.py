@@ -282,7 +282,8 @@ def run_distributed(model, eng, docs, shape: BenchShape, rows_per_col: int, chun
         del warm                                                             # nothing held when workers go
         startup = time.perf_counter() - t0
         log(f"  {workers} Dask workers on the one GPU started in {started:.1f} s, built and warm in {startup:.1f} s "
-            f"({', '.join(f'{k}: build {v['build_s']:.1f} s, warm {v['warm_s']:.1f} s' for k, v in sorted(builds.items()))})")
+            "(" + ", ".join(f"{k}: build {v['build_s']:.1f} s, warm {v['warm_s']:.1f} s" for k, v in sorted(builds.items()))
+            + ")")
         for n in (workers, 1):
             if n != len(client.scheduler_info()["workers"]):
                 cluster.scale(n)
