@@ -221,7 +221,7 @@ def _network_bytes(dist, out, plan_docs) -> dict:
 
 
 def run_distributed(model, eng, docs, shape: BenchShape, rows_per_col: int, chunk: int, workers: int = 2,
-                    log=print, docs_per_shard: int | None = None, shard_tokens: int = 1 << 20,
+                    log=print, docs_per_shard: int | None = None, shard_tokens: int = 1 << 21,
                     build_s: float | None = None) -> list[dict]:
     """The corpus_stats_distributed records: the same corpus and settings as corpus_stats (device
     tables, the synthetic highway cached on the device), in process, then through Dask: `workers`
@@ -349,7 +349,7 @@ def _h2d_gbps(timer: DeviceTimer, cuda, nbytes: int, pinned: bool) -> float:
 
 def run(shape: BenchShape = RELEASED, quick: bool = False, log=print, table_gb: float | None = None,
         n_chunks: int | None = None, distributed: int = 0, dist_chunks: int | None = None,
-        host: bool = True, cache_gbs=(0.25, 1.0, 4.0), dist_shard_tokens: int = 1 << 20) -> dict:
+        host: bool = True, cache_gbs=(0.25, 1.0, 4.0), dist_shard_tokens: int = 1 << 21) -> dict:
     """The corpus_stats records (module doc). table_gb: each layer's table size in GB (default:
     the released 32.3 GB; the smoke shape uses a tiny table). distributed: also the
     corpus_stats_distributed records with this many Dask workers sharing the GPU (then one), over
@@ -495,7 +495,7 @@ def run(shape: BenchShape = RELEASED, quick: bool = False, log=print, table_gb: 
         ddocs = docs if dist_chunks is None else _documents(dist_chunks * chunk, vocab, np.random.default_rng(12),
                                                              lo=2 if smoke else 256, hi=6 if smoke else 4096)
         records += run_distributed(model, eng, ddocs, shape, rows_per_col, chunk, workers=int(distributed), log=log,
-                                   shard_tokens=(64 if smoke else dist_shard_tokens), build_s=build_s)
+                                   shard_tokens=(4 if smoke else dist_shard_tokens), build_s=build_s)
     memory = mem.report()
     for r in records:
         r.update(memory)
@@ -669,8 +669,8 @@ def main(argv=None) -> int:
     p.add_argument("--distributed", type=int, default=0,
                    help="also corpus_stats_distributed: this many Dask workers sharing the GPU, then one")
     p.add_argument("--dist-chunks", type=int, default=None, help="4096-token chunks of the distributed runs")
-    p.add_argument("--dist-shard-tokens", type=int, default=1 << 20,
-                   help="tokens per shard of the distributed runs (default 1,048,576: a few seconds of GPU)")
+    p.add_argument("--dist-shard-tokens", type=int, default=1 << 21,
+                   help="tokens per shard of the distributed runs (default 2,097,152: about 10 s of one GPU; a study's 32 MB text shards hold about 8M)")
     p.add_argument("--no-host", action="store_true", help="skip the host-table runs")
     p.add_argument("--cache-gb", default="0.25,1,4", help="cache budgets per layer for the host runs (GB, comma list)")
     args = p.parse_args(argv)
