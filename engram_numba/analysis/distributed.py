@@ -8,17 +8,18 @@
 How it runs:
 - The corpus is cut into shards (`analysis/shards.py`: files, or byte / record ranges of large
   files, always on document boundaries). One Dask task per shard runs `corpus_stats` on it and
-  returns its mergeable statistics (`StreamingGateStats`); the shards' statistics are summed in a
-  binary tree in shard order, on the workers, and only the total comes to the client. No
+  returns its mergeable statistics (a `partfile.PartialStats`: context tables as sorted records,
+  merged without rehashing); the shards' statistics are summed in a binary tree in shard order,
+  on the workers, and only the total comes to the client. No
   per-token array ever crosses the network: a task takes a shard's description (its file, its
   byte or record range) and gives statistics back.
 - Each worker opens the model once (a memory map) and builds its pipeline (for the cuda backend
   its `EngramV41` with device tables, on the one GPU its CUDA_VISIBLE_DEVICES shows it) once,
   kept in the worker process (`resident`) and reused by every task with the same model and
   settings. Tables are never pickled or sent.
-- Every shard's statistics are written to OUT/parts/shard-NNNNN.npz as it finishes (written to a
-  temporary name, then renamed: a file there is whole), with the model's identity, the settings
-  and the shard's description inside. Running the same study again skips the shards whose files
+- Every shard's statistics are written to OUT/parts/shard-NNNNN.npz as it finishes, on a writer
+  thread while the next shard runs (`partfile.write_part`: a temporary name, fsync, rename: a file
+  there is whole), with the model's identity, the settings and the shard's description inside. Running the same study again skips the shards whose files
   are there, and a file made by another model, other settings, another cut of the corpus or a
   corpus file that changed since is refused by name, as is one that cannot be read.
 - A worker that dies mid-run has its tasks (and any merge that lived in its memory) recomputed by
