@@ -130,12 +130,16 @@ def test_without_dask_the_api_and_the_flags_say_how_to_install_it(tmp_path, monk
 @pytest.fixture(scope="module")
 def client():
     pytest.importorskip("distributed")
+    import dask
     from distributed import Client
-    cluster = dist.local_cluster(2, dashboard=False)
-    c = Client(cluster)
-    yield c
-    c.close()
-    cluster.close()
+    # a killed worker's nanny restarts it; on a loaded machine that can take longer than the 15 s
+    # after which the cluster object gives a lost worker's name up and closes its nanny
+    with dask.config.set({"distributed.deploy.lost-worker-timeout": "300s"}):
+        cluster = dist.local_cluster(2, dashboard=False)
+        c = Client(cluster)
+        yield c
+        c.close()
+        cluster.close()
 
 
 @pytest.fixture(scope="module")
