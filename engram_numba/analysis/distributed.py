@@ -427,17 +427,17 @@ class RunSummary:
     wall_s: float = 0.0
     dashboard: str | None = None
     per_worker: dict = dc_field(default_factory=dict)
-    result_s: float = 0.0           # after the last shard's statistics arrived: the merges left and the transfer
-    flush_s: float = 0.0            # then waiting for the part files still being written
-    finalize_s: float = 0.0         # then the merged state's context tables filled on the client
+    tail_merges_s: float = 0.0      # after the last shard's statistics arrived: the merges left and the transfer
+    tail_parts_s: float = 0.0       # then waiting for the part files still being written
+    tail_finalize_s: float = 0.0    # then the merged state's context tables filled on the client
 
     def to_json(self) -> dict:
         return {"workers": self.workers, "shards": self.shards, "computed": self.computed, "skipped": self.skipped,
                 "tokens": self.tokens, "wall_s": round(self.wall_s, 3),
                 "tokens_per_s": round(self.tokens / self.wall_s, 1) if self.wall_s > 0 else None,
                 "dashboard": self.dashboard, "per_worker": self.per_worker,
-                "tail_s": {"merges_and_transfer": round(self.result_s, 3), "part_files": round(self.flush_s, 3),
-                           "finalize": round(self.finalize_s, 3)}}
+                "tail_merges_s": round(self.tail_merges_s, 3), "tail_parts_s": round(self.tail_parts_s, 3),
+                "tail_finalize_s": round(self.tail_finalize_s, 3)}
 
     def __str__(self) -> str:
         j = self.to_json()
@@ -447,8 +447,8 @@ class RunSummary:
         for w, d in sorted(self.per_worker.items()):
             lines.append(f"  {w}: {d['shards']} shard(s), {d['tokens']:,} tokens, {d['busy_s']:.2f} s busy, "
                          f"{d['tokens_per_s']:,.0f} tokens/s")
-        lines.append(f"  after the last shard: {self.result_s:.2f} s merges and transfer, {self.flush_s:.2f} s part "
-                     f"files, {self.finalize_s:.2f} s filling the context tables")
+        lines.append(f"  after the last shard: {self.tail_merges_s:.2f} s merges and transfer, {self.tail_parts_s:.2f} s "
+                     f"part files, {self.tail_finalize_s:.2f} s filling the context tables")
         return "\n".join(lines)
 
 
@@ -638,12 +638,12 @@ def distributed_corpus_stats(model, corpus=None, *, documents=None, out, client=
                     bar.update(1)
             t_end = time.perf_counter()
             total = total_f.result()
-            summary.result_s = time.perf_counter() - t_end
+            summary.tail_merges_s = time.perf_counter() - t_end
             client.run(flush_writes)
-            summary.flush_s = time.perf_counter() - t_end - summary.result_s
+            summary.tail_parts_s = time.perf_counter() - t_end - summary.tail_merges_s
             t_end = time.perf_counter()
             st = total.stats()
-            summary.finalize_s = time.perf_counter() - t_end
+            summary.tail_finalize_s = time.perf_counter() - t_end
         except BaseException:
             client.cancel(leaves + infos + merges)      # a shared cluster goes on with other work
             raise

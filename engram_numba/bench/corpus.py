@@ -316,7 +316,8 @@ def run_distributed(model, eng, docs, shape: BenchShape, rows_per_col: int, chun
                                                                            if w in builds},
                                  "in_process_build": None if build_s is None else round(build_s, 2),
                                  "in_process_warm": round(warm_in, 2)},
-                   "wall_s": sm["wall_s"], "per_worker": sm["per_worker"], "tail_s": sm.get("tail_s"),
+                   "wall_s": sm["wall_s"], "per_worker": sm["per_worker"],
+                   "tail_s": {k: sm.get(f"tail_{k}_s") for k in ("merges", "parts", "finalize")},
                    "fixed_overhead_s": round(sm["wall_s"] - busy / max(len(sm["per_worker"]), 1), 3),
                    "network": network,
                    "time_us": round(1e6 * chunk / max(sm["tokens_per_s"], 1e-9), 1), "floor_us": 0.0, "bytes": 0,
@@ -328,7 +329,7 @@ def run_distributed(model, eng, docs, shape: BenchShape, rows_per_col: int, chun
             records.append(rec)
             log(f"  through Dask, {n} worker(s) on the one GPU: {rec['tokens_per_s']:,.0f} tokens/s end to end "
                 f"(x{rec['ratio_to_in_process']:.3f} of in process; {sm['shards']} shards of ~{rec['shard_tokens']:,} "
-                f"tokens, wall {sm['wall_s']:.2f} s, fixed cost {rec['fixed_overhead_s']:.2f} s, tail {sm.get('tail_s')}), "
+                f"tokens, wall {sm['wall_s']:.2f} s, fixed cost {rec['fixed_overhead_s']:.2f} s, tail {rec['tail_s']}), "
                 f"{in_task:,.0f} tokens/s inside the tasks (x{rec['in_task_ratio_to_in_process']:.3f}), "
                 f"x{rec['with_startup_ratio_to_in_process']:.3f} with start-up on both sides; same statistics: "
                 f"{rec['validated']}")
