@@ -107,7 +107,8 @@ def encode_bitmap(bitmap: np.ndarray) -> dict:
     nnz = int(np.count_nonzero(bitmap))
     if nnz > RAW_FRACTION * bitmap.size:
         return {"encoding": "raw", "raw": bitmap}
-    gaps = np.empty(4 * nnz + 8, np.uint8)          # a gap below 2^28 takes at most 4 varint bytes
+    per_gap = max(1, -(-int(bitmap.size).bit_length() // 7))     # varint bytes of the largest possible gap
+    gaps = np.empty(per_gap * nnz + 8, np.uint8)
     values = np.empty(nnz, np.uint8)
     n = int(_encode_gaps(bitmap, gaps, values))
     return {"encoding": "gaps", "gaps": gaps[:n].copy(), "bytes": values}
