@@ -13,7 +13,8 @@ from test_corpus import assert_same_stats, make_corpus
 
 from engram_numba.analysis import partfile as pf
 from engram_numba.analysis.corpus import corpus_stats
-from engram_numba.analysis.streaming import StatisticsFileError, StreamingGateStats
+from engram_numba.analysis.partfile import StatisticsFileError
+from engram_numba.analysis.streaming import StreamingGateStats
 from engram_numba.fixtures import TINY_PATH
 from engram_numba.formats.schema_a import load_gguf
 
