@@ -8,17 +8,18 @@
 How it runs:
 - The corpus is cut into shards (`analysis/shards.py`: files, or byte / record ranges of large
   files, always on document boundaries). One Dask task per shard runs `corpus_stats` on it and
-  returns its mergeable statistics (`StreamingGateStats`); the shards' statistics are summed in a
-  binary tree in shard order, on the workers, and only the total comes to the client. No
+  returns its mergeable statistics (a `partfile.PartialStats`: context tables as sorted records,
+  merged without rehashing); the shards' statistics are summed in a binary tree in shard order,
+  on the workers, and only the total comes to the client. No
   per-token array ever crosses the network: a task takes a shard's description (its file, its
   byte or record range) and gives statistics back.
 - Each worker opens the model once (a memory map) and builds its pipeline (for the cuda backend
   its `EngramV41` with device tables, on the one GPU its CUDA_VISIBLE_DEVICES shows it) once,
   kept in the worker process (`resident`) and reused by every task with the same model and
   settings. Tables are never pickled or sent.
-- Every shard's statistics are written to OUT/parts/shard-NNNNN.npz as it finishes (written to a
-  temporary name, then renamed: a file there is whole), with the model's identity, the settings
-  and the shard's description inside. Running the same study again skips the shards whose files
+- Every shard's statistics are written to OUT/parts/shard-NNNNN.npz as it finishes, on a writer
+  thread while the next shard runs (`partfile.write_part`: a temporary name, fsync, rename: a file
+  there is whole), with the model's identity, the settings and the shard's description inside. Running the same study again skips the shards whose files
   are there, and a file made by another model, other settings, another cut of the corpus or a
   corpus file that changed since is refused by name, as is one that cannot be read.
 - A worker that dies mid-run has its tasks (and any merge that lived in its memory) recomputed by
@@ -55,15 +56,15 @@ from pathlib import Path
 
 import numpy as np
 
+from .partfile import PartialStats, read_part, write_part
 from .shards import DEFAULT_SHARD_BYTES, Shard, plan_documents, plan_shards, shard_documents
 from .streaming import DEFAULT_MAX_CONTEXTS, StreamingGateStats
 
 DISTRIBUTED_EXTRA = "pip install 'engram-numba[distributed]'  (dask and distributed)"
 PARTS = "parts"
-PART_VERSION = 1
+PART_VERSION = 1                    # what a partial result means (model, settings, shard); its file format: partfile
 DEFAULT_DOCS_PER_SHARD = 256        # in-memory documents per shard
-PART_COMPRESSLEVEL = 1              # zlib level of partial files: ~7x faster than 6 on row bitmaps, ~20% larger
-WRITER_THREADS = 4                  # partial files written side by side (zlib releases the GIL)
+WRITER_THREADS = 2                  # partial files written side by side, beside the next shard
 ENGINE_RESOURCE = "engram"          # a worker's pipeline: shard tasks take it, merges run beside
 
 
@@ -139,6 +140,7 @@ class _Resident:
     tokenizer: object
     identity: dict
     synthetic: object = None            # the device-cached synthetic highway (cuda pipelines)
+    build_s: float = 0.0                # opening the model and building the engine, once
     lock: object = dc_field(default_factory=threading.Lock)     # one task at a time on an engine
 
 
@@ -157,6 +159,7 @@ def resident(source, settings: dict) -> _Resident:
             return r
         from ..pipeline import Pipeline
         from ..text import NoTokenizerError, tokenizer_for
+        t0 = time.perf_counter()
         model, engine = source.open(settings)
         pipe = Pipeline(model, settings["backend"], residual=settings["residual"],
                         cuda_versions=settings["cuda_versions"])
@@ -172,7 +175,7 @@ def resident(source, settings: dict) -> _Resident:
         if engine is not None:
             from .corpus import DeviceSyntheticBlocks
             synth = DeviceSyntheticBlocks(model.config.hc, model.config.dim, int(settings["chunk_tokens"]))
-        r = _Resident(model, engine, tok, model_identity(model), synth)
+        r = _Resident(model, engine, tok, model_identity(model), synth, time.perf_counter() - t0)
         _RESIDENT[key] = r
         return r
 
@@ -193,8 +196,7 @@ _WRITES: list = []
 
 
 def _write_later(st: StreamingGateStats, path: Path) -> None:
-    """Write on the worker's writer threads (compressing a released-size state takes seconds: the
-    next shard runs meanwhile); `flush_writes` waits for them."""
+    """Write on the worker's writer threads while the next shard runs; `flush_writes` waits for them."""
     global _WRITER
     from concurrent.futures import ThreadPoolExecutor
     with _RESIDENT_LOCK:
@@ -214,14 +216,8 @@ def flush_writes() -> int:
 
 
 def write_partial(st: StreamingGateStats, path: Path) -> None:
-    """Save to a temporary name in the same folder, then rename: a partial file is whole or absent."""
-    tmp = path.with_name(f".{path.stem}.{os.getpid()}.{threading.get_ident()}.tmp.npz")
-    try:
-        st.save(tmp, compresslevel=PART_COMPRESSLEVEL)
-        os.replace(tmp, path)
-    finally:
-        if tmp.exists():
-            tmp.unlink()
+    """The shard's part file (`partfile.write_part`: temporary name, fsync, rename): whole or absent."""
+    write_part(st, path)
 
 
 def read_partial_header(path: Path) -> dict:
@@ -252,9 +248,12 @@ def check_partial(path: Path, want: dict) -> None:
                          "): delete it, or give another output folder")
 
 
-def run_shard(shard: Shard, documents, source, settings: dict, out, identity: dict) -> StreamingGateStats:
-    """One task: the statistics of one shard, written to its partial file, returned for the merge."""
+def run_shard(shard: Shard, documents, source, settings: dict, out, identity: dict) -> PartialStats:
+    """One task: the statistics of one shard, written to its partial file (on a writer thread, while
+    the next shard runs), returned for the merge tree (`PartialStats`: split for merging when the
+    first merge or transfer needs it, not on the GPU's critical path)."""
     from .corpus import corpus_stats
+    _register_sizeof()
     r = resident(source, settings)
     if r.identity["sha256"] != identity["sha256"]:
         raise ValueError(f"host {socket.gethostname()}: the model at {source.key} is not the one the client opened "
@@ -275,7 +274,7 @@ def run_shard(shard: Shard, documents, source, settings: dict, out, identity: di
                             "tokens": st.n_tokens}
     if out is not None:
         _write_later(st, part_path(out, shard.index))
-    return st
+    return PartialStats.later(st)
 
 
 def warm_lengths(chunk_tokens: int) -> list[int]:
@@ -291,11 +290,13 @@ def warm_run(run, model, chunk_tokens: int) -> None:
         run([np.arange(n, dtype=np.int64) % vocab])
 
 
-def warm_worker(source, settings: dict) -> str:
+def warm_worker(source, settings: dict) -> dict:
     """Open the model and build the engine on this worker, and run one document of every chunk
-    length that picks another kernel: benchmarks time what follows."""
+    length that picks another kernel: benchmarks time what follows. Returns {"worker", "build_s"
+    (model and engine), "warm_s" (the warm-up runs)}."""
     from .corpus import corpus_stats
     r = resident(source, settings)
+    t0 = time.perf_counter()
     with r.lock:
         if r.synthetic is not None:
             r.synthetic.device(np.arange(int(settings["chunk_tokens"])))
@@ -304,19 +305,36 @@ def warm_worker(source, settings: dict) -> str:
             tokenizer=r.tokenizer, residual=settings["residual"], cuda_versions=settings["cuda_versions"],
             engine=r.engine, device_highway=None if r.synthetic is None else r.synthetic.device),
             r.model, settings["chunk_tokens"])
-    return _worker_name()
+    return {"worker": _worker_name(), "build_s": round(r.build_s, 3), "warm_s": round(time.perf_counter() - t0, 3)}
 
 
-def load_partial(path) -> StreamingGateStats:
-    return StreamingGateStats.load(path)
+def load_partial(path) -> PartialStats:
+    """A part file of a finished shard (either format `partfile.read_part` reads)."""
+    _register_sizeof()
+    return PartialStats.of(read_part(path))
 
 
-def _merge_two(a: StreamingGateStats, b: StreamingGateStats) -> StreamingGateStats:
+def _merge_two(a: PartialStats, b: PartialStats) -> PartialStats:
     return a + b
 
 
-def _shard_info(st: StreamingGateStats) -> dict:
+def _shard_info(st: PartialStats) -> dict:
     return dict(st.meta.get("shard_run", {}))
+
+
+_SIZEOF = []
+
+
+def _register_sizeof() -> None:
+    """Tell Dask how large a PartialStats is (its memory accounting and transfer costs), once."""
+    if _SIZEOF:
+        return
+    try:
+        from dask.sizeof import sizeof
+    except ImportError:  # pragma: no cover - dask without sizeof
+        return
+    sizeof.register(PartialStats)(lambda p: p.nbytes)
+    _SIZEOF.append(True)
 
 
 def _worker_name() -> str:
@@ -409,12 +427,17 @@ class RunSummary:
     wall_s: float = 0.0
     dashboard: str | None = None
     per_worker: dict = dc_field(default_factory=dict)
+    tail_merges_s: float = 0.0      # after the last shard's statistics arrived: the merges left and the transfer
+    tail_parts_s: float = 0.0       # then waiting for the part files still being written
+    tail_finalize_s: float = 0.0    # then the merged state's context tables filled on the client
 
     def to_json(self) -> dict:
         return {"workers": self.workers, "shards": self.shards, "computed": self.computed, "skipped": self.skipped,
                 "tokens": self.tokens, "wall_s": round(self.wall_s, 3),
                 "tokens_per_s": round(self.tokens / self.wall_s, 1) if self.wall_s > 0 else None,
-                "dashboard": self.dashboard, "per_worker": self.per_worker}
+                "dashboard": self.dashboard, "per_worker": self.per_worker,
+                "tail_merges_s": round(self.tail_merges_s, 3), "tail_parts_s": round(self.tail_parts_s, 3),
+                "tail_finalize_s": round(self.tail_finalize_s, 3)}
 
     def __str__(self) -> str:
         j = self.to_json()
@@ -424,6 +447,8 @@ class RunSummary:
         for w, d in sorted(self.per_worker.items()):
             lines.append(f"  {w}: {d['shards']} shard(s), {d['tokens']:,} tokens, {d['busy_s']:.2f} s busy, "
                          f"{d['tokens_per_s']:,.0f} tokens/s")
+        lines.append(f"  after the last shard: {self.tail_merges_s:.2f} s merges and transfer, {self.tail_parts_s:.2f} s "
+                     f"part files, {self.tail_finalize_s:.2f} s filling the context tables")
         return "\n".join(lines)
 
 
@@ -611,8 +636,14 @@ def distributed_corpus_stats(model, corpus=None, *, documents=None, out, client=
                     bar.set_postfix_str(f"{summary.tokens / max(el, 1e-9):,.0f} tok/s; " + ", ".join(
                         f"{k} {v['tokens_per_s']:,.0f}" for k, v in sorted(per.items())), refresh=False)
                     bar.update(1)
-            st = total_f.result()
+            t_end = time.perf_counter()
+            total = total_f.result()
+            summary.tail_merges_s = time.perf_counter() - t_end
             client.run(flush_writes)
+            summary.tail_parts_s = time.perf_counter() - t_end - summary.tail_merges_s
+            t_end = time.perf_counter()
+            st = total.stats()
+            summary.tail_finalize_s = time.perf_counter() - t_end
         except BaseException:
             client.cancel(leaves + infos + merges)      # a shared cluster goes on with other work
             raise

@@ -200,13 +200,51 @@ class BenchSource:
         return model, eng
 
 
+def _shards_of(docs, shard_tokens: int) -> int:
+    """Documents per shard for shards of about `shard_tokens` tokens (documents are never split)."""
+    mean = sum(int(d.size) for d in docs) / max(len(docs), 1)
+    return max(1, int(round(shard_tokens / max(mean, 1.0))))
+
+
+def _network_bytes(dist, out, plan_docs) -> dict:
+    """What crosses the network per shard, measured: a task's arguments as Dask pickles them (the
+    shard's description and settings; with documents= also its token ids), and a shard's
+    statistics as a merge or the client receives them (PartialStats, pickled), and its part file."""
+    import pickle
+    from pathlib import Path
+
+    from ..analysis.partfile import PartialStats, read_part
+    parts = sorted((Path(out) / dist.PARTS).glob("shard-*.npz"))
+    if not parts:
+        return {}
+    st = PartialStats.of(read_part(parts[0]))
+    t0 = time.perf_counter()
+    state = pickle.dumps(st, protocol=5)
+    pickle_s = time.perf_counter() - t0
+    t0 = time.perf_counter()
+    pickle.loads(state)
+    unpickle_s = time.perf_counter() - t0
+    return {"bytes_in_per_shard_with_documents": int(plan_docs),
+            "bytes_out_per_shard": len(state), "part_file_bytes_per_shard": int(sum(p.stat().st_size for p in parts)
+                                                                                  / len(parts)),
+            "pickle_s": round(pickle_s, 3), "unpickle_s": round(unpickle_s, 3)}
+
+
 def run_distributed(model, eng, docs, shape: BenchShape, rows_per_col: int, chunk: int, workers: int = 2,
-                    log=print, docs_per_shard: int | None = None) -> list[dict]:
+                    log=print, docs_per_shard: int | None = None, shard_tokens: int = 1 << 21,
+                    build_s: float | None = None) -> list[dict]:
     """The corpus_stats_distributed records: the same corpus and settings as corpus_stats (device
     tables, the synthetic highway cached on the device), in process, then through Dask: `workers`
     worker processes sharing this one GPU (each with its own engine and tables: the scheduler's
-    overhead), then one worker alone (the in-process ratio). Frees `eng`'s tables first."""
+    overhead), then one worker alone (the in-process ratio). Shards of about `shard_tokens` tokens
+    (or docs_per_shard documents). Frees `eng`'s tables first.
+
+    Each record has the ratio to in process three ways: inside the tasks (steady state: what a
+    long study converges to), end to end (the run's wall time: first task to the merged state on
+    the client, every part file on disk), and end to end with start-up (cluster start, model and
+    engine build, warm-up; in process: its engine build and warm-up: build_s + the warm runs)."""
     import gc
+    import pickle
     import tempfile
 
     from numba import cuda
@@ -217,10 +255,13 @@ def run_distributed(model, eng, docs, shape: BenchShape, rows_per_col: int, chun
     synth = DeviceSyntheticBlocks(cfg.hc, cfg.dim, chunk)
     synth.device(np.arange(chunk))                                          # the blocks, cached
     kw = dict(backend="cuda", chunk_tokens=chunk)
+    t0 = time.perf_counter()
     dist.warm_run(lambda d: corpus_stats(model, documents=d, engine=eng, device_highway=synth.device, **kw),
                   model, chunk)
+    warm_in = time.perf_counter() - t0
     st = corpus_stats(model, documents=docs, engine=eng, device_highway=synth.device, **kw)
-    tps_in = st.n_tokens / st.meta["timing"]["wall_s"]
+    wall_in = st.meta["timing"]["wall_s"]
+    tps_in = st.n_tokens / wall_in
     log(f"  in process: {st.n_tokens:,} tokens, {tps_in:,.0f} tokens/s")
     for lid in cfg.layer_ids:
         eng.layers[lid].table = None
@@ -233,19 +274,26 @@ def run_distributed(model, eng, docs, shape: BenchShape, rows_per_col: int, chun
     source = BenchSource(shape.name, rows_per_col, chunk)
     settings = dist._settings("cuda", chunk, None, "text", "line", None, True, 20, dist.DEFAULT_MAX_CONTEXTS, True,
                               True, "fp32", None)
-    per = docs_per_shard or max(1, len(docs) // (4 * workers))
+    per = docs_per_shard or _shards_of(docs, shard_tokens)
+    task_bytes = int(np.mean([len(pickle.dumps((None, docs[a:a + per], source, settings, "/out", {"sha256": "0" * 64}),
+                                               protocol=5)) for a in range(0, len(docs), per)]))
     t0 = time.perf_counter()
     cluster = dist.local_cluster(workers, gpu=True, gpus=["0"], dashboard=False)
     from distributed import Client
     client = Client(cluster)
     records = []
+    network = {}
     try:
         addrs = sorted(client.scheduler_info()["workers"])
+        started = time.perf_counter() - t0
         warm = [client.submit(dist.warm_worker, source, settings, workers=[a], allow_other_workers=False, pure=False)
                 for a in addrs]
-        client.gather(warm)
+        builds = {w["worker"]: w for w in client.gather(warm)}
         del warm                                                             # nothing held when workers go
-        log(f"  {workers} Dask workers on the one GPU started and warm in {time.perf_counter() - t0:.1f} s")
+        startup = time.perf_counter() - t0
+        log(f"  {workers} Dask workers on the one GPU started in {started:.1f} s, built and warm in {startup:.1f} s "
+            "(" + ", ".join(f"{k}: build {v['build_s']:.1f} s, warm {v['warm_s']:.1f} s" for k, v in sorted(builds.items()))
+            + ")")
         for n in (workers, 1):
             if n != len(client.scheduler_info()["workers"]):
                 cluster.scale(n)
@@ -255,18 +303,33 @@ def run_distributed(model, eng, docs, shape: BenchShape, rows_per_col: int, chun
             with tempfile.TemporaryDirectory() as out:
                 got = dist.distributed_corpus_stats(source, documents=docs, docs_per_shard=per, out=out,
                                                     client=client, progress=False, log=lambda *a: None, **kw)
+                if not network:
+                    network = _network_bytes(dist, out, task_bytes)
             sm = got.meta["distributed"]
             busy = sum(w["busy_s"] for w in sm["per_worker"].values())
             in_task = sm["tokens"] / busy * len(sm["per_worker"]) if busy else 0.0
+            mine = [builds[w] for w in sm["per_worker"] if w in builds]
+            start_n = started + max((b["build_s"] + b["warm_s"] for b in mine), default=0.0)
+            with_start = sm["tokens"] / (sm["wall_s"] + start_n)
+            in_with_start = st.n_tokens / (wall_in + (build_s or 0.0) + warm_in)
             rec = {"stage": "corpus_stats_distributed", "T": chunk, "variant": f"{n} Dask worker(s) on 1 GPU",
-                   "workers": n, "shards": sm["shards"], "n_tokens": sm["tokens"],
+                   "workers": n, "shards": sm["shards"], "shard_tokens": int(sm["tokens"] / max(sm["shards"], 1)),
+                   "n_tokens": sm["tokens"],
                    "tokens_per_s": round(sm["tokens_per_s"], 1),
                    "in_process_tokens_per_s": round(tps_in, 1),
                    "ratio_to_in_process": round(sm["tokens_per_s"] / tps_in, 3),
                    "in_task_tokens_per_s": round(in_task, 1),
                    "in_task_ratio_to_in_process": round(in_task / tps_in, 3),
+                   "with_startup_tokens_per_s": round(with_start, 1),
+                   "with_startup_ratio_to_in_process": round(with_start / in_with_start, 3),
+                   "startup_s": {"cluster": round(started, 2), "workers": {w: builds[w] for w in sm["per_worker"]
+                                                                           if w in builds},
+                                 "in_process_build": None if build_s is None else round(build_s, 2),
+                                 "in_process_warm": round(warm_in, 2)},
                    "wall_s": sm["wall_s"], "per_worker": sm["per_worker"],
+                   "tail_s": {k: sm.get(f"tail_{k}_s") for k in ("merges", "parts", "finalize")},
                    "fixed_overhead_s": round(sm["wall_s"] - busy / max(len(sm["per_worker"]), 1), 3),
+                   "network": network,
                    "time_us": round(1e6 * chunk / max(sm["tokens_per_s"], 1e-9), 1), "floor_us": 0.0, "bytes": 0,
                    "flops": 0, "gbps": 0.0, "tflops": 0.0, "baselines": {}, "kernel": "corpus_stats via Dask",
                    "validated": bool(got.n_tokens == st.n_tokens and got.n_documents == st.n_documents and
@@ -275,9 +338,12 @@ def run_distributed(model, eng, docs, shape: BenchShape, rows_per_col: int, chun
                    "same_gate_histogram": bool(np.array_equal(got.fine, st.fine))}
             records.append(rec)
             log(f"  through Dask, {n} worker(s) on the one GPU: {rec['tokens_per_s']:,.0f} tokens/s end to end "
-                f"(x{rec['ratio_to_in_process']:.3f} of in process; {sm['shards']} shards, wall {sm['wall_s']:.2f} s, "
-                f"fixed cost {rec['fixed_overhead_s']:.2f} s), {in_task:,.0f} tokens/s inside the tasks "
-                f"(x{rec['in_task_ratio_to_in_process']:.3f}); same statistics: {rec['validated']}")
+                f"(x{rec['ratio_to_in_process']:.3f} of in process; {sm['shards']} shards of ~{rec['shard_tokens']:,} "
+                f"tokens, wall {sm['wall_s']:.2f} s, fixed cost {rec['fixed_overhead_s']:.2f} s, tail {rec['tail_s']}), "
+                f"{in_task:,.0f} tokens/s inside the tasks (x{rec['in_task_ratio_to_in_process']:.3f}), "
+                f"x{rec['with_startup_ratio_to_in_process']:.3f} with start-up on both sides; same statistics: "
+                f"{rec['validated']}")
+        log(f"  per shard over the network: {network}")
     finally:
         client.close()
         cluster.close()
@@ -294,7 +360,7 @@ def _h2d_gbps(timer: DeviceTimer, cuda, nbytes: int, pinned: bool) -> float:
 
 def run(shape: BenchShape = RELEASED, quick: bool = False, log=print, table_gb: float | None = None,
         n_chunks: int | None = None, distributed: int = 0, dist_chunks: int | None = None,
-        host: bool = True, cache_gbs=(0.25, 1.0, 4.0)) -> dict:
+        host: bool = True, cache_gbs=(0.25, 1.0, 4.0), dist_shard_tokens: int = 1 << 21) -> dict:
     """The corpus_stats records (module doc). table_gb: each layer's table size in GB (default:
     the released 32.3 GB; the smoke shape uses a tiny table). distributed: also the
     corpus_stats_distributed records with this many Dask workers sharing the GPU (then one), over
@@ -336,6 +402,7 @@ def run(shape: BenchShape = RELEASED, quick: bool = False, log=print, table_gb: 
         eng.layers[lid].table = _fill_device_table(model.layers[lid].n_rows, model.layers[lid].table.block, cuda)
         eng.layers[lid].placement = "device"
     mem.sample()
+    build_s = time.perf_counter() - t0
     table_gb_real = model.layers[1].n_rows * 84 / 1e9
     log(f"corpus bench: {model.path}; tables {table_gb_real:.1f} GB a layer on the device "
         f"(setup {time.perf_counter() - t0:.1f} s)")
@@ -439,7 +506,8 @@ def run(shape: BenchShape = RELEASED, quick: bool = False, log=print, table_gb: 
     if distributed:
         ddocs = docs if dist_chunks is None else _documents(dist_chunks * chunk, vocab, np.random.default_rng(12),
                                                              lo=2 if smoke else 256, hi=6 if smoke else 4096)
-        records += run_distributed(model, eng, ddocs, shape, rows_per_col, chunk, workers=int(distributed), log=log)
+        records += run_distributed(model, eng, ddocs, shape, rows_per_col, chunk, workers=int(distributed), log=log,
+                                   shard_tokens=(4 if smoke else dist_shard_tokens), build_s=build_s)
     memory = mem.report()
     for r in records:
         r.update(memory)
@@ -630,6 +698,8 @@ def main(argv=None) -> int:
     p.add_argument("--distributed", type=int, default=0,
                    help="also corpus_stats_distributed: this many Dask workers sharing the GPU, then one")
     p.add_argument("--dist-chunks", type=int, default=None, help="4096-token chunks of the distributed runs")
+    p.add_argument("--dist-shard-tokens", type=int, default=1 << 21,
+                   help="tokens per shard of the distributed runs (default 2,097,152: about 10 s of one GPU; a study's 32 MB text shards hold about 8M)")
     p.add_argument("--no-host", action="store_true", help="skip the host-table runs")
     p.add_argument("--cache-gb", default="0.25,1,4", help="cache budgets per layer for the host runs (GB, comma list)")
     args = p.parse_args(argv)
@@ -640,7 +710,7 @@ def main(argv=None) -> int:
     cache_gbs = tuple(float(x) for x in args.cache_gb.split(",") if x.strip())
     res = run(SMOKE if args.smoke else RELEASED, quick=args.quick, table_gb=args.table_gb, n_chunks=args.chunks,
               distributed=args.distributed, dist_chunks=args.dist_chunks, host=not args.no_host,
-              cache_gbs=cache_gbs)
+              cache_gbs=cache_gbs, dist_shard_tokens=args.dist_shard_tokens)
     res.update({"commit": commit(), "device": device_name()})
     if args.out:
         with open(args.out, "w") as f:
