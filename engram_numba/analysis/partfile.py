@@ -42,12 +42,9 @@ from pathlib import Path
 import numpy as np
 from numba import njit
 
-from .streaming import ContextTable, StreamingGateStats
-
-try:                                  # where the statistics file reader lives once streaming.py is split by job
-    from .stats_file import StatisticsFileError
-except ImportError:                   # pragma: no cover - before that split
-    from .streaming import StatisticsFileError
+from .context_table import ContextTable
+from .stats_file import StatisticsFileError
+from .streaming import StreamingGateStats
 
 PART_FORMAT = 2
 RAW_FRACTION = 0.4        # a bitmap whose non-zero bytes are more than this fraction of it is stored raw
