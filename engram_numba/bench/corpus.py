@@ -294,7 +294,7 @@ def run_distributed(model, eng, docs, shape: BenchShape, rows_per_col: int, chun
         log(f"  {workers} Dask workers on the one GPU started in {started:.1f} s, built and warm in {startup:.1f} s "
             "(" + ", ".join(f"{k}: build {v['build_s']:.1f} s, warm {v['warm_s']:.1f} s" for k, v in sorted(builds.items()))
             + ")")
-        for n in (workers, 1):
+        for n in dict.fromkeys((workers, 1)):                               # `workers`, then one (once if 1)
             if n != len(client.scheduler_info()["workers"]):
                 cluster.scale(n)
                 deadline = time.time() + 120
