@@ -189,13 +189,13 @@ def test_cuda_backend_device_resident_path(model, monkeypatch):
     """With a names filter that keeps only ids, dot and gate, the cuda backend never calls its
     host-copying stage methods: only the dot and gate come back. In the simulator (naive kernels)
     the values equal the reference's."""
-    from engram_numba import pipeline as pl
+    from engram_numba import backends as pl
     tokens, mask = TINY_TOKENS[:3], TINY_MASK[:3]
     ref = Pipeline(model, "reference").run(tokens, token_mask=mask)
     with pytest.warns(UserWarning, match="simulator"):
         pipe = Pipeline(model, "cuda")
     for name in ("rows", "proj", "gate"):
-        monkeypatch.setattr(pl._CudaBackend, name, lambda *a, _n=name, **k: pytest.fail(f"host-copying {_n} called"))
+        monkeypatch.setattr(pl.CudaBackend, name, lambda *a, _n=name, **k: pytest.fail(f"host-copying {_n} called"))
     keep = ["tokens.*", "L*.hash.ids", "L*.gate.dot", "L*.gate.gate", "L1.highway.in"]
     cap = pipe.run(tokens, token_mask=mask, names_filter=keep)
     assert pipe.fired == pipe.point_names                       # every point still fires
