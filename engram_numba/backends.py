@@ -16,6 +16,7 @@ from typing import Mapping
 
 import numpy as np
 
+from .layer_step import EngineStages, GateValues, Value
 from .stages.gate import cpu as _gate_cpu
 from .stages.gate import reference as _gate_ref
 from .stages.hash.cpu import EngramHasher
@@ -41,7 +42,9 @@ def _caller_stacklevel() -> int:
 # Backends -----------------------------------------------------------------------------------
 
 class HostBackend:
-    """Stage functions with host (numpy) arrays in and out."""
+    """A backend's stages. Host backends write `rows_array`, `proj_array` and `gate_arrays` on
+    numpy arrays; the stage methods the layer step calls (`rows`, `proj`, `gate`, on
+    `layer_step.Value`s) fetch their inputs to the host and hand host Values on."""
 
     name = "?"
     versions: dict = {}
@@ -49,13 +52,24 @@ class HostBackend:
     def hash(self, hasher: EngramHasher, token_ids, token_mask):
         return hasher.hash(token_ids, token_mask)
 
-    def rows(self, layer, raw=None, ids=None):  # -> bf16 rows [n, 256]; raw given, or ids to gather
+    def rows(self, layer, raw=None, ids=None) -> Value:   # bf16 rows [T*C, 256]; raw given, or ids to gather
+        return Value(host=self.rows_array(layer, raw=raw, ids=ids))
+
+    def proj(self, layer, rows: Value) -> Value:          # kv [T, N]
+        x = rows.host()
+        return Value(host=self.proj_array(layer, x.reshape(-1, layer.proj_in)))
+
+    def gate(self, layer, highway: Value, kv: Value, token_mask, residual, eps) -> GateValues:
+        res = self.gate_arrays(layer, highway.host(), kv.host(), token_mask, residual, eps)
+        return GateValues(Value(host=res.highway), Value(host=res.dot), Value(host=res.gate))
+
+    def rows_array(self, layer, raw=None, ids=None) -> np.ndarray:
         raise NotImplementedError
 
-    def proj(self, layer, x_bf16):  # -> kv [T, N]
+    def proj_array(self, layer, x_bf16) -> np.ndarray:
         raise NotImplementedError
 
-    def gate(self, layer, highway, kv, token_mask, residual, eps) -> _gate_ref.GateResult:
+    def gate_arrays(self, layer, highway, kv, token_mask, residual, eps) -> _gate_ref.GateResult:
         raise NotImplementedError
 
 
@@ -67,32 +81,32 @@ class ReferenceBackend(HostBackend):
         hasher.hash(token_ids, token_mask)  # keep the shared history moving
         return ids
 
-    def rows(self, layer, raw=None, ids=None):
+    def rows_array(self, layer, raw=None, ids=None):
         if raw is None:
             raw = _rows_ref.gather_reference(layer.table, ids)
             if layer.table_scales is not None:      # fp8 codes with separate scales: 264-byte rows
                 raw = assemble_rows_fp8(raw, _rows_ref.gather_reference(layer.table_scales, ids))
         return _rows_ref.rows_reference(raw, layer.encoding)
 
-    def proj(self, layer, x_bf16):
+    def proj_array(self, layer, x_bf16):
         return _proj_ref.projection_reference(x_bf16, layer.wkv_bf16())
 
-    def gate(self, layer, highway, kv, token_mask, residual, eps):
+    def gate_arrays(self, layer, highway, kv, token_mask, residual, eps):
         return _gate_ref.gate_reference(highway, kv, layer.q_weight, layer.k_weight, token_mask, residual, eps)
 
 
 class CpuBackend(HostBackend):
     name = "cpu"
 
-    def rows(self, layer, raw=None, ids=None):
+    def rows_array(self, layer, raw=None, ids=None):
         if raw is None:
             raw = layer.reader.read(ids)
         return _rows_cpu.rows_cpu(raw, layer.encoding)
 
-    def proj(self, layer, x_bf16):
+    def proj_array(self, layer, x_bf16):
         return _proj_cpu.projection_cpu(x_bf16, layer.wkv_bf16())
 
-    def gate(self, layer, highway, kv, token_mask, residual, eps):
+    def gate_arrays(self, layer, highway, kv, token_mask, residual, eps):
         return _gate_cpu.gate_cpu(highway, kv, layer.q_weight, layer.k_weight, token_mask, residual, eps)
 
 
@@ -103,14 +117,14 @@ class BlasBackend(CpuBackend):
 
     name = "blas"
 
-    def proj(self, layer, x_bf16):
+    def proj_array(self, layer, x_bf16):
         return _proj_cpu.projection_blas(x_bf16, wkv_f32=layer.wkv_f32())
 
 
 class CudaBackend(HostBackend):
     """Each stage on the GPU (or numba's simulator), through one `EngramV41` whose workspaces
-    grow to the longest call. Inputs are copied in and results copied out per stage, so any
-    stage can be swapped for another backend's."""
+    grow to the longest call (`layer_step.EngineStages`). Values stay on the device; they are
+    copied to the host only for a host backend's stage or a capture point that asks."""
 
     name = "cuda"
 
@@ -133,11 +147,18 @@ class CudaBackend(HostBackend):
         self._cls = EngramV41
         self.versions = check_versions(versions)
         self._engine = None
+        self._stages = EngineStages(self.engine_for, model.config)
 
-    def _engine_for(self, n_tokens: int):
+    def engine_for(self, n_tokens: int):
+        """The engine, built (or rebuilt larger) to take n_tokens tokens a call."""
         if self._engine is None or self._engine.max_tokens < n_tokens:
             self._engine = self._cls(self._model, max_tokens=max(n_tokens, 16), device_tables=True,
                                      versions=self.versions)
+        return self._engine
+
+    @property
+    def engine(self):
+        """The engine the stages run on (None until one is built or given)."""
         return self._engine
 
     def use_engine(self, engine) -> None:
@@ -150,44 +171,14 @@ class CudaBackend(HostBackend):
             return {}
         return {stage: name for stage, name in self._engine.last_kernels().items()}
 
-    def rows(self, layer, raw=None, ids=None):
-        n_cols = self._model.config.n_hash_cols
-        if raw is not None:
-            eng = self._engine_for(raw.shape[0] // n_cols)
-            eng.rows_from_raw(layer.layer_id, raw)
-        else:
-            eng = self._engine_for(np.asarray(ids).size // n_cols)
-            eng.rows_from_ids(layer.layer_id, np.asarray(ids).reshape(-1, n_cols))
-        return eng.rows_bf16(layer.layer_id).copy_to_host()
+    def rows(self, layer, raw=None, ids=None) -> Value:
+        return self._stages.rows(layer, raw=raw, ids=ids)
 
-    def proj(self, layer, x_bf16):
-        T = x_bf16.shape[0]
-        eng = self._engine_for(T)
-        eng.rows_from_bf16(layer.layer_id, x_bf16.reshape(T * self._model.config.n_hash_cols, -1))
-        return eng.project(layer.layer_id).copy_to_host()
+    def proj(self, layer, rows: Value) -> Value:
+        return self._stages.proj(layer, rows)
 
-    def gate_on_device(self, layer, ids, d_highway, token_mask, residual, eps):
-        """rows (gathered from the device table) -> proj -> gate for one layer, in place on the
-        device highway [T, hc, dim]; returns the device views (dot, gate) [T, hc]. Nothing but
-        the row ids (and a host mask) crosses PCIe."""
-        ids = np.asarray(ids)
-        T = ids.shape[0]
-        eng = self._engine_for(T)
-        eng.rows_from_ids(layer.layer_id, ids.reshape(T, -1))
-        eng.project(layer.layer_id)
-        eng.gate(layer.layer_id, d_highway, token_mask, residual=residual, eps=eps)
-        return eng.last_gate(layer.layer_id)
-
-    def gate(self, layer, highway, kv, token_mask, residual, eps):
-        from numba import cuda
-        T = highway.shape[0]
-        eng = self._engine_for(T)
-        d_highway = cuda.to_device(np.ascontiguousarray(highway, dtype=np.float32))
-        eng.gate(layer.layer_id, d_highway, kv=cuda.to_device(np.ascontiguousarray(kv)),
-                 token_mask=token_mask, residual=residual, eps=eps)
-        dot, gate = eng.last_gate(layer.layer_id)
-        return _gate_ref.GateResult(highway=d_highway.copy_to_host(), dot=dot.copy_to_host(),
-                                    gate=gate.copy_to_host())
+    def gate(self, layer, highway: Value, kv: Value, token_mask, residual, eps) -> GateValues:
+        return self._stages.gate(layer, highway, kv, token_mask, residual, eps)
 
 
 class LayerView:
@@ -199,6 +190,7 @@ class LayerView:
         self.table = lf.table
         self.encoding = lf.table_encoding
         self.table_scales = lf.table_scales
+        self.proj_in = model.config.proj_in
         self.reader = model.rows(layer_id)
         self.q_weight = lf.q_weight
         self.k_weight = lf.k_weight

@@ -44,6 +44,7 @@ from .device.upload import Uploader
 from .engine_build import (EngramLayerWeights, LayerWorkspace, check_versions, pair_buffer, resolve_wkv_format,
                            upload_layers)
 from .identity import check_hasher
+from .layer_step import EngineStages, LayerStep, Value, run_layers
 from .placement import fetched_rows, make_fetcher, plan_tables
 from .stages.gate.launch import prepare_gate
 from .stages.gate.reference import RESIDUALS
@@ -264,6 +265,16 @@ class EngramV41:
         launch()
         self._loaded(ws, T)
 
+    def load_rows(self, layer_id, row_ids) -> None:
+        """Row ids [T, C] -> this layer's rows, wherever its table lives: gathered on the device
+        from a device or host-resident table (`rows_from_ids`), or read from the memory-mapped file
+        on the host and decoded here (`rows_from_raw`)."""
+        lw, _ = self._layer(layer_id)
+        if lw.table is not None:
+            self.rows_from_ids(lw.layer_id, row_ids)
+        else:
+            self.rows_from_raw(lw.layer_id, self.model.rows(lw.layer_id).read(np.asarray(row_ids)))
+
     # -- host-resident tables: prefetch and the hot-row cache -------------------------------------
     @property
     def host_layers(self) -> list:
@@ -423,7 +434,12 @@ class EngramV41:
             raise ValueError(f"layer {lw.layer_id}: highway has {T} tokens but the rows loaded for this layer "
                              f"cover {ws.rows_tokens} tokens")
         self._check_tokens(T, "apply highway")
-        # Validate the gate's arguments before the projection writes anything.
+        self._check_gate_args(h, T, token_mask, residual)
+        self.project(layer_id)
+        return self.gate(layer_id, h, token_mask, residual=residual)
+
+    def _check_gate_args(self, h, T: int, token_mask, residual) -> None:
+        """The gate's arguments, checked before the rows or projection write anything."""
         if h.dtype != np.float32 or h.ndim != 3 or tuple(h.shape[1:]) != (self.config.hc, self.config.dim):
             raise ValueError(f"highway must be float32 [T, hc={self.config.hc}, dim={self.config.dim}], "
                              f"got {h.dtype}{list(h.shape)}")
@@ -439,8 +455,6 @@ class EngramV41:
         residual = self.residual if residual is None else residual
         if residual not in RESIDUALS:
             raise ValueError(f"residual must be one of {RESIDUALS}, got {residual!r}")
-        self.project(layer_id)
-        return self.gate(layer_id, h, token_mask, residual=residual)
 
     def capture_apply(self, layer_id, highway, token_mask=None, *, residual: str | None = None) -> CapturedGraph:
         """Record this layer's projection + gate on `highway` into a CUDA graph (one-token decode).
@@ -492,14 +506,10 @@ class EngramV41:
         self._check_tokens(T, "step")
         if h.ndim != 3 or int(h.shape[0]) != T:
             raise ValueError(f"highway must be [T={T}, hc, dim], got {list(h.shape)}")
+        self._check_gate_args(h, T, token_mask, residual)
         ids = hasher.hash(token_ids, token_mask)             # [T, L, C] (checks the token ids)
-        for li, lid in enumerate(self.config.layer_ids):
-            lw = self.layers[lid]
-            if lw.table is not None:
-                self.rows_from_ids(lid, ids[:, li, :])
-            else:
-                self.rows_from_raw(lid, self.model.rows(lid).read(ids[:, li, :]))
-            self.apply(lid, h, token_mask, residual=residual)
+        step = LayerStep(EngineStages(lambda n: self, self.config), self.config, residual, None)
+        run_layers(step, self.layers, ids, Value(device=h), token_mask)
         return highway
 
     # -- one-token decode through a CUDA graph ------------------------------------------------

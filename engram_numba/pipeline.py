@@ -44,11 +44,13 @@ Text: `run(text="...")` tokenizes with the model's tokenizer (`engram_numba.text
 whenever a tokenizer is found, meta["token_strings"] holds one string per token (up to 4096
 tokens), which the tables, plots and diff show beside the ids.
 
-On the GPU: with the cuda backend for rows, proj and gate, and a names filter (and hooks) that
-keep none of `rows.*`, `proj.kv`, `gate.key`, `gate.value`, `highway.out` (nor a later layer's
-`highway.in`), the rows, kv and highway stay on the device: rows are gathered from the device
-tables, and only the gate and dot ([T, hc] fp32) are copied back. Those points still fire (in
-`pipe.fired`) but carry no value.
+Every path runs one layer step (`engram_numba.layer_step`). An array between two stages moves
+between host and device only where the next stage's backend or a kept or hooked point needs it:
+with the cuda backend for rows, proj and gate and a names filter (and hooks) that keep none of
+`rows.*`, `proj.kv`, `gate.key`, `gate.value`, `highway.out` (nor a later layer's `highway.in`),
+the rows, kv and highway stay on the device (rows gathered from the device tables) and only the
+kept points come back; those that are not kept still fire (in `pipe.fired`) but carry no value.
+Keep `proj.kv` and only the kv is copied back: the gate still reads the device copy.
 """
 from __future__ import annotations
 
@@ -61,9 +63,10 @@ import numpy as np
 from .capture import INPUT_POINTS, OBSERVE_ONLY, POINTS, Capture, match_names, point_names, short_name
 from .highway import HighwayFile
 from .backends import BACKEND_NAMES, HostBackend, LayerView, make_backends, resolve_backends
+from .device.devarray import is_device_like
+from .layer_step import LayerStep, Value, run_layers
 from .stages.gate import reference as _gate_ref
 from .stages.hash.cpu import EngramHasher, check_token_ids
-from .stages.proj import reference as _proj_ref
 from .stages.registry import BACKENDS, STAGES
 
 __all__ = ["Pipeline", "Capture", "POINTS", "INPUT_POINTS", "point_names", "synthetic_highway", "STAGES",
@@ -90,6 +93,27 @@ def synthetic_highway(t0: int, t1: int, hc: int, dim: int, seed: int = 0) -> np.
 
 
 # The pipeline -------------------------------------------------------------------------------
+
+class _Points:
+    """A run's capture points for the layer step: a point fetches its value to the host only when
+    it is kept or hooked; a hook that ran makes its (possibly replaced) host array the value."""
+
+    def __init__(self, pipe: "Pipeline", keep, parts: dict):
+        self.pipe, self.keep, self.parts = pipe, keep, parts
+
+    def wants(self, name: str) -> bool:
+        return self.keep(name) or name in self.pipe._hooks
+
+    def fire(self, name: str) -> None:
+        self.pipe.fired.append(name)
+
+    def __call__(self, name: str, value: Value) -> Value:
+        if not self.wants(name):
+            self.fire(name)
+            return value
+        out = self.pipe._point(name, value.host(), self.keep, self.parts)
+        return Value(host=out) if name in self.pipe._hooks else value
+
 
 class Pipeline:
     """hash -> rows -> proj -> gate for every engram layer of `model`, one backend per stage.
@@ -161,7 +185,19 @@ class Pipeline:
     @property
     def cuda_engine(self):
         """The EngramV41 the cuda stages run on (None until one is built or given)."""
-        return self._impl["cuda"]._engine if "cuda" in self._impl else None
+        return self._impl["cuda"].engine if "cuda" in self._impl else None
+
+    def cuda_engine_for(self, n_tokens: int):
+        """The EngramV41 the cuda stages run on, built now (with device tables) if there is none
+        yet or the one there takes fewer than n_tokens tokens a call."""
+        if "cuda" not in self._impl:
+            raise ValueError("cuda_engine_for: no stage of this pipeline runs on the cuda backend")
+        return self._impl["cuda"].engine_for(int(n_tokens))
+
+    @property
+    def cuda_kernels(self) -> dict:
+        """{stage: kernel record name} the cuda stages ran last ({} without a cuda stage)."""
+        return self._impl["cuda"].kernel_names() if "cuda" in self._impl else {}
 
     @property
     def device_resident(self) -> bool:
@@ -429,9 +465,7 @@ class Pipeline:
             numba_cuda = version("numba-cuda")
         except Exception:  # pragma: no cover - depends on the install
             numba_cuda = "unknown"
-        kernels = {}
-        if "cuda" in self._impl:
-            kernels = self._impl["cuda"].kernel_names()
+        kernels = self.cuda_kernels
         return {"backends": self.backends, "residual": self.residual, "eps": self.eps, "n_tokens": T,
                 "layer_ids": list(self.config.layer_ids),
                 "model": str(getattr(self.model, "path", "")), "format": str(getattr(self.model, "format", "")),
@@ -459,146 +493,44 @@ class Pipeline:
             return None
         return tok.token_strings(token_ids)
 
-    _DEVICE_POINTS = ("rows.raw", "rows.bf16", "proj.kv", "gate.key", "gate.value", "highway.out")
-
-    def _stays_on_device(self, keep, per_layer: bool) -> bool:
-        """True when nothing kept or hooked needs the rows, kv or a device-made highway on the host."""
-        if not self.device_resident:
-            return False
-        needs = (lambda name: keep(name) or name in self._hooks)
-        for li, lid in enumerate(self.config.layer_ids):
-            if any(needs(f"L{lid}.{p}") for p in self._DEVICE_POINTS):
-                return False
-            if li > 0 and not per_layer and needs(f"L{lid}.highway.in"):
-                return False
-        return True
+    def _layer_step(self) -> LayerStep:
+        return LayerStep({s: self._impl[self.backends[s]] for s in ("rows", "proj", "gate")}, self.config,
+                         self.residual, self.eps)
 
     def _run_chunk(self, hasher, token_ids, mask, highway, keep, parts, bar=None, given=None) -> None:
         """Every layer on one chunk of tokens (hash first: it extends the sequence's history).
         given: the isolated stages' inputs of this chunk (see `run`'s inputs_from), or None."""
-        cfg = self.config
         T = int(token_ids.size)
-        step = (lambda what: bar.set_postfix_str(what, refresh=True)) if bar is not None else (lambda what: None)
-        step("hash")
+        progress = (lambda what: bar.set_postfix_str(what, refresh=True)) if bar is not None else None
+        if progress is not None:
+            progress("hash")
         all_ids = self._impl[self.backends["hash"]].hash(hasher, token_ids, mask)   # [T, L, C]
-        per_layer = isinstance(highway, Mapping)
-        if given is None and self._stays_on_device(keep, per_layer):
-            self._run_chunk_on_device(all_ids, mask, highway, keep, parts, step,
-                                      step_done=None if bar is None else bar.update)
-            return
-        current = None if per_layer else highway
-        for li, lid in enumerate(cfg.layer_ids):
-            layer = self._layers[lid]
-            p = f"L{lid}."
-            ids = self._point(p + "hash.ids", np.ascontiguousarray(all_ids[:, li, :]), keep, parts)  # [T, C]
-            if given is not None:
-                ids = given[p + "hash.ids"]
-            step(f"L{lid} rows")
-            raw_name = p + "rows.raw"
-            if keep(raw_name) or raw_name in self._hooks:
-                raw = layer.reader.read(ids)                                              # [T*C, row_bytes]
-                raw = self._point(raw_name, raw, keep, parts)
-                rows = self._impl[self.backends["rows"]].rows(layer, raw=raw)
-            else:
-                self.fired.append(raw_name)
-                rows = self._impl[self.backends["rows"]].rows(layer, ids=ids)             # gathered by id
-            rows = self._point(p + "rows.bf16", rows, keep, parts)                         # [T*C, 256]
-            if given is not None:
-                rows = given[p + "rows.bf16"]
-            step(f"L{lid} proj")
-            kv = self._impl[self.backends["proj"]].proj(layer, rows.reshape(T, cfg.proj_in))
-            kv = self._point(p + "proj.kv", kv, keep, parts)                              # [T, N]
-            key, value = _proj_ref.split_kv(kv, cfg.hc)
-            key = self._point(p + "gate.key", np.ascontiguousarray(key), keep, parts)
-            value = self._point(p + "gate.value", np.ascontiguousarray(value), keep, parts)
-            if given is not None:
-                key, value = given[p + "gate.key"], given[p + "gate.value"]
-            kv = np.concatenate([key.reshape(T, -1), value], axis=1)
-            h_in = given[p + "highway.in"] if given is not None else (highway[lid] if per_layer else current)
-            h_in = self._point(p + "highway.in", np.ascontiguousarray(h_in, dtype=np.float32), keep, parts)
-            step(f"L{lid} gate")
-            res = self._impl[self.backends["gate"]].gate(layer, h_in, kv, mask, self.residual, self.eps)
-            self._point(p + "gate.dot", res.dot, keep, parts)
-            self._point(p + "gate.gate", res.gate, keep, parts)
-            self._point(p + "highway.out", res.highway, keep, parts)
-            current = res.highway
-            if bar is not None:
-                bar.update(T)
-
-    def _run_chunk_on_device(self, all_ids, mask, highway, keep, parts, step, step_done=None) -> None:
-        """The device-resident path (see the module doc): rows, kv and the highway between layers
-        never come back to the host; each layer's dot and gate do."""
-        from numba import cuda
-        cfg = self.config
-        backend = self._impl["cuda"]
-        per_layer = isinstance(highway, Mapping)
-        T = int(all_ids.shape[0])
-        d_current = None
-        for li, lid in enumerate(cfg.layer_ids):
-            layer = self._layers[lid]
-            p = f"L{lid}."
-            ids = self._point(p + "hash.ids", np.ascontiguousarray(all_ids[:, li, :]), keep, parts)  # [T, C]
-            self.fired += [p + "rows.raw", p + "rows.bf16", p + "proj.kv", p + "gate.key", p + "gate.value"]
-            if per_layer or li == 0:
-                h_in = highway[lid] if per_layer else highway
-                h_in = self._point(p + "highway.in", np.ascontiguousarray(h_in, dtype=np.float32), keep, parts)
-                d_current = cuda.to_device(h_in)                                          # [T, hc, dim] fp32
-            else:
-                self.fired.append(p + "highway.in")
-            step(f"L{lid} rows+proj+gate (device)")
-            d_dot, d_gate = backend.gate_on_device(layer, ids, d_current, mask, self.residual, self.eps)
-            self._point(p + "gate.dot", d_dot.copy_to_host(), keep, parts)                # [T, hc]
-            self._point(p + "gate.gate", d_gate.copy_to_host(), keep, parts)
-            self.fired.append(p + "highway.out")
-            if step_done is not None:
-                step_done(T)
+        if isinstance(highway, Mapping):
+            h = {lid: Value(host=np.ascontiguousarray(highway[lid], dtype=np.float32)) for lid in self.config.layer_ids}
+        else:
+            h = Value(host=np.ascontiguousarray(highway, dtype=np.float32))
+        run_layers(self._layer_step(), self._layers, all_ids, h, mask, _Points(self, keep, parts), given,
+                   progress=progress, layer_done=None if bar is None else (lambda: bar.update(T)))
 
     def gates_from_ids(self, row_ids, highway, token_mask=None) -> dict:
         """rows -> proj -> gate of every engram layer for row ids the caller hashed, keeping only
         each layer's (dot, gate) [T, hc] fp32 (host arrays). No capture, no hooks.
 
         row_ids: int [T, layers, C] (`EngramHasher.hash`). highway: [T, hc, dim] fp32 host array
-        (copied, not modified), a {layer_id: highway} dict, or (cuda backend for rows, proj and
-        gate) a device array that is updated in place. With the cuda backend for rows, proj and
-        gate, only the ids go to the device and only the dot and gate come back."""
+        (copied, not modified), a {layer_id: highway} dict, or (cuda backend for the gate) a
+        device array that is updated in place. Every layer's rows and projection run before the
+        first gate; with the cuda backend for rows, proj and gate only the ids go to the device
+        and only the dot and gate come back."""
         cfg = self.config
         ids = np.asarray(row_ids)
         if ids.ndim != 3 or ids.shape[1:] != (cfg.n_layers, cfg.n_hash_cols):
             raise ValueError(f"row_ids must be [T, {cfg.n_layers}, {cfg.n_hash_cols}], got {list(ids.shape)}")
-        T = ids.shape[0]
-        per_layer = isinstance(highway, Mapping)
-        out = {}
-        if self.device_resident:
-            from numba import cuda
 
-            from .device.devarray import is_device_like
-            eng = self._impl["cuda"]._engine_for(T)
-            # Every layer's ids go up (and their gathers are queued) before the first projection, so
-            # no host-to-device copy waits behind a layer's kernels; the dot and gate of all layers
-            # come back at the end.
-            for li, lid in enumerate(cfg.layer_ids):
-                eng.rows_from_ids(lid, np.ascontiguousarray(ids[:, li, :]))
-            d_current, views = None, {}
-            for li, lid in enumerate(cfg.layer_ids):
-                if per_layer or li == 0:
-                    h = highway[lid] if per_layer else highway
-                    d_current = h if is_device_like(h) else cuda.to_device(np.ascontiguousarray(h, dtype=np.float32))
-                eng.project(lid)
-                eng.gate(lid, d_current, token_mask, residual=self.residual, eps=self.eps)
-                views[lid] = eng.last_gate(lid)
-            for lid, (d_dot, d_gate) in views.items():
-                out[lid] = (d_dot.copy_to_host(), d_gate.copy_to_host())
-            return out
-        current = None if per_layer else np.asarray(highway, dtype=np.float32)
-        for li, lid in enumerate(cfg.layer_ids):
-            layer = self._layers[lid]
-            rows = self._impl[self.backends["rows"]].rows(layer, ids=np.ascontiguousarray(ids[:, li, :]))
-            kv = self._impl[self.backends["proj"]].proj(layer, rows.reshape(T, cfg.proj_in))
-            h_in = np.asarray(highway[lid], dtype=np.float32) if per_layer else current
-            res = self._impl[self.backends["gate"]].gate(layer, h_in, kv, token_mask, self.residual, self.eps)
-            out[lid] = (res.dot, res.gate)
-            current = res.highway
-        return out
+        def value(h):
+            return Value.of(h) if is_device_like(h) else Value(host=np.asarray(h, dtype=np.float32))
+        h = {lid: value(highway[lid]) for lid in cfg.layer_ids} if isinstance(highway, Mapping) else value(highway)
+        res = run_layers(self._layer_step(), self._layers, ids, h, token_mask, kv_first=True)
+        return {lid: (r.dot.host(), r.gate.host()) for lid, r in res.items()}
 
     def _check_highway(self, h, T: int, what: str) -> None:
         cfg = self.config

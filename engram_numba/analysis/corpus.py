@@ -610,7 +610,7 @@ def corpus_stats(model, corpus=None, *, texts=None, documents=None, backend="cpu
         "tokenizer": getattr(tok, "source", None), "timing": {k: round(v, 4) for k, v in timing.items()},
         "tokens_per_s": round(stats.n_tokens / wall, 1) if wall > 0 else None,
         "token_table": str(token_table) if token_table is not None else None,
-        "cuda_kernels": pipe._impl["cuda"].kernel_names() if "cuda" in pipe._impl else {}})
+        "cuda_kernels": pipe.cuda_kernels})
     return stats
 
 

@@ -161,7 +161,7 @@ def resident(source, settings: dict) -> _Resident:
         pipe = Pipeline(model, settings["backend"], residual=settings["residual"],
                         cuda_versions=settings["cuda_versions"])
         if engine is None and pipe.device_resident:
-            engine = pipe._impl["cuda"]._engine_for(int(settings["chunk_tokens"]))
+            engine = pipe.cuda_engine_for(int(settings["chunk_tokens"]))
         try:
             tok = tokenizer_for(model, settings["tokenizer"])
         except NoTokenizerError:
