@@ -6,9 +6,7 @@ import numpy as np
 from numba import cuda
 
 from .device.graphs import CapturedGraph, HostToDeviceCopy
-from .stages.gate.launch import prepare_gate
 from .stages.hash.cpu import EngramHasher
-from .stages.rows.launch import prepare_decode, prepare_gather
 
 _LIVE, _DEAD = np.array([True]), np.array([False])
 
@@ -82,17 +80,13 @@ class DecodeGraph:
         C, s = eng.config.n_hash_cols, self.stream
         lw, ws = eng.layers[lid], eng._ws[lid]
         if self.device_tables:
-            return prepare_gather(lw.table, self.dev_ids[li * C:(li + 1) * C], ws.rows[:C], encoding=lw.encoding,
-                                  stream=s, version=eng.versions.get("rows"), bad_count=eng._decode_bad,
-                                  scales=lw.table_scales)
-        return prepare_decode(ws.raw[:C], ws.rows[:C], encoding=lw.encoding, stream=s, version=eng.versions.get("rows"))
+            return eng._gather_launch(lw, ws, self.dev_ids[li * C:(li + 1) * C], C, s, bad_count=eng._decode_bad)
+        return eng._decode_launch(lw, ws, ws.raw[:C], C, s)
 
     def _gate_launch(self, lid, h, residual):
         eng = self.engine
         lw, ws = eng.layers[lid], eng._ws[lid]
-        return prepare_gate(h, ws.kv[:1], lw.w_gate, token_mask=self.dev_mask, residual=residual, eps=eng.config.eps,
-                            dot_out=ws.dot[:1], gate_out=ws.gate[:1], stream=self.stream,
-                            version=eng.versions.get("gate"))
+        return eng._gate_launch(lw, ws, h, ws.kv[:1], self.dev_mask, residual, eng.config.eps, 1, self.stream)
 
     def _pair_projection(self):
         """One launch projecting both layers (q2k_r wkv in one buffer), or None: it must be the

@@ -159,6 +159,21 @@ class EngramV41:
         gemm = prepare_project(x, self._wkv_scratch, ws.kv[:T], stream=stream)
         return _DecodedWeightProjection(self, lw.layer_id, decode, gemm)
 
+    # -- the launches of one layer's step: what the stage methods run and the decode graph captures
+    def _gather_launch(self, lw, ws, ids, n: int, stream, bad_count=None):
+        """Gather + decode rows `ids` (device int64 [n]) of this layer's table into its workspace."""
+        return prepare_gather(lw.table, ids, ws.rows[:n], encoding=lw.encoding, stream=stream,
+                              version=self.versions.get("rows"), bad_count=bad_count, scales=lw.table_scales)
+
+    def _decode_launch(self, lw, ws, src, n: int, stream):
+        """Decode raw rows `src` (device [n, row_bytes]) into this layer's workspace."""
+        return prepare_decode(src, ws.rows[:n], encoding=lw.encoding, stream=stream, version=self.versions.get("rows"))
+
+    def _gate_launch(self, lw, ws, h, kv, mask, residual: str, eps: float, T: int, stream):
+        """The gate of T tokens on highway `h` with kv `kv`, dot and gate into this layer's workspace."""
+        return prepare_gate(h, kv, lw.w_gate, token_mask=mask, residual=residual, eps=eps, dot_out=ws.dot[:T],
+                            gate_out=ws.gate[:T], stream=stream, version=self.versions.get("gate"))
+
     # -- checks ---------------------------------------------------------------------------------
     def _layer(self, layer_id) -> tuple[EngramLayerWeights, LayerWorkspace]:
         lid = check_layer_id(layer_id, "layer_id")
@@ -207,8 +222,8 @@ class EngramV41:
         else:
             src = ws.raw[:n]
             src.copy_to_device(np.ascontiguousarray(arr.reshape(n, width)), stream=self.stream)
-        launch = self._plan(("decode", lw.layer_id, n, data_address(src)), lambda: prepare_decode(
-            src, ws.rows[:n], encoding=lw.encoding, stream=self.stream, version=self.versions.get("rows")))
+        launch = self._plan(("decode", lw.layer_id, n, data_address(src)),
+                            lambda: self._decode_launch(lw, ws, src, n, self.stream))
         self._last_launch[("rows", lw.layer_id)] = launch
         launch()
         self._loaded(ws, T)
@@ -258,9 +273,7 @@ class EngramV41:
             if fetched_rows(self, lw, ws, flat, T):
                 return
         ws.ids[:n].copy_to_device(np.ascontiguousarray(flat), stream=self.stream)
-        launch = self._plan(("gather", lw.layer_id, n), lambda: prepare_gather(
-            lw.table, ws.ids[:n], ws.rows[:n], encoding=lw.encoding, stream=self.stream,
-            version=self.versions.get("rows"), scales=lw.table_scales))
+        launch = self._plan(("gather", lw.layer_id, n), lambda: self._gather_launch(lw, ws, ws.ids[:n], n, self.stream))
         self._last_launch[("rows", lw.layer_id)] = launch
         launch()
         self._loaded(ws, T)
@@ -415,9 +428,7 @@ class EngramV41:
                None if kv is None else (data_address(kv_dev), tuple(kv_dev.strides)),
                None if mask_dev is None else (data_address(mask_dev), tuple(mask_dev.strides), str(mask_dev.dtype)),
                residual, eps)
-        plan = self._plan(key, lambda: prepare_gate(
-            h, kv_dev, lw.w_gate, token_mask=mask_dev, residual=residual, eps=eps, dot_out=ws.dot[:T],
-            gate_out=ws.gate[:T], stream=self.stream, version=self.versions.get("gate")))
+        plan = self._plan(key, lambda: self._gate_launch(lw, ws, h, kv_dev, mask_dev, residual, eps, T, self.stream))
         self._last_launch[("gate", lw.layer_id)] = plan
         plan()
         ws.gate_tokens = T

@@ -7,6 +7,7 @@ allocates nothing); uploads go through `device.upload.Uploader` (pinned, chunked
 """
 from __future__ import annotations
 
+import warnings
 from dataclasses import dataclass
 
 import numpy as np
@@ -25,6 +26,7 @@ RESIDENT_WKV = ("q2k", "fp8", "q2k_r")          # encodings the projection reads
 
 def check_versions(versions) -> dict:
     """{stage: record name} for the cuda stages, checked against the kernel registry."""
+    from .stages import catalog  # noqa: F401  (every stage's records registered)
     versions = dict(versions or {})
     for stage, name in versions.items():
         if stage not in ("rows", "proj", "gate"):
@@ -32,6 +34,18 @@ def check_versions(versions) -> dict:
         if name is not None:
             registry.get(stage, name)
     return versions
+
+
+def versions_keyword(versions, cuda_versions, where: str, stacklevel: int = 3):
+    """The kernel versions given as `versions=` or (deprecated) `cuda_versions=` -> (the dict or
+    None, the keyword used); both given is an error."""
+    if cuda_versions is None:
+        return versions, "versions"
+    if versions is not None:
+        raise TypeError(f"{where}: give versions= only (cuda_versions= is its deprecated name)")
+    warnings.warn(f"{where}(cuda_versions=...) is deprecated: the keyword is versions= (as in EngramV41)",
+                  DeprecationWarning, stacklevel=stacklevel)
+    return cuda_versions, "cuda_versions"
 
 
 @dataclass

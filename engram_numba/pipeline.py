@@ -64,6 +64,7 @@ from .capture import INPUT_POINTS, OBSERVE_ONLY, POINTS, Capture, match_names, p
 from .highway import HighwayFile
 from .backends import BACKEND_NAMES, HostBackend, LayerView, make_backends, resolve_backends
 from .device.devarray import is_device_like
+from .engine_build import check_versions, versions_keyword
 from .layer_step import LayerStep, Value, run_layers
 from .stages.gate import reference as _gate_ref
 from .stages.hash.cpu import EngramHasher, check_token_ids
@@ -123,22 +124,24 @@ class Pipeline:
               matmul, not bit-identical: docs/numerics.md); as one name it means cpu with it.
     residual: "fp32" (engine: FP32 highway) or "bf16" (DeepSeek's reference: bf16 residual).
     eps:      the gate's RMS epsilon (default: the model's), finite and >= 0 on every backend.
-    cuda_versions: kernel record per cuda stage, e.g. {"rows": "q2k_v4", "proj": "gemv_v2",
-              "gate": "gate_v3"} (`engram_numba.stages.catalog` lists them); by default each
-              stage's default rule picks (in numba's simulator, the naive kernels).
+    versions: kernel record per cuda stage, e.g. {"rows": "q2k_v4", "proj": "gemv_v2",
+              "gate": "gate_v3"} (`engram_numba.stages.catalog` lists them), as `EngramV41` takes
+              them; by default each stage's default rule picks (in numba's simulator, the naive
+              kernels). `cuda_versions=` is its deprecated name.
     tokenizer: a `Tokenizer` or a path to a tokenizer.json for `run(text=...)` and the token
               strings in capture meta; by default the model's own (`text.tokenizer_for`).
     """
 
     def __init__(self, model, backends="reference", residual: str = "fp32", eps: float | None = None,
-                 cuda_versions: dict | None = None, tokenizer=None):
+                 versions: dict | None = None, tokenizer=None, *, cuda_versions: dict | None = None):
         if isinstance(model, (str, bytes, os.PathLike)):
             raise TypeError(f"model must be an opened model, got the path {model!r}: "
                             "Pipeline(engram_numba.load_model(path))")
         if not all(hasattr(model, a) for a in ("config", "hash_tables", "layers")):
             raise TypeError(f"model must be an opened model (engram_numba.load_model), got {type(model).__name__}")
-        if cuda_versions is not None and not isinstance(cuda_versions, Mapping):
-            raise TypeError(f"cuda_versions must be a dict of stage -> kernel name, got {type(cuda_versions).__name__}")
+        versions, keyword = versions_keyword(versions, cuda_versions, "Pipeline")
+        if versions is not None and not isinstance(versions, Mapping):
+            raise TypeError(f"{keyword} must be a dict of stage -> kernel name, got {type(versions).__name__}")
         if not isinstance(residual, str) or residual not in _gate_ref.RESIDUALS:
             raise ValueError(f"residual must be one of {_gate_ref.RESIDUALS}, got {residual!r}")
         self.model = model
@@ -146,10 +149,9 @@ class Pipeline:
         self.residual = residual
         self.eps = _gate_ref.check_eps(self.config.eps if eps is None else eps)
         self.backends = self._resolve_backends(backends)
-        if cuda_versions:
-            from .engine_build import check_versions
-            check_versions(cuda_versions)
-        self._impl: dict[str, HostBackend] = make_backends(self.backends.values(), model, cuda_versions)
+        if versions:
+            check_versions(versions)
+        self._impl: dict[str, HostBackend] = make_backends(self.backends.values(), model, versions)
         self._layers = {lid: LayerView(model, lid) for lid in self.config.layer_ids}
         self._hooks: dict[str, list[Callable]] = {}
         self._hook_log: list[str] = []

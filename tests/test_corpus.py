@@ -396,3 +396,11 @@ def test_gpu_corpus_bench_small_tables():
     decode = [r for r in res["records"] if r["stage"] == "decode_step"]
     assert [r["tables"] for r in decode] == ["device", "host"] and all(r["validated"] for r in decode)
     assert res["memory"]["peak_device_gb"] > 1.0
+
+
+def test_corpus_stats_versions_keyword_and_its_deprecated_name(model):
+    docs = [np.arange(1, 9), np.arange(20, 25)]
+    new = corpus_stats(model, documents=docs, backend="cpu", versions={"proj": "gemv_v2"}, threads=False)
+    with pytest.warns(DeprecationWarning, match="corpus_stats\\(cuda_versions=...\\) is deprecated"):
+        old = corpus_stats(model, documents=docs, backend="cpu", cuda_versions={"proj": "gemv_v2"}, threads=False)
+    assert old == new and new.n_tokens == 13
