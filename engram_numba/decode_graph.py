@@ -1,5 +1,7 @@
 """One-token decode through CUDA graphs: every engram layer's launches for one highway buffer,
-captured once and replayed per token (`EngramV41.decode`)."""
+captured once and replayed per token (`EngramV41.decode`). The launches are the layer step's
+own (the engine's gather / decode, projection and gate builders), in the step's order, except
+that two `q2k_r` layers' projections run as one launch."""
 from __future__ import annotations
 
 import numpy as np

@@ -16,6 +16,7 @@ The projection reads `wkv` in the encoding the file stores it in when there is a
 through pinned, chunked, overlapped copies; `engine.build_report` says how long that took.
 
 Or stage by stage, for one layer:
+    engine.load_rows(1, row_ids)            # [T, C] ids -> rows, wherever the layer's table is placed
     engine.rows_from_ids(1, row_ids)        # [T, C] ids -> gather + decode from the device table
     engine.rows_from_raw(1, raw)            # or raw rows from the host (mmap'd file), decoded here
     engine.rows_from_bf16(1, rows)          # or bf16 rows you made yourself
@@ -26,8 +27,9 @@ against the rows loaded for that layer, host vs device arrays) before any copy o
 refused call leaves device memory exactly as it was. Device arrays from numba, CuPy, PyTorch or
 JAX are taken without copies through `__cuda_array_interface__` (or DLPack, via CuPy).
 
-What the engine holds on the device and how it is uploaded is in `engine_build`; the decode
-graphs are in `decode_graph`.
+`step` runs the one layer step (`layer_step`) on the engine's stage methods. What the engine
+holds on the device and how it is uploaded is in `engine_build`; the decode graphs, which
+capture the same per-layer launches, are in `decode_graph`.
 """
 from __future__ import annotations
 
