@@ -139,10 +139,18 @@ def test_versions_keyword_and_its_deprecated_name(model):
     with pytest.warns(DeprecationWarning, match="versions="), pytest.warns(UserWarning, match="simulator"):
         old = Pipeline(model, {"proj": "cuda"}, cuda_versions={"proj": "gemv_v2"})
     assert new.cuda_engine_for(2).versions == old.cuda_engine_for(2).versions == {"proj": "gemv_v2"}
+    assert new.cuda_engine is new.cuda_engine_for(1)             # built once, grown only when asked for more
     with pytest.warns(DeprecationWarning), pytest.raises(ValueError, match="gemv_v9"):
         Pipeline(model, "cpu", cuda_versions={"proj": "gemv_v9"})
     with pytest.raises(TypeError, match="versions= only"):
         Pipeline(model, "cpu", versions={}, cuda_versions={})
+
+
+def test_engine_hooks_of_a_pipeline_without_cuda_stages(model):
+    pipe = Pipeline(model, "cpu")
+    assert pipe.cuda_engine is None and pipe.cuda_kernels == {}
+    with pytest.raises(ValueError, match="no stage of this pipeline runs on the cuda backend"):
+        pipe.cuda_engine_for(4)
 
 
 def test_capture_save_load_round_trip(tmp_path, ref_capture):
