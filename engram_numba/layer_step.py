@@ -155,20 +155,20 @@ class LayerStep:
     """hash ids -> rows -> proj -> gate of one engram layer.
 
     stages: {"rows": backend, "proj": backend, "gate": backend} (backend objects with the stage
-    methods of the module doc). points: where each boundary's value is offered (`wants(name)`:
+    methods of the module doc), or one backend for all three. points: where each boundary's value is offered (`wants(name)`:
     it needs the host value; `fire(name)`: it fired without one; `points(name, value) -> value`,
     a hook's replacement or the value itself). given: {point name: host array} of an isolated run,
     fed to each stage instead of the previous stage's output."""
 
-    def __init__(self, stages: Mapping, config, residual: str, eps: float | None):
-        self.stages = stages
+    def __init__(self, stages, config, residual: str | None, eps: float | None):
+        self.stages = stages if isinstance(stages, Mapping) else {s: stages for s in ("rows", "proj", "gate")}
         self.config = config
         self.residual = residual
         self.eps = eps
 
-    def kv(self, layer, ids: np.ndarray, points=NO_POINTS, given=None,
-           progress: Callable[[str], None] | None = None) -> Value:
-        """Rows and projection: kv [T, (hc+1)*dim] bf16 words. ids: [T, C] host."""
+    def rows(self, layer, ids: np.ndarray, points=NO_POINTS, given=None,
+             progress: Callable[[str], None] | None = None) -> Value:
+        """Row ids [T, C] (host) -> bf16 rows [T*C, 256]: the hash.ids, rows.raw, rows.bf16 points."""
         p = f"L{layer.layer_id}."
         ids = points(p + "hash.ids", Value(host=ids)).host()                       # [T, C]
         if given is not None:
@@ -185,9 +185,13 @@ class LayerStep:
         rows = points(p + "rows.bf16", rows)                                       # [T*C, 256]
         if given is not None:
             rows = Value(host=given[p + "rows.bf16"])
+        return rows
+
+    def proj(self, layer, rows: Value, points=NO_POINTS, progress: Callable[[str], None] | None = None) -> Value:
+        """bf16 rows -> kv [T, (hc+1)*dim] bf16 words: the proj.kv point."""
         if progress is not None:
             progress(f"L{layer.layer_id} proj")
-        return points(p + "proj.kv", self.stages["proj"].proj(layer, rows))       # [T, N]
+        return points(f"L{layer.layer_id}.proj.kv", self.stages["proj"].proj(layer, rows))
 
     def gate(self, layer, kv: Value, highway: Value, mask, points=NO_POINTS, given=None,
              progress: Callable[[str], None] | None = None) -> GateValues:
@@ -232,7 +236,8 @@ class LayerStep:
 
     def run(self, layer, ids, highway: Value, mask, points=NO_POINTS, given=None, progress=None) -> GateValues:
         """The whole step of one layer."""
-        return self.gate(layer, self.kv(layer, ids, points, given, progress), highway, mask, points, given, progress)
+        kv = self.proj(layer, self.rows(layer, ids, points, given, progress), points, progress)
+        return self.gate(layer, kv, highway, mask, points, given, progress)
 
 
 def run_layers(step: LayerStep, layers: Mapping, all_ids: np.ndarray, highway, mask, points=NO_POINTS,
@@ -240,15 +245,22 @@ def run_layers(step: LayerStep, layers: Mapping, all_ids: np.ndarray, highway, m
     """Every engram layer in model order -> {layer id: GateValues}.
 
     all_ids: [T, layers, C] host row ids. highway: a Value for the first layer (each layer's
-    output feeds the next), or {layer id: Value}. kv_first: every layer's rows and projection
-    before the first gate (a layer's kv depends on its ids only; the device queues all gathers
-    first), else layer by layer (the order the capture points fire in)."""
+    output feeds the next), or {layer id: Value}. kv_first: every layer's rows, then every
+    layer's projection, then the gates (a layer's kv depends on its ids only: every ids upload
+    and gather is queued before the first projection, so no copy waits behind a layer's
+    kernels); else layer by layer, the order the capture points fire in."""
     per_layer = isinstance(highway, Mapping)
     ids = {lid: np.ascontiguousarray(all_ids[:, li, :]) for li, lid in enumerate(layers)}
-    kvs = {lid: step.kv(layers[lid], ids[lid], points, given, progress) for lid in layers} if kv_first else {}
+    kvs = {}
+    if kv_first:
+        rows = {lid: step.rows(layer, ids[lid], points, given, progress) for lid, layer in layers.items()}
+        kvs = {lid: step.proj(layer, rows.pop(lid), points, progress) for lid, layer in layers.items()}
     out, current = {}, None if per_layer else highway
     for lid, layer in layers.items():
-        kv = kvs.pop(lid) if kv_first else step.kv(layer, ids[lid], points, given, progress)
+        if kv_first:
+            kv = kvs.pop(lid)
+        else:
+            kv = step.proj(layer, step.rows(layer, ids[lid], points, given, progress), points, progress)
         res = step.gate(layer, kv, highway[lid] if per_layer else current, mask, points, given, progress)
         out[lid] = res
         current = res.highway
