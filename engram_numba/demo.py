@@ -181,7 +181,7 @@ def run_demo(path=None, out_dir="engram_demo", residual: str = "fp32", sim_token
     if SIMULATOR:
         with clock.step(f"cuda backend in numba's simulator: {S} token(s) x {cfg.n_layers} layers "
                         f"(the bar advances per token and layer)") as st:
-            pipe = Pipeline(model, "cuda", residual=residual, cuda_versions={"proj": SIM_PROJ})
+            pipe = Pipeline(model, "cuda", residual=residual, versions={"proj": SIM_PROJ})
             cuda_cap = _run(pipe, TINY_TOKENS[:S], TINY_MASK[:S], progress=True, chunk_tokens=1)
             st["note"] = f"kernels ran (simulator): {_kernels_line(cuda_cap.meta['cuda_kernels'])}"
         ref_s = _run(Pipeline(model, "reference", residual=residual), TINY_TOKENS[:S], TINY_MASK[:S])
@@ -197,7 +197,7 @@ def run_demo(path=None, out_dir="engram_demo", residual: str = "fp32", sim_token
         if rows_v1:
             exact["rows"] = rows_v1
         with clock.step(f"cuda backend on the GPU, naive kernels: {T} tokens x {cfg.n_layers} layers") as st:
-            cuda_cap = _run(Pipeline(model, "cuda", residual=residual, cuda_versions=exact), TINY_TOKENS, TINY_MASK)
+            cuda_cap = _run(Pipeline(model, "cuda", residual=residual, versions=exact), TINY_TOKENS, TINY_MASK)
             st["note"] = f"kernels ran (GPU): {_kernels_line(cuda_cap.meta['cuda_kernels'])}"
         lines.append(_pair_line("reference", f"cuda [{_kernels_line(cuda_cap.meta['cuda_kernels'])}, GPU]",
                                 diff(caps["reference"], cuda_cap)))
@@ -208,7 +208,7 @@ def run_demo(path=None, out_dir="engram_demo", residual: str = "fp32", sim_token
         with clock.step(f"gate kernel {FAST_GATE} (the GPU default below 128 tokens) in the simulator, first {S} "
                         "token(s), on the reference's kv") as st:
             gate_cap = _run(Pipeline(model, {"hash": "reference", "rows": "reference", "proj": "reference",
-                                             "gate": "cuda"}, residual=residual, cuda_versions={"gate": FAST_GATE}),
+                                             "gate": "cuda"}, residual=residual, versions={"gate": FAST_GATE}),
                             TINY_TOKENS[:S], TINY_MASK[:S], progress=False)
             st["note"] = f"kernel ran (simulator): gate={gate_cap.meta['cuda_kernels'].get('gate', '?')}"
         fast_lines.append(_pair_line("reference", f"cuda gate={gate_cap.meta['cuda_kernels'].get('gate', '?')} "

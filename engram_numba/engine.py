@@ -16,6 +16,7 @@ The projection reads `wkv` in the encoding the file stores it in when there is a
 through pinned, chunked, overlapped copies; `engine.build_report` says how long that took.
 
 Or stage by stage, for one layer:
+    engine.load_rows(1, row_ids)            # [T, C] ids -> rows, wherever the layer's table is placed
     engine.rows_from_ids(1, row_ids)        # [T, C] ids -> gather + decode from the device table
     engine.rows_from_raw(1, raw)            # or raw rows from the host (mmap'd file), decoded here
     engine.rows_from_bf16(1, rows)          # or bf16 rows you made yourself
@@ -25,85 +26,38 @@ Every method checks its arguments (layer id, dtype, shape, token counts against 
 against the rows loaded for that layer, host vs device arrays) before any copy or launch, so a
 refused call leaves device memory exactly as it was. Device arrays from numba, CuPy, PyTorch or
 JAX are taken without copies through `__cuda_array_interface__` (or DLPack, via CuPy).
+
+`step` runs the one layer step (`layer_step`) on the engine's stage methods. What the engine
+holds on the device and how it is uploaded is in `engine_build`; the decode graphs, which
+capture the same per-layer launches, are in `decode_graph`.
 """
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass
 
 import numpy as np
 from numba import cuda
 
 from .config import MAX_HC, check_layer_id
-from .identity import check_hasher
 from .device.devarray import as_device_array, data_address, is_device_like
-from .device.graphs import CapturedGraph, HostToDeviceCopy
+from .device.graphs import CapturedGraph
 from .device.intrinsics import SIMULATOR
 from .device.upload import Uploader
-from .placement import DecodeStaging, fetched_rows, host_tables_for, make_fetcher, plan_tables
-from .stages import registry
+from .engine_build import (EngramLayerWeights, LayerWorkspace, check_versions, pair_buffer, resolve_wkv_format,
+                           upload_layers)
+from .identity import check_hasher
+from .layer_step import EngineStages, LayerStep, Value, run_layers
+from .placement import DecodeStaging, fetched_rows, make_fetcher, plan_tables
 from .stages.gate.launch import prepare_gate
 from .stages.gate.reference import RESIDUALS
 from .stages.hash.cpu import EngramHasher
 from .stages.proj.launch import prepare_project, prepare_project_q, prepare_wkv_to_bf16
 from .stages.proj.records import QUANT_GEMV_MAX_TOKENS
-from .stages.rows.encodings import ROW_VALUES, get_encoding
+from .stages.rows.encodings import ROW_VALUES
 from .stages.rows.launch import prepare_decode, prepare_gather
 
-WKV_FORMATS = ("bf16", "q2k", "fp8", "q2k_r")   # wkv_format choices; None = the most compact the file offers
-RESIDENT_WKV = ("q2k", "fp8", "q2k_r")          # encodings the projection reads without decoding to bf16 first
-# q2k_r: a Q2_K wkv re-laid out on the device at build (same bytes; stages/proj/q2k_r.py)
 
-
-def check_versions(versions) -> dict:
-    """{stage: record name} for the cuda stages, checked against the kernel registry."""
-    versions = dict(versions or {})
-    for stage, name in versions.items():
-        if stage not in ("rows", "proj", "gate"):
-            raise ValueError(f"kernel versions are chosen per cuda stage (rows, proj, gate), got stage {stage!r}")
-        if name is not None:
-            registry.get(stage, name)
-    return versions
-
-
-@dataclass
-class EngramLayerWeights:
-    """One engram layer's weights on the device."""
-
-    layer_id: int
-    wkv: object          # wkv_encoding "bf16": [N, K] uint16 bf16 words (N = dim*(hc+1), K = n_hash_cols*256);
-                         # "q2k": [N, K/256*84] uint8 Q2_K blocks; "fp8": [N, K] uint8 e4m3 codes;
-                         # "q2k_r": [ceil(N/16), ceil(K/512)*2688] uint8, the Q2_K blocks re-laid out
-    w_gate: object       # [hc, dim] fp32, q_weight * k_weight (the gate's per-stream weight)
-    n_rows: int          # rows of this layer's table
-    encoding: str = "q2k"  # the table's row encoding (engram_numba.stages.rows.encodings)
-    row_bytes: int = 84    # bytes of one raw row in that encoding
-    table: object = None  # [rows, row_bytes] uint8 raw rows, when device_tables=True
-    table_scales: object = None  # fp8 with separate scales: table is codes [rows, 256], these [rows, 8]
-    wkv_encoding: str = "bf16"   # how `wkv` is held on the device (the projection's weight encoding)
-    wkv_scales: object = None    # fp8: [ceil(N/32), K/32] uint8 e8m0 tile scales; else None
-    placement: str = "device"    # where `table` lives: "device", "host" (pinned mapped memory: `table`
-                                 # is its device view, read through UVA) or "mmap" (table None)
-
-    @property
-    def nbytes(self) -> int:
-        """Device bytes of this layer's weights (a host table's bytes are in host memory)."""
-        tables = (self.table, self.table_scales) if self.placement == "device" else ()
-        return sum(int(a.nbytes) for a in (self.wkv, self.wkv_scales, self.w_gate, *tables) if a is not None)
-
-
-class _LayerWorkspace:
-    def __init__(self, max_tokens: int, cfg, row_bytes: int):
-        C = cfg.n_hash_cols
-        self.raw = cuda.device_array((max_tokens * C, row_bytes), dtype=np.uint8)          # staging
-        self.ids = cuda.device_array(max_tokens * C, dtype=np.int64)                       # staging
-        self.rows = cuda.device_array((max_tokens * C, ROW_VALUES), dtype=np.uint16)       # [T*C, 256]
-        self.kv = cuda.device_array((max_tokens, cfg.proj_out), dtype=np.uint16)           # [T, N]
-        self.dot = cuda.device_array((max_tokens, cfg.hc), dtype=np.float32)               # [T, hc]
-        self.gate = cuda.device_array((max_tokens, cfg.hc), dtype=np.float32)              # [T, hc]
-        self.rows_tokens = 0      # tokens whose rows are loaded (0 = none)
-        self.kv_tokens = 0        # tokens whose kv is current
-        self.gate_tokens = 0
+_DEAD = np.array([False])          # the token mask of a dead decode token
 
 
 class EngramV41:
@@ -158,59 +112,20 @@ class EngramV41:
         self.graphs = bool(graphs)
         t_build = time.perf_counter()
         # every layer's wkv format is settled (and refused, if it must be) before anything is uploaded
-        wkv_formats = {lid: self._resolve_wkv_format(lid, model.layers[lid], wkv_format) for lid in cfg.layer_ids}
+        wkv_formats = {lid: resolve_wkv_format(self.versions, lid, model.layers[lid], wkv_format) for lid in cfg.layer_ids}
         # ... and so is every table's placement (refused when it cannot fit: nothing allocated yet)
         self.placement = plan_tables(model, self.max_tokens, wkv_formats, tables, device_tables, cache_gb)
-        self.layers: dict[int, EngramLayerWeights] = {}
-        self._host_tables: dict = {}       # layer id -> [HostTable] (the table, and separate scales if any)
         self._fetcher = None
         # two q2k_r layers share one buffer: decode projects both in one launch
-        self._wkv_pair = None
-        if len(cfg.layer_ids) == 2 and all(f == "q2k_r" for f in wkv_formats.values()):
-            from .stages.proj.q2k_r import q2k_r_shape
-            nt, width = q2k_r_shape(cfg.proj_out, cfg.proj_in)
-            self._wkv_pair = cuda.device_array((2 * nt, width), dtype=np.uint8)
+        self._wkv_pair = pair_buffer(cfg, wkv_formats)
         uploader = Uploader()
         try:
-            for lid in cfg.layer_ids:
-                lf = model.layers[lid]
-                where = self.placement.layers[lid].placement
-                w_gate = (np.asarray(lf.q_weight, np.float32) * np.asarray(lf.k_weight, np.float32)).astype(np.float32)
-                table = lf.table
-                enc = get_encoding(lf.table_encoding)
-                scales = lf.table_scales
-                if scales is not None and (enc.name != "fp8" or tuple(scales.shape) != (table.shape[0], 8)):
-                    raise ValueError(f"layer {lid}: table_scales {list(scales.shape)} needs an fp8 table of codes "
-                                     f"[rows, 256] and scales [rows, 8] (encoding {enc.name}, table {list(table.shape)})")
-                width = enc.row_bytes if scales is None else 256
-                if table.shape[1] != width:
-                    raise ValueError(f"layer {lid}: its {enc.name} table has {table.shape[1]} bytes a row, "
-                                     f"expected {width}")
-                dest = None
-                if self._wkv_pair is not None:
-                    half = self._wkv_pair.shape[0] // 2
-                    li = cfg.layer_ids.index(lid)
-                    dest = self._wkv_pair[li * half:(li + 1) * half]
-                wkv, wkv_scales = self._wkv_setup(lid, lf, wkv_formats[lid], uploader, dest)
-                d_table = d_scales = None
-                if where == "device":
-                    d_table = uploader.upload(table, f"layer {lid} table")
-                    d_scales = uploader.upload(scales, f"layer {lid} table scales") if scales is not None else None
-                elif where == "host":
-                    held = self._host_tables[lid] = host_tables_for(lid, table, scales, uploader.stats)
-                    d_table = held[0].dev
-                    d_scales = held[1].dev if len(held) > 1 else None
-                self.layers[lid] = EngramLayerWeights(
-                    layer_id=lid, wkv=wkv,
-                    w_gate=cuda.to_device(np.ascontiguousarray(w_gate)),
-                    n_rows=int(table.shape[0]), encoding=enc.name, row_bytes=enc.row_bytes,
-                    table=d_table, table_scales=d_scales,
-                    wkv_encoding=wkv_formats[lid], wkv_scales=wkv_scales, placement=where,
-                )
+            self.layers, self._host_tables = upload_layers(model, cfg, self.placement, wkv_formats, self._wkv_pair,
+                                                           uploader)
         finally:
             uploader.close()
         self.wkv_format = {lid: lw.wkv_encoding for lid, lw in self.layers.items()}
-        self._ws = {lid: _LayerWorkspace(self.max_tokens, cfg, self.layers[lid].row_bytes) for lid in cfg.layer_ids}
+        self._ws = {lid: LayerWorkspace(self.max_tokens, cfg, self.layers[lid].row_bytes) for lid in cfg.layer_ids}
         if self._host_tables:
             self._fetcher = make_fetcher(self, self.placement)
         self._mask = cuda.device_array(self.max_tokens, dtype=np.uint8)
@@ -220,7 +135,7 @@ class EngramV41:
         self._last_launch: dict = {}   # (stage, layer id) -> the launch last made
         self._wkv_scratch = None       # [N, K] bf16: a q2k/fp8 wkv decoded for many-token calls
         self._scratch_layer = None     # whose wkv the scratch holds
-        self._decode_graphs: dict = {}  # highway identity -> _DecodeGraph
+        self._decode_graphs: dict = {}  # highway identity -> DecodeGraph
         self._graph_stream = None
         self._decode_bad = None        # device uint32 [1]: out-of-range row ids the decode graphs met
         self._staging = None           # DecodeStaging: decode graphs' buffers when tables are in host memory
@@ -233,64 +148,7 @@ class EngramV41:
                              "placement": self.placement.as_dict(),
                              "wkv_format": dict(self.wkv_format), **uploader.stats.as_dict()}
 
-    # -- wkv: the projection's weight, in the encoding it is read in ---------------------------
-    def _resolve_wkv_format(self, lid, lf, wkv_format) -> str:
-        """The encoding layer `lid`'s wkv is held in (see the class doc); raises before any upload."""
-        stored = lf.wkv_encoding
-        proj = self.versions.get("proj")
-        by_version = registry.get("proj", proj).encoding if proj else None
-        if wkv_format is not None and wkv_format not in WKV_FORMATS:
-            raise ValueError(f"wkv_format must be None or one of {WKV_FORMATS}, got {wkv_format!r}")
-        if by_version is not None:
-            if wkv_format is not None and wkv_format != by_version:
-                raise ValueError(f"proj kernel {proj!r} reads {by_version} weights but wkv_format={wkv_format!r}")
-            wkv_format = by_version
-        if wkv_format is None:
-            if stored == "q2k" and not SIMULATOR:
-                return "q2k_r"      # on a GPU the re-laid-out Q2_K streams 16 bytes a load
-            return stored if stored in RESIDENT_WKV else "bf16"
-        if wkv_format == "q2k_r" and stored == "q2k":
-            return wkv_format
-        if wkv_format != "bf16" and wkv_format != stored:
-            why = f"proj kernel {proj!r} reads {wkv_format} weights" if by_version else f"wkv_format={wkv_format!r}"
-            raise ValueError(f"{why}, but layer {lid} stores its wkv as {stored} (nothing is re-quantised): "
-                             f"use wkv_format='bf16' or None")
-        return wkv_format
-
-    def _wkv_setup(self, lid, lf, fmt: str, uploader: Uploader, dest=None):
-        """Upload layer `lid`'s projection in encoding `fmt` -> (device wkv, device scales or None).
-        q2k_r: the Q2_K blocks go up as they are and are re-laid out on the device (into `dest`
-        when given)."""
-        cfg = self.config
-        N, K = cfg.proj_out, cfg.proj_in
-        if fmt == "bf16":
-            return uploader.upload(np.ascontiguousarray(lf.wkv_bf16(), dtype=np.uint16), f"layer {lid} wkv (bf16)"), None
-        raw = np.asarray(lf.wkv_raw)
-        if fmt == "q2k_r":
-            from .stages.proj.cuda_gemv_q2kr import prepare_repack
-            from .stages.proj.q2k_r import q2k_r_shape
-            want = (N, K // 256 * 84)
-            if raw.dtype != np.uint8 or raw.shape != want:
-                raise ValueError(f"layer {lid}: a q2k wkv must be uint8 {list(want)}, got {raw.dtype} {list(raw.shape)}")
-            blocks = uploader.upload(raw, f"layer {lid} wkv (q2k, re-laid out as q2k_r on the device)")
-            packed = dest if dest is not None else cuda.device_array(q2k_r_shape(N, K), dtype=np.uint8)
-            prepare_repack(blocks, packed, N, K)()
-            cuda.synchronize()
-            del blocks
-            return packed, None
-        want = (N, K // 256 * 84) if fmt == "q2k" else (N, K)
-        if raw.dtype != np.uint8 or raw.shape != want:
-            raise ValueError(f"layer {lid}: a {fmt} wkv must be uint8 {list(want)}, got {raw.dtype} {list(raw.shape)}")
-        scales = None
-        if fmt == "fp8":
-            sc = lf.wkv_scales
-            want_s = (-(-N // 32), K // 32)
-            if sc is None or np.asarray(sc).dtype != np.uint8 or np.asarray(sc).shape != want_s:
-                raise ValueError(f"layer {lid}: an fp8 wkv needs wkv_scales uint8 {list(want_s)} (e8m0 per 32x32 "
-                                 f"tile), got {None if sc is None else (np.asarray(sc).dtype, list(np.asarray(sc).shape))}")
-            scales = uploader.upload(np.ascontiguousarray(sc), f"layer {lid} wkv scales")
-        return uploader.upload(raw, f"layer {lid} wkv ({fmt})"), scales
-
+    # -- the projection's launch -----------------------------------------------------------------
     def _prepare_projection(self, lw, ws, T: int, stream):
         """The launch of this layer's projection at T tokens on `stream` (what project() runs and
         what the decode graph captures)."""
@@ -308,8 +166,23 @@ class EngramV41:
         gemm = prepare_project(x, self._wkv_scratch, ws.kv[:T], stream=stream)
         return _DecodedWeightProjection(self, lw.layer_id, decode, gemm)
 
+    # -- the launches of one layer's step: what the stage methods run and the decode graph captures
+    def _gather_launch(self, lw, ws, ids, n: int, stream, bad_count=None):
+        """Gather + decode rows `ids` (device int64 [n]) of this layer's table into its workspace."""
+        return prepare_gather(lw.table, ids, ws.rows[:n], encoding=lw.encoding, stream=stream,
+                              version=self.versions.get("rows"), bad_count=bad_count, scales=lw.table_scales)
+
+    def _decode_launch(self, lw, ws, src, n: int, stream):
+        """Decode raw rows `src` (device [n, row_bytes]) into this layer's workspace."""
+        return prepare_decode(src, ws.rows[:n], encoding=lw.encoding, stream=stream, version=self.versions.get("rows"))
+
+    def _gate_launch(self, lw, ws, h, kv, mask, residual: str, eps: float, T: int, stream):
+        """The gate of T tokens on highway `h` with kv `kv`, dot and gate into this layer's workspace."""
+        return prepare_gate(h, kv, lw.w_gate, token_mask=mask, residual=residual, eps=eps, dot_out=ws.dot[:T],
+                            gate_out=ws.gate[:T], stream=stream, version=self.versions.get("gate"))
+
     # -- checks ---------------------------------------------------------------------------------
-    def _layer(self, layer_id) -> tuple[EngramLayerWeights, _LayerWorkspace]:
+    def _layer(self, layer_id) -> tuple[EngramLayerWeights, LayerWorkspace]:
         lid = check_layer_id(layer_id, "layer_id")
         if lid not in self.layers:
             raise ValueError(f"layer id {layer_id} is not an engram layer of this model "
@@ -356,8 +229,8 @@ class EngramV41:
         else:
             src = ws.raw[:n]
             src.copy_to_device(np.ascontiguousarray(arr.reshape(n, width)), stream=self.stream)
-        launch = self._plan(("decode", lw.layer_id, n, data_address(src)), lambda: prepare_decode(
-            src, ws.rows[:n], encoding=lw.encoding, stream=self.stream, version=self.versions.get("rows")))
+        launch = self._plan(("decode", lw.layer_id, n, data_address(src)),
+                            lambda: self._decode_launch(lw, ws, src, n, self.stream))
         self._last_launch[("rows", lw.layer_id)] = launch
         launch()
         self._loaded(ws, T)
@@ -407,12 +280,20 @@ class EngramV41:
             if fetched_rows(self, lw, ws, flat, T):
                 return
         ws.ids[:n].copy_to_device(np.ascontiguousarray(flat), stream=self.stream)
-        launch = self._plan(("gather", lw.layer_id, n), lambda: prepare_gather(
-            lw.table, ws.ids[:n], ws.rows[:n], encoding=lw.encoding, stream=self.stream,
-            version=self.versions.get("rows"), scales=lw.table_scales))
+        launch = self._plan(("gather", lw.layer_id, n), lambda: self._gather_launch(lw, ws, ws.ids[:n], n, self.stream))
         self._last_launch[("rows", lw.layer_id)] = launch
         launch()
         self._loaded(ws, T)
+
+    def load_rows(self, layer_id, row_ids) -> None:
+        """Row ids [T, C] -> this layer's rows, wherever its table lives: gathered on the device
+        from a device or host-resident table (`rows_from_ids`), or read from the memory-mapped file
+        on the host and decoded here (`rows_from_raw`)."""
+        lw, _ = self._layer(layer_id)
+        if lw.table is not None:
+            self.rows_from_ids(lw.layer_id, row_ids)
+        else:
+            self.rows_from_raw(lw.layer_id, self.model.rows(lw.layer_id).read(np.asarray(row_ids)))
 
     # -- host-resident tables: prefetch and the hot-row cache -------------------------------------
     @property
@@ -494,7 +375,7 @@ class EngramV41:
         return plan
 
     @staticmethod
-    def _loaded(ws: _LayerWorkspace, T: int) -> None:
+    def _loaded(ws: LayerWorkspace, T: int) -> None:
         ws.rows_tokens, ws.kv_tokens, ws.gate_tokens = T, 0, 0
 
     # -- projection and gate --------------------------------------------------------------------
@@ -554,9 +435,7 @@ class EngramV41:
                None if kv is None else (data_address(kv_dev), tuple(kv_dev.strides)),
                None if mask_dev is None else (data_address(mask_dev), tuple(mask_dev.strides), str(mask_dev.dtype)),
                residual, eps)
-        plan = self._plan(key, lambda: prepare_gate(
-            h, kv_dev, lw.w_gate, token_mask=mask_dev, residual=residual, eps=eps, dot_out=ws.dot[:T],
-            gate_out=ws.gate[:T], stream=self.stream, version=self.versions.get("gate")))
+        plan = self._plan(key, lambda: self._gate_launch(lw, ws, h, kv_dev, mask_dev, residual, eps, T, self.stream))
         self._last_launch[("gate", lw.layer_id)] = plan
         plan()
         ws.gate_tokens = T
@@ -573,7 +452,12 @@ class EngramV41:
             raise ValueError(f"layer {lw.layer_id}: highway has {T} tokens but the rows loaded for this layer "
                              f"cover {ws.rows_tokens} tokens")
         self._check_tokens(T, "apply highway")
-        # Validate the gate's arguments before the projection writes anything.
+        self._check_gate_args(h, T, token_mask, residual)
+        self.project(layer_id)
+        return self.gate(layer_id, h, token_mask, residual=residual)
+
+    def _check_gate_args(self, h, T: int, token_mask, residual) -> None:
+        """The gate's arguments, checked before the rows or projection write anything."""
         if h.dtype != np.float32 or h.ndim != 3 or tuple(h.shape[1:]) != (self.config.hc, self.config.dim):
             raise ValueError(f"highway must be float32 [T, hc={self.config.hc}, dim={self.config.dim}], "
                              f"got {h.dtype}{list(h.shape)}")
@@ -589,8 +473,6 @@ class EngramV41:
         residual = self.residual if residual is None else residual
         if residual not in RESIDUALS:
             raise ValueError(f"residual must be one of {RESIDUALS}, got {residual!r}")
-        self.project(layer_id)
-        return self.gate(layer_id, h, token_mask, residual=residual)
 
     def capture_apply(self, layer_id, highway, token_mask=None, *, residual: str | None = None) -> CapturedGraph:
         """Record this layer's projection + gate on `highway` into a CUDA graph (one-token decode).
@@ -642,6 +524,7 @@ class EngramV41:
         self._check_tokens(T, "step")
         if h.ndim != 3 or int(h.shape[0]) != T:
             raise ValueError(f"highway must be [T={T}, hc, dim], got {list(h.shape)}")
+        self._check_gate_args(h, T, token_mask, residual)
         if self._decode_pending is not None:
             raise ValueError(f"step: token {self._decode_pending[0]} was hashed by prefetch_decode and not yet "
                              f"decoded: call decode with it first")
@@ -649,13 +532,8 @@ class EngramV41:
         return self._step_ids(ids, highway, h, token_mask, residual)
 
     def _step_ids(self, ids, highway, h, token_mask, residual):
-        for li, lid in enumerate(self.config.layer_ids):
-            lw = self.layers[lid]
-            if lw.table is not None:
-                self.rows_from_ids(lid, ids[:, li, :])
-            else:
-                self.rows_from_raw(lid, self.model.rows(lid).read(ids[:, li, :]))
-            self.apply(lid, h, token_mask, residual=residual)
+        step = LayerStep(EngineStages(lambda n: self, self.config), self.config, residual, None)
+        run_layers(step, self.layers, ids, Value(device=h), token_mask)
         return highway
 
     # -- one-token decode through a CUDA graph ------------------------------------------------
@@ -763,6 +641,7 @@ class EngramV41:
         return True
 
     def _new_decode_graph(self, key, h, residual):
+        from .decode_graph import DecodeGraph, HostDecodeGraph
         if len(self._decode_graphs) >= 4:             # keep the last few highways' graphs
             self.decode_stream.synchronize()          # nothing of the dropped graph may be in flight
             self._decode_graphs.pop(next(iter(self._decode_graphs)))
@@ -771,9 +650,9 @@ class EngramV41:
         if self.host_layers and not any(lw.placement == "mmap" for lw in self.layers.values()):
             if self._staging is None:
                 self._staging = DecodeStaging(self)
-            graph = self._decode_graphs[key] = _HostDecodeGraph(self, h, residual)
+            graph = self._decode_graphs[key] = HostDecodeGraph(self, h, residual)
         else:
-            graph = self._decode_graphs[key] = _DecodeGraph(self, h, residual)
+            graph = self._decode_graphs[key] = DecodeGraph(self, h, residual)
         return graph
 
     def decode_bad_ids(self) -> int:
@@ -838,181 +717,3 @@ class _DecodedWeightProjection:
             self.decode()
             self.engine._scratch_layer = self.layer_id
         return self.gemm()
-
-
-_LIVE, _DEAD = np.array([True]), np.array([False])
-
-
-class _DecodeGraph:
-    """Every engram layer's one-token decode for one highway buffer, as two CUDA graphs that differ
-    only in the pinned host buffer their first copy reads (double buffering: the hasher fills one
-    while the graph reading the other may still run).
-
-    Device tables: graph = [ids upload (pinned int64 [1, L, C] -> device), mask upload, then per
-    layer: gather + decode, projection, gate]. Host tables: the host reads the token's raw rows
-    into pinned buffers, and the graph uploads them and decodes instead of gathering."""
-
-    def __init__(self, engine: EngramV41, highway, residual: str):
-        cfg = engine.config
-        self.engine = engine
-        self.stream = stream = engine.decode_stream
-        L, C = len(cfg.layer_ids), cfg.n_hash_cols
-        self.device_tables = all(lw.table is not None for lw in engine.layers.values())
-        self.ids = [cuda.pinned_array((1, L, C), dtype=np.int64) for _ in range(2)]     # the hasher writes here
-        self.mask = [cuda.pinned_array(1, dtype=np.uint8) for _ in range(2)]
-        for b in range(2):
-            self.ids[b][:] = 0
-            self.mask[b][:] = 1
-        self.dev_ids = cuda.to_device(np.zeros(L * C, np.int64))                       # [L*C] int64
-        self.dev_mask = cuda.to_device(np.ones(1, np.uint8))
-        if self.device_tables:
-            copies = [[HostToDeviceCopy(self.dev_ids, self.ids[b].reshape(L * C), stream, "ids")] for b in range(2)]
-        else:
-            self.readers = [engine.model.rows(lid) for lid in cfg.layer_ids]
-            self.raw = [[cuda.pinned_array((C, engine.layers[lid].row_bytes), dtype=np.uint8) for lid in cfg.layer_ids]
-                        for _ in range(2)]
-            copies = [[HostToDeviceCopy(engine._ws[lid].raw[:C], self.raw[b][li], stream, f"rows L{lid}")
-                       for li, lid in enumerate(cfg.layer_ids)] for b in range(2)]
-        for b in range(2):
-            copies[b].append(HostToDeviceCopy(self.dev_mask, self.mask[b], stream, "mask"))
-        # Compile every kernel first (a capture must not compile), on a scratch highway: the real one
-        # must not be touched until the first replay.
-        scratch = cuda.to_device(np.zeros(tuple(highway.shape), np.float32), stream=stream)
-        for launch in self._launches(scratch, residual):
-            launch()
-        stream.synchronize()
-        launches = self._launches(highway, residual)
-        self.names = [getattr(x, "name", "?") for x in launches]
-        self.graphs = [CapturedGraph(stream, copies[b] + launches, n_tokens=1) for b in range(2)]
-        self.events = [cuda.event(timing=False) for _ in range(2)]
-        self.recorded = [False, False]
-        self.next = 0
-        self._keep = (copies, scratch)
-
-    def _launches(self, h, residual):
-        eng = self.engine
-        cfg = eng.config
-        s = self.stream
-        pair = self._pair_projection()
-        if pair is not None:
-            # a layer's kv depends on its token ids only: both gathers, both projections in one
-            # launch over both wkv, then the gates in layer order (the same bits as layer by layer)
-            rows = [self._rows_launch(li, lid) for li, lid in enumerate(cfg.layer_ids)]
-            gates = [self._gate_launch(lid, h, residual) for lid in cfg.layer_ids]
-            return rows + [pair] + gates
-        out = []
-        for li, lid in enumerate(cfg.layer_ids):
-            out.append(self._rows_launch(li, lid))
-            out.append(eng._prepare_projection(eng.layers[lid], eng._ws[lid], 1, s))
-            out.append(self._gate_launch(lid, h, residual))
-        return out
-
-    def _rows_launch(self, li, lid):
-        eng = self.engine
-        C, s = eng.config.n_hash_cols, self.stream
-        lw, ws = eng.layers[lid], eng._ws[lid]
-        if self.device_tables:
-            return prepare_gather(lw.table, self.dev_ids[li * C:(li + 1) * C], ws.rows[:C], encoding=lw.encoding,
-                                  stream=s, version=eng.versions.get("rows"), bad_count=eng._decode_bad,
-                                  scales=lw.table_scales)
-        return prepare_decode(ws.raw[:C], ws.rows[:C], encoding=lw.encoding, stream=s, version=eng.versions.get("rows"))
-
-    def _gate_launch(self, lid, h, residual):
-        eng = self.engine
-        lw, ws = eng.layers[lid], eng._ws[lid]
-        return prepare_gate(h, ws.kv[:1], lw.w_gate, token_mask=self.dev_mask, residual=residual, eps=eng.config.eps,
-                            dot_out=ws.dot[:1], gate_out=ws.gate[:1], stream=self.stream,
-                            version=eng.versions.get("gate"))
-
-    def _pair_projection(self):
-        """One launch projecting both layers (q2k_r wkv in one buffer), or None: it must be the
-        kernel each layer's own projection at one token would run."""
-        eng = self.engine
-        if eng._wkv_pair is None:
-            return None
-        from .stages.proj.cuda_gemv_q2kr import PAIR_KERNELS, prepare_pair
-        a, b = eng.config.layer_ids
-        single = eng._prepare_projection(eng.layers[a], eng._ws[a], 1, self.stream)
-        if single.name not in PAIR_KERNELS:
-            return None
-        K = eng.config.proj_in
-        xa = eng._ws[a].rows[:eng.config.n_hash_cols].reshape(1, K)
-        xb = eng._ws[b].rows[:eng.config.n_hash_cols].reshape(1, K)
-        return prepare_pair(single.name, xa, xb, eng._wkv_pair, eng._ws[a].kv[:1], eng._ws[b].kv[:1],
-                            stream=self.stream)
-
-    def run(self, token_id, live: bool, hasher: EngramHasher) -> None:
-        b = self.next
-        if self.recorded[b]:
-            self.events[b].synchronize()          # the replay that last read buffer b is done with it
-        ids = hasher.hash([token_id], None if live else _DEAD, out=self.ids[b])   # checks the id first
-        if not self.device_tables:
-            for li, reader in enumerate(self.readers):
-                raw = reader.read(ids[:, li, :])
-                np.copyto(self.raw[b][li], raw.reshape(self.raw[b][li].shape))
-        self.mask[b][0] = 1 if live else 0
-        self.graphs[b].replay()
-        self.events[b].record(self.stream)
-        self.recorded[b] = True
-        self.next = 1 - b
-
-
-class _HostDecodeGraph(_DecodeGraph):
-    """The one-token decode graphs of an engine with tables in pinned host memory (and none left in
-    the memory map). The host rows of every host layer are read in one launch, every read in
-    flight at once, into staged device buffers (`DecodeStaging`); each host layer then decodes
-    from its buffer, device layers gather as usual. Two graphs per buffer set b: `full[b]` (ids
-    and mask up, the fetch, the layers) for a token decoded straight away, `compute[b]` (the
-    layers only) for a token whose fetch `prefetch_decode` ran ahead on a side stream."""
-
-    def __init__(self, engine: EngramV41, highway, residual: str):
-        self.engine = engine
-        self.stream = stream = engine.decode_stream
-        self.st = st = engine._staging
-        self.device_tables = True          # the base class's device layers gather from dev_ids
-        # compile every kernel first (a capture must not compile), on a scratch highway, with the
-        # buffer set a prefetch issued ahead is not filling (it re-sends that set's last ids)
-        scratch = cuda.to_device(np.zeros(tuple(highway.shape), np.float32), stream=stream)
-        c = st.next if st.pending is None else 1 - st.pending[0]
-        for launch in st.fetch_launches(stream, c) + self._launches_b(scratch, residual, c):
-            launch()
-        stream.synchronize()
-        self.full, self.compute, keep = [], [], []
-        for b in range(2):
-            fetch, layers = st.fetch_launches(stream, b), self._launches_b(highway, residual, b)
-            self.full.append(CapturedGraph(stream, fetch + layers, n_tokens=1))
-            self.compute.append(CapturedGraph(stream, self._launches_b(highway, residual, b), n_tokens=1))
-            keep.append(fetch)
-        self.names = [getattr(x, "name", "?") for x in st.fetch_launches(stream, 0)[2:] + layers]
-        self._keep = (keep, scratch)
-
-    def _launches_b(self, h, residual, b):
-        self.dev_ids, self.dev_mask, self._b = self.st.dev_ids[b], self.st.dev_mask[b], b
-        return self._launches(h, residual)
-
-    def _rows_launch(self, li, lid):
-        eng = self.engine
-        lw, ws = eng.layers[lid], eng._ws[lid]
-        if lw.placement == "host":
-            return prepare_decode(self.st.raw_u8(self._b, lid), ws.rows[:eng.config.n_hash_cols], encoding=lw.encoding,
-                                  stream=self.stream, version=eng.versions.get("rows"))
-        return super()._rows_launch(li, lid)
-
-    def run(self, token_id, live: bool, hasher: EngramHasher) -> None:
-        st = self.st
-        b = st.free_buffer()
-        hasher.hash([token_id], None if live else _DEAD, out=st.ids[b])    # checks the id first
-        st.next = 1 - b
-        st.mask[b][0] = 1 if live else 0
-        self.full[b].replay()
-        st.done[b].record(self.stream)
-        st.done_recorded[b] = True
-
-    def run_prefetched(self) -> None:
-        st = self.st
-        b = st.pending[0]
-        st.pending = None
-        st.fetched[b].wait(self.stream)
-        self.compute[b].replay()
-        st.done[b].record(self.stream)
-        st.done_recorded[b] = True

@@ -44,37 +44,34 @@ Text: `run(text="...")` tokenizes with the model's tokenizer (`engram_numba.text
 whenever a tokenizer is found, meta["token_strings"] holds one string per token (up to 4096
 tokens), which the tables, plots and diff show beside the ids.
 
-On the GPU: with the cuda backend for rows, proj and gate, and a names filter (and hooks) that
-keep none of `rows.*`, `proj.kv`, `gate.key`, `gate.value`, `highway.out` (nor a later layer's
-`highway.in`), the rows, kv and highway stay on the device: rows are gathered from the device
-tables, and only the gate and dot ([T, hc] fp32) are copied back. Those points still fire (in
-`pipe.fired`) but carry no value.
+Every path runs one layer step (`engram_numba.layer_step`). An array between two stages moves
+between host and device only where the next stage's backend or a kept or hooked point needs it:
+with the cuda backend for rows, proj and gate and a names filter (and hooks) that keep none of
+`rows.*`, `proj.kv`, `gate.key`, `gate.value`, `highway.out` (nor a later layer's `highway.in`),
+the rows, kv and highway stay on the device (rows gathered from the device tables) and only the
+kept points come back; those that are not kept still fire (in `pipe.fired`) but carry no value.
+Keep `proj.kv` and only the kv is copied back: the gate still reads the device copy.
 """
 from __future__ import annotations
 
 import contextlib
 import os
-import sys
-import warnings
 from typing import Callable, Mapping
 
 import numpy as np
 
 from .capture import INPUT_POINTS, OBSERVE_ONLY, POINTS, Capture, match_names, point_names, short_name
 from .highway import HighwayFile
-from .stages.gate import cpu as _gate_cpu
+from .backends import BACKEND_NAMES, HostBackend, LayerView, make_backends, resolve_backends
+from .device.devarray import is_device_like
+from .engine_build import check_versions, versions_keyword
+from .layer_step import LayerStep, Value, run_layers
 from .stages.gate import reference as _gate_ref
 from .stages.hash.cpu import EngramHasher, check_token_ids
-from .stages.hash.reference import hash_reference
-from .stages.proj import cpu as _proj_cpu
-from .stages.proj import reference as _proj_ref
 from .stages.registry import BACKENDS, STAGES
-from .stages.rows import cpu as _rows_cpu
-from .stages.rows import reference as _rows_ref
-from .stages.rows.fp8 import assemble_rows_fp8
 
 __all__ = ["Pipeline", "Capture", "POINTS", "INPUT_POINTS", "point_names", "synthetic_highway", "STAGES",
-           "BACKENDS"]
+           "BACKENDS", "BACKEND_NAMES", "resolve_backends"]
 
 DEFAULT_CHUNK_TOKENS = 4096   # run() without chunk_tokens: longer inputs run in chunks of this many tokens
 SYNTHETIC_BLOCK = 256   # tokens per independently seeded block of the synthetic highway
@@ -96,229 +93,28 @@ def synthetic_highway(t0: int, t1: int, hc: int, dim: int, seed: int = 0) -> np.
     return out
 
 
-def _caller_stacklevel() -> int:
-    """The stacklevel that makes a warning point at the first frame outside this package."""
-    level, frame = 1, sys._getframe(1)
-    pkg = __name__.rsplit(".", 1)[0]
-    while frame is not None and frame.f_globals.get("__name__", "").startswith(pkg):
-        frame = frame.f_back
-        level += 1
-    return level
-
-
-# Backends -----------------------------------------------------------------------------------
-
-class _HostBackend:
-    """Stage functions with host (numpy) arrays in and out."""
-
-    name = "?"
-    versions: dict = {}
-
-    def hash(self, hasher: EngramHasher, token_ids, token_mask):
-        return hasher.hash(token_ids, token_mask)
-
-    def rows(self, layer, raw=None, ids=None):  # -> bf16 rows [n, 256]; raw given, or ids to gather
-        raise NotImplementedError
-
-    def proj(self, layer, x_bf16):  # -> kv [T, N]
-        raise NotImplementedError
-
-    def gate(self, layer, highway, kv, token_mask, residual, eps) -> _gate_ref.GateResult:
-        raise NotImplementedError
-
-
-class _ReferenceBackend(_HostBackend):
-    name = "reference"
-
-    def hash(self, hasher, token_ids, token_mask):
-        ids = hash_reference(hasher.tables, token_ids, token_mask, history=hasher.history)
-        hasher.hash(token_ids, token_mask)  # keep the shared history moving
-        return ids
-
-    def rows(self, layer, raw=None, ids=None):
-        if raw is None:
-            raw = _rows_ref.gather_reference(layer.table, ids)
-            if layer.table_scales is not None:      # fp8 codes with separate scales: 264-byte rows
-                raw = assemble_rows_fp8(raw, _rows_ref.gather_reference(layer.table_scales, ids))
-        return _rows_ref.rows_reference(raw, layer.encoding)
-
-    def proj(self, layer, x_bf16):
-        return _proj_ref.projection_reference(x_bf16, layer.wkv_bf16())
-
-    def gate(self, layer, highway, kv, token_mask, residual, eps):
-        return _gate_ref.gate_reference(highway, kv, layer.q_weight, layer.k_weight, token_mask, residual, eps)
-
-
-class _CpuBackend(_HostBackend):
-    name = "cpu"
-
-    def rows(self, layer, raw=None, ids=None):
-        if raw is None:
-            raw = layer.reader.read(ids)
-        return _rows_cpu.rows_cpu(raw, layer.encoding)
-
-    def proj(self, layer, x_bf16):
-        return _proj_cpu.projection_cpu(x_bf16, layer.wkv_bf16())
-
-    def gate(self, layer, highway, kv, token_mask, residual, eps):
-        return _gate_cpu.gate_cpu(highway, kv, layer.q_weight, layer.k_weight, token_mask, residual, eps)
-
-
-class _BlasBackend(_CpuBackend):
-    """The cpu backend with the projection at BLAS speed (`proj.cpu.projection_blas`): fp32
-    matmul in BLAS's summation order, so kv is within a bf16 ulp or so of the reference's, not
-    bit-identical (docs/numerics.md). For runs that do not ask for bit-identity (corpus statistics)."""
-
-    name = "blas"
-
-    def proj(self, layer, x_bf16):
-        return _proj_cpu.projection_blas(x_bf16, wkv_f32=layer.wkv_f32())
-
-
-class _CudaBackend(_HostBackend):
-    """Each stage on the GPU (or numba's simulator), through one `EngramV41` whose workspaces
-    grow to the longest call. Inputs are copied in and results copied out per stage, so any
-    stage can be swapped for another backend's."""
-
-    name = "cuda"
-
-    def __init__(self, model, versions=None):
-        from numba import cuda
-        from numba.cuda import config
-
-        from .engine import EngramV41, check_versions
-        if config.ENABLE_CUDASIM:
-            warnings.warn("cuda backend: no GPU in use, the @cuda.jit kernels run in numba's simulator "
-                          "(slow, tiny shapes only)", stacklevel=_caller_stacklevel())
-        elif not cuda.is_available():
-            raise RuntimeError("cuda backend: no CUDA GPU is available and numba's simulator is off; set "
-                               "NUMBA_ENABLE_CUDASIM=1 before numba is first imported to run the kernels on the CPU")
-        if model.config.dim % 8:
-            raise ValueError(f"cuda backend: the gate kernels need dim % 8 == 0, this model has dim "
-                             f"{model.config.dim}; use the reference or cpu backend for the gate")
-        self._model = model
-        self._cls = EngramV41
-        self.versions = check_versions(versions)
-        self._engine = None
-
-    def _engine_for(self, n_tokens: int):
-        if self._engine is None or self._engine.max_tokens < n_tokens:
-            self._engine = self._cls(self._model, max_tokens=max(n_tokens, 16), device_tables=True,
-                                     versions=self.versions)
-        return self._engine
-
-    def use_engine(self, engine) -> None:
-        """Run on `engine` (an EngramV41 of this model) instead of building one."""
-        self._engine = engine
-
-    def kernel_names(self) -> dict:
-        """The record each cuda stage ran last (what `Capture.meta` reports)."""
-        if self._engine is None:
-            return {}
-        return {stage: name for stage, name in self._engine.last_kernels().items()}
-
-    def rows(self, layer, raw=None, ids=None):
-        n_cols = self._model.config.n_hash_cols
-        if raw is not None:
-            eng = self._engine_for(raw.shape[0] // n_cols)
-            eng.rows_from_raw(layer.layer_id, raw)
-        else:
-            eng = self._engine_for(np.asarray(ids).size // n_cols)
-            eng.rows_from_ids(layer.layer_id, np.asarray(ids).reshape(-1, n_cols))
-        return eng.rows_bf16(layer.layer_id).copy_to_host()
-
-    def proj(self, layer, x_bf16):
-        T = x_bf16.shape[0]
-        eng = self._engine_for(T)
-        eng.rows_from_bf16(layer.layer_id, x_bf16.reshape(T * self._model.config.n_hash_cols, -1))
-        return eng.project(layer.layer_id).copy_to_host()
-
-    def gate_on_device(self, layer, ids, d_highway, token_mask, residual, eps):
-        """rows (gathered from the device table) -> proj -> gate for one layer, in place on the
-        device highway [T, hc, dim]; returns the device views (dot, gate) [T, hc]. Nothing but
-        the row ids (and a host mask) crosses PCIe."""
-        ids = np.asarray(ids)
-        T = ids.shape[0]
-        eng = self._engine_for(T)
-        eng.rows_from_ids(layer.layer_id, ids.reshape(T, -1))
-        eng.project(layer.layer_id)
-        eng.gate(layer.layer_id, d_highway, token_mask, residual=residual, eps=eps)
-        return eng.last_gate(layer.layer_id)
-
-    def gate(self, layer, highway, kv, token_mask, residual, eps):
-        from numba import cuda
-        T = highway.shape[0]
-        eng = self._engine_for(T)
-        d_highway = cuda.to_device(np.ascontiguousarray(highway, dtype=np.float32))
-        eng.gate(layer.layer_id, d_highway, kv=cuda.to_device(np.ascontiguousarray(kv)),
-                 token_mask=token_mask, residual=residual, eps=eps)
-        dot, gate = eng.last_gate(layer.layer_id)
-        return _gate_ref.GateResult(highway=d_highway.copy_to_host(), dot=dot.copy_to_host(),
-                                    gate=gate.copy_to_host())
-
-
-class _LayerView:
-    """What the host backends need of one engram layer (wkv decoded once per pipeline)."""
-
-    def __init__(self, model, layer_id: int):
-        lf = model.layers[layer_id]
-        self.layer_id = layer_id
-        self.table = lf.table
-        self.encoding = lf.table_encoding
-        self.table_scales = lf.table_scales
-        self.reader = model.rows(layer_id)
-        self.q_weight = lf.q_weight
-        self.k_weight = lf.k_weight
-        self._file = lf
-        self._wkv = None
-        self._wkv_f32 = None
-
-    def wkv_bf16(self) -> np.ndarray:
-        if self._wkv is None:
-            self._wkv = np.ascontiguousarray(self._file.wkv_bf16())
-        return self._wkv
-
-    def wkv_f32(self) -> np.ndarray:
-        """wkv [N, K] widened to fp32 once (the BLAS projection's operand)."""
-        if self._wkv_f32 is None:
-            from .bf16 import bf16_to_f32
-            self._wkv_f32 = np.ascontiguousarray(bf16_to_f32(self.wkv_bf16()))
-        return self._wkv_f32
-
-
-# Backend names ------------------------------------------------------------------------------
-
-# "blas" is a projection backend (BLAS fp32 matmul); as one name for every stage it means the cpu
-# backend with that projection. The hash has no GPU version: "cuda" for every stage hashes with
-# the @njit hasher and says so ("cpu"), and hash="cuda" is refused rather than mislabelled.
-PROJ_ONLY_BACKENDS = ("blas",)
-BACKEND_NAMES = tuple(BACKENDS) + PROJ_ONLY_BACKENDS
-
-
-def resolve_backends(backends) -> dict[str, str]:
-    """{stage: backend} for every stage from a backend name or a partial dict (stages not named
-    take "reference"); raises ValueError naming the stage or backend that cannot be."""
-    if isinstance(backends, str):
-        one = backends
-        backends = {s: ("cpu" if (s == "hash" and one == "cuda") or (s != "proj" and one == "blas") else one)
-                    for s in STAGES}
-    elif not isinstance(backends, Mapping):
-        raise TypeError(f"backends must be a backend name or a dict stage -> name, got {type(backends).__name__}")
-    unknown = set(backends) - set(STAGES)
-    if unknown:
-        raise ValueError(f"unknown stage(s) {sorted(unknown)} in backends; stages are {list(STAGES)}")
-    out = {s: backends.get(s, "reference") for s in STAGES}
-    for stage, b in out.items():
-        if b not in BACKEND_NAMES:
-            raise ValueError(f"backend {b!r} for stage {stage!r} is not one of {list(BACKEND_NAMES)}")
-        if b in PROJ_ONLY_BACKENDS and stage != "proj":
-            raise ValueError(f"backend {b!r} is a projection backend; stage {stage!r} takes one of {list(BACKENDS)}")
-        if stage == "hash" and b == "cuda":
-            raise ValueError("the hash has no GPU version (it runs on the CPU by design): use hash=cpu")
-    return out
-
-
 # The pipeline -------------------------------------------------------------------------------
+
+class _Points:
+    """A run's capture points for the layer step: a point fetches its value to the host only when
+    it is kept or hooked; a hook that ran makes its (possibly replaced) host array the value."""
+
+    def __init__(self, pipe: "Pipeline", keep, parts: dict):
+        self.pipe, self.keep, self.parts = pipe, keep, parts
+
+    def wants(self, name: str) -> bool:
+        return self.keep(name) or name in self.pipe._hooks
+
+    def fire(self, name: str) -> None:
+        self.pipe.fired.append(name)
+
+    def __call__(self, name: str, value: Value) -> Value:
+        if not self.wants(name):
+            self.fire(name)
+            return value
+        out = self.pipe._point(name, value.host(), self.keep, self.parts)
+        return Value(host=out) if name in self.pipe._hooks else value
+
 
 class Pipeline:
     """hash -> rows -> proj -> gate for every engram layer of `model`, one backend per stage.
@@ -328,22 +124,24 @@ class Pipeline:
               matmul, not bit-identical: docs/numerics.md); as one name it means cpu with it.
     residual: "fp32" (engine: FP32 highway) or "bf16" (DeepSeek's reference: bf16 residual).
     eps:      the gate's RMS epsilon (default: the model's), finite and >= 0 on every backend.
-    cuda_versions: kernel record per cuda stage, e.g. {"rows": "q2k_v4", "proj": "gemv_v2",
-              "gate": "gate_v3"} (`engram_numba.stages.catalog` lists them); by default each
-              stage's default rule picks (in numba's simulator, the naive kernels).
+    versions: kernel record per cuda stage, e.g. {"rows": "q2k_v4", "proj": "gemv_v2",
+              "gate": "gate_v3"} (`engram_numba.stages.catalog` lists them), as `EngramV41` takes
+              them; by default each stage's default rule picks (in numba's simulator, the naive
+              kernels). `cuda_versions=` is its deprecated name.
     tokenizer: a `Tokenizer` or a path to a tokenizer.json for `run(text=...)` and the token
               strings in capture meta; by default the model's own (`text.tokenizer_for`).
     """
 
     def __init__(self, model, backends="reference", residual: str = "fp32", eps: float | None = None,
-                 cuda_versions: dict | None = None, tokenizer=None):
+                 versions: dict | None = None, tokenizer=None, *, cuda_versions: dict | None = None):
         if isinstance(model, (str, bytes, os.PathLike)):
             raise TypeError(f"model must be an opened model, got the path {model!r}: "
                             "Pipeline(engram_numba.load_model(path))")
         if not all(hasattr(model, a) for a in ("config", "hash_tables", "layers")):
             raise TypeError(f"model must be an opened model (engram_numba.load_model), got {type(model).__name__}")
-        if cuda_versions is not None and not isinstance(cuda_versions, Mapping):
-            raise TypeError(f"cuda_versions must be a dict of stage -> kernel name, got {type(cuda_versions).__name__}")
+        versions, keyword = versions_keyword(versions, cuda_versions, "Pipeline")
+        if versions is not None and not isinstance(versions, Mapping):
+            raise TypeError(f"{keyword} must be a dict of stage -> kernel name, got {type(versions).__name__}")
         if not isinstance(residual, str) or residual not in _gate_ref.RESIDUALS:
             raise ValueError(f"residual must be one of {_gate_ref.RESIDUALS}, got {residual!r}")
         self.model = model
@@ -351,13 +149,10 @@ class Pipeline:
         self.residual = residual
         self.eps = _gate_ref.check_eps(self.config.eps if eps is None else eps)
         self.backends = self._resolve_backends(backends)
-        if cuda_versions:
-            from .engine import check_versions
-            check_versions(cuda_versions)
-        factories = {"reference": _ReferenceBackend, "cpu": _CpuBackend, "blas": _BlasBackend,
-                     "cuda": lambda: _CudaBackend(model, cuda_versions)}
-        self._impl: dict[str, _HostBackend] = {b: factories[b]() for b in sorted(set(self.backends.values()))}
-        self._layers = {lid: _LayerView(model, lid) for lid in self.config.layer_ids}
+        if versions:
+            check_versions(versions)
+        self._impl: dict[str, HostBackend] = make_backends(self.backends.values(), model, versions)
+        self._layers = {lid: LayerView(model, lid) for lid in self.config.layer_ids}
         self._hooks: dict[str, list[Callable]] = {}
         self._hook_log: list[str] = []
         self.fired: list[str] = []  # points that fired in the last run, in order
@@ -392,7 +187,19 @@ class Pipeline:
     @property
     def cuda_engine(self):
         """The EngramV41 the cuda stages run on (None until one is built or given)."""
-        return self._impl["cuda"]._engine if "cuda" in self._impl else None
+        return self._impl["cuda"].engine if "cuda" in self._impl else None
+
+    def cuda_engine_for(self, n_tokens: int):
+        """The EngramV41 the cuda stages run on, built now (with device tables) if there is none
+        yet or the one there takes fewer than n_tokens tokens a call."""
+        if "cuda" not in self._impl:
+            raise ValueError("cuda_engine_for: no stage of this pipeline runs on the cuda backend")
+        return self._impl["cuda"].engine_for(int(n_tokens))
+
+    @property
+    def cuda_kernels(self) -> dict:
+        """{stage: kernel record name} the cuda stages ran last ({} without a cuda stage)."""
+        return self._impl["cuda"].kernel_names() if "cuda" in self._impl else {}
 
     @property
     def device_resident(self) -> bool:
@@ -660,9 +467,7 @@ class Pipeline:
             numba_cuda = version("numba-cuda")
         except Exception:  # pragma: no cover - depends on the install
             numba_cuda = "unknown"
-        kernels = {}
-        if "cuda" in self._impl:
-            kernels = self._impl["cuda"].kernel_names()
+        kernels = self.cuda_kernels
         return {"backends": self.backends, "residual": self.residual, "eps": self.eps, "n_tokens": T,
                 "layer_ids": list(self.config.layer_ids),
                 "model": str(getattr(self.model, "path", "")), "format": str(getattr(self.model, "format", "")),
@@ -690,146 +495,44 @@ class Pipeline:
             return None
         return tok.token_strings(token_ids)
 
-    _DEVICE_POINTS = ("rows.raw", "rows.bf16", "proj.kv", "gate.key", "gate.value", "highway.out")
-
-    def _stays_on_device(self, keep, per_layer: bool) -> bool:
-        """True when nothing kept or hooked needs the rows, kv or a device-made highway on the host."""
-        if not self.device_resident:
-            return False
-        needs = (lambda name: keep(name) or name in self._hooks)
-        for li, lid in enumerate(self.config.layer_ids):
-            if any(needs(f"L{lid}.{p}") for p in self._DEVICE_POINTS):
-                return False
-            if li > 0 and not per_layer and needs(f"L{lid}.highway.in"):
-                return False
-        return True
+    def _layer_step(self) -> LayerStep:
+        return LayerStep({s: self._impl[self.backends[s]] for s in ("rows", "proj", "gate")}, self.config,
+                         self.residual, self.eps)
 
     def _run_chunk(self, hasher, token_ids, mask, highway, keep, parts, bar=None, given=None) -> None:
         """Every layer on one chunk of tokens (hash first: it extends the sequence's history).
         given: the isolated stages' inputs of this chunk (see `run`'s inputs_from), or None."""
-        cfg = self.config
         T = int(token_ids.size)
-        step = (lambda what: bar.set_postfix_str(what, refresh=True)) if bar is not None else (lambda what: None)
-        step("hash")
+        progress = (lambda what: bar.set_postfix_str(what, refresh=True)) if bar is not None else None
+        if progress is not None:
+            progress("hash")
         all_ids = self._impl[self.backends["hash"]].hash(hasher, token_ids, mask)   # [T, L, C]
-        per_layer = isinstance(highway, Mapping)
-        if given is None and self._stays_on_device(keep, per_layer):
-            self._run_chunk_on_device(all_ids, mask, highway, keep, parts, step,
-                                      step_done=None if bar is None else bar.update)
-            return
-        current = None if per_layer else highway
-        for li, lid in enumerate(cfg.layer_ids):
-            layer = self._layers[lid]
-            p = f"L{lid}."
-            ids = self._point(p + "hash.ids", np.ascontiguousarray(all_ids[:, li, :]), keep, parts)  # [T, C]
-            if given is not None:
-                ids = given[p + "hash.ids"]
-            step(f"L{lid} rows")
-            raw_name = p + "rows.raw"
-            if keep(raw_name) or raw_name in self._hooks:
-                raw = layer.reader.read(ids)                                              # [T*C, row_bytes]
-                raw = self._point(raw_name, raw, keep, parts)
-                rows = self._impl[self.backends["rows"]].rows(layer, raw=raw)
-            else:
-                self.fired.append(raw_name)
-                rows = self._impl[self.backends["rows"]].rows(layer, ids=ids)             # gathered by id
-            rows = self._point(p + "rows.bf16", rows, keep, parts)                         # [T*C, 256]
-            if given is not None:
-                rows = given[p + "rows.bf16"]
-            step(f"L{lid} proj")
-            kv = self._impl[self.backends["proj"]].proj(layer, rows.reshape(T, cfg.proj_in))
-            kv = self._point(p + "proj.kv", kv, keep, parts)                              # [T, N]
-            key, value = _proj_ref.split_kv(kv, cfg.hc)
-            key = self._point(p + "gate.key", np.ascontiguousarray(key), keep, parts)
-            value = self._point(p + "gate.value", np.ascontiguousarray(value), keep, parts)
-            if given is not None:
-                key, value = given[p + "gate.key"], given[p + "gate.value"]
-            kv = np.concatenate([key.reshape(T, -1), value], axis=1)
-            h_in = given[p + "highway.in"] if given is not None else (highway[lid] if per_layer else current)
-            h_in = self._point(p + "highway.in", np.ascontiguousarray(h_in, dtype=np.float32), keep, parts)
-            step(f"L{lid} gate")
-            res = self._impl[self.backends["gate"]].gate(layer, h_in, kv, mask, self.residual, self.eps)
-            self._point(p + "gate.dot", res.dot, keep, parts)
-            self._point(p + "gate.gate", res.gate, keep, parts)
-            self._point(p + "highway.out", res.highway, keep, parts)
-            current = res.highway
-            if bar is not None:
-                bar.update(T)
-
-    def _run_chunk_on_device(self, all_ids, mask, highway, keep, parts, step, step_done=None) -> None:
-        """The device-resident path (see the module doc): rows, kv and the highway between layers
-        never come back to the host; each layer's dot and gate do."""
-        from numba import cuda
-        cfg = self.config
-        backend = self._impl["cuda"]
-        per_layer = isinstance(highway, Mapping)
-        T = int(all_ids.shape[0])
-        d_current = None
-        for li, lid in enumerate(cfg.layer_ids):
-            layer = self._layers[lid]
-            p = f"L{lid}."
-            ids = self._point(p + "hash.ids", np.ascontiguousarray(all_ids[:, li, :]), keep, parts)  # [T, C]
-            self.fired += [p + "rows.raw", p + "rows.bf16", p + "proj.kv", p + "gate.key", p + "gate.value"]
-            if per_layer or li == 0:
-                h_in = highway[lid] if per_layer else highway
-                h_in = self._point(p + "highway.in", np.ascontiguousarray(h_in, dtype=np.float32), keep, parts)
-                d_current = cuda.to_device(h_in)                                          # [T, hc, dim] fp32
-            else:
-                self.fired.append(p + "highway.in")
-            step(f"L{lid} rows+proj+gate (device)")
-            d_dot, d_gate = backend.gate_on_device(layer, ids, d_current, mask, self.residual, self.eps)
-            self._point(p + "gate.dot", d_dot.copy_to_host(), keep, parts)                # [T, hc]
-            self._point(p + "gate.gate", d_gate.copy_to_host(), keep, parts)
-            self.fired.append(p + "highway.out")
-            if step_done is not None:
-                step_done(T)
+        if isinstance(highway, Mapping):
+            h = {lid: Value(host=np.ascontiguousarray(highway[lid], dtype=np.float32)) for lid in self.config.layer_ids}
+        else:
+            h = Value(host=np.ascontiguousarray(highway, dtype=np.float32))
+        run_layers(self._layer_step(), self._layers, all_ids, h, mask, _Points(self, keep, parts), given,
+                   progress=progress, layer_done=None if bar is None else (lambda: bar.update(T)))
 
     def gates_from_ids(self, row_ids, highway, token_mask=None) -> dict:
         """rows -> proj -> gate of every engram layer for row ids the caller hashed, keeping only
         each layer's (dot, gate) [T, hc] fp32 (host arrays). No capture, no hooks.
 
         row_ids: int [T, layers, C] (`EngramHasher.hash`). highway: [T, hc, dim] fp32 host array
-        (copied, not modified), a {layer_id: highway} dict, or (cuda backend for rows, proj and
-        gate) a device array that is updated in place. With the cuda backend for rows, proj and
-        gate, only the ids go to the device and only the dot and gate come back."""
+        (copied, not modified), a {layer_id: highway} dict, or (cuda backend for the gate) a
+        device array that is updated in place. Every layer's rows and projection run before the
+        first gate; with the cuda backend for rows, proj and gate only the ids go to the device
+        and only the dot and gate come back."""
         cfg = self.config
         ids = np.asarray(row_ids)
         if ids.ndim != 3 or ids.shape[1:] != (cfg.n_layers, cfg.n_hash_cols):
             raise ValueError(f"row_ids must be [T, {cfg.n_layers}, {cfg.n_hash_cols}], got {list(ids.shape)}")
-        T = ids.shape[0]
-        per_layer = isinstance(highway, Mapping)
-        out = {}
-        if self.device_resident:
-            from numba import cuda
 
-            from .device.devarray import is_device_like
-            eng = self._impl["cuda"]._engine_for(T)
-            # Every layer's ids go up (and their gathers are queued) before the first projection, so
-            # no host-to-device copy waits behind a layer's kernels; the dot and gate of all layers
-            # come back at the end.
-            for li, lid in enumerate(cfg.layer_ids):
-                eng.rows_from_ids(lid, np.ascontiguousarray(ids[:, li, :]))
-            d_current, views = None, {}
-            for li, lid in enumerate(cfg.layer_ids):
-                if per_layer or li == 0:
-                    h = highway[lid] if per_layer else highway
-                    d_current = h if is_device_like(h) else cuda.to_device(np.ascontiguousarray(h, dtype=np.float32))
-                eng.project(lid)
-                eng.gate(lid, d_current, token_mask, residual=self.residual, eps=self.eps)
-                views[lid] = eng.last_gate(lid)
-            for lid, (d_dot, d_gate) in views.items():
-                out[lid] = (d_dot.copy_to_host(), d_gate.copy_to_host())
-            return out
-        current = None if per_layer else np.asarray(highway, dtype=np.float32)
-        for li, lid in enumerate(cfg.layer_ids):
-            layer = self._layers[lid]
-            rows = self._impl[self.backends["rows"]].rows(layer, ids=np.ascontiguousarray(ids[:, li, :]))
-            kv = self._impl[self.backends["proj"]].proj(layer, rows.reshape(T, cfg.proj_in))
-            h_in = np.asarray(highway[lid], dtype=np.float32) if per_layer else current
-            res = self._impl[self.backends["gate"]].gate(layer, h_in, kv, token_mask, self.residual, self.eps)
-            out[lid] = (res.dot, res.gate)
-            current = res.highway
-        return out
+        def value(h):
+            return Value.of(h) if is_device_like(h) else Value(host=np.asarray(h, dtype=np.float32))
+        h = {lid: value(highway[lid]) for lid in cfg.layer_ids} if isinstance(highway, Mapping) else value(highway)
+        res = run_layers(self._layer_step(), self._layers, ids, h, token_mask, kv_first=True)
+        return {lid: (r.dot.host(), r.gate.host()) for lid, r in res.items()}
 
     def _check_highway(self, h, T: int, what: str) -> None:
         cfg = self.config

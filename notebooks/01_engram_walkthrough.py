@@ -471,7 +471,7 @@ plt.show()
 # reference's summation order, so expect the two runs to agree bit for bit. On a GPU the fast
 # versions run, and the diff shows ulp-sized differences from `proj.kv` on (notebook 02
 # measures the fast kernels in the simulator). To pick versions by name, pass record names per stage, e.g.
-# `en.Pipeline(model, "cuda", cuda_versions={"proj": "gemv_v3", "gate": "gate_v2"})`.
+# `en.Pipeline(model, "cuda", versions={"proj": "gemv_v3", "gate": "gate_v2"})`.
 
 # %%
 def prefilled_hasher():

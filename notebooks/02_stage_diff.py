@@ -94,7 +94,7 @@ en.diff(caps["reference"], caps["cuda"])
 # `run(inputs_from=ref)` every stage gets the *reference's* input to it (the rows stage the
 # reference's row ids, the projection its bf16 rows, the gate its key, value and `highway.in`)
 # instead of the previous stage's output of this run, so every row of the table below is that
-# one kernel's own distance, not an accumulation. `cuda_versions` names the records: `gemv_v2`
+# one kernel's own distance, not an accumulation. `versions` names the records: `gemv_v2`
 # for the projection (x staged in shared memory, 16-byte weight loads, a warp-shuffle reduction
 # per output), `gate_v2` and `gate_v3` for the gate (16-byte loads, the three sums reduced by warp
 # shuffles and shared memory). Some seconds each in the simulator.
@@ -104,7 +104,7 @@ ref = caps["reference"]                   # the reference's run of the chunk (po
 fast = {}                                 # gate version -> the isolated capture (both with gemv_v2)
 t0 = time.perf_counter()
 for version in ("gate_v2", "gate_v3"):
-    pipe = en.Pipeline(model, "cuda", cuda_versions={"proj": "gemv_v2", "gate": version})
+    pipe = en.Pipeline(model, "cuda", versions={"proj": "gemv_v2", "gate": version})
     fast[version] = pipe.run(inputs_from=ref, hasher=chunk_hasher(), progress=False,
                              names_filter=["L*.proj.kv", "L*.gate.dot", "L*.gate.gate", "L*.highway.out"])
 print(f"fast kernels on the chunk, stages isolated: {time.perf_counter() - t0:.1f} s")

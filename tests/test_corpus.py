@@ -365,13 +365,20 @@ def test_gpu_corpus_stats_agree_with_cpu(model):
 
 @pytest.mark.gpu
 def test_gpu_device_path_keeps_rows_and_kv_on_the_device(model, monkeypatch):
-    from engram_numba import pipeline as pl
+    from engram_numba import layer_step
     from engram_numba.fixtures import TINY_MASK, TINY_TOKENS
     ref = Pipeline(model, "reference").run(TINY_TOKENS, token_mask=TINY_MASK)
     pipe = Pipeline(model, "cuda")
-    for name in ("rows", "proj", "gate"):
-        monkeypatch.setattr(pl._CudaBackend, name, lambda *a, _n=name, **k: pytest.fail(f"host-copying {_n} called"))
+    fetched = []
+    real_host = layer_step.Value.host
+
+    def host(self):
+        if self.on_device and self._host is None:
+            fetched.append(self.shape)
+        return real_host(self)
+    monkeypatch.setattr(layer_step.Value, "host", host)
     cap = pipe.run(TINY_TOKENS, token_mask=TINY_MASK, names_filter=["tokens.*", "L*.gate.gate", "L*.gate.dot"])
+    assert fetched == [(len(TINY_TOKENS), model.config.hc)] * 4     # only each layer's dot and gate came back
     for lid in (1, 4):
         np.testing.assert_allclose(cap[f"L{lid}.gate.gate"], ref[f"L{lid}.gate.gate"], rtol=2e-2, atol=2e-3)
 
@@ -390,3 +397,11 @@ def test_gpu_corpus_bench_small_tables():
     assert [r["tables"] for r in decode] == ["device", "host", "host"] and all(r["validated"] for r in decode)
     assert [r["prefetch"] for r in decode] == [False, False, True]     # the third: prefetch_decode ahead
     assert res["memory"]["peak_device_gb"] > 1.0
+
+
+def test_corpus_stats_versions_keyword_and_its_deprecated_name(model):
+    docs = [np.arange(1, 9), np.arange(20, 25)]
+    new = corpus_stats(model, documents=docs, backend="cpu", versions={"proj": "gemv_v2"}, threads=False)
+    with pytest.warns(DeprecationWarning, match="corpus_stats\\(cuda_versions=...\\) is deprecated"):
+        old = corpus_stats(model, documents=docs, backend="cpu", cuda_versions={"proj": "gemv_v2"}, threads=False)
+    assert old == new and new.n_tokens == 13

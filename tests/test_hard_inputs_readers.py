@@ -499,7 +499,7 @@ def test_wrong_typed_and_reinterpreted_arguments_are_named(model, tmp_path, rng)
     cases = [
         (lambda: en.load_model(None), TypeError, "path must be a path"),
         (lambda: en.Pipeline("x.gguf"), TypeError, "got the path 'x.gguf'"),
-        (lambda: en.Pipeline(model, cuda_versions="gemv_v2"), TypeError, "cuda_versions must be a dict"),
+        (lambda: en.Pipeline(model, versions="gemv_v2"), TypeError, "versions must be a dict"),
         (lambda: en.describe("x.gguf"), TypeError, "model must be an opened model"),
         (lambda: en.compressed_view(None), TypeError, "model must be an opened model"),
         (lambda: en.EngramHasher(None), TypeError, "tables must be an EngramHashTables"),

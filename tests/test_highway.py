@@ -186,29 +186,40 @@ def test_highway_name_and_save_errors(rng):
 # -- the cuda backend keeps rows, kv and highway on the device ------------------------------------
 
 def test_cuda_backend_device_resident_path(model, monkeypatch):
-    """With a names filter that keeps only ids, dot and gate, the cuda backend never calls its
-    host-copying stage methods: only the dot and gate come back. In the simulator (naive kernels)
-    the values equal the reference's."""
-    from engram_numba import pipeline as pl
+    """With a names filter that keeps only ids, dot and gate, nothing but the dot and gate comes
+    back from the device: rows, kv and the highway between layers stay there. In the simulator
+    (naive kernels) the values equal the reference's."""
+    from engram_numba import layer_step
     tokens, mask = TINY_TOKENS[:3], TINY_MASK[:3]
     ref = Pipeline(model, "reference").run(tokens, token_mask=mask)
     with pytest.warns(UserWarning, match="simulator"):
         pipe = Pipeline(model, "cuda")
-    for name in ("rows", "proj", "gate"):
-        monkeypatch.setattr(pl._CudaBackend, name, lambda *a, _n=name, **k: pytest.fail(f"host-copying {_n} called"))
+    fetched = []
+    real_host = layer_step.Value.host
+
+    def host(self):
+        if self.on_device and self._host is None:
+            fetched.append(self.shape)
+        return real_host(self)
+    monkeypatch.setattr(layer_step.Value, "host", host)
     keep = ["tokens.*", "L*.hash.ids", "L*.gate.dot", "L*.gate.gate", "L1.highway.in"]
     cap = pipe.run(tokens, token_mask=mask, names_filter=keep)
+    hc = model.config.hc
+    assert fetched == [(3, hc)] * 4                              # each layer's dot and gate, nothing else
     assert pipe.fired == pipe.point_names                       # every point still fires
     assert sorted(cap) == sorted(["tokens.ids", "tokens.mask", "L1.hash.ids", "L4.hash.ids", "L1.gate.dot",
                                   "L4.gate.dot", "L1.gate.gate", "L4.gate.gate", "L1.highway.in"])
     assert diff(ref, cap).all_equal
+    fetched.clear()
     out = pipe.gates_from_ids(np.stack([ref["L1.hash.ids"], ref["L4.hash.ids"]], axis=1), ref["L1.highway.in"], mask)
+    assert fetched == [(3, hc)] * 4
     for lid in (1, 4):
         np.testing.assert_array_equal(out[lid][1], ref[f"L{lid}.gate.gate"])
     monkeypatch.undo()
-    # asking for the kv takes the stage-by-stage path again
+    # asking for the kv brings that kv back, and only it
     cap2 = pipe.run(tokens, token_mask=mask, names_filter=["L1.proj.kv", "L4.gate.gate"])
     np.testing.assert_array_equal(cap2["L1.proj.kv"], ref["L1.proj.kv"])
+    np.testing.assert_array_equal(cap2["L4.gate.gate"], ref["L4.gate.gate"])
 
 
 @pytest.mark.parametrize("backend", ["reference", "cpu"])

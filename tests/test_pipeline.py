@@ -131,6 +131,28 @@ def test_backend_arguments_are_checked(model):
         pipe.run(TINY_TOKENS, token_mask=np.array([True]))
 
 
+def test_versions_keyword_and_its_deprecated_name(model):
+    """Pipeline takes kernel versions as versions= (EngramV41's name); cuda_versions= still works
+    for now, with a DeprecationWarning, and reaches the engine the same way."""
+    with pytest.warns(UserWarning, match="simulator"):
+        new = Pipeline(model, {"proj": "cuda"}, versions={"proj": "gemv_v2"})
+    with pytest.warns(DeprecationWarning, match="versions="), pytest.warns(UserWarning, match="simulator"):
+        old = Pipeline(model, {"proj": "cuda"}, cuda_versions={"proj": "gemv_v2"})
+    assert new.cuda_engine_for(2).versions == old.cuda_engine_for(2).versions == {"proj": "gemv_v2"}
+    assert new.cuda_engine is new.cuda_engine_for(1)             # built once, grown only when asked for more
+    with pytest.warns(DeprecationWarning), pytest.raises(ValueError, match="gemv_v9"):
+        Pipeline(model, "cpu", cuda_versions={"proj": "gemv_v9"})
+    with pytest.raises(TypeError, match="versions= only"):
+        Pipeline(model, "cpu", versions={}, cuda_versions={})
+
+
+def test_engine_hooks_of_a_pipeline_without_cuda_stages(model):
+    pipe = Pipeline(model, "cpu")
+    assert pipe.cuda_engine is None and pipe.cuda_kernels == {}
+    with pytest.raises(ValueError, match="no stage of this pipeline runs on the cuda backend"):
+        pipe.cuda_engine_for(4)
+
+
 def test_capture_save_load_round_trip(tmp_path, ref_capture):
     path = tmp_path / "cap.npz"
     ref_capture.save(path)
@@ -176,12 +198,12 @@ def test_diff_report_renders(model, ref_capture):
 
 def test_cuda_backend_with_chosen_kernel_versions(model, ref_capture):
     """The cuda backend on two tokens (the simulator runs every GPU thread in Python), once with
-    the launchers' defaults and once with the fast kernels named through cuda_versions."""
+    the launchers' defaults and once with the fast kernels named through versions."""
     tokens, mask = TINY_TOKENS[:2], TINY_MASK[:2]
     ref = Pipeline(model, "reference").run(tokens, token_mask=mask)
     default = Pipeline(model, "cuda").run(tokens, token_mask=mask)
     assert diff(ref, default).all_equal  # naive kernels in the simulator: the reference's order
-    fast = Pipeline(model, "cuda", cuda_versions={"rows": "q2k_v3", "gate": "gate_v2"}).run(tokens, token_mask=mask)
+    fast = Pipeline(model, "cuda", versions={"rows": "q2k_v3", "gate": "gate_v2"}).run(tokens, token_mask=mask)
     # the tiny model's wkv is Q2_K, held as such (wkv_format=None): the naive Q2_K GEMV, k in order
     assert fast.meta["cuda_kernels"] == {"rows": "q2k_v3", "proj": "gemv_q2k_v1", "gate": "gate_v2"}
     report = diff(ref, fast)
@@ -189,9 +211,9 @@ def test_cuda_backend_with_chosen_kernel_versions(model, ref_capture):
         assert report[f"L{lid}.rows.bf16"].equal and report[f"L{lid}.proj.kv"].equal
         assert report[f"L{lid}.gate.dot"].rel_l2 < 1e-6
     with pytest.raises(ValueError, match="chosen per cuda stage"):
-        Pipeline(model, "cuda", cuda_versions={"projection": "gemv_v2"})
+        Pipeline(model, "cuda", versions={"projection": "gemv_v2"})
     with pytest.raises(ValueError, match="no proj kernel version 'gemv_v9'"):
-        Pipeline(model, "cuda", cuda_versions={"proj": "gemv_v9"})
+        Pipeline(model, "cuda", versions={"proj": "gemv_v9"})
 
 
 @pytest.mark.parametrize("backend", ["reference", "cpu"])

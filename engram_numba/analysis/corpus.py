@@ -462,9 +462,9 @@ def corpus_stats(model, corpus=None, *, texts=None, documents=None, backend="cpu
                  fmt: str | None = None, add_special_tokens: bool = True, bins: int = 20,
                  max_contexts: int = DEFAULT_MAX_CONTEXTS, contexts: bool = True, rows: bool = True,
                  limit_tokens: int | None = None, progress: bool = False, residual: str = "fp32",
-                 cuda_versions: dict | None = None, token_table=None, threads: bool = True,
+                 versions: dict | None = None, token_table=None, threads: bool = True,
                  reducer_threads: int | None = None, engine=None, device_highway=None,
-                 prefetch: bool = True) -> StreamingGateStats:
+                 prefetch: bool = True, cuda_versions: dict | None = None) -> StreamingGateStats:
     """Stream a corpus through the pipeline and keep only statistics (module doc).
 
     model:        an opened model (load_gguf / load_model).
@@ -475,6 +475,7 @@ def corpus_stats(model, corpus=None, *, texts=None, documents=None, backend="cpu
     tokenizer:    for text (default: the model's own, `text.tokenizer_for`).
     bins, max_contexts, contexts, rows: see `StreamingGateStats`.
     limit_tokens: stop after this many tokens.
+    versions:     kernel record per cuda stage, as Pipeline takes it (`cuda_versions=`: deprecated).
     token_table:  also write the long per-token table to this .parquet (or .csv) file.
     threads:      tokenize+hash and the statistics on their own threads (False: all in order on one).
     reducer_threads: threads the statistics use inside a chunk (layers and context orders side by
@@ -517,7 +518,9 @@ def corpus_stats(model, corpus=None, *, texts=None, documents=None, backend="cpu
     except (NoTokenizerError, TokenizerMismatchError):
         if needs_text or tokenizer is not None:
             raise
-    pipe = Pipeline(model, backend, residual=residual, cuda_versions=cuda_versions)
+    from ..engine_build import versions_keyword
+    versions, _ = versions_keyword(versions, cuda_versions, "corpus_stats")
+    pipe = Pipeline(model, backend, residual=residual, versions=versions)
     if engine is not None:
         if not pipe.device_resident:
             raise ValueError("engine= is for the cuda backend (rows, proj and gate on cuda)")
@@ -611,7 +614,7 @@ def corpus_stats(model, corpus=None, *, texts=None, documents=None, backend="cpu
         "tokenizer": getattr(tok, "source", None), "timing": {k: round(v, 4) for k, v in timing.items()},
         "tokens_per_s": round(stats.n_tokens / wall, 1) if wall > 0 else None,
         "token_table": str(token_table) if token_table is not None else None,
-        "cuda_kernels": pipe._impl["cuda"].kernel_names() if "cuda" in pipe._impl else {}})
+        "cuda_kernels": pipe.cuda_kernels})
     return stats
 
 

@@ -162,9 +162,9 @@ def resident(source, settings: dict) -> _Resident:
         t0 = time.perf_counter()
         model, engine = source.open(settings)
         pipe = Pipeline(model, settings["backend"], residual=settings["residual"],
-                        cuda_versions=settings["cuda_versions"])
+                        versions=settings["cuda_versions"])
         if engine is None and pipe.device_resident:
-            engine = pipe._impl["cuda"]._engine_for(int(settings["chunk_tokens"]))
+            engine = pipe.cuda_engine_for(int(settings["chunk_tokens"]))
         try:
             tok = tokenizer_for(model, settings["tokenizer"])
         except NoTokenizerError:
@@ -265,7 +265,7 @@ def run_shard(shard: Shard, documents, source, settings: dict, out, identity: di
         st = corpus_stats(r.model, documents=docs, backend=settings["backend"], chunk_tokens=settings["chunk_tokens"],
                           tokenizer=r.tokenizer, bins=settings["bins"], max_contexts=settings["max_contexts"],
                           contexts=settings["contexts"], rows=settings["rows"], residual=settings["residual"],
-                          cuda_versions=settings["cuda_versions"], engine=r.engine,
+                          versions=settings["cuda_versions"], engine=r.engine,
                           device_highway=None if r.synthetic is None else r.synthetic.device)
     st.tokenizer = None
     st.meta["corpus"] = shard.name
@@ -302,7 +302,7 @@ def warm_worker(source, settings: dict) -> dict:
             r.synthetic.device(np.arange(int(settings["chunk_tokens"])))
         warm_run(lambda docs: corpus_stats(
             r.model, documents=docs, backend=settings["backend"], chunk_tokens=settings["chunk_tokens"],
-            tokenizer=r.tokenizer, residual=settings["residual"], cuda_versions=settings["cuda_versions"],
+            tokenizer=r.tokenizer, residual=settings["residual"], versions=settings["cuda_versions"],
             engine=r.engine, device_highway=None if r.synthetic is None else r.synthetic.device),
             r.model, settings["chunk_tokens"])
     return {"worker": _worker_name(), "build_s": round(r.build_s, 3), "warm_s": round(time.perf_counter() - t0, 3)}
@@ -473,9 +473,9 @@ def distributed_corpus_stats(model, corpus=None, *, documents=None, out, client=
                              tokenizer=None, field: str = "text", split: str = "line", fmt: str | None = None,
                              add_special_tokens: bool = True, bins: int = 20,
                              max_contexts: int = DEFAULT_MAX_CONTEXTS, contexts: bool = True, rows: bool = True,
-                             residual: str = "fp32", cuda_versions: dict | None = None, progress: bool = True,
+                             residual: str = "fp32", versions: dict | None = None, progress: bool = True,
                              log=print, continuous: bool = False, limit_tokens=None,
-                             token_table=None) -> StreamingGateStats:
+                             token_table=None, cuda_versions: dict | None = None) -> StreamingGateStats:
     """`corpus_stats` over Dask workers (module doc): the same statistics, exactly.
 
     model:      a model path (every worker opens it), an opened model (its .path is used), or an
@@ -524,8 +524,10 @@ def distributed_corpus_stats(model, corpus=None, *, documents=None, out, client=
             raise ValueError("an opened model must have a .path the workers can open (or pass the path itself)")
         source, opened = PathModel(model.path), model
     identity = model_identity(opened)
+    from ..engine_build import versions_keyword
+    versions, _ = versions_keyword(versions, cuda_versions, "distributed_corpus_stats")
     settings = _settings(backend, chunk_tokens, tokenizer, field, split, fmt, add_special_tokens, bins, max_contexts,
-                         contexts, rows, residual, cuda_versions)
+                         contexts, rows, residual, versions)
     StreamingGateStats.empty(opened, bins=bins, max_contexts=max_contexts, contexts=contexts, rows=False)  # checks
     files = corpus_files(corpus) if corpus is not None else []
     kinds = {corpus_format(f, fmt) for f in files}

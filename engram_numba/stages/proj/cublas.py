@@ -1,7 +1,7 @@
 """cuBLAS as a projection backend, for comparison: kv = bf16(x @ wkv^T) through PyTorch.
 
 Never a default: it is there so that a run can put cuBLAS's numerics next to the numba kernels'
-stage by stage (`Pipeline(model, {"proj": "cuda"}, cuda_versions={"proj": "cublas_v1"})`, or
+stage by stage (`Pipeline(model, {"proj": "cuda"}, versions={"proj": "cublas_v1"})`, or
 `project(x, wkv, version="cublas_v1")`). It needs PyTorch with CUDA (the optional extra
 `engram-numba[cublas]`); without it, or in numba's simulator, `prepare` says so before anything
 runs.

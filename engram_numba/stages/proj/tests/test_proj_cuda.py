@@ -460,7 +460,7 @@ def test_gpu_pipeline_diffs_our_projection_against_cublas():
     from engram_numba.formats.schema_a import load_gguf
     from engram_numba.pipeline import Pipeline
     model = load_gguf(TINY_PATH)
-    runs = {v: Pipeline(model, {"proj": "cuda"}, cuda_versions={"proj": v}).run(TINY_TOKENS, token_mask=TINY_MASK)
+    runs = {v: Pipeline(model, {"proj": "cuda"}, versions={"proj": v}).run(TINY_TOKENS, token_mask=TINY_MASK)
             for v in ("gemm_v4", "cublas_v1")}
     for v, cap in runs.items():
         assert cap.meta["cuda_kernels"]["proj"] == v
