@@ -167,8 +167,8 @@ def bench_projection_q(shape: BenchShape, quick: bool, log, timer, copy_gbps, sm
             kv_b = cuda.device_array((T, N), np.uint16)
             bf16_launch = prepare_project(x, wb_dev, kv_b)
             base["ours_bf16_" + bf16_launch.name] = timer(bf16_launch, iters=iters)
-            nbytes = raw.nbytes + (0 if scales is None else scales.nbytes) + x_h.nbytes + 2 * T * N
             for v, enc in order:
+                nbytes, flops = registry.get("proj", v).launch_cost(T, K, N)     # the same bytes for q2k and q2k_r
                 kv = cuda.device_array((T, N), np.uint16)
                 launch = prepare_project_q(x, weights[enc], sd, kv, weight=enc, version=v)
                 launch()
@@ -181,7 +181,7 @@ def bench_projection_q(shape: BenchShape, quick: bool, log, timer, copy_gbps, sm
                     _, vs_b = projection_agrees(got, R.projection_exact(x_h, wb_rows))
                     agree["vs_bf16_weights"] = vs_b
                 us = timer(launch, iters=iters)
-                rec = make_record(f"proj_{weight}", T, us, nbytes, 2 * T * K * N, copy_gbps,
+                rec = make_record(f"proj_{weight}", T, us, nbytes, flops, copy_gbps,
                                   base if v == default else {}, validated=ok, kernel=v, encoding=enc,
                                   vs_reference=agree, l2="cold", **({} if v == default else {"variant": v}))
                 records.append(rec)
@@ -200,6 +200,16 @@ def _loop(step_one, tokens, sync) -> float:
         step_one(tok)
     sync()
     return time.perf_counter() - t0
+
+
+def _step_bytes(cfg, wkv_encoding: str) -> int:
+    """Bytes one layer's decode step moves for one token: the rows, projection and gate launches'
+    costs as their records state them (Q2_K tables, the wkv in `wkv_encoding`)."""
+    from ..stages import registry
+    rows = registry.records("rows", "q2k")[0].launch_cost(cfg.n_hash_cols)[0]
+    proj = registry.records("proj", wkv_encoding)[0].launch_cost(1, cfg.proj_in, cfg.proj_out)[0]
+    gate = registry.records("gate")[0].launch_cost(1, cfg.hc, cfg.dim)[0]
+    return rows + proj + gate
 
 
 def bench_decode_step(shape: BenchShape, quick: bool, log, timer, copy_gbps, smoke: bool, table_gb: float,
@@ -270,8 +280,7 @@ def bench_decode_step(shape: BenchShape, quick: bool, log, timer, copy_gbps, smo
             f"{engine.build_report['gb_per_s']} GB/s through {engine.build_report['uploads'][-1]['method']} uploads")
         if fmt == fmts[0]:
             lw = next(iter(engine.layers.values()))
-            per_token_bytes = len(cfg.layer_ids) * (int(lw.wkv.nbytes) + cfg.n_hash_cols * (84 + 512) + 2 * cfg.proj_out
-                                                  + 3 * cfg.hc * cfg.dim * 4)
+            per_token_bytes = len(cfg.layer_ids) * _step_bytes(cfg, lw.wkv_encoding)
         if engine.graphs_available:
             run_engine(f"{fmt} graphed", engine, True)
         run_engine(f"{fmt} ungraphed", engine, False)

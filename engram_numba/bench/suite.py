@@ -72,6 +72,7 @@ def bench_device(shape: BenchShape = RELEASED, quick: bool = False, log=print) -
     from numba import cuda
 
     from ..bf16 import f32_to_bf16
+    from ..stages import registry
     from ..stages.gate.launch import prepare_gate
     from ..stages.gate.reference import gate_reference
     from ..stages.proj.launch import prepare_project
@@ -118,7 +119,8 @@ def bench_device(shape: BenchShape = RELEASED, quick: bool = False, log=print) -
             it2 = iter(range(10**9))
             base["torch_index_select_decode"] = timer(lambda: torch_q2k_decode(torch, tt, tpool[next(it2) % len(tpool)]),
                                                        iters=max(5, iters // 5))
-        records.append(make_record("rows_q2k", T, t_us, n * 84 + n * 512 + n * 8, 0, copy_gbps, base,
+        nbytes, flops = registry.get("rows", launches[0].name).launch_cost(n)
+        records.append(make_record("rows_q2k", T, t_us, nbytes, flops, copy_gbps, base,
                                    validated=bool(ok), kernel=launches[0].name, encoding="q2k"))
         log(f"rows_q2k       T={T:5d}: {t_us:9.1f} us  {launches[0].name} valid={ok}  {base}")
 
@@ -136,8 +138,8 @@ def bench_device(shape: BenchShape = RELEASED, quick: bool = False, log=print) -
             base["torch_cublas_matmul"] = timer(lambda: tx @ tw.T, iters=max(5, iters if T < 4096 else 10))
         p_iters = iters if T < 4096 else max(5, iters // 10)
         t_us = timer(proj, iters=p_iters)
-        flops = 2 * T * K * N
-        records.append(make_record("proj_bf16", T, t_us, N * K * 2 + T * K * 2 + T * N * 2, flops, copy_gbps, base,
+        nbytes, flops = registry.get("proj", proj.name).launch_cost(T, K, N)
+        records.append(make_record("proj_bf16", T, t_us, nbytes, flops, copy_gbps, base,
                                    validated=ok, kernel=proj.name, vs_reference=agree))
         log(f"proj_bf16      T={T:5d}: {t_us:9.1f} us  {flops / t_us / 1e6:.1f} TFLOP/s  {proj.name} "
             f"valid={ok} {agree}  {base}")
@@ -165,8 +167,8 @@ def bench_device(shape: BenchShape = RELEASED, quick: bool = False, log=print) -
                 except Exception as exc:
                     log(f"torch.compile gate failed: {exc}")
         t_us = timer(gate_launch, iters=iters)
-        gbytes = 2 * T * HC * DIM * 4 + T * HC * DIM * 2 + T * DIM * 2 + HC * DIM * 4 + 2 * T * HC * 4
-        records.append(make_record("gate", T, t_us, gbytes, 0, copy_gbps, base, validated=ok,
+        gbytes, gflops = registry.get("gate", gate_launch.name).launch_cost(T, HC, DIM)
+        records.append(make_record("gate", T, t_us, gbytes, gflops, copy_gbps, base, validated=ok,
                                    kernel=gate_launch.name))
         log(f"gate           T={T:5d}: {t_us:9.1f} us  {gate_launch.name} valid={ok}  {base}")
 
@@ -179,7 +181,7 @@ def bench_device(shape: BenchShape = RELEASED, quick: bool = False, log=print) -
         t_us = timer(apply, iters=p_iters)
         pb, gb = records[-2]["baselines"], records[-1]["baselines"]
         base = {f"torch_matmul+{k}": pb["torch_cublas_matmul"] + v for k, v in gb.items() if "torch_cublas_matmul" in pb}
-        records.append(make_record("proj+gate", T, t_us, records[-2]["bytes"] + gbytes, flops, copy_gbps, base,
+        records.append(make_record("proj+gate", T, t_us, records[-2]["bytes"] + gbytes, flops + gflops, copy_gbps, base,
                                    kernel=f"{proj.name}+{gate_on_kv.name}"))
         log(f"proj+gate      T={T:5d}: {t_us:9.1f} us  {base}")
     return {"copy_gbps": round(copy_gbps, 1), "records": records, "device": device, "shape": shape.name}
@@ -226,7 +228,7 @@ def bench_variants(shape: BenchShape = RELEASED, quick: bool = False, log=print,
                 rows_of = max((1 << 30) // get_encoding(rec.encoding).row_bytes, 64) if not smoke else 64
                 tables[rec.encoding] = _random_table(rec.encoding, rows_of, rng, cuda)
             table = tables[rec.encoding]
-            n_rows, row_bytes = table.shape
+            n_rows = table.shape[0]
             for T in tokens(rec):
                 n = T * COLS
                 ids = cuda.to_device(rng.integers(0, n_rows, n, dtype=np.int64))
@@ -239,7 +241,7 @@ def bench_variants(shape: BenchShape = RELEASED, quick: bool = False, log=print,
                 launch()
                 valid = _sample_rows_ok(table, ids, got, rec.encoding, rng)
                 us = timer(launch, iters=iters)
-                add(f"rows_{rec.encoding}", T, rec.name, us, n * (row_bytes + 512 + 8), 0, valid, encoding=rec.encoding)
+                add(f"rows_{rec.encoding}", T, rec.name, us, *rec.launch_cost(n), valid, encoding=rec.encoding)
 
     if "proj" in stages:
         wkv_h = f32_to_bf16(rng.standard_normal((N, K)).astype(np.float32) * 0.02)
@@ -262,7 +264,7 @@ def bench_variants(shape: BenchShape = RELEASED, quick: bool = False, log=print,
                 ok, agree = projection_agrees(got.copy_to_host()[sample], ref)
                 slow = rec.name.endswith("_v1")
                 us = timer(launch, iters=3 if slow or T == 4096 else iters)
-                add("proj_bf16", T, rec.name, us, N * K * 2 + T * K * 2 + T * N * 2, 2 * T * K * N, ok, **agree)
+                add("proj_bf16", T, rec.name, us, *rec.launch_cost(T, K, N), ok, **agree)
 
     if "gate" in stages:
         w_gate_h = (1 + 0.1 * rng.standard_normal((HC, DIM))).astype(np.float32)
@@ -274,7 +276,6 @@ def bench_variants(shape: BenchShape = RELEASED, quick: bool = False, log=print,
             ref = gate_reference(h0, kvg_h, w_gate_h, np.ones_like(w_gate_h))
             h = cuda.to_device(h0)
             dot, gate = cuda.device_array((T, HC), dtype=np.float32), cuda.device_array((T, HC), dtype=np.float32)
-            gbytes = 2 * T * HC * DIM * 4 + T * HC * DIM * 2 + T * DIM * 2 + HC * DIM * 4
             for rec in catalog.records("gate"):
                 if T not in tokens(rec):
                     continue
@@ -289,7 +290,7 @@ def bench_variants(shape: BenchShape = RELEASED, quick: bool = False, log=print,
                     launch()
                     valid = gate_agrees(h0, h.copy_to_host(), dot.copy_to_host(), gate.copy_to_host(), kvg_h, ref.dot)
                     us = timer(launch, iters=iters)
-                    add("gate", T, rec.name + (f"/{layout}" if layout else ""), us, gbytes, 0, valid)
+                    add("gate", T, rec.name + (f"/{layout}" if layout else ""), us, *rec.launch_cost(T, HC, DIM), valid)
     return out
 
 
