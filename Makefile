@@ -23,18 +23,21 @@ demo: $(STAMP)
 
 # Every tier that runs without a GPU: exact CPU tests, kernels under the simulator,
 # compile-only for sm_90, notebooks. The gpu tier is skipped here (see test-gpu).
-# One line per test file with its progress (-o console_output_style=count) and the 20 slowest
-# tests at the end, so a long run shows where it is.
+# The tests run on every core (pytest-xdist, -n auto), each test module on one worker so that its
+# module-scoped fixtures (models, engines, a Dask cluster) are built once; the progress shows as a
+# count of tests (-o console_output_style=count) and the 20 slowest tests are listed at the end.
+# PYTEST_WORKERS=0 runs them in one process.
+PYTEST_WORKERS ?= auto
 test: $(STAMP)
-	NUMBA_ENABLE_CUDASIM=1 $(BIN)/python -m pytest -p no:cacheprovider -o console_output_style=count --durations=20 \
-		tests engram_numba notebooks --nbmake
+	NUMBA_ENABLE_CUDASIM=1 $(BIN)/python -m pytest -p no:cacheprovider -n $(PYTEST_WORKERS) --dist loadscope \
+		-o console_output_style=count --durations=20 tests engram_numba notebooks --nbmake
 
 # The loop while working: exact CPU tests and the kernels in the simulator with the tests marked
-# `slow` deselected; no compile-only tier, no notebooks (about 2 minutes on 2 cores).
+# `slow` deselected; no compile-only tier, no notebooks; on every core like `make test`.
 # `make test` above still runs everything.
 test-fast: $(STAMP)
-	NUMBA_ENABLE_CUDASIM=1 $(BIN)/python -m pytest -q -p no:cacheprovider -m "not slow and not gpu" \
-		--ignore=tests/test_compile_tier.py tests engram_numba
+	NUMBA_ENABLE_CUDASIM=1 $(BIN)/python -m pytest -q -p no:cacheprovider -n $(PYTEST_WORKERS) --dist loadscope \
+		-m "not slow and not gpu" --ignore=tests/test_compile_tier.py tests engram_numba
 
 # The gpu tier alone, on a machine with a CUDA GPU (docs/gpu.md; tests/gpu_run.sh does it with
 # carried wheels on a machine without network).

@@ -110,8 +110,8 @@ def test_bench_smoke_runs_the_suite_in_the_simulator(tmp_path, capsys):
     out = tmp_path / "smoke.json"
     assert main(["bench", "--smoke", "--out", str(out)]) == 0
     res = json.loads(out.read_text())
-    assert {r["stage"] for r in res["records"]} == {"gather_dequant", "projection", "gate", "apply", "projection_q2k",
-                                                   "projection_fp8", "decode_step", "engine_build", "corpus_stats"}
+    assert {r["stage"] for r in res["records"]} == {"rows_q2k", "proj_bf16", "gate", "proj+gate", "proj_q2k",
+                                                   "proj_fp8", "decode_step", "engine_build", "corpus_stats"}
     corpus = [r for r in res["records"] if r["stage"] == "corpus_stats"]
     variants = {r["variant"] for r in corpus}
     assert {"device", "device, gate statistics only", "host pinned", "host pageable"} <= variants

@@ -141,8 +141,10 @@ def _python_blocks(md: pathlib.Path) -> list[str]:
     return re.findall(r"```python\n(.*?)```", md.read_text(), flags=re.S)
 
 
+@pytest.mark.slow
 def test_readme_python_blocks_run(tmp_path, monkeypatch):
-    """Docs as tests: every ```python block of the README runs, in order, in one namespace."""
+    """Docs as tests: every ```python block of the README runs, in order, in one namespace (slow:
+    the first block runs the 14-token CUDA pipeline in the simulator, about a minute of CPU)."""
     import matplotlib
     matplotlib.use("Agg")
     blocks = _python_blocks(REPO / "README.md")

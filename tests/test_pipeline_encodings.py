@@ -223,7 +223,7 @@ def test_pipeline_picks_deepseeks_fp8_gemm_by_name():
     model = build_model("fp8")
     tokens, mask = TINY_TOKENS[:2], TINY_MASK[:2]
     with pytest.warns(UserWarning, match="simulator"):
-        pipe = Pipeline(model, "cuda", cuda_versions={"proj": "gemm_fp8_v3"})
+        pipe = Pipeline(model, "cuda", versions={"proj": "gemm_fp8_v3"})
     cap = pipe.run(tokens, token_mask=mask)
     assert cap.meta["cuda_kernels"]["proj"] == "gemm_fp8_v3"
     for lid in model.config.layer_ids:

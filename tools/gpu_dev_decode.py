@@ -126,7 +126,7 @@ def table(tests: dict | None, compiled: list | None, bench: dict | None) -> str:
                         f"{v['device_us_per_token']:8.1f} us/token device")
         rows.append("decode checks: " + json.dumps({k: v for k, v in dec.items() if k not in ("results",)}))
         # targets
-        q1 = next((r for r in bench["records"] if r["stage"] == "projection_q2k" and r["T"] == 1 and "variant" not in r), None)
+        q1 = next((r for r in bench["records"] if r["stage"] == "proj_q2k" and r["T"] == 1 and "variant" not in r), None)
         ds = next((r for r in bench["records"] if r["stage"] == "decode_step"), None)
         eb = next((r for r in bench["records"] if r["stage"] == "engine_build"), None)
         got = {"q2k_gemv_t1_us": q1 and q1["time_us"], "decode_step_us": ds and ds["time_us"],

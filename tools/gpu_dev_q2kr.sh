@@ -24,7 +24,7 @@ res = {"commit": commit(), "device": device_name(), "records": [], "decode": {}}
 def save():
     res["seconds"] = round(time.time() - t0, 1)
     (out / "decode_dev_q2kr.json").write_text(json.dumps(res, indent=1, default=str))
-for part in ("projection", "decode"):
+for part in ("proj", "decode_step"):
     r = decode.run(RELEASED, quick=True, parts=(part,), n_tokens=512)
     res["records"] += r["records"]
     res["decode"].update(r["decode"])

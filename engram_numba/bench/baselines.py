@@ -18,7 +18,7 @@ def torch_view(dev_array, torch):
     return torch.as_tensor(dev_array, device="cuda")
 
 
-def torch_q2k_dequant(torch, table_u8, ids):
+def torch_q2k_decode(torch, table_u8, ids):
     """index_select + Q2_K decode in eager torch ops -> bf16 [n, 256] (the baseline)."""
     b = table_u8.index_select(0, ids)                                         # [n, 84]
     n = b.shape[0]

@@ -3,14 +3,14 @@
     run(shape, quick, log, *, n_tokens=None, build_table_gib=None) -> {"records": [...], "decode": {...}}
 
 Records (same schema as the suite's, `timing.make_record`):
-  projection_q2k  T in 1, 4, 8: kv = bf16(x @ W^T) with W in Q2_K blocks [N, K/256*84], every q2k
+  proj_q2k        T in 1, 4, 8: kv = bf16(x @ W^T) with W in Q2_K blocks [N, K/256*84], every q2k
                   version (the default's record first, the others with "variant"), each validated on
                   sampled output rows against its float64 yardstick before it is timed (L2 flushed
                   between runs: the 51.6 MB weight fits in the 60 MB L2, so every record says
                   `l2: "cold"`). On a GPU the same weight re-laid out on the device as q2k_r (what the
                   engine holds there) runs its versions too, and the engine's kernel is the record's
                   default. Baselines in the same run: cuBLAS on the bf16 weight, and our bf16 GEMV on it.
-  projection_fp8  the same on FP8 codes [N, K] + e8m0 tile scales [N/32, K/32].
+  proj_fp8        the same on FP8 codes [N, K] + e8m0 tile scales [N/32, K/32].
   decode_step     T = 1, both engram layers at the shape's dim/hc/columns with device-resident
                   random Q2_K tables (`table_gb` per layer; only 24 rows a token are read): wall time
                   per token over n_tokens consecutive tokens of one sequence, the hash included,
@@ -167,8 +167,8 @@ def bench_projection_q(shape: BenchShape, quick: bool, log, timer, copy_gbps, sm
             kv_b = cuda.device_array((T, N), np.uint16)
             bf16_launch = prepare_project(x, wb_dev, kv_b)
             base["ours_bf16_" + bf16_launch.name] = timer(bf16_launch, iters=iters)
-            nbytes = raw.nbytes + (0 if scales is None else scales.nbytes) + x_h.nbytes + 2 * T * N
             for v, enc in order:
+                nbytes, flops = registry.get("proj", v).launch_cost(T, K, N)     # the same bytes for q2k and q2k_r
                 kv = cuda.device_array((T, N), np.uint16)
                 launch = prepare_project_q(x, weights[enc], sd, kv, weight=enc, version=v)
                 launch()
@@ -181,11 +181,11 @@ def bench_projection_q(shape: BenchShape, quick: bool, log, timer, copy_gbps, sm
                     _, vs_b = projection_agrees(got, R.projection_exact(x_h, wb_rows))
                     agree["vs_bf16_weights"] = vs_b
                 us = timer(launch, iters=iters)
-                rec = make_record(f"projection_{weight}", T, us, nbytes, 2 * T * K * N, copy_gbps,
+                rec = make_record(f"proj_{weight}", T, us, nbytes, flops, copy_gbps,
                                   base if v == default else {}, validated=ok, kernel=v, encoding=enc,
                                   vs_reference=agree, l2="cold", **({} if v == default else {"variant": v}))
                 records.append(rec)
-                log(f"projection_{weight} T={T}: {us:8.1f} us  {rec['pct_of_floor']:5.1f}% of copy floor  "
+                log(f"proj_{weight} T={T}: {us:8.1f} us  {rec['pct_of_floor']:5.1f}% of copy floor  "
                     f"{rec['gbps']} GB/s  {v} valid={ok} {agree}  {base if v == default else ''}")
         del rd, sd, wb_dev, weights
     return records
@@ -200,6 +200,16 @@ def _loop(step_one, tokens, sync) -> float:
         step_one(tok)
     sync()
     return time.perf_counter() - t0
+
+
+def _step_bytes(cfg, wkv_encoding: str) -> int:
+    """Bytes one layer's decode step moves for one token: the rows, projection and gate launches'
+    costs as their records state them (Q2_K tables, the wkv in `wkv_encoding`)."""
+    from ..stages import registry
+    rows = registry.records("rows", "q2k")[0].launch_cost(cfg.n_hash_cols)[0]
+    proj = registry.records("proj", wkv_encoding)[0].launch_cost(1, cfg.proj_in, cfg.proj_out)[0]
+    gate = registry.records("gate")[0].launch_cost(1, cfg.hc, cfg.dim)[0]
+    return rows + proj + gate
 
 
 def bench_decode_step(shape: BenchShape, quick: bool, log, timer, copy_gbps, smoke: bool, table_gb: float,
@@ -270,8 +280,7 @@ def bench_decode_step(shape: BenchShape, quick: bool, log, timer, copy_gbps, smo
             f"{engine.build_report['gb_per_s']} GB/s through {engine.build_report['uploads'][-1]['method']} uploads")
         if fmt == fmts[0]:
             lw = next(iter(engine.layers.values()))
-            per_token_bytes = len(cfg.layer_ids) * (int(lw.wkv.nbytes) + cfg.n_hash_cols * (84 + 512) + 2 * cfg.proj_out
-                                                  + 3 * cfg.hc * cfg.dim * 4)
+            per_token_bytes = len(cfg.layer_ids) * _step_bytes(cfg, lw.wkv_encoding)
         if engine.graphs_available:
             run_engine(f"{fmt} graphed", engine, True)
         run_engine(f"{fmt} ungraphed", engine, False)
@@ -341,7 +350,7 @@ def _bench_torch_decode(torch, model, seq, warm, n_tokens, h0, timer, results, f
     shifts = torch.tensor([0, 2, 4, 6], device=dev, dtype=torch.int32).view(1, 1, 4, 1)   # made once: capturable
 
     def q2k_rows(table, ids):
-        """index_select + Q2_K decode in torch ops (as baselines.torch_q2k_dequant, graph-safe)."""
+        """index_select + Q2_K decode in torch ops (as baselines.torch_q2k_decode, graph-safe)."""
         b = table.index_select(0, ids)                                                # [n, 84]
         n = b.shape[0]
         scales = b[:, :16].to(torch.int32)
@@ -488,7 +497,7 @@ def bench_engine_build(shape: BenchShape, log, table_gib: float, smoke: bool) ->
 
 def run(shape: BenchShape = RELEASED, quick: bool = False, log=print, *, decode_table_gb: float | None = None,
         build_table_gib: float | None = None, n_tokens: int | None = None,
-        parts=("projection", "decode", "build")) -> dict:
+        parts=("proj", "decode_step", "engine_build")) -> dict:
     """The decode-path records (module doc). decode_table_gb: random table per layer for decode_step
     (default 1.5 GB, tiny in the simulator); build_table_gib: per layer for engine_build (default the
     released 30 GiB, or $ENGRAM_BUILD_TABLE_GIB); n_tokens: decode_step's sequence (default 1024
@@ -502,13 +511,13 @@ def run(shape: BenchShape = RELEASED, quick: bool = False, log=print, *, decode_
         decode_table_gb = 0.0005 if smoke else 1.5
     if build_table_gib is None:
         build_table_gib = float(os.environ.get("ENGRAM_BUILD_TABLE_GIB", 0.0005 if smoke else RELEASED_TABLE_GIB))
-    if "projection" in parts:
+    if "proj" in parts:
         out["records"] += bench_projection_q(shape, quick, log, timer, copy_gbps, smoke)
-    if "decode" in parts:
+    if "decode_step" in parts:
         rec, info = bench_decode_step(shape, quick, log, timer, copy_gbps, smoke, decode_table_gb, n_tokens)
         out["records"].append(rec)
         out["decode"]["decode_step"] = info
-    if "build" in parts:
+    if "engine_build" in parts:
         rec = bench_engine_build(shape, log, build_table_gib, smoke)
         out["records"].append(rec)
     return out

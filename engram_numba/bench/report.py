@@ -1,11 +1,22 @@
-"""Benchmark results out: the README table, the plot."""
+"""Benchmark results out: the README table, the plot.
+
+Both take a result in any record names (`results_io.upgrade` maps the earlier ones). To redraw the
+README table and the plot from a committed result:
+
+    python -m engram_numba.bench.report bench/results/h200.json --readme README.md --png bench/results/h200.png
+"""
 from __future__ import annotations
 
+import sys
 from pathlib import Path
 
 import numpy as np
 
+from .results_io import load_results, upgrade
 from .timing import BF16_TFLOPS
+
+# the records of the suite's device section, one panel each in the plot
+PLOTTED = ("rows_q2k", "proj_bf16", "gate", "proj+gate")
 
 README_START, README_END = "<!-- bench-table:start -->", "<!-- bench-table:end -->"
 
@@ -14,11 +25,22 @@ def _num(v, fmt="{:.1f}"):
     return "-" if v is None else fmt.format(v)
 
 
+def _measured_at(result: dict) -> str:
+    """"the decode section at `abc1234`; " for every section measured at another commit."""
+    main = str(result["commit"])[:10]
+    other = {}
+    for section, c in (result.get("section_commits") or {}).items():
+        if str(c)[:10] != main:
+            other.setdefault(str(c)[:10], []).append(section)
+    return "".join(f"the {' and '.join(s)} section{'s' if len(s) > 1 else ''} at `{c}`; " for c, s in other.items())
+
+
 def markdown_table(result: dict) -> str:
-    lines = [f"Results at commit `{result['commit'][:10]}` ({result['device']}, copy bandwidth "
+    result = upgrade(result)
+    lines = [f"Results at commit `{result['commit'][:10]}` ({_measured_at(result)}{result['device']}, copy bandwidth "
              f"{result['copy_gbps']:.0f} GB/s). Floor = max(bytes / copy bandwidth, FLOPs / {BF16_TFLOPS:.0f} TFLOP/s).",
              "",
-             "| stage | T | kernel | time (us) | floor (us) | % of floor | GB/s | TFLOP/s | baselines (us) |",
+             "| record | T | kernel | time (us) | floor (us) | % of floor | GB/s | TFLOP/s | baselines (us) |",
              "|---|---:|---|---:|---:|---:|---:|---:|---|"]
     for r in result["records"]:
         base = ", ".join(f"{k} {v:.1f}" for k, v in r["baselines"].items()) or "-"
@@ -28,7 +50,7 @@ def markdown_table(result: dict) -> str:
     if result.get("variants"):
         lines += ["", "Every kernel version in the registry where it competes (llm.c style: v1 is the naive "
                       "baseline), each checked against the numpy reference before it was timed:", "",
-                  "| stage | T | version | time (us) | % of floor | GB/s | TFLOP/s | valid |",
+                  "| record | T | version | time (us) | % of floor | GB/s | TFLOP/s | valid |",
                   "|---|---:|---|---:|---:|---:|---:|---|"]
         for r in result["variants"]:
             lines.append(f"| {r['stage']} | {r['T']} | {r['variant']} | {r['time_us']:.1f} | {r['pct_of_floor']:.1f} "
@@ -53,8 +75,8 @@ def plot_results(result: dict, png: Path) -> None:
     import matplotlib
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
-    stages = [s for s in ("gather_dequant", "projection", "gate", "apply")
-              if any(r["stage"] == s for r in result["records"])]
+    result = upgrade(result)
+    stages = [s for s in PLOTTED if any(r["stage"] == s for r in result["records"])]
     fig, axes = plt.subplots(1, max(len(stages), 1), figsize=(15, 3.8), sharey=False, squeeze=False)
     for ax, stage in zip(axes[0], stages):
         recs = [r for r in result["records"] if r["stage"] == stage]
@@ -76,3 +98,30 @@ def plot_results(result: dict, png: Path) -> None:
     fig.tight_layout()
     fig.savefig(png, dpi=110)
     plt.close(fig)
+
+
+def main(argv=None) -> int:
+    """Redraw the README table (between its markers) and/or the plot from a result JSON file."""
+    import argparse
+    ap = argparse.ArgumentParser(prog="python -m engram_numba.bench.report", description=main.__doc__)
+    ap.add_argument("result", help="bench result JSON (any record names)")
+    ap.add_argument("--readme", help="a Markdown file with the bench-table markers to rewrite")
+    ap.add_argument("--png", help="write the plot here")
+    args = ap.parse_args(argv)
+    try:
+        result = load_results(args.result)
+    except (OSError, ValueError) as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    if args.readme and not update_readme(result, Path(args.readme)):
+        print(f"error: {args.readme} has no {README_START} ... {README_END} markers", file=sys.stderr)
+        return 2
+    if args.png:
+        plot_results(result, Path(args.png))
+    if not (args.readme or args.png):
+        print(markdown_table(result))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -5,13 +5,14 @@
     engram-numba bench --smoke              (tiny shapes, runs in numba's simulator: checks the
                                              suite itself, its figures mean nothing)
 
-Records (names kept stable across versions so results stay comparable), at the released shapes
+Records (named after the stages; `results_io.load_results` reads files written with the earlier
+names too), at the released shapes
 (dim 5120, hc 4, 24 hash columns, head_dim 256) and T in {1, 16, 128, 4096}:
-    gather_dequant  rows by id from a >= 2 GB device-resident table -> bf16 rows
-    projection      kv = bf16(x @ wkv^T): GEMV at T=1, GEMM above
+    rows_q2k        rows by id from a >= 2 GB device-resident Q2_K table, decoded to bf16 rows
+    proj_bf16       kv = bf16(x @ wkv^T) on a bf16 weight: GEMV at T=1, GEMM above
     gate            the gate and the in-place FP32 highway update
-    apply           projection + gate as `EngramV41.apply` runs them
-    projection_q2k, projection_fp8, decode_step, engine_build   the decode path (bench/decode.py)
+    proj+gate       the projection and the gate on its output, as `EngramV41.apply` runs them
+    proj_q2k, proj_fp8, decode_step, engine_build   the decode path (bench/decode.py)
     corpus_stats    `corpus_stats` end to end in 4096-token chunks, tokens/s against the stages'
                     device-time sum (bench/corpus.py: device and host highways, peak memory; tables in
                     pinned host memory with prefetch and a hot-row cache against device tables, and
@@ -36,8 +37,9 @@ from pathlib import Path
 import numpy as np
 
 from . import decode as bench_decode
-from .baselines import torch_gate, torch_or_none, torch_q2k_dequant, torch_view
+from .baselines import torch_gate, torch_or_none, torch_q2k_decode, torch_view
 from .report import markdown_table, plot_results, update_readme  # noqa: F401  (re-exported for scripts)
+from .results_io import load_results
 from .timing import RELEASED, SMOKE, BenchShape, DeviceTimer, commit, device_name, make_record, measure_copy_gbps
 from .validate import gate_agrees, projection_agrees, projection_reference_rows
 from .corpus import run as corpus_bench
@@ -66,10 +68,11 @@ def _sample_rows_ok(table, ids_dev, rows_dev, encoding: str, rng, k: int = 512) 
 
 
 def bench_device(shape: BenchShape = RELEASED, quick: bool = False, log=print) -> dict:
-    """The stage records (gather_dequant, projection, gate, apply) with the default kernels."""
+    """The stage records (rows_q2k, proj_bf16, gate, proj+gate) with the default kernels."""
     from numba import cuda
 
     from ..bf16 import f32_to_bf16
+    from ..stages import registry
     from ..stages.gate.launch import prepare_gate
     from ..stages.gate.reference import gate_reference
     from ..stages.proj.launch import prepare_project
@@ -101,7 +104,7 @@ def bench_device(shape: BenchShape = RELEASED, quick: bool = False, log=print) -
 
     for T in shape.tokens:
         n = T * COLS
-        # -- gather + dequant: fresh random ids every run, rotating through a pool
+        # -- gather + decode: fresh random ids every run, rotating through a pool
         pool = [cuda.to_device(rng.integers(0, n_rows, n, dtype=np.int64)) for _ in range(8)]
         rows = cuda.device_array((n, 256), dtype=np.uint16)
         launches = [prepare_gather(table, p, rows) for p in pool]
@@ -114,11 +117,12 @@ def bench_device(shape: BenchShape = RELEASED, quick: bool = False, log=print) -
             tt = torch_view(table, torch)
             tpool = [torch_view(p, torch) for p in pool]
             it2 = iter(range(10**9))
-            base["torch_index_select_dequant"] = timer(lambda: torch_q2k_dequant(torch, tt, tpool[next(it2) % len(tpool)]),
+            base["torch_index_select_decode"] = timer(lambda: torch_q2k_decode(torch, tt, tpool[next(it2) % len(tpool)]),
                                                        iters=max(5, iters // 5))
-        records.append(make_record("gather_dequant", T, t_us, n * 84 + n * 512 + n * 8, 0, copy_gbps, base,
+        nbytes, flops = registry.get("rows", launches[0].name).launch_cost(n)
+        records.append(make_record("rows_q2k", T, t_us, nbytes, flops, copy_gbps, base,
                                    validated=bool(ok), kernel=launches[0].name, encoding="q2k"))
-        log(f"gather_dequant T={T:5d}: {t_us:9.1f} us  {launches[0].name} valid={ok}  {base}")
+        log(f"rows_q2k       T={T:5d}: {t_us:9.1f} us  {launches[0].name} valid={ok}  {base}")
 
         # -- projection (a prepared launch: the events time the kernel; Python cost is in "host")
         x_h = f32_to_bf16(rng.standard_normal((T, K)).astype(np.float32) * 0.05)
@@ -134,10 +138,10 @@ def bench_device(shape: BenchShape = RELEASED, quick: bool = False, log=print) -
             base["torch_cublas_matmul"] = timer(lambda: tx @ tw.T, iters=max(5, iters if T < 4096 else 10))
         p_iters = iters if T < 4096 else max(5, iters // 10)
         t_us = timer(proj, iters=p_iters)
-        flops = 2 * T * K * N
-        records.append(make_record("projection", T, t_us, N * K * 2 + T * K * 2 + T * N * 2, flops, copy_gbps, base,
+        nbytes, flops = registry.get("proj", proj.name).launch_cost(T, K, N)
+        records.append(make_record("proj_bf16", T, t_us, nbytes, flops, copy_gbps, base,
                                    validated=ok, kernel=proj.name, vs_reference=agree))
-        log(f"projection     T={T:5d}: {t_us:9.1f} us  {flops / t_us / 1e6:.1f} TFLOP/s  {proj.name} "
+        log(f"proj_bf16      T={T:5d}: {t_us:9.1f} us  {flops / t_us / 1e6:.1f} TFLOP/s  {proj.name} "
             f"valid={ok} {agree}  {base}")
 
         # -- gate
@@ -163,12 +167,12 @@ def bench_device(shape: BenchShape = RELEASED, quick: bool = False, log=print) -
                 except Exception as exc:
                     log(f"torch.compile gate failed: {exc}")
         t_us = timer(gate_launch, iters=iters)
-        gbytes = 2 * T * HC * DIM * 4 + T * HC * DIM * 2 + T * DIM * 2 + HC * DIM * 4 + 2 * T * HC * 4
-        records.append(make_record("gate", T, t_us, gbytes, 0, copy_gbps, base, validated=ok,
+        gbytes, gflops = registry.get("gate", gate_launch.name).launch_cost(T, HC, DIM)
+        records.append(make_record("gate", T, t_us, gbytes, gflops, copy_gbps, base, validated=ok,
                                    kernel=gate_launch.name))
         log(f"gate           T={T:5d}: {t_us:9.1f} us  {gate_launch.name} valid={ok}  {base}")
 
-        # -- apply = projection + gate on its output, as EngramV41.apply runs them
+        # -- proj+gate = projection + gate on its output, as EngramV41.apply runs them
         gate_on_kv = prepare_gate(h, kv, w_gate, dot_out=dot, gate_out=gate)
 
         def apply():
@@ -177,9 +181,9 @@ def bench_device(shape: BenchShape = RELEASED, quick: bool = False, log=print) -
         t_us = timer(apply, iters=p_iters)
         pb, gb = records[-2]["baselines"], records[-1]["baselines"]
         base = {f"torch_matmul+{k}": pb["torch_cublas_matmul"] + v for k, v in gb.items() if "torch_cublas_matmul" in pb}
-        records.append(make_record("apply", T, t_us, records[-2]["bytes"] + gbytes, flops, copy_gbps, base,
+        records.append(make_record("proj+gate", T, t_us, records[-2]["bytes"] + gbytes, flops + gflops, copy_gbps, base,
                                    kernel=f"{proj.name}+{gate_on_kv.name}"))
-        log(f"apply          T={T:5d}: {t_us:9.1f} us  {base}")
+        log(f"proj+gate      T={T:5d}: {t_us:9.1f} us  {base}")
     return {"copy_gbps": round(copy_gbps, 1), "records": records, "device": device, "shape": shape.name}
 
 
@@ -224,7 +228,7 @@ def bench_variants(shape: BenchShape = RELEASED, quick: bool = False, log=print,
                 rows_of = max((1 << 30) // get_encoding(rec.encoding).row_bytes, 64) if not smoke else 64
                 tables[rec.encoding] = _random_table(rec.encoding, rows_of, rng, cuda)
             table = tables[rec.encoding]
-            n_rows, row_bytes = table.shape
+            n_rows = table.shape[0]
             for T in tokens(rec):
                 n = T * COLS
                 ids = cuda.to_device(rng.integers(0, n_rows, n, dtype=np.int64))
@@ -237,7 +241,7 @@ def bench_variants(shape: BenchShape = RELEASED, quick: bool = False, log=print,
                 launch()
                 valid = _sample_rows_ok(table, ids, got, rec.encoding, rng)
                 us = timer(launch, iters=iters)
-                add("gather_dequant", T, rec.name, us, n * (row_bytes + 512 + 8), 0, valid, encoding=rec.encoding)
+                add(f"rows_{rec.encoding}", T, rec.name, us, *rec.launch_cost(n), valid, encoding=rec.encoding)
 
     if "proj" in stages:
         wkv_h = f32_to_bf16(rng.standard_normal((N, K)).astype(np.float32) * 0.02)
@@ -260,7 +264,7 @@ def bench_variants(shape: BenchShape = RELEASED, quick: bool = False, log=print,
                 ok, agree = projection_agrees(got.copy_to_host()[sample], ref)
                 slow = rec.name.endswith("_v1")
                 us = timer(launch, iters=3 if slow or T == 4096 else iters)
-                add("projection", T, rec.name, us, N * K * 2 + T * K * 2 + T * N * 2, 2 * T * K * N, ok, **agree)
+                add("proj_bf16", T, rec.name, us, *rec.launch_cost(T, K, N), ok, **agree)
 
     if "gate" in stages:
         w_gate_h = (1 + 0.1 * rng.standard_normal((HC, DIM))).astype(np.float32)
@@ -272,7 +276,6 @@ def bench_variants(shape: BenchShape = RELEASED, quick: bool = False, log=print,
             ref = gate_reference(h0, kvg_h, w_gate_h, np.ones_like(w_gate_h))
             h = cuda.to_device(h0)
             dot, gate = cuda.device_array((T, HC), dtype=np.float32), cuda.device_array((T, HC), dtype=np.float32)
-            gbytes = 2 * T * HC * DIM * 4 + T * HC * DIM * 2 + T * DIM * 2 + HC * DIM * 4
             for rec in catalog.records("gate"):
                 if T not in tokens(rec):
                     continue
@@ -287,7 +290,7 @@ def bench_variants(shape: BenchShape = RELEASED, quick: bool = False, log=print,
                     launch()
                     valid = gate_agrees(h0, h.copy_to_host(), dot.copy_to_host(), gate.copy_to_host(), kvg_h, ref.dot)
                     us = timer(launch, iters=iters)
-                    add("gate", T, rec.name + (f"/{layout}" if layout else ""), us, gbytes, 0, valid)
+                    add("gate", T, rec.name + (f"/{layout}" if layout else ""), us, *rec.launch_cost(T, HC, DIM), valid)
     return out
 
 
@@ -432,7 +435,7 @@ def bench_host(log=print, n_calls: int = 500, reader_vocab: int = 100_000, smoke
 
 SECTIONS = ("host", "device", "decode", "corpus", "variants")
 CPU_SECTIONS = ("access",)      # run alone, on the CPU (bench/access.py), not part of the default set
-_DECODE_STAGES = ("projection_q2k", "projection_fp8", "decode_step", "engine_build")
+_DECODE_STAGES = ("proj_q2k", "proj_fp8", "decode_step", "engine_build")
 
 
 def _sections(text) -> tuple:
@@ -486,7 +489,7 @@ def main(args=None) -> int:
     sections = _sections(getattr(args, "sections", None))
     previous = {}
     if getattr(args, "merge", False) and out.exists():
-        previous = json.loads(out.read_text())           # add these sections to an earlier run's file
+        previous = load_results(out)                      # add these sections to an earlier run's file
         result = {k: v for k, v in previous.items() if k not in ("records", "variants", "host")} | result
         result["records"] = [r for r in previous.get("records", []) if _section_of(r) not in sections]
         if "variants" not in sections and "variants" in previous:
@@ -512,7 +515,7 @@ def main(args=None) -> int:
         result["copy_gbps"] = round(measure_copy_gbps(DeviceTimer()), 1)
         result["device"] = device_name()
     if "decode" in sections:
-        bench_decode.add_to(result, shape, quick)      # projection_q2k/_fp8, decode_step, engine_build
+        bench_decode.add_to(result, shape, quick)      # proj_q2k/_fp8, decode_step, engine_build
         save()
     if "corpus" in sections:
         result["records"] += corpus_bench(shape, quick=quick, table_gb=getattr(args, "corpus_table_gb", None))["records"]

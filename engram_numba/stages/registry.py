@@ -3,7 +3,7 @@
 The record is the kernel: a `KernelRecord` says what a kernel version is (stage, name, a one-line
 changelog), carries the kernel itself (or a factory of its specialisations), its launch geometry,
 its argument form, the argument types the compile-only tier compiles it with, the shapes the
-simulator tests run it at, whether it sums in the reference's order (`bit_exact`) and when it is
+simulator tests run it at, the bytes and flops of one launch (the bench's floor), whether it sums in the reference's order (`bit_exact`) and when it is
 the default (`default_when` in words, `default_rule` as a predicate over the launch's context).
 Each stage has ONE generic launcher that reads these fields (`proj.cuda_common.prepare`,
 `rows.cuda_common.prepare`, `gate.cuda.prepare`); the pipeline, `EngramV41`, the bench sweep, the
@@ -118,6 +118,12 @@ class KernelRecord:
     simulate        cheap enough to run in numba's simulator at the tests' tiny shapes
     requires        an optional dependency the version needs ("torch or cupy"), "" for none
     sweep           token counts at which the bench's version sweep times it (where it competes)
+    cost            the stage's shape arguments -> (bytes moved, flops) of one launch, the bench's
+                    floor: bytes read from and written to device memory once each (inputs,
+                    weights, outputs), flops of the multiply-adds (2 a product; 0 where the stage
+                    has no matrix product). rows: cost(n) for n rows gathered by int64 id;
+                    proj: cost(T, K, N); gate: cost(T, hc, dim, residual_bytes=4) with the
+                    [T, hc] fp32 dot and gate outputs written. Read through `launch_cost()`.
     """
 
     stage: str
@@ -139,6 +145,15 @@ class KernelRecord:
     simulate: bool = True
     requires: str = ""
     sweep: tuple = ()
+    cost: Callable[..., tuple] | None = None
+
+    def launch_cost(self, *shape, **kwargs) -> tuple[int, int]:
+        """(bytes, flops) of one launch at `shape` (the stage's shape arguments, see `cost`)."""
+        if self.cost is None:
+            raise RuntimeError(f"kernel record {self.stage}.{self.name} states no cost (bytes, flops); "
+                               "give it one in the stage's records.py")
+        nbytes, flops = self.cost(*shape, **kwargs)
+        return int(nbytes), int(flops)
 
     def prepare(self, *args, **kwargs):
         """A PreparedLaunch of this version (arguments as the stage's launcher takes them)."""

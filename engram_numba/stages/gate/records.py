@@ -63,10 +63,19 @@ def _geometry(v: int):
 # (T in {1, 3, 5}, hc in {1..4}, dim in {64, 128}) meets every kernel
 SIM_CASES = ((1, 4, 64), (5, 4, 64), (3, 2, 128), (3, 3, 64), (5, 1, 128), (1, 2, 64), (3, 4, 64), (5, 2, 128))
 
+def cost(T: int, hc: int, dim: int, residual_bytes: int = 4) -> tuple[int, int]:
+    """(bytes, flops) of one gate launch: the highway [T, hc, dim] read and written back, kv's hc
+    keys and one value [T, (hc+1)*dim] bf16 read, the weight [hc, dim] fp32 read, the dot and gate
+    outputs [T, hc] fp32 written. The dot products are not a matrix product: 0 flops (the gate is
+    bound by bytes)."""
+    return 2 * T * hc * dim * residual_bytes + T * (hc + 1) * dim * 2 + hc * dim * 4 + 2 * T * hc * 4, 0
+
+
 for _v, _exact, _log, _when, _rule in _RECORDS:
     register(KernelRecord(
         stage="gate", name=f"gate_v{_v}", changelog=_log, launcher=cuda.prepare,
         kernel=cuda.gate_v1 if _v == 1 else Factory(_FAST[_v]), geometry=_geometry(_v),
         args="naive" if _v == 1 else "words", align=0 if _v == 1 else 16, specs=(lambda v=_v: _specs(v)),
         spill_free=_v != 1, vector_io=_v != 1,
-        sim_cases=SIM_CASES, bit_exact=_exact, default_when=_when, default_rule=_rule, sweep=(1, 16, 128, 4096)))
+        sim_cases=SIM_CASES, bit_exact=_exact, default_when=_when, default_rule=_rule, sweep=(1, 16, 128, 4096),
+        cost=cost))

@@ -69,10 +69,39 @@ NAIVE_ARGS = (_U16_2D, _U16_2D, _U16_2D)                                  # x, w
 FAST_ARGS = (_U32_1D, _U32_1D, _U16_2D, types.int64, types.int64)        # x32, w32, out, T, K
 
 
+# bytes of a wkv [N, K] stored in each weight encoding: bf16; q2k and its device layout q2k_r, one
+# 84-byte block per 256 values; fp8, one e4m3 byte a value and one e8m0 scale per 32x32 tile
+WEIGHT_BYTES = {
+    "bf16": lambda N, K: N * K * 2,
+    "q2k": lambda N, K: N * (K // 256) * 84,
+    "q2k_r": lambda N, K: N * (K // 256) * 84,
+    "fp8": lambda N, K: N * K + -(-N // 32) * (K // 32),
+}
+
+
+def weight_bytes(encoding: str, N: int, K: int) -> int:
+    """Bytes of a wkv [N, K] stored in `encoding`."""
+    if encoding not in WEIGHT_BYTES:
+        raise ValueError(f"no weight size for wkv encoding {encoding!r}; known: {sorted(WEIGHT_BYTES)}")
+    return WEIGHT_BYTES[encoding](N, K)
+
+
+def cost(encoding: str):
+    """(bytes, flops) of kv = bf16(x @ W^T) with W in `encoding`: the weight read once, x [T, K]
+    bf16 read, kv [T, N] bf16 written; 2*T*K*N flops whatever the weight's encoding."""
+    def proj_cost(T: int, K: int, N: int) -> tuple[int, int]:
+        return weight_bytes(encoding, N, K) + T * K * 2 + T * N * 2, 2 * T * K * N
+    proj_cost.__name__ = f"cost_{encoding}"
+    return proj_cost
+
+
 def _proj(name, changelog, *, kernel, geometry, args, specs, when="never (pick it by name)", rule=None,
           exact=False, encoding="bf16", sim=(), sweep=(), align=16, vector_io=None, **kw):
-    """Register one projection record (the stage's launcher: `cuda_common.prepare`)."""
+    """Register one projection record (the stage's launcher: `cuda_common.prepare`); its cost is
+    its weight encoding's (WEIGHT_BYTES) unless `cost=` says otherwise."""
     naive = args == "naive"
+    if encoding in WEIGHT_BYTES:
+        kw.setdefault("cost", cost(encoding))
     register(KernelRecord(
         stage="proj", name=name, changelog=changelog, launcher=kw.pop("launcher", prepare), kernel=kernel,
         geometry=geometry, args=args, align=0 if naive else align, specs=specs, spill_free=not naive,

@@ -11,10 +11,21 @@ from numba import types
 from ..registry import KernelRecord, register
 from . import cuda_fp8, cuda_kquants, cuda_q2k
 from .cuda_common import U8_2D, U16_2D, U32_1D, U32_2D, geometry_fast, geometry_lanes, geometry_naive, prepare, specs
-from .encodings import get_encoding
+from .encodings import ROW_VALUES, get_encoding
 
 # rows the simulator tier decodes: one, a few, past one block of 32 (Q2_K); one and a few (the others)
 SIM_ROWS = {"q2k": (1, 3, 33)}
+
+
+def cost(encoding: str):
+    """(bytes, flops) of gathering n rows of `encoding` by int64 id: each id read, each raw row
+    read, each decoded bf16 row written once; decoding has no matrix product (0 flops)."""
+    row_bytes = get_encoding(encoding).row_bytes
+
+    def rows_cost(n: int) -> tuple[int, int]:
+        return n * (8 + row_bytes + 2 * ROW_VALUES), 0
+    rows_cost.__name__ = f"cost_{encoding}"
+    return rows_cost
 
 
 def _rows(encoding, version, changelog, *, pair, args, src_t, out_t, extra=(), geometry=None, when=None, rule=None):
@@ -27,7 +38,7 @@ def _rows(encoding, version, changelog, *, pair, args, src_t, out_t, extra=(), g
         kernel=kernel, geometry=geometry or (geometry_naive if naive else geometry_fast), args=args,
         align=0 if naive else get_encoding(encoding).fast_align, specs=specs(kernel, src_t, out_t, extra),
         spill_free=not naive, vector_io=not naive, sim_cases=SIM_ROWS.get(encoding, (1, 9)), bit_exact=True,
-        default_when=when or "never (pick it by name)", default_rule=rule, sweep=(4096,)))
+        default_when=when or "never (pick it by name)", default_rule=rule, sweep=(4096,), cost=cost(encoding)))
 
 
 def _rule(encoding: str, aligned: bool):
