@@ -149,7 +149,10 @@ def bench_projection_q(shape: BenchShape, quick: bool, log, timer, copy_gbps, sm
         prepare_wkv_to_bf16(rd, sd, wb_dev, weight=weight)()
         tw = torch_view(wb_dev, torch).view(torch.bfloat16) if torch is not None else None
         # (version, the encoding it reads): on a GPU a Q2_K weight also runs re-laid out as q2k_r
-        versions = [(r.name, weight) for r in registry.records("proj", weight)]
+        # the exact-weight GEMVs only: DeepSeek's FP8 arithmetic quantises the activations too, so it
+        # has its own yardstick and bench (tools/fp8_dev.py)
+        from ..stages.proj.records import DEEPSEEK_FP8_VERSIONS
+        versions = [(r.name, weight) for r in registry.records("proj", weight) if r.name not in DEEPSEEK_FP8_VERSIONS]
         weights = {weight: rd}
         if weight == "q2k" and not smoke:
             weights["q2k_r"] = repack_on_device(rd, N, K)

@@ -403,7 +403,8 @@ def test_gpu_quant_projection_released(rng, released_q_weights, weight, T):
     xd, rd = cuda.to_device(x), cuda.to_device(raw)
     sd = None if scales is None else cuda.to_device(scales)
     failures = []
-    versions = [(v, weight) for v in registry.names("proj", weight)]
+    # DeepSeek's FP8 arithmetic (activations quantised too) has its own yardstick and gpu test
+    versions = [(v, weight) for v in registry.names("proj", weight) if v not in DEEPSEEK_FP8_VERSIONS]
     if weight == "q2k":       # the same weight re-laid out on the device
         from engram_numba.stages.proj.cuda_gemv_q2kr import repack_on_device
         rd_r = repack_on_device(rd, RELEASED_N, RELEASED_K)
