@@ -458,7 +458,7 @@ def run(shape: BenchShape = RELEASED, quick: bool = False, log=print, table_gb: 
 
     records = []
     variants = [("device", from_device, True, stage_us["highway.d2d"])]
-    if not quick:                        # --quick: the device-table run the host-table runs compare with
+    if smoke or not quick:               # --quick: the device-table run the host-table runs compare with
         variants += [("device, gate statistics only", from_device, False, stage_us["highway.d2d"]),
                      ("host pinned", from_host(host_pinned), True, nbytes / (h2d["pinned"] * 1e3)),
                      ("host pageable", from_host(host_pageable), True, nbytes / (h2d["pageable"] * 1e3))]
