@@ -87,6 +87,7 @@ def test_apply_matches_the_reference(model, engine, rng, residual):
         np.testing.assert_allclose(got, ref.highway, rtol=1e-5, atol=1e-5)
 
 
+@pytest.mark.slow     # the whole cuda pipeline in the simulator: make test only
 def test_step_runs_both_layers_like_the_pipeline(model, rng):
     from engram_numba.pipeline import Pipeline
     engine = EngramV41(model, max_tokens=4)          # host tables: rows come through rows_from_raw

@@ -152,6 +152,7 @@ def bf16_kv(model):
     return _apply_kv(EngramV41(model, max_tokens=4, device_tables=True, wkv_format="bf16"), model, TINY_TOKENS[:2])[0]
 
 
+@pytest.mark.slow     # whole engines in the simulator: make test only
 def test_resident_weights_equal_the_bf16_projection(model, fp8_model, bf16_kv):
     """In the simulator the defaults are the in-order kernels on both sides (gemv_q2k_v1 /
     gemv_fp8_v1 against gemv_v1 / gemm_v1): the projection is the same bits, whatever format the
@@ -167,6 +168,7 @@ def test_resident_weights_equal_the_bf16_projection(model, fp8_model, bf16_kv):
         np.testing.assert_array_equal(kv_q, R.projection_reference(x, m.layers[lid].wkv_bf16()))
 
 
+@pytest.mark.slow     # whole engines in the simulator: make test only
 def test_many_tokens_decode_the_weight_then_run_the_gemm(model, monkeypatch, bf16_kv):
     """Above QUANT_GEMV_MAX_TOKENS the engine decodes a q2k wkv to bf16 (once per layer, into a
     shared scratch) and runs the bf16 GEMM: the same bits as a bf16-resident engine."""
@@ -197,6 +199,7 @@ def _run_sequence(engine, model, tokens, masks, use_decode, seed=7):
     return np.stack(outs), hasher
 
 
+@pytest.mark.slow     # every decode configuration in the simulator: make test only
 def test_decode_equals_step_in_the_simulator(model, simulator):
     """Without a GPU, decode runs the same launches one by one: equal to step(graph=False). Two
     tokens (each one-token step is seconds of simulated projection): a masked one, then one that

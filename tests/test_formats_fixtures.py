@@ -138,9 +138,9 @@ def test_cpu_equals_reference_on_every_format(fmt):
         assert ref.meta["format"] == m.format
 
 
-# the split GGUF holds the single file's tensors in shards: the same encodings and launches as
-# "gguf" (its reader is checked on every format by the cpu test above), so it runs in `make test` only
-CUDA_FORMATS = [pytest.param(f, marks=pytest.mark.slow) if f == "split" else f for f in FORMATS]
+# one format (gguf) in `make test-fast`, every format in `make test`: each is the whole cuda pipeline
+# in the simulator (the readers are checked on every format by the cpu test above)
+CUDA_FORMATS = [f if f == "gguf" else pytest.param(f, marks=pytest.mark.slow) for f in FORMATS]
 
 
 @pytest.mark.parametrize("fmt", CUDA_FORMATS)

@@ -185,6 +185,7 @@ def test_highway_name_and_save_errors(rng):
 
 # -- the cuda backend keeps rows, kv and highway on the device ------------------------------------
 
+@pytest.mark.slow     # the whole cuda pipeline in the simulator: make test only
 def test_cuda_backend_device_resident_path(model, monkeypatch):
     """With a names filter that keeps only ids, dot and gate, nothing but the dot and gate comes
     back from the device: rows, kv and the highway between layers stay there. In the simulator

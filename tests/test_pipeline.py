@@ -196,6 +196,7 @@ def test_diff_report_renders(model, ref_capture):
     assert "hash.ids" in labels and "rows.raw" in labels and bottom.get_ylim()[1] <= 1.05
 
 
+@pytest.mark.slow     # the whole cuda pipeline in the simulator: make test only
 def test_cuda_backend_with_chosen_kernel_versions(model, ref_capture):
     """The cuda backend on two tokens (the simulator runs every GPU thread in Python) with the fast
     kernels named through versions. (The launchers' defaults on this model and these tokens,

@@ -111,6 +111,7 @@ def model(request):
     return build_model(request.param)
 
 
+@pytest.mark.slow     # the whole cuda pipeline in the simulator: make test only (every encoding)
 def test_reference_cpu_and_cuda_agree_on_every_encoding(model):
     enc = model.layers[1].table_encoding
     tokens, mask = TINY_TOKENS[:2], TINY_MASK[:2]
