@@ -23,19 +23,6 @@ import numpy as np
 CHUNK = 4096
 
 
-def _hash_docs(model, docs) -> list:
-    """[n, C] row ids of each engram layer over documents hashed one by one."""
-    from ..stages.hash.cpu import EngramHasher
-    hasher = EngramHasher(model.hash_tables, capacity=max(d.size for d in docs) + 8)
-    per = [[] for _ in model.config.layer_ids]
-    for d in docs:
-        hasher.reset()
-        ids = hasher.hash(d)
-        for li in range(len(per)):
-            per[li].append(ids[:, li, :])
-    return [np.concatenate(p) for p in per]
-
-
 def chunk_hits(ranked: np.ndarray, test_ids: np.ndarray, slots: int, row_bytes: int, chunk: int = CHUNK) -> dict:
     """A static cache of the first `slots` rows of `ranked`, read by `test_ids` [n, C] in chunks
     of `chunk` tokens: per chunk hits, misses, host and cache bytes; and the totals."""
@@ -65,6 +52,7 @@ def chunk_hits(ranked: np.ndarray, test_ids: np.ndarray, slots: int, row_bytes: 
 def run(max_mb: float = 8.0, budgets=(0.0625, 0.25, 1.0), log=print, model=None, docs=None) -> dict:
     from ..analysis.offline_corpus import corpus_token_ids, offline_corpus
     from ..device.hostrows import rank_rows
+    from .corpus import token_ids_by_layer
     t0 = time.perf_counter()
     meta = {}
     if model is None:
@@ -78,7 +66,7 @@ def run(max_mb: float = 8.0, budgets=(0.0625, 0.25, 1.0), log=print, model=None,
         meta["corpus_digest"] = corpus.digest
     held = [d for i, d in enumerate(docs) if i % 10 == 0]
     train = [d for i, d in enumerate(docs) if i % 10 != 0]
-    tr, te = _hash_docs(model, train), _hash_docs(model, held)
+    tr, te = token_ids_by_layer(model, train), token_ids_by_layer(model, held)
     log(f"cache hits: {sum(d.size for d in train):,} training tokens, {sum(d.size for d in held):,} held out "
         f"({time.perf_counter() - t0:.1f} s to tokenize and hash)")
     out = {"stage": "cache_hit_rate", "chunk_tokens": CHUNK, "budgets_gb": list(budgets), **meta,

@@ -517,7 +517,7 @@ def run(shape: BenchShape = RELEASED, quick: bool = False, log=print, table_gb: 
             "table_gb_per_layer": round(table_gb_real, 2), "host_tables": host_info}
 
 
-def _token_ids_by_layer(model, docs) -> list:
+def token_ids_by_layer(model, docs) -> list:
     """Each layer's row ids [n, C] over documents hashed one by one (as corpus_stats does)."""
     from ..stages.hash.cpu import EngramHasher
     hasher = EngramHasher(model.hash_tables, capacity=max(d.size for d in docs) + 8)
@@ -589,8 +589,8 @@ def _host_runs(model, dev_eng, docs, chunk, timer, mem, log, cache_gbs, smoke, d
     vocab = model.hash_tables.token_map.size
     n_tok = sum(d.size for d in docs)
     train_docs = _documents(n_tok, vocab, np.random.default_rng(99), lo=2 if smoke else 256, hi=6 if smoke else 4096)
-    train = _token_ids_by_layer(model, train_docs)
-    test = _token_ids_by_layer(model, docs)
+    train = token_ids_by_layer(model, train_docs)
+    test = token_ids_by_layer(model, docs)
     ranked = {l_: rank_rows(train[li]) for li, l_ in enumerate(cfg.layer_ids)}
     slots = {gb: int(gb * 1e9) // 84 for gb in cache_gbs}
     out["hit_rate_host_model"] = {str(gb): {str(l_): round(cache_hit_rates(train[li], test[li], [s])[s], 4)
