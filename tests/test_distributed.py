@@ -153,7 +153,7 @@ def study(tmp_path_factory, model):
 
 
 @pytest.mark.slow
-def test_two_cpu_workers_give_the_one_process_statistics_and_resume(tmp_path, client, study):
+def test_two_cpu_workers_give_the_one_process_statistics_and_resume(tmp_path, client, study, model):
     root, want = study
     out = tmp_path / "run"
     st = dist.distributed_corpus_stats(TINY_PATH, root, out=out, client=client, shard_bytes=600, progress=False)
@@ -164,6 +164,17 @@ def test_two_cpu_workers_give_the_one_process_statistics_and_resume(tmp_path, cl
     assert summary["workers"] == 2 and sum(w["tokens"] for w in summary["per_worker"].values()) == want.n_tokens
     parts = sorted((out / "parts").glob("shard-*.npz"))
     assert len(parts) == n and (out / "parts" / "plan.json").is_file()
+    # a worker that died after sending a shard's statistics but before writing its part file: the
+    # driver finds the file missing at the end, recomputes that shard and writes it
+    from engram_numba.analysis.streaming import DEFAULT_MAX_CONTEXTS
+    plan = [(s, None) for s in plan_shards(corpus_files(root), shard_bytes=600)]
+    settings = dist._settings("cpu", 4096, None, "text", "line", None, True, 20, DEFAULT_MAX_CONTEXTS, True, True,
+                              "fp32", None)
+    before = dist.load_partial(str(parts[2])).stats()
+    parts[2].unlink()
+    assert dist._rewrite_lost_parts(client, plan, {}, out, dist.PathModel(TINY_PATH), settings,
+                                    dist.model_identity(model), None) == 1
+    assert_same_stats(before, dist.load_partial(str(parts[2])).stats())
     # an interrupted run: two shards' files missing; the rerun computes just those two
     parts[1].unlink()
     parts[-1].unlink()

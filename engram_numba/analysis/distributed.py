@@ -24,6 +24,8 @@ How it runs:
   corpus file that changed since is refused by name, as is one that cannot be read.
 - A worker that dies mid-run has its tasks (and any merge that lived in its memory) recomputed by
   Dask on the others; shards are pure functions of their description, so the result is the same.
+  A part file lost with a worker that died after returning the shard's statistics (the write is
+  on a thread) is recomputed and written at the end (`RunSummary.rewritten`).
 - The result equals `corpus_stats` on the same corpus in one process, exactly (every count,
   histogram, exact moment, token and context table, row bitmap): every document is a fresh
   sequence, so no hash history, position or n-gram window crosses a shard boundary. Two things
@@ -51,6 +53,7 @@ import os
 import socket
 import threading
 import time
+import warnings
 from dataclasses import dataclass, field as dc_field
 from pathlib import Path
 
@@ -430,6 +433,7 @@ class RunSummary:
     tail_merges_s: float = 0.0      # after the last shard's statistics arrived: the merges left and the transfer
     tail_parts_s: float = 0.0       # then waiting for the part files still being written
     tail_finalize_s: float = 0.0    # then the merged state's context tables filled on the client
+    rewritten: int = 0              # part files lost with a dead worker (result sent, file not yet written), redone
 
     def to_json(self) -> dict:
         return {"workers": self.workers, "shards": self.shards, "computed": self.computed, "skipped": self.skipped,
@@ -437,7 +441,7 @@ class RunSummary:
                 "tokens_per_s": round(self.tokens / self.wall_s, 1) if self.wall_s > 0 else None,
                 "dashboard": self.dashboard, "per_worker": self.per_worker,
                 "tail_merges_s": round(self.tail_merges_s, 3), "tail_parts_s": round(self.tail_parts_s, 3),
-                "tail_finalize_s": round(self.tail_finalize_s, 3)}
+                "tail_finalize_s": round(self.tail_finalize_s, 3), "rewritten": self.rewritten}
 
     def __str__(self) -> str:
         j = self.to_json()
@@ -449,7 +453,33 @@ class RunSummary:
                          f"{d['tokens_per_s']:,.0f} tokens/s")
         lines.append(f"  after the last shard: {self.tail_merges_s:.2f} s merges and transfer, {self.tail_parts_s:.2f} s "
                      f"part files, {self.tail_finalize_s:.2f} s filling the context tables")
+        if self.rewritten:
+            lines.append(f"  {self.rewritten} part file(s) lost with a worker that died after sending its result: "
+                         "recomputed and written again")
         return "\n".join(lines)
+
+
+def _rewrite_lost_parts(client, plan, done, out, source, settings, identity, res, attempts: int = 3) -> int:
+    """Part files are written on a worker's writer thread after its task has returned, so a worker
+    killed in between loses the file although its statistics reached the merge (the merged result is
+    still exact). Recompute those shards (pure functions of their description) and write them again,
+    so that a rerun finds every shard done. Returns how many were redone."""
+    redone = 0
+    for _ in range(attempts):
+        lost = [(s, docs) for s, docs in plan if s.index not in done and not part_path(out, s.index).exists()]
+        if not lost:
+            return redone
+        fs = [client.submit(run_shard, s, docs, source, settings, str(out), identity, pure=False,
+                            key=f"engram-rewrite-{s.index}-{os.urandom(4).hex()}", resources=res) for s, docs in lost]
+        client.gather(fs)
+        client.run(flush_writes)
+        redone += len(lost)
+    lost = [s.index for s, _ in plan if s.index not in done and not part_path(out, s.index).exists()]
+    if lost:
+        warnings.warn(f"the part files of shard(s) {lost[:8]} could not be written after {attempts} attempts (workers "
+                      "keep dying): the statistics returned are exact, but a rerun will compute those shards again",
+                      RuntimeWarning, stacklevel=3)
+    return redone
 
 
 def _settings(backend, chunk_tokens, tokenizer, field, split, fmt, add_special_tokens, bins, max_contexts,
@@ -642,6 +672,7 @@ def distributed_corpus_stats(model, corpus=None, *, documents=None, out, client=
             total = total_f.result()
             summary.tail_merges_s = time.perf_counter() - t_end
             client.run(flush_writes)
+            summary.rewritten = _rewrite_lost_parts(client, plan, done, out, source, settings, identity, res)
             summary.tail_parts_s = time.perf_counter() - t_end - summary.tail_merges_s
             t_end = time.perf_counter()
             st = total.stats()
