@@ -218,15 +218,15 @@ def test_what_quantisation_costs_at_the_gate():
 
 @pytest.mark.slow
 def test_pipeline_picks_deepseeks_fp8_gemm_by_name():
-    """An FP8 wkv projected with DeepSeek's arithmetic on the tensor cores (gemm_fp8_v3, picked by
+    """An FP8 wkv projected with DeepSeek's arithmetic on the tensor cores (gemm_fp8_v1, picked by
     name): in the simulator, the captured kv is the CPU twin's, bit for bit, from the captured rows."""
     from engram_numba.stages.proj.cpu import projection_deepseek_fp8_cpu
     model = build_model("fp8")
     tokens, mask = TINY_TOKENS[:2], TINY_MASK[:2]
     with pytest.warns(UserWarning, match="simulator"):
-        pipe = Pipeline(model, "cuda", versions={"proj": "gemm_fp8_v3"})
+        pipe = Pipeline(model, {"rows": "cpu", "proj": "cuda", "gate": "cpu"}, versions={"proj": "gemm_fp8_v1"})
     cap = pipe.run(tokens, token_mask=mask)
-    assert cap.meta["cuda_kernels"]["proj"] == "gemm_fp8_v3"
+    assert cap.meta["cuda_kernels"]["proj"] == "gemm_fp8_v1"
     for lid in model.config.layer_ids:
         layer = model.layers[lid]
         x = cap[f"L{lid}.rows.bf16"].reshape(len(tokens), -1)
