@@ -121,7 +121,7 @@ def schedule(T: int, N: int, K: int, v: Variant, ctas: int, min_k_tiles: int = M
     mt, nt, n_k = cdiv(T, BM), cdiv(N, v.bn), cdiv(K, BK)
     order = tile_order(mt, nt, v.group_m)
     n_tiles = len(order)
-    G = max(1, min(ctas, (n_tiles * n_k) // min_k_tiles))
+    G = max(1, min(ctas, (n_tiles * n_k) // min_k_tiles if v.stream_k else n_tiles))
     full, rem = divmod(n_tiles, G)
     if not v.stream_k or rem == 0:
         dp = n_tiles

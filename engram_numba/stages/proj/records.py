@@ -231,9 +231,9 @@ _proj("gemm_v7", "gemm_v4's tiles and wgmma chain, warp-specialised: one loader 
       # released and odd shapes without the simulator
       sim=[(33, 72, 9),             # one tile, 2 k tiles (the second a 1-chunk K tail) cut over 2 CTAs:
                                     # a partial and its finisher; rows past T, odd N (16-bit stores)
-           (130, 136, 260)],        # 2 x 2 tiles, 3 k tiles, stream-K over 3 CTAs: a CTA runs a partial,
-                                    # then a whole tile (the stage ring carries on across units), another
-                                    # a finisher after its partial; outputs past N, 32-bit pair stores
+           (130, 72, 260)],         # 2 x 2 tiles, 2 k tiles, stream-K over 3 CTAs: one runs a partial, then
+                                    # a whole tile (the stage ring carries on across units), the next a
+                                    # whole tile, then the finisher; outputs past N, 32-bit pair stores
       sweep=(128, 256, 512, 1024, 4096))
 
 # cuBLAS: the comparison backend; nothing of ours to compile, no simulator (it needs a GPU)
