@@ -5,13 +5,16 @@ chain are gemm_v4's (`cuda_wgmma`): 128 x BN tiles, BK = 64, operands K-major in
 128-byte-swizzled layout, two MMA warpgroups of 64 token rows each (m64nBNk16).
 
 What changes against gemm_v4
-  roles     384 threads: warpgroup 0 only loads (cp.async, 24 copies a thread a stage), with its
-            register budget lowered to 40 (`setmaxnreg.dec`); warpgroups 1 and 2 only multiply, with
-            232 (`setmaxnreg.inc`). They hand stages over on named barriers instead of block-wide
-            barriers: FULL[s] (the loader arrives once stage s has landed, the MMA warpgroups sync)
-            and EMPTY[s] (the MMA warpgroups arrive once their wgmma on stage s has retired, the
-            loader syncs before refilling it). The MMA warpgroups never issue a copy or wait for
-            the other warpgroup.
+  roles     320 threads: warpgroups 0 and 1 (threads 0-255; a wgmma warpgroup starts at a warp
+            index divisible by 4) only multiply, and 2 loader warps after them only copy (cp.async,
+            48 copies a thread a stage). They hand stages over on named barriers instead of
+            block-wide barriers: FULL[s] (the loader arrives once stage s has landed, the MMA
+            warpgroups sync) and EMPTY[s] (the MMA warpgroups arrive once their wgmma on stage s
+            have retired, the loader syncs before refilling it). The MMA warpgroups never issue a
+            copy or wait for each other. A loader warpgroup that hands registers to the MMA
+            warpgroups (`setmaxnreg`) is a candidate (`loader_warps=4`), but numba links every
+            kernel and ptxas ignores setmaxnreg in a linked compile (C7504), so 2 warps that need
+            no register shuffle are the default.
   persistent  one CTA an SM (grid = SMs, or fewer when there is less work); each CTA walks a list
             of work units (a tile and a range of its k tiles) made on the host (`schedule`), and
             the loader runs ahead into the next unit while the MMA warpgroups store the last one.

@@ -217,10 +217,10 @@ _wgmma("gemm_v6", "gemm_v4 with 128x200 tiles (m64n200k16): N = 25600 is 128 til
 _WS_ARGS = (_U32_1D, _U32_1D, _U16_2D, types.int32[:, :, ::1], types.int32[::1], types.float32[::1],
             types.int32[::1], types.int64, types.int64, types.int64)   # x32, w32, out, units, counts, ws, flags, T, K, pairs
 _V7 = cuda_wgmma_ws.VARIANTS["gemm_v7"]
-_proj("gemm_v7", "gemm_v4's tiles and wgmma chain, warp-specialised: one loader warpgroup (cp.async, setmaxnreg.dec 40) "
-      "and two MMA warpgroups (setmaxnreg.inc 232) handing 4 stages over on named barriers; persistent CTAs (one "
-      "an SM) over a host-made schedule, the ragged last waves stream-K with an fp32 fix-up in a fixed order; bf16 "
-      "stores from registers (not yet timed on the GPU: tools/prefill_dev.py --v7)",
+_proj("gemm_v7", "gemm_v4's tiles and wgmma chain, warp-specialised: 2 loader warps (cp.async) and two MMA "
+      "warpgroups hand 4 stages over on named barriers; persistent CTAs (one an SM) over a host-made schedule, the "
+      "last full wave and the ragged one stream-K with an fp32 fix-up in a fixed order; bf16 stores from registers "
+      "(166 registers, no spills; not yet timed on the GPU: tools/prefill_dev.py --v7)",
       kernel=Factory(lambda T: cuda_wgmma_ws.kernel_for(_V7)), geometry=cuda_wgmma_ws.geometry(_V7), args="fast",
       specs=lambda: [Spec(f"[{_V7.name}]", cuda_wgmma_ws.kernel_for(_V7), _WS_ARGS)]
       + [Spec(f"[{v.name}]", cuda_wgmma_ws.kernel_for(v), _WS_ARGS,
