@@ -94,3 +94,39 @@ def test_candidates_match_reference(rng, name, shape, ctas):
     stats = error_stats(out.copy_to_host(), Yardstick(x, w), projection_reference(x, w))
     print(json.dumps(dict(variant=name, shape=[T, K, N], **stats)))
     assert_within_tolerance(stats)
+
+
+@pytest.mark.skipif(not W.SIMULATOR, reason="the simulator twins")
+def test_twins_named_barrier_orders_a_handoff_and_flag_wait_refuses_a_higher_cta():
+    """A producer warp's stores before `named_barrier_arrive` are seen by the consumer warps after
+    their `named_barrier_sync` (two phases of one barrier in a row); a CTA that waits for a flag
+    no lower CTA set is refused by the twin instead of hanging."""
+    from engram_numba.device.hopper import flag_wait, named_barrier_arrive, named_barrier_sync
+
+    @cuda.jit
+    def handoff(buf, seen):
+        tid = cuda.threadIdx.x
+        for phase in range(2):
+            if tid >= 64:                            # the producer warp
+                if tid == 64:
+                    buf[0] = 10 + phase
+                named_barrier_arrive(3, 96)
+                named_barrier_sync(4, 96)            # consumers are done with this phase
+            else:
+                named_barrier_sync(3, 96)
+                seen[phase, tid] = buf[0]
+                named_barrier_arrive(4, 96)
+
+    seen = np.zeros((2, 64), np.int32)
+    handoff[1, 96](np.zeros(1, np.int32), seen)
+    assert (seen[0] == 10).all() and (seen[1] == 11).all()
+
+    @cuda.jit
+    def waits_on_a_later_cta(flags):
+        if cuda.blockIdx.x == 0 and cuda.threadIdx.x == 0:
+            flag_wait(flags, 1)
+        if cuda.blockIdx.x == 1 and cuda.threadIdx.x == 0:
+            cuda.atomic.exch(flags, 1, np.int32(1))
+
+    with pytest.raises(RuntimeError, match="lower-indexed CTAs"):
+        waits_on_a_later_cta[2, 32](np.zeros(2, np.int32))
