@@ -112,6 +112,9 @@ def test_bench_smoke_runs_the_suite_in_the_simulator(tmp_path, capsys):
     res = json.loads(out.read_text())
     assert {r["stage"] for r in res["records"]} == {"rows_q2k", "proj_bf16", "gate", "proj+gate", "proj_q2k",
                                                    "proj_fp8", "decode_step", "engine_build", "corpus_stats"}
+    from engram_numba.bench.timing import SMOKE
+    # the projection at every projection token count, the ones between the stage token counts included
+    assert sorted(r["T"] for r in res["records"] if r["stage"] == "proj_bf16") == sorted(SMOKE.proj_tokens)
     corpus = [r for r in res["records"] if r["stage"] == "corpus_stats"]
     variants = {r["variant"] for r in corpus}
     assert {"device", "device, gate statistics only", "host pinned", "host pageable"} <= variants

@@ -91,7 +91,8 @@ def test_wgmma_kernels_stay_asynchronous(report):
     """The Hopper kernels issue wgmma and cp.async, and ptxas did not serialize their wgmma (it does
     when a kernel contains a call, e.g. a 64-bit division, or cannot prove the accumulators safe)."""
     wg = [r for r in report if r["ok"] and r["instructions"].get("wgmma", 0)]
-    assert {r["name"].split("[")[0] for r in wg} >= {"proj.gemm_v4", "proj.gemm_v5", "proj.gemm_v6"}, [r["name"] for r in wg]
+    assert {r["name"].split("[")[0] for r in wg} >= {"proj.gemm_v4", "proj.gemm_v5", "proj.gemm_v6",
+                                                      "proj.gemm_v7"}, [r["name"] for r in wg]
     for r in wg:
         assert r["instructions"]["cp.async"] > 0, r["name"]
         assert not r["wgmma_serialized"], r["name"]

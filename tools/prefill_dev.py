@@ -1,6 +1,7 @@
 """Development run of the prefill projection on a Hopper GPU: every wgmma variant checked, then timed.
 
     python tools/prefill_dev.py [--out DIR] [--ncu] [--quick]     (from the repository root)
+    python tools/prefill_dev.py --v7 [--out DIR] [--ncu]            gemm_v7 and its candidates
 
 One command does the whole batch (docs/gpu.md): a worker process checks every variant of
 `stages/proj/cuda_wgmma.py` (the records gemm_v4 / gemm_v5 and the other tiles and layouts in
@@ -13,6 +14,12 @@ variant kills the CUDA context (a bad descriptor can), the driver restarts the w
 and says so. With --ncu, one launch of the fastest T = 4096 variant runs under Nsight Compute
 (SpeedOfLight, WarpStateStats, ComputeWorkloadAnalysis, MemoryWorkloadAnalysis) and its SASS is
 saved. The last lines printed are a compact table.
+
+With --v7: gemm_v7 (`stages/proj/cuda_wgmma_ws.py`, warp-specialised, persistent, stream-K tail)
+and its candidates are checked at the tiny odd shapes, then at the released shape for T in
+V7_TOKENS (1, 16, 128, 256, 512, 1024, 4096), each checked and timed beside gemm_v4 / gemm_v5 /
+gemm_v6, the default the records pick and cuBLAS, then at the odd released-size shapes; the
+table's "x cuBLAS" column is what the records' default rules are decided on.
 
 Numerics: a check passes when every well-conditioned element (fp32 summation noise under half a
 bf16 ulp) is within 1 bf16 ulp of the float64 product rounded once, and the rest within the noise
@@ -39,6 +46,7 @@ TOKENS = (16, 128, 4096)
 ODD = [(33, 264, 200), (130, 136, 260), (5, 520, 9)]            # tiny: every variant, first
 ODD_RELEASED = [(257, K_REL + 8, N_REL + 8), (33, K_REL, N_REL)]  # released-size odd shapes
 SWEEP_TOKENS = (2, 8, 32, 48, 64, 80, 96, 192, 256, 512, 1024)      # where the defaults change hands
+V7_TOKENS = (1, 16, 128, 256, 512, 1024, 4096)                      # --v7: the prefill-chunk sizes
 NOISE_SIGMAS, U = 8.0, 2.0 ** -24
 
 
@@ -83,16 +91,21 @@ def _emit(fh, rec):
     print(json.dumps(rec), flush=True)
 
 
-def worker(out_dir: Path, skip: set, quick: bool, smoke: bool, only=None, tokens_arg=None, sweep_arg=None):
+def worker(out_dir: Path, skip: set, quick: bool, smoke: bool, only=None, tokens_arg=None, sweep_arg=None,
+           v7: bool = False):
     from numba import cuda
 
     from engram_numba.bf16 import bf16_to_f32, f32_to_bf16
     from engram_numba.stages.gate.launch import prepare_gate
     from engram_numba.stages.proj import cuda_wgmma as W
-    from engram_numba.stages.proj.launch import prepare_project
+    from engram_numba.stages.proj import cuda_wgmma_ws as W7
+    from engram_numba.stages.proj.launch import pick, prepare_project
     from engram_numba.bench.timing import DeviceTimer
 
     variants = {**W.VARIANTS, **W.CANDIDATES}
+    ws_variants = {**W7.VARIANTS, **W7.CANDIDATES}
+    if v7:         # gemm_v7 and its candidates against the records' tiles (the other candidates left out)
+        variants = {**W.VARIANTS, **ws_variants}
     if only:       # --variants: these (and cuBLAS) in every phase
         variants = {k: v for k, v in variants.items() if k in only}
         skip = set(skip) | {n for n in ("gemv_v3", "gemv_v4", "gemm_v3", *W.VARIANTS, *W.CANDIDATES) if n not in only}
@@ -102,6 +115,8 @@ def worker(out_dir: Path, skip: set, quick: bool, smoke: bool, only=None, tokens
     HC, DIM = 4, 5120
     if smoke:     # the script's own wiring in numba's simulator: tiny shapes, meaningless times
         k_rel, n_rel, tokens, odd, odd_rel, HC, DIM = 136, 320, (16, 130), ODD[:1], [(33, 72, 200)], 4, 64
+    if v7 and not smoke:
+        tokens = V7_TOKENS
     tokens = tuple(tokens_arg) if tokens_arg else tokens
 
     def rand_bf16(shape, scale, seed):       # host bf16 words (fresh normal draws, never zeros)
@@ -115,6 +130,8 @@ def worker(out_dir: Path, skip: set, quick: bool, smoke: bool, only=None, tokens
         return h
 
     def launch_of(name, x, w, out):
+        if name in ws_variants:
+            return W7.prepare_variant(name, ws_variants[name], x, w, out)
         if name in variants:
             return W.prepare_variant(name, variants[name], x, w, out)
         return prepare_project(x, w, out, version=name)          # gemm_v3, gemv_v4, cublas_v1
@@ -162,6 +179,10 @@ def worker(out_dir: Path, skip: set, quick: bool, smoke: bool, only=None, tokens
     per_T[tokens[-1]] = per_T.pop(4096)
     for T in tokens:
         per_T.setdefault(T, list(variants) + ["cublas_v1"])
+    if v7:         # every T: the records' wgmma tiles, the default the records pick, v7 and its candidates
+        per_T = {T: list(dict.fromkeys(
+            [pick(T, k_rel, n_rel).name] + (["gemm_v5"] if T <= 64 else [])
+            + ["gemm_v4", "gemm_v6", *ws_variants, "cublas_v1"])) for T in tokens}
     if smoke:
         per_T = {T: [n for n in names if n in ("gemm_v4", "gemm_v5", "gemm_v3", "cublas_v1")]
                  for T, names in per_T.items()}
@@ -191,7 +212,7 @@ def worker(out_dir: Path, skip: set, quick: bool, smoke: bool, only=None, tokens
                            "error": f"{type(exc).__name__}: {exc}"[:400]})
 
     # 2b. where the defaults change hands: every candidate at the token counts between
-    sweep = (2, 48) if smoke else tuple(sweep_arg) if sweep_arg is not None else SWEEP_TOKENS
+    sweep = (2, 48) if smoke else tuple(sweep_arg) if sweep_arg is not None else () if v7 else SWEEP_TOKENS
     for T in sweep:
         x_t = rand_bf16((T, k_rel), 1.0, 200 + T)
         rows = np.arange(T) if T <= 64 else np.unique(np.concatenate([[0, T - 1], rng.choice(T, 62, replace=False)]))
@@ -249,7 +270,10 @@ def worker(out_dir: Path, skip: set, quick: bool, smoke: bool, only=None, tokens
         x_t, w2_t = rand_bf16((T, K), 1.0, 11 + T), rand_bf16((N, K), 0.05, 12 + N)
         wfo = bf16_to_f32(host_words(w2_t)).astype(np.float64)
         yard = Yard(host_words(x_t), wfo, wfo * wfo)
-        for name in ["gemm_v4", "gemm_v5", "gemm_v6", "128x256/s4/noswz", "cublas_v1"]:
+        names = ["gemm_v4", "gemm_v5", "gemm_v6", "128x256/s4/noswz", "cublas_v1"]
+        if v7:
+            names = ["gemm_v4", *ws_variants, "cublas_v1"]
+        for name in names:
             if name in skip:
                 continue
             start(name)
@@ -270,16 +294,21 @@ def ncu_target(name: str):
 
     from engram_numba.bf16 import f32_to_bf16
     from engram_numba.stages.proj import cuda_wgmma as W
+    from engram_numba.stages.proj import cuda_wgmma_ws as W7
+    ws_variants = {**W7.VARIANTS, **W7.CANDIDATES}
     variants = {**W.VARIANTS, **W.CANDIDATES}
     rng = np.random.default_rng(0)
     xw = cuda.to_device(f32_to_bf16(rng.standard_normal((4096, K_REL), dtype=np.float32)))
     ww = cuda.to_device(f32_to_bf16(rng.standard_normal((N_REL, K_REL), dtype=np.float32) * np.float32(0.05)))
     out = cuda.device_array((4096, N_REL), dtype=np.uint16)
-    launch = W.prepare_variant(name, variants[name], xw, ww, out)
+    if name in ws_variants:
+        launch, kernel = W7.prepare_variant(name, ws_variants[name], xw, ww, out), W7.kernel_for(ws_variants[name])
+    else:
+        launch, kernel = W.prepare_variant(name, variants[name], xw, ww, out), W.kernel_for(variants[name])
     launch()
     cuda.synchronize()
     try:   # the SASS of what ran, for the record
-        sass = W.kernel_for(variants[name]).inspect_sass()
+        sass = kernel.inspect_sass()
         text = sass if isinstance(sass, str) else "\n\n".join(str(v) for v in sass.values())
         Path(os.environ.get("OUT", ".")).joinpath(f"sass_{name.replace('/', '_')}.txt").write_text(text)
     except Exception as exc:
@@ -336,6 +365,7 @@ def main(argv=None) -> int:
     ap.add_argument("--tokens", default="", help="released-shape token counts (default 16,128,4096)")
     ap.add_argument("--sweep", default=None, help="sweep token counts ('' for none)")
     ap.add_argument("--ncu-target", default="")
+    ap.add_argument("--v7", action="store_true", help="gemm_v7 and its candidates at T = 1 .. 4096 against v4-v6 and cuBLAS")
     args = ap.parse_args(argv)
     out_dir = Path(args.out)
     out_dir.mkdir(parents=True, exist_ok=True)
@@ -346,7 +376,7 @@ def main(argv=None) -> int:
     if args.worker:
         ints = lambda a: [int(t) for t in a.split(",") if t]   # noqa: E731
         worker(out_dir, skip, args.quick, args.smoke, only={s for s in args.variants.split(",") if s},
-               tokens_arg=ints(args.tokens), sweep_arg=None if args.sweep is None else ints(args.sweep))
+               tokens_arg=ints(args.tokens), sweep_arg=None if args.sweep is None else ints(args.sweep), v7=args.v7)
         return 0
 
     log = out_dir / "prefill_dev.jsonl"
@@ -358,7 +388,7 @@ def main(argv=None) -> int:
                "--skip", ",".join(sorted(failed))] + (["--quick"] if args.quick else []) \
             + (["--smoke"] if args.smoke else []) + (["--variants", args.variants] if args.variants else []) \
             + (["--tokens", args.tokens] if args.tokens else []) \
-            + (["--sweep", args.sweep] if args.sweep is not None else [])
+            + (["--sweep", args.sweep] if args.sweep is not None else []) + (["--v7"] if args.v7 else [])
         proc = subprocess.run(cmd, capture_output=True, text=True)
         (out_dir / f"worker{attempt}.log").write_text(proc.stdout[-200000:] + "\n--- stderr ---\n" + proc.stderr[-50000:])
         if "WORKER DONE" in proc.stdout:
@@ -381,7 +411,7 @@ def main(argv=None) -> int:
         cmd = ["ncu", "--clock-control", "none", "--print-details", "all",
                "--section", "SpeedOfLight", "--section", "WarpStateStats",
                "--section", "ComputeWorkloadAnalysis", "--section", "MemoryWorkloadAnalysis",
-               "-k", "regex:gemm_wgmma", "-c", "1", sys.executable, str(Path(__file__).resolve()),
+               "-k", "regex:gemm_wgmma|gemm_ws", "-c", "1", sys.executable, str(Path(__file__).resolve()),
                "--ncu-target", name]
         t0 = time.time()
         try:

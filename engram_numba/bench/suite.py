@@ -67,6 +67,12 @@ def _sample_rows_ok(table, ids_dev, rows_dev, encoding: str, rng, k: int = 512) 
     return bool(np.array_equal(rows_dev.copy_to_host()[sample], rows_reference(raw, encoding)))
 
 
+# Projection versions not (yet) the default that bench_device times beside the default kernel at every
+# projection token count on a Hopper GPU (in the proj_bf16 record's "challengers"), each validated first
+PROJ_CHALLENGERS = ("gemm_v7",)
+CHALLENGER_MIN_TOKENS = 16
+
+
 def bench_device(shape: BenchShape = RELEASED, quick: bool = False, log=print) -> dict:
     """The stage records (rows_q2k, proj_bf16, gate, proj+gate) with the default kernels."""
     from numba import cuda
@@ -75,12 +81,13 @@ def bench_device(shape: BenchShape = RELEASED, quick: bool = False, log=print) -
     from ..stages import registry
     from ..stages.gate.launch import prepare_gate
     from ..stages.gate.reference import gate_reference
-    from ..stages.proj.launch import prepare_project
+    from ..stages.proj.launch import device_cc, prepare_project
     from ..stages.rows.launch import prepare_gather
 
     torch = torch_or_none()
     timer = DeviceTimer()
     device = device_name()
+    hopper = tuple(device_cc() or ()) == (9, 0)
     copy_gbps = measure_copy_gbps(timer)
     log(f"device: {device}; copy bandwidth {copy_gbps:.0f} GB/s; shapes: {shape.name}")
     rng = np.random.default_rng(0)
@@ -101,6 +108,54 @@ def bench_device(shape: BenchShape = RELEASED, quick: bool = False, log=print) -
             compiled_gate = torch.compile(lambda h, kv, w: torch_gate(torch, h, kv, w, HC, DIM))
         except Exception as exc:  # torch.compile is optional
             log(f"torch.compile unavailable: {exc}")
+
+    def project_at(T):
+        """The proj_bf16 record at T (the default kernel, cuBLAS and the challengers of the same run)."""
+        # a prepared launch: the events time the kernel; Python cost is in "host"
+        x_h = f32_to_bf16(rng.standard_normal((T, K)).astype(np.float32) * 0.05)
+        x = cuda.to_device(x_h)
+        kv = cuda.device_array((T, N), dtype=np.uint16)
+        proj = prepare_project(x, wkv, kv)
+        proj()
+        sample = np.sort(rng.choice(T, min(T, 32), replace=False))
+        ref_rows = projection_reference_rows(x_h, wkv_h, sample)
+        ok, agree = projection_agrees(kv.copy_to_host()[sample], ref_rows)
+        base = {}
+        p_iters = iters if T < 4096 else max(5, iters // 10)
+        if torch is not None:
+            tx = torch_view(x, torch).view(torch.bfloat16)
+            base["torch_cublas_matmul"] = timer(lambda: tx @ tw.T, iters=max(5, iters if T < 4096 else 10))
+        t_us = timer(proj, iters=p_iters)
+        nbytes, flops = registry.get("proj", proj.name).launch_cost(T, K, N)
+        extra = {}
+        if "torch_cublas_matmul" in base:
+            extra["vs_cublas"] = round(t_us / base["torch_cublas_matmul"], 3)
+        # the versions that compete for the default (validated first, timed in the same run)
+        challengers = {}
+        for name in (PROJ_CHALLENGERS if hopper and T >= CHALLENGER_MIN_TOKENS else ()):
+            if name == proj.name:
+                continue
+            got = cuda.device_array((T, N), dtype=np.uint16)
+            try:
+                ch = prepare_project(x, wkv, got, version=name)
+                ch()
+            except Exception as exc:
+                challengers[name] = {"error": f"{type(exc).__name__}: {exc}"[:200]}
+                continue
+            ch_ok, ch_agree = projection_agrees(got.copy_to_host()[sample], ref_rows)
+            ch_us = timer(ch, iters=p_iters) if ch_ok else None
+            challengers[name] = {"time_us": None if ch_us is None else round(ch_us, 3), "validated": ch_ok, **ch_agree}
+            if ch_ok and "torch_cublas_matmul" in base:
+                challengers[name]["vs_cublas"] = round(ch_us / base["torch_cublas_matmul"], 3)
+        if challengers:
+            extra["challengers"] = challengers
+        records.append(make_record("proj_bf16", T, t_us, nbytes, flops, copy_gbps, base,
+                                   validated=ok, kernel=proj.name, vs_reference=agree, **extra))
+        log(f"proj_bf16      T={T:5d}: {t_us:9.1f} us  {flops / t_us / 1e6:.1f} TFLOP/s  {proj.name} "
+            f"valid={ok} {agree}  {base}" + (f"  vs cuBLAS {extra['vs_cublas']}" if "vs_cublas" in extra else "")
+            + "".join(f"  {n}: {c.get('time_us')} us ({c.get('vs_cublas', '-')}x cuBLAS, valid={c.get('validated')})"
+                      for n, c in challengers.items()))
+        return proj, kv, flops, sample
 
     for T in shape.tokens:
         n = T * COLS
@@ -124,25 +179,8 @@ def bench_device(shape: BenchShape = RELEASED, quick: bool = False, log=print) -
                                    validated=bool(ok), kernel=launches[0].name, encoding="q2k"))
         log(f"rows_q2k       T={T:5d}: {t_us:9.1f} us  {launches[0].name} valid={ok}  {base}")
 
-        # -- projection (a prepared launch: the events time the kernel; Python cost is in "host")
-        x_h = f32_to_bf16(rng.standard_normal((T, K)).astype(np.float32) * 0.05)
-        x = cuda.to_device(x_h)
-        kv = cuda.device_array((T, N), dtype=np.uint16)
-        proj = prepare_project(x, wkv, kv)
-        proj()
-        sample = np.sort(rng.choice(T, min(T, 32), replace=False))
-        ok, agree = projection_agrees(kv.copy_to_host()[sample], projection_reference_rows(x_h, wkv_h, sample))
-        base = {}
-        if torch is not None:
-            tx = torch_view(x, torch).view(torch.bfloat16)
-            base["torch_cublas_matmul"] = timer(lambda: tx @ tw.T, iters=max(5, iters if T < 4096 else 10))
+        proj, kv, flops, sample = project_at(T)  # sample: the token rows checked, reused by the gate
         p_iters = iters if T < 4096 else max(5, iters // 10)
-        t_us = timer(proj, iters=p_iters)
-        nbytes, flops = registry.get("proj", proj.name).launch_cost(T, K, N)
-        records.append(make_record("proj_bf16", T, t_us, nbytes, flops, copy_gbps, base,
-                                   validated=ok, kernel=proj.name, vs_reference=agree))
-        log(f"proj_bf16      T={T:5d}: {t_us:9.1f} us  {flops / t_us / 1e6:.1f} TFLOP/s  {proj.name} "
-            f"valid={ok} {agree}  {base}")
 
         # -- gate
         h0 = rng.standard_normal((T, HC, DIM)).astype(np.float32)
@@ -184,6 +222,9 @@ def bench_device(shape: BenchShape = RELEASED, quick: bool = False, log=print) -
         records.append(make_record("proj+gate", T, t_us, records[-2]["bytes"] + gbytes, flops + gflops, copy_gbps, base,
                                    kernel=f"{proj.name}+{gate_on_kv.name}"))
         log(f"proj+gate      T={T:5d}: {t_us:9.1f} us  {base}")
+    for T in shape.proj_tokens:
+        if T not in shape.tokens:
+            project_at(T)
     return {"copy_gbps": round(copy_gbps, 1), "records": records, "device": device, "shape": shape.name}
 
 
@@ -212,7 +253,7 @@ def bench_variants(shape: BenchShape = RELEASED, quick: bool = False, log=print,
     def tokens(rec):
         if smoke:   # the suite's own wiring, not the kernels: the naive versions at the smallest shape
             return list(shape.tokens[:1]) if rec.name.endswith("_v1") else []
-        return [t for t in rec.sweep if t in shape.tokens]
+        return [t for t in rec.sweep if t in (shape.proj_tokens if rec.stage == "proj" else shape.tokens)]
 
     def add(stage, T, variant, us, nbytes, flops, valid, **extra):
         rec = make_record(stage, T, us, nbytes, flops, copy_gbps, {}, variant=variant, validated=valid, **extra)

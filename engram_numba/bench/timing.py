@@ -30,6 +30,8 @@ class BenchShape:
     cols: int = 24
     head_dim: int = 256
     tokens: tuple = (1, 16, 128, 4096)
+    # the projection (proj_bf16, with cuBLAS beside it) also at the prefill-chunk sizes between
+    proj_tokens: tuple = (1, 16, 128, 256, 512, 1024, 4096)
     table_gb: float = 2.0
     name: str = "released"
 
@@ -43,7 +45,7 @@ class BenchShape:
 
 
 RELEASED = BenchShape()
-SMOKE = BenchShape(dim=16, hc=1, cols=1, tokens=(1, 2), table_gb=0.0001, name="smoke (simulator)")
+SMOKE = BenchShape(dim=16, hc=1, cols=1, tokens=(1, 2), proj_tokens=(1, 2, 3), table_gb=0.0001, name="smoke (simulator)")
 
 
 def commit() -> str:

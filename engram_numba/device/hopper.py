@@ -48,6 +48,31 @@ asynchrony, so a kernel that reads data before waiting for it fails in the simul
   (acc[4j + 2h], acc[4j + 2h + 1]) (one row, two adjacent columns) at word
   base + 8 h * stride + 4 j. With base = (16 w + g) * stride + t, word (r, c) of the
   [64, stride] tile holds D[r, 2c], D[r, 2c + 1].
+- `named_barrier_sync(bar, count)` / `named_barrier_arrive(bar, count)`: `bar.sync` /
+  `bar.arrive` on hardware barrier `bar` (1..15; 0 is `cuda.syncthreads`'s) for `count` threads
+  (a multiple of 32, whole warps): the barrier completes when `count` threads have arrived or
+  synced; `sync` waits for that, `arrive` does not (a producer signalling consumers). Memory
+  accesses before either are visible to the threads that sync on the completed barrier.
+- `setmaxnreg(kind, n)` returns a device function `f()` (`setmaxnreg.inc` / `.dec.sync.aligned.u32
+  n`, kind "inc" or "dec"): a whole warpgroup raises or lowers its per-thread register budget
+  (warp-specialised kernels: the loading warpgroup gives registers to the MMA warpgroups). A no-op
+  in the simulator.
+- `flag_wait(flags, i)`: spins until the int32 `flags[i]` is non-zero (read atomically, so another
+  CTA's `cuda.atomic.exch(flags, i, 1)` after a `cuda.threadfence()` is seen), for waits between
+  CTAs. The simulator runs blocks one after another, so a flag a CTA waits for must come from a
+  CTA with a lower index (the only order that cannot deadlock on a GPU either): its twin raises if
+  the flag is not set yet instead of hanging.
+- Accumulators out of and into global memory (epilogues of persistent and split-K kernels), each
+  unrolled over the tuple so the accumulators stay in registers:
+  `acc_store_f32(ws, base, stride, acc)`: ws[base + i * stride] = acc[i] (fp32 1-D ws);
+  `acc_add_f32(acc, ws, base, stride)` -> acc[i] + ws[base + i * stride], read with `ld.global.cg`
+  (from L2: the values were written by another CTA of the same launch);
+  `acc_store_bf16(out, acc, row, col, T, N, pairs)`: the wgmma fragment rounded to bf16 (nearest
+  even) into out [T, N] uint16: acc[4j + 2h + c] -> out[row + 8h, col + 8j + c] where that lies
+  inside [T, N]; `pairs` (N even and out 4-byte aligned, col even) stores each pair as one 32-bit word.
+- `warp_uniform(x)`: x as lane 0 of the warp holds it (`shfl.sync` from lane 0): for a value the
+  code knows to be the same across the warp (a warpgroup's role), so that the compiler knows it too
+  (ptxas serialises the wgmma of a kernel whose wgmma sit on a path it cannot prove warp-uniform).
 The simulator's wgmma sums each 16-term product in float64, rounds it to fp32 and adds it to the
 accumulator in fp32 (the tensor core's order is unspecified: compare in ulps, not bits).
 """
@@ -71,6 +96,7 @@ def wgmma_descriptor(address, lbo, sbo, swizzle):
 
 if SIMULATOR:
     # ---- simulator twins: copies and products happen when the wait that retires them runs -----
+    import itertools
     import threading
 
     class _AsyncQueues(threading.local):
@@ -212,6 +238,81 @@ if SIMULATOR:
             return acc
         return wgmma_wait
 
+    def _named_barrier(bar, count, wait):
+        # Lock-free under the GIL (a lock held by a thread the interpreter switched away from stalls
+        # hundreds of simulated threads): arrival k of barrier `bar` belongs to phase k // count, and
+        # the phase's last arrival sets that phase's Event (dict.setdefault and next() are atomic).
+        bar, count = int(bar), int(count)
+        if not 1 <= bar <= 15 or count <= 0 or count % 32:
+            raise ValueError(f"named barrier {bar} for {count} threads: ids are 1..15 and counts whole warps")
+        th = threading.current_thread()
+        mgr = getattr(th, "_manager", None)
+        if mgr is None:
+            raise RuntimeError("named barriers run only inside a simulated kernel")
+        if not hasattr(mgr, "named_barriers"):
+            mgr.__dict__.setdefault("named_barriers", {})
+        state = mgr.named_barriers.setdefault(bar, (count, itertools.count(), {}))
+        if state[0] != count:
+            raise RuntimeError(f"named barrier {bar}: {count} threads expected here, {state[0]} elsewhere")
+        k = next(state[1])
+        event = state[2].setdefault(k // count, threading.Event())
+        if k % count == count - 1:
+            event.set()
+            return
+        while wait and not event.wait(0.05):
+            if th.abort:
+                raise RuntimeError("abort flag set while waiting on a named barrier")
+
+    def named_barrier_sync(bar, count):
+        _named_barrier(bar, count, True)
+
+    def named_barrier_arrive(bar, count):
+        _named_barrier(bar, count, False)
+
+    def setmaxnreg(kind, n):
+        if kind not in ("inc", "dec") or not 24 <= int(n) <= 256 or int(n) % 8:
+            raise ValueError(f"setmaxnreg.{kind} {n}: kind inc or dec, 24..256 registers in steps of 8")
+
+        def set_max_registers():
+            pass
+        return set_max_registers
+
+    def flag_wait(flags, i):
+        if int(flags[i]) == 0:
+            raise RuntimeError(f"flag_wait: flag {int(i)} is not set; the simulator runs blocks in index order, "
+                               "so a CTA may only wait for flags set by lower-indexed CTAs")
+
+    def warp_uniform(x):
+        return x
+
+    def _acc_values(acc, what):
+        return acc.read(what) if isinstance(acc, WgmmaAcc) else np.array(acc, np.float32)
+
+    def acc_store_f32(ws, base, stride, acc):
+        vals = _acc_values(acc, "acc_store_f32")
+        base, stride = int(base), int(stride)
+        for i in range(vals.size):
+            ws[base + i * stride] = vals[i]
+
+    def acc_add_f32(acc, ws, base, stride):
+        vals = _acc_values(acc, "acc_add_f32").copy()
+        base, stride = int(base), int(stride)
+        for i in range(vals.size):
+            vals[i] = np.float32(vals[i] + np.float32(ws[base + i * stride]))
+        return WgmmaAcc(vals)
+
+    def acc_store_bf16(out, acc, row, col, T, N, pairs):
+        vals = _acc_values(acc, "acc_store_bf16")
+        row, col, T, N = int(row), int(col), int(T), int(N)
+        for j in range(vals.size // 4):
+            for h in range(2):
+                r = row + 8 * h
+                word = int(cvt_pack_bf16x2(vals[4 * j + 2 * h], vals[4 * j + 2 * h + 1]))
+                for c in range(2):
+                    n = col + 8 * j + c
+                    if r < T and n < N:
+                        out[r, n] = np.uint16((word >> (16 * c)) & 0xFFFF)
+
     def wgmma_store_bf16x2(smem, base, stride, acc):
         vals = acc.read("wgmma_store_bf16x2") if isinstance(acc, WgmmaAcc) else np.array(acc, np.float32)
         base, stride = int(base), int(stride)
@@ -222,7 +323,7 @@ if SIMULATOR:
 else:
     # ---- GPU versions: inline PTX (sm_90a) ------------------------------------------------------
     from llvmlite import ir
-    from numba import types
+    from numba import cuda, types
     from numba.cuda import cgutils
     from numba.cuda.extending import intrinsic
 
@@ -387,3 +488,130 @@ else:
                     builder.store(word, builder.gep(data, [idx]))
             return context.get_dummy_value()
         return types.void(smem, base, stride, acc), codegen
+
+    def _bar_op(op):
+        @intrinsic
+        def bar(typingctx, bar_id, count):
+            if not (isinstance(bar_id, types.Integer) and isinstance(count, types.Integer)):
+                return None
+
+            def codegen(context, builder, signature, args):
+                b = context.cast(builder, args[0], signature.args[0], types.uint32)
+                c = context.cast(builder, args[1], signature.args[1], types.uint32)
+                _inline(builder, ir.VoidType(), [_I32, _I32], f"{op} $0, $1;", "r,r,~{memory}", [b, c])
+                return context.get_dummy_value()
+            return types.void(bar_id, count), codegen
+        return bar
+
+    named_barrier_sync = _bar_op("bar.sync")
+    named_barrier_arrive = _bar_op("bar.arrive")
+
+    _SETMAXNREG: dict = {}
+
+    def setmaxnreg(kind, n):
+        n = int(n)
+        if kind not in ("inc", "dec") or not 24 <= n <= 256 or n % 8:
+            raise ValueError(f"setmaxnreg.{kind} {n}: kind inc or dec, 24..256 registers in steps of 8")
+        if (kind, n) not in _SETMAXNREG:
+            @intrinsic
+            def set_max_registers(typingctx):
+                def codegen(context, builder, signature, args):
+                    _inline(builder, ir.VoidType(), [], f"setmaxnreg.{kind}.sync.aligned.u32 {n};", "~{memory}", [])
+                    return context.get_dummy_value()
+                return types.void(), codegen
+            _SETMAXNREG[kind, n] = set_max_registers
+        return _SETMAXNREG[kind, n]
+
+    @device_function(forceinline=True)
+    def flag_wait(flags, i):
+        while cuda.atomic.add(flags, i, 0) == 0:
+            cuda.nanosleep(64)
+
+    def _flat_pointer(context, builder, arrty, arr, elem):
+        ary = cgutils.create_struct_proxy(arrty)(context, builder, value=arr)
+        return builder.bitcast(ary.data, elem.as_pointer())
+
+    @intrinsic
+    def acc_store_f32(typingctx, ws, base, stride, acc):
+        if not (isinstance(ws, types.Array) and ws.dtype == types.float32 and _is_acc(acc)
+                and isinstance(base, types.Integer) and isinstance(stride, types.Integer)):
+            return None
+
+        def codegen(context, builder, signature, args):
+            ws_t, b_t, s_t, acc_t = signature.args
+            data = _flat_pointer(context, builder, ws_t, args[0], _F32)
+            b = context.cast(builder, args[1], b_t, types.int64)
+            st = context.cast(builder, args[2], s_t, types.int64)
+            for i in range(acc_t.count):
+                idx = builder.add(b, builder.mul(st, ir.Constant(_I64, i)))
+                builder.store(builder.extract_value(args[3], i), builder.gep(data, [idx]))
+            return context.get_dummy_value()
+        return types.void(ws, base, stride, acc), codegen
+
+    @intrinsic
+    def acc_add_f32(typingctx, acc, ws, base, stride):
+        if not (isinstance(ws, types.Array) and ws.dtype == types.float32 and _is_acc(acc)
+                and isinstance(base, types.Integer) and isinstance(stride, types.Integer)):
+            return None
+
+        def codegen(context, builder, signature, args):
+            acc_t, ws_t, b_t, s_t = signature.args
+            data = _flat_pointer(context, builder, ws_t, args[1], _F32)
+            b = context.cast(builder, args[2], b_t, types.int64)
+            st = context.cast(builder, args[3], s_t, types.int64)
+            vals = []
+            for i in range(acc_t.count):
+                idx = builder.add(b, builder.mul(st, ir.Constant(_I64, i)))
+                ptr = builder.ptrtoint(builder.gep(data, [idx]), _I64)
+                v = _inline(builder, _F32, [_I64], "ld.global.cg.f32 $0, [$1];", "=f,l,~{memory}", [ptr])
+                vals.append(builder.fadd(builder.extract_value(args[0], i), v))
+            return context.make_tuple(builder, acc_t, vals)
+        return acc(acc, ws, base, stride), codegen
+
+    @intrinsic
+    def acc_store_bf16(typingctx, out, acc, row, col, T, N, pairs):
+        if not (isinstance(out, types.Array) and out.dtype == types.uint16 and out.ndim == 2 and out.layout == "C"
+                and _is_acc(acc) and all(isinstance(v, (types.Integer, types.Boolean)) for v in (row, col, T, N, pairs))):
+            return None
+
+        def codegen(context, builder, signature, args):
+            out_t, acc_t, *rest_t = signature.args
+            data16 = _flat_pointer(context, builder, out_t, args[0], ir.IntType(16))
+            row_v, col_v, T_v, N_v = (context.cast(builder, a, t, types.int64) for a, t in zip(args[2:6], rest_t[:4]))
+            pairs_v = builder.icmp_unsigned("!=", context.cast(builder, args[6], rest_t[4], types.int64),
+                                            ir.Constant(_I64, 0))
+            words = {}
+            for j in range(acc_t.count // 4):
+                for h in range(2):
+                    lo = builder.extract_value(args[1], 4 * j + 2 * h)
+                    hi = builder.extract_value(args[1], 4 * j + 2 * h + 1)
+                    words[j, h] = _inline(builder, _I32, [_F32, _F32], "cvt.rn.bf16x2.f32 $0, $1, $2;", "=r,f,f",
+                                          [hi, lo], side_effect=False)
+            with builder.if_else(pairs_v) as (then, otherwise):
+                for as_pairs in (True, False):
+                    with (then if as_pairs else otherwise):
+                        for h in range(2):
+                            r = builder.add(row_v, ir.Constant(_I64, 8 * h))
+                            with cgutils.if_likely(builder, builder.icmp_signed("<", r, T_v)):
+                                rbase = builder.mul(r, N_v)
+                                for j in range(acc_t.count // 4):
+                                    n = builder.add(col_v, ir.Constant(_I64, 8 * j))
+                                    idx = builder.add(rbase, n)
+                                    word = words[j, h]
+                                    if as_pairs:
+                                        with cgutils.if_likely(builder, builder.icmp_signed("<", n, N_v)):
+                                            p32 = builder.bitcast(builder.gep(data16, [idx]), _I32.as_pointer())
+                                            builder.store(word, p32)
+                                        continue
+                                    for c in range(2):
+                                        nc = builder.add(n, ir.Constant(_I64, c))
+                                        with cgutils.if_likely(builder, builder.icmp_signed("<", nc, N_v)):
+                                            half = builder.trunc(builder.lshr(word, ir.Constant(_I32, 16 * c)),
+                                                                 ir.IntType(16))
+                                            builder.store(half, builder.gep(data16, [builder.add(idx, ir.Constant(_I64, c))]))
+            return context.get_dummy_value()
+        return types.void(out, acc, row, col, T, N, pairs), codegen
+
+    @device_function(forceinline=True)
+    def warp_uniform(x):
+        return cuda.shfl_sync(0xFFFFFFFF, x, 0)

@@ -33,6 +33,7 @@ from numba import types
 
 from ..registry import Factory, KernelRecord, Spec, register
 from . import cublas, cuda_fp8_wgmma, cuda_gemm, cuda_gemv, cuda_gemv_fp8, cuda_gemv_q2k, cuda_gemv_q2kr, cuda_wgmma
+from . import cuda_wgmma_ws
 from .cuda_common import prepare
 
 GEMV_MAX_TOKENS = 32    # 2 passes of gemv_v4 (~2 x 100 us) beat gemm_v3's latency-bound ~280 us at T <= 128
@@ -210,6 +211,30 @@ _wgmma("gemm_v6", "gemm_v4 with 128x200 tiles (m64n200k16): N = 25600 is 128 til
        sim=[(130, 136, 330)],       # 128x200 tiles (the last 8 of 32 copy rows idle): 2 x 2 tiles,
                                     # 130 outputs in the second output tile
        sweep=(128, 4096))
+
+# ---- gemm_v7: warp-specialised, persistent, stream-K tail (cuda_wgmma_ws.py) ----------------------
+# Arguments: the fast form plus its schedule and fix-up workspace (its own launcher builds them).
+_WS_ARGS = (_U32_1D, _U32_1D, _U16_2D, types.int32[:, :, ::1], types.int32[::1], types.float32[::1],
+            types.int32[::1], types.int64, types.int64, types.int64)   # x32, w32, out, units, counts, ws, flags, T, K, pairs
+_V7 = cuda_wgmma_ws.VARIANTS["gemm_v7"]
+_proj("gemm_v7", "gemm_v4's tiles and wgmma chain, warp-specialised: 2 loader warps (cp.async) and two MMA "
+      "warpgroups hand 4 stages over on named barriers; persistent CTAs (one an SM) over a host-made schedule, the "
+      "last full wave and the ragged one stream-K with an fp32 fix-up in a fixed order; bf16 stores from registers "
+      "(166 registers, no spills; not yet timed on the GPU: tools/prefill_dev.py --v7)",
+      kernel=Factory(lambda T: cuda_wgmma_ws.kernel_for(_V7)), geometry=cuda_wgmma_ws.geometry(_V7), args="fast",
+      specs=lambda: [Spec(f"[{_V7.name}]", cuda_wgmma_ws.kernel_for(_V7), _WS_ARGS)]
+      + [Spec(f"[{v.name}]", cuda_wgmma_ws.kernel_for(v), _WS_ARGS,
+              spill_free=v.name != cuda_wgmma_ws.SETMAXNREG_CANDIDATE) for v in cuda_wgmma_ws.CANDIDATES.values()],
+      launcher=cuda_wgmma_ws.launcher, vector_io=False,
+      # 3 simulated CTAs (cuda_wgmma_ws.SIM_CTAS)
+      # 3 simulated CTAs (cuda_wgmma_ws.SIM_CTAS), ~2 s a k tile of a CTA: `schedule` itself is tested on
+      # released and odd shapes without the simulator
+      sim=[(33, 72, 9),             # one tile, 2 k tiles (the second a 1-chunk K tail) cut over 2 CTAs:
+                                    # a partial and its finisher; rows past T, odd N (16-bit stores)
+           (130, 72, 260)],         # 2 x 2 tiles, 2 k tiles, stream-K over 3 CTAs: one runs a partial, then
+                                    # a whole tile (the stage ring carries on across units), the next a
+                                    # whole tile, then the finisher; outputs past N, 32-bit pair stores
+      sweep=(128, 256, 512, 1024, 4096))
 
 # cuBLAS: the comparison backend; nothing of ours to compile, no simulator (it needs a GPU)
 _proj("cublas_v1", "cuBLAS through torch.matmul on the device arrays (no copies), fp32 accumulation: the comparison "
