@@ -39,6 +39,9 @@ import numpy as np  # noqa: E402
 K_REL, N_REL = 6144, 25600
 TOKENS = (1, 3, 17, 128, 130, 256, 512, 1024, 4096)
 VERSIONS = ("gemm_fp8_v1", "gemm_fp8_v2", "gemm_fp8_v3", "gemm_fp8_v4")
+# not a record: v4's stream over 4 math warpgroups of m64n64 (512 threads); the compile tier finds it
+# spilling (108/128 bytes under 128 registers a thread), timed here to see what 4 warps a scheduler buy
+EXPERIMENTS = ("gemm_fp8_v4[n64]",)
 SAMPLE_ROWS = 24
 MAX_REL_L2, MAX_SHARE_DIFFER = 2e-3, 0.10      # docs/numerics.md's bound against the twin (tensor-core versions)
 
@@ -79,7 +82,22 @@ def _valid(version: str, d: dict) -> bool:
     return d["rel_l2"] <= MAX_REL_L2 and d["share_differ"] <= MAX_SHARE_DIFFER and d["nan"] == 0
 
 
-def run(out_dir: Path, tokens, smoke: bool, versions=VERSIONS) -> list:
+def _prepare(version, x, codes, scales, out):
+    """The launch of a record (act_quant + GEMM), or of an experiment: v4's launch with its GEMM kernel swapped."""
+    from engram_numba.stages.proj.launch import prepare_project_q
+    if version not in EXPERIMENTS:
+        return prepare_project_q(x, codes, scales, out, weight="fp8", version=version)
+    from engram_numba.device.launch import PreparedLaunch, allow_dynamic_shared
+    from engram_numba.stages.proj import cuda_fp8_wgmma as F
+    base = prepare_project_q(x, codes, scales, out, weight="fp8", version="gemm_fp8_v4")
+    kernel = F.make_kernel_v4(64)
+    args = base.gemm.args
+    allow_dynamic_shared(kernel, args, F.V4_SMEM_BYTES)
+    gemm = PreparedLaunch(version, kernel, base.grid, 512, 0, args, out, sharedmem=F.V4_SMEM_BYTES)
+    return F.Fp8GemmLaunch(version, base.quant, gemm, out, base.x_codes, base.x_scales, base.w_scales)
+
+
+def run(out_dir: Path, tokens, smoke: bool, versions=VERSIONS + EXPERIMENTS) -> list:
     from numba import cuda
 
     from engram_numba.bf16 import bf16_to_f32
@@ -124,7 +142,7 @@ def run(out_dir: Path, tokens, smoke: bool, versions=VERSIONS) -> list:
             rec[f"cpu_twin_vs_exact_{kind}"] = _distance(twin, exact)
             for v in versions:
                 out = cuda.to_device(np.full((T, N), 0xFFFF, np.uint16))
-                launch = prepare_project_q(dx, d_codes, d_scales, out, weight="fp8", version=v)
+                launch = _prepare(v, dx, d_codes, d_scales, out)
                 launch()
                 cuda.synchronize()
                 got = out.copy_to_host()[rows]
@@ -142,7 +160,7 @@ def run(out_dir: Path, tokens, smoke: bool, versions=VERSIONS) -> list:
             if not rec["valid"][v]:
                 continue
             out = cuda.device_array((T, N), np.uint16)
-            launch = prepare_project_q(x, d_codes, d_scales, out, weight="fp8", version=v)
+            launch = _prepare(v, x, d_codes, d_scales, out)
             iters = 3 if v == "gemm_fp8_v1" and T >= 512 else 50     # the naive kernel: seconds a call at T = 4096
             times[v] = timer(launch, iters=iters)
             times[v + ".gemm"] = timer(launch.gemm, iters=iters)
@@ -164,7 +182,7 @@ def run(out_dir: Path, tokens, smoke: bool, versions=VERSIONS) -> list:
     return records
 
 
-def table(records, versions=VERSIONS) -> str:
+def table(records, versions=VERSIONS + EXPERIMENTS) -> str:
     """us of each version (act_quant + GEMM; '-' if invalid, so not timed), gemm_v4 and cuBLAS bf16, the
     last version's TFLOP/s and ratio to gemm_v4, and its distance to the twin (x = normal draws)."""
     nan = float("nan")
@@ -187,7 +205,8 @@ def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--out", default=".", help="folder for fp8_dev.json")
     ap.add_argument("--tokens", default=None, help="comma-separated token counts (default %s)" % (TOKENS,))
-    ap.add_argument("--versions", default=",".join(VERSIONS), help="comma-separated FP8 versions (default all)")
+    ap.add_argument("--versions", default=",".join(VERSIONS + EXPERIMENTS),
+                    help="comma-separated FP8 versions (default all, with the experiments %s)" % (EXPERIMENTS,))
     ap.add_argument("--smoke", action="store_true", help="tiny shapes (the simulator)")
     a = ap.parse_args(argv)
     out = Path(a.out)
@@ -195,9 +214,9 @@ def main(argv=None) -> int:
     tokens = tuple(int(t) for t in a.tokens.split(",")) if a.tokens else ((3, 17) if a.smoke else TOKENS)
     t0 = time.time()
     versions = tuple(v for v in a.versions.split(",") if v)
-    unknown = [v for v in versions if v not in VERSIONS]
+    unknown = [v for v in versions if v not in VERSIONS + EXPERIMENTS]
     if unknown:
-        print(f"error: unknown FP8 version(s) {unknown}; known: {list(VERSIONS)}")
+        print(f"error: unknown FP8 version(s) {unknown}; known: {list(VERSIONS + EXPERIMENTS)}")
         return 2
     records = run(out, tokens, a.smoke, versions)
     print(table(records, versions))
