@@ -38,8 +38,9 @@ Kernel versions (after act_quant; v2 and v3 from one factory, `make_kernel(doubl
                promoted (wgmma.wait_group 1). H200, T = 4096: 3.02 ms = 426 TFLOP/s, 0.60x
                gemm_v4: the wait and the 64 FMAs a thread after every k32 block are not hidden
                by two warpgroups (docs/gpu.md).
-  gemm_fp8_v4  v3's warpgroups and tiles on a deeper stream (`make_kernel_v4`): k tiles in pairs, 8
-               blocks a barrier and a drain (v3: 4 blocks, two barriers), 6 tile slots; 255
+  gemm_fp8_v4  the 128 x 128 tile over 4 math warpgroups of m64n64 (4 warps a scheduler), each
+               with two partial tiles, on a deeper stream (`make_kernel_v4`): k tiles in pairs, 8
+               blocks a barrier and a drain (v3: 4 blocks, two barriers), 6 tile slots; 128
                registers, no spills, wgmma not serialized. Not yet timed on a GPU.
 """
 from __future__ import annotations
@@ -90,6 +91,13 @@ SMEM_BYTES = max(STAGES * STAGE_BYTES, BM * STASH_STRIDE * 4) + ALIGN_SLACK
 #   g(i) = G h + j // 4 for i = 4 j + 2 h + c (row half h, output column 8 j + 2 t + c, so j // 4 is
 #   the 32-wide scale tile of the column within the warpgroup's N = 32 G outputs): `scales` is the
 #   tuple (s_row0 * s_w[0..G-1], s_row8 * s_w[0..G-1]). `part` must be retired (a waiter) before.
+# - `opaque_copy(v)`: v (a 32-bit integer) through a volatile mov the compiler cannot hoist out of a
+#   loop: what is computed from it inside the loop is recomputed there instead of held in registers
+#   across the loop (the twin returns v).
+# - `after_retired(index, part)`: index, made to depend on a retired partial tile, so the shared-memory
+#   loads of the scales it addresses are not scheduled before the wait that retires it (they would
+#   hold registers across the MMA); part[0] is NaN only when the partial is, and then every fma that
+#   uses the scale is NaN whatever it reads (the twin returns index).
 
 if SIMULATOR:
     from ...device.hopper import WgmmaAcc, _QUEUES, _bytes, _element_offsets, _thread_id
@@ -136,6 +144,12 @@ if SIMULATOR:
         # partial * scale is exact (powers of two), so the fp32 add is the fma's one rounding
         out = (a + p * s[g]).astype(np.float32)
         return tuple(np.float32(v) for v in out)
+
+    def opaque_copy(v):
+        return v
+
+    def after_retired(index, part):
+        return index
 
 else:
     from llvmlite import ir
@@ -188,6 +202,21 @@ else:
                                               builder.extract_value(args[0], i)]))
             return context.make_tuple(builder, signature.return_type, out)
         return acc(acc, part, scales), codegen
+
+    @intrinsic
+    def opaque_copy(typingctx, v):
+        if not isinstance(v, types.Integer) or v.bitwidth != 32:
+            return None
+
+        def codegen(context, builder, signature, args):
+            return builder.call(ir.InlineAsm(ir.FunctionType(_I32, [_I32]), "mov.b32 $0, $1;", "=r,r", side_effect=True),
+                                [args[0]])
+        return v(v), codegen
+
+    @device_function(**INLINE)
+    def after_retired(index, part):
+        # part[0] is NaN only if the partial is (then so is every fma that uses the scale read here)
+        return index + np.int64(part[0] != part[0])
 
 
 # ---- act_quant ---------------------------------------------------------------------------------------
@@ -450,35 +479,44 @@ def make_kernel(double_buffer: bool):
     return gemm_fp8
 
 
-# ---- gemm_fp8_v4: the MMA stream drained once every 8 blocks --------------------------------------
+# ---- gemm_fp8_v4: four math warpgroups on a deeper MMA stream ---------------------------------------
 #
-# v3 drains its MMA stream (wait_group 0) and passes two barriers every stage of 4 k32 blocks: each
-# time the tensor core idles while the last block is promoted and the warpgroups meet. v4 loads the
-# k tiles in pairs into a ring of 3 pair slots (6 tiles, 4 of them ahead of the MMA) and runs the 8
-# blocks of a pair as one unrolled ping-pong (block b + 1 issued before block b is promoted,
-# wait_group 1 throughout, wait_group 0 once at the pair's end): one barrier and one drain every
-# 8 blocks. The barrier that publishes pair kp is also the one after which pair kp - 1's slot is
-# refilled. A last odd k tile pairs with a tile past K: its operands are zero-filled and its scales
-# are the zero padding of the stage layout, so its blocks add nothing (fma(0, 0, acc) = acc).
-# The same arithmetic as v1..v3: the same partial sums, promoted in K order with the same fma.
+# The promotion after every k32 block costs a thread one fp32 FMA per accumulator: as much FP32-pipe
+# time as the tensor core spends on the block. v3 has two warpgroups (2 warps a scheduler) to hide
+# the waits in, and drains its MMA stream (wait_group 0) and passes two barriers every 4 blocks.
+# v4 splits the same 128 x 128 CTA tile over four math warpgroups of m64n64k32 (warpgroup w: token
+# rows 64 (w & 1), outputs 64 (w >> 1); 4 warps a scheduler, so one warp's FMAs issue while
+# another's MMA runs), each with the accumulator and two partial tiles (96 of the 128 registers 512
+# threads leave a thread). The k tiles are loaded in pairs into a ring of 3 pair slots (6 tiles, 4
+# ahead of the MMA), and the 8 blocks of a pair run as one unrolled ping-pong (block b + 1 issued
+# before block b is promoted, wait_group 1 throughout, wait_group 0 at the pair's end): one barrier
+# and one drain every 8 blocks. The barrier that publishes pair kp is also the one after which pair
+# kp - 1's slot is refilled. A last odd k tile pairs with a tile past K: its operands are
+# zero-filled and its scales are the zero padding of the stage layout, so its blocks add nothing
+# (fma(0, 0, acc) = acc). The same arithmetic as v1..v3: the same partial sums, promoted in K order
+# with the same fma.
 #
-# What did not fit (compile tier, sm_90a): more math warpgroups. The same tile over 4 warpgroups of
-# m64n64 (`make_kernel_v4(64)`, 512 threads: 4 warps a scheduler to hide the promotion) needs 176
-# registers unbounded and spills 108/128 bytes under the 128 that 512 threads leave a thread (the
-# accumulator and two partial tiles are 96 of them). A producer warpgroup handing its registers to
-# the math warpgroups (setmaxnreg) is not reachable: numba links every kernel through nvJitLink as
-# relocatable code, and there ptxas ignores setmaxnreg (info C7504, "'setmaxnreg' ignored to
-# maintain compatibility across compilation units"); the same PTX assembled whole-program by ptxas
-# honours it. The tile-loop body is unrolled by hand: a partial tile still in flight across a loop
-# edge makes ptxas serialize every wgmma (C7514, the phi copies read its registers).
+# Fitting 128 registers (compile tier, sm_90a): written plainly the kernel needs 176 and spills
+# 108/128 bytes. Two things held registers across the MMA: the loader's indices (hoisted out of the
+# tile loop: now recomputed from `opaque_copy(tid)` at each refill) and the scale loads of later
+# blocks (scheduled early: `after_retired` makes each depend on the partial it scales). With both:
+# 128 registers, no spills. `make_kernel_v4(128)` is the same schedule on v3's two warpgroups of
+# m64n128 (225 registers), which tools/fp8_dev.py times beside it.
+# What did not work: a producer warpgroup handing its registers to the math warpgroups with
+# setmaxnreg: numba links every kernel through nvJitLink as relocatable code, and there ptxas ignores
+# setmaxnreg (info C7504, "'setmaxnreg' ignored to maintain compatibility across compilation
+# units"; the same PTX assembled whole-program by ptxas honours it). And a partial tile kept in
+# flight across a loop edge makes ptxas serialize every wgmma (C7514: the phi copies read it),
+# hence the hand-unrolled pair.
 
-V4_WG_N = 128
+V4_WG_N = 64
 V4_PAIRS = 3                     # ring slots, each a pair of k tiles (2 x 4 k32 blocks)
 V4_SMEM_BYTES = max(2 * V4_PAIRS * STAGE_BYTES, BM * STASH_STRIDE * 4) + ALIGN_SLACK
 
 
+
 def make_kernel_v4(wg_n: int = V4_WG_N):
-    """gemm_fp8_v4's kernel with math warpgroups of m64n{wg_n} (64: 4 warpgroups, 128: 2)."""
+    """gemm_fp8_v4's kernel with math warpgroups of m64n{wg_n} (64: 4 warpgroups, the record; 128: 2)."""
     threads = 128 * 2 * (BN // wg_n)
     K_STEP = 32
     ZERO = tuple(np.float32(0.0) for _ in range(wg_n // 2))
@@ -558,9 +596,15 @@ def make_kernel_v4(wg_n: int = V4_WG_N):
             cuda.syncthreads()
             nk = kp + V4_PAIRS - 1
             if nk < n_p:
+                # the loader's indices recomputed from an opaque copy of tid, not held across the MMA
+                tv = np.int32(opaque_copy(np.uint32(tid)))
+                rv = tv >> 3
+                qv = tv & 7
+                ov = rv * ROW_BYTES + ((qv ^ (rv & 7)) << 4)
                 for h in range(2):
-                    issue(smem, s0 - base + (2 * (nk % V4_PAIRS) + h) * STAGE_BYTES, x32, w32, sx32, sw32, m0, n0, T,
-                          N, NB, K16, 2 * nk + h, row0, q, off0, tid)
+                    issue(smem, s0 - base + (2 * (nk % V4_PAIRS) + h) * STAGE_BYTES, x32, w32, sx32, sw32,
+                          cuda.blockIdx.x * BM, cuda.blockIdx.y * BN, T,
+                          N, (N + BLOCK - 1) // BLOCK, K >> 4, 2 * nk + h, rv, qv, ov, tv)
             cp_async_commit()
             sc0 = (st - base + A_BYTES + B_BYTES) >> 2
             sc1 = sc0 + STAGE_BYTES // 4
@@ -579,45 +623,45 @@ def make_kernel_v4(wg_n: int = V4_WG_N):
                             db + np.uint64((K_STEP) >> 4), smem)
             wgmma_commit()
             pa = mma_wait1(pa)
-            acc = fp8_promote(acc, pa, _scales2(smem, sc0, r0, wt, 0))
+            acc = fp8_promote(acc, pa, _scales2(smem, after_retired(sc0, pa), r0, wt, 0))
             pa = wgmma_fence(pa)
             pa = wgmma_e4m3(pa, da + np.uint64((2 * K_STEP) >> 4),
                             db + np.uint64((2 * K_STEP) >> 4), smem)
             wgmma_commit()
             pb = mma_wait1(pb)
-            acc = fp8_promote(acc, pb, _scales2(smem, sc0, r0, wt, 1))
+            acc = fp8_promote(acc, pb, _scales2(smem, after_retired(sc0, pb), r0, wt, 1))
             pb = wgmma_fence(pb)
             pb = wgmma_e4m3(pb, da + np.uint64((3 * K_STEP) >> 4),
                             db + np.uint64((3 * K_STEP) >> 4), smem)
             wgmma_commit()
             pa = mma_wait1(pa)
-            acc = fp8_promote(acc, pa, _scales2(smem, sc0, r0, wt, 2))
+            acc = fp8_promote(acc, pa, _scales2(smem, after_retired(sc0, pa), r0, wt, 2))
             pa = wgmma_fence(pa)
             pa = wgmma_e4m3(pa, da + np.uint64((STAGE_BYTES) >> 4),
                             db + np.uint64((STAGE_BYTES) >> 4), smem)
             wgmma_commit()
             pb = mma_wait1(pb)
-            acc = fp8_promote(acc, pb, _scales2(smem, sc0, r0, wt, 3))
+            acc = fp8_promote(acc, pb, _scales2(smem, after_retired(sc0, pb), r0, wt, 3))
             pb = wgmma_fence(pb)
             pb = wgmma_e4m3(pb, da + np.uint64((STAGE_BYTES + K_STEP) >> 4),
                             db + np.uint64((STAGE_BYTES + K_STEP) >> 4), smem)
             wgmma_commit()
             pa = mma_wait1(pa)
-            acc = fp8_promote(acc, pa, _scales2(smem, sc1, r0, wt, 0))
+            acc = fp8_promote(acc, pa, _scales2(smem, after_retired(sc1, pa), r0, wt, 0))
             pa = wgmma_fence(pa)
             pa = wgmma_e4m3(pa, da + np.uint64((STAGE_BYTES + 2 * K_STEP) >> 4),
                             db + np.uint64((STAGE_BYTES + 2 * K_STEP) >> 4), smem)
             wgmma_commit()
             pb = mma_wait1(pb)
-            acc = fp8_promote(acc, pb, _scales2(smem, sc1, r0, wt, 1))
+            acc = fp8_promote(acc, pb, _scales2(smem, after_retired(sc1, pb), r0, wt, 1))
             pb = wgmma_fence(pb)
             pb = wgmma_e4m3(pb, da + np.uint64((STAGE_BYTES + 3 * K_STEP) >> 4),
                             db + np.uint64((STAGE_BYTES + 3 * K_STEP) >> 4), smem)
             wgmma_commit()
             pa = mma_wait1(pa)
-            acc = fp8_promote(acc, pa, _scales2(smem, sc1, r0, wt, 2))
+            acc = fp8_promote(acc, pa, _scales2(smem, after_retired(sc1, pa), r0, wt, 2))
             pb = mma_wait0(pb)
-            acc = fp8_promote(acc, pb, _scales2(smem, sc1, r0, wt, 3))
+            acc = fp8_promote(acc, pb, _scales2(smem, after_retired(sc1, pb), r0, wt, 3))
         cp_wait0()
         cuda.syncthreads()
 

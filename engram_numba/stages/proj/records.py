@@ -357,10 +357,11 @@ for _name, _log, _sim in (
      [(3, 160, 40),
       (130, 736, 72)]),         # 2 token tiles (2 rows in the second), 6 k tiles: the 5-stage ring wraps
     ("gemm_fp8_v4",
-     "gemm_fp8_v3's warpgroups on a deeper MMA stream: k tiles loaded in pairs (8 k32 blocks a barrier, one drain a "
-     "pair instead of two barriers and a drain every 4 blocks), 6 tile slots (4 tiles ahead), block b+1 issued before "
-     "block b is promoted throughout; same arithmetic as v1..v3 (255 registers, no spills; not yet timed on a GPU)",
-     [(3, 160, 40),             # one tile: rows past T and N, one pair whose second k tile has one k block
+     "the 128x128 tile over 4 math warpgroups (m64n64k32 e4m3, two partial tiles each: 4 warps a scheduler to hide "
+     "the per-block promotion), k tiles loaded in pairs (8 blocks between one barrier and one drain, v3: 4 and two), "
+     "6 tile slots; 128 registers, no spills; same arithmetic as v1..v3 (not yet timed on a GPU)",
+     [(3, 160, 40),             # one tile: rows past T and N (warpgroups on zero-filled rows or past N),
+                                # one pair whose second k tile has one k block
       (70, 800, 136)]),         # 2 output tiles (the second 8 wide), 7 k tiles: 4 pairs through the 3-pair
                                 # ring (it wraps), the last pair's second tile past K (zero scales)
 ):
