@@ -96,3 +96,23 @@ def test_wgmma_kernels_stay_asynchronous(report):
     for r in wg:
         assert r["instructions"]["cp.async"] > 0, r["name"]
         assert not r["wgmma_serialized"], r["name"]
+
+
+@pytest.mark.slow
+def test_fp8_gemm_v4_alone_stays_asynchronous_without_spills():
+    """gemm_fp8_v4 on its own (`compile_check --only`): its 8 unrolled e4m3 wgmma a k-tile pair stay
+    asynchronous (a partial tile in flight across a loop edge would serialize them), and its
+    accumulator and two partial tiles fit the 128 registers of a 512-thread CTA without spilling
+    (written plainly it spilled: see the kernel's notes on opaque_copy and after_retired)."""
+    env = {k: v for k, v in os.environ.items() if k != "NUMBA_ENABLE_CUDASIM"}
+    env["NUMBA_ENABLE_CUDASIM"] = "0"
+    proc = subprocess.run([sys.executable, "-m", "engram_numba.stages.compile_check", "--json", "--only",
+                           "proj.gemm_fp8_v4"], capture_output=True, text=True, env=env, timeout=600)
+    lines = [ln for ln in proc.stdout.splitlines() if ln.startswith("[")]
+    assert lines, f"compile_check printed no report:\n{proc.stdout[-3000:]}\n{proc.stderr[-3000:]}"
+    by_name = {r["name"]: r for r in json.loads(lines[-1])}
+    assert set(by_name) == {"proj.gemm_fp8_v4", "proj.gemm_fp8_v4[act_quant]", "proj.gemm_fp8_v4[e8m0_table]"}
+    assert all(r["ok"] and r["spill_stores"] == 0 and r["spill_loads"] == 0 for r in by_name.values()), by_name
+    gemm = by_name["proj.gemm_fp8_v4"]
+    assert gemm["instructions"]["wgmma"] == 8 and gemm["instructions"]["cp.async"] > 0, gemm["instructions"]
+    assert not gemm["wgmma_serialized"] and 0 < gemm["registers"] <= 128, gemm

@@ -1,6 +1,6 @@
-"""Development run of DeepSeek's FP8 projection on Hopper (gemm_fp8_v2 / _v3): validated, then timed.
+"""Development run of DeepSeek's FP8 projection on Hopper (gemm_fp8_v1 .. _v4): validated, then timed.
 
-    python tools/fp8_dev.py [--out DIR] [--tokens 1,3,...] [--smoke]
+    python tools/fp8_dev.py [--out DIR] [--tokens 1,3,...] [--versions gemm_fp8_v3,...] [--smoke]
 
 One batch: an FP8 wkv at the released shape (K = 6144, N = 25600; e4m3 codes of normal draws,
 e8m0 tile scales 2^-9..2^-6) and, for every T:
@@ -8,14 +8,18 @@ e8m0 tile scales 2^-9..2^-6) and, for every T:
   2. every FP8 version against `cpu.projection_deepseek_fp8_cpu` (DeepSeek's arithmetic, k in
      order inside each block of 32) on sampled token rows: bf16 ulps (max, share of outputs that
      differ) and the relative L2 distance of the fp32 values; and both against the exact product
-     of the same weights (float64, rounded once), next to the CPU twin's own distance to it;
-  3. only then the timing (CUDA events, L2 flushed, median): act_quant + GEMM (what a projection
-     costs), the GEMM alone, act_quant alone, and in the same process the bf16 gemm_v4 on the
-     same weights decoded to bf16 and cuBLAS (torch) on them.
+     of the same weights (float64, rounded once), next to the CPU twin's own distance to it. A
+     version is valid when the naive gemm_fp8_v1 is bit-identical to the twin and every
+     tensor-core version is within docs/numerics.md's bound (relative L2 <= 2e-3, at most 10 % of
+     the outputs differing), on both kinds of x, and act_quant is bit-exact;
+  3. only then the timing of the valid versions (CUDA events, L2 flushed, median): act_quant +
+     GEMM (what a projection costs), the GEMM alone, act_quant alone, and in the same process the
+     bf16 gemm_v4 on the same weights decoded to bf16 and cuBLAS (torch) on them, with each
+     version's ratio to both (`speedup_vs_gemm_v4`, `speedup_vs_cublas_bf16`).
 x is made of engram rows (FP8 table values, so act_quant is lossless) for the timing and half the
 checks, and of plain normal draws (act_quant rounds) for the others. Results go to DIR/fp8_dev.json
-(rewritten after every T) and a table is printed last. --smoke runs the wiring in numba's
-simulator at tiny shapes (meaningless times).
+(rewritten after every T) and a table is printed last; the exit status is 1 if any check failed.
+--smoke runs the wiring in numba's simulator at tiny shapes (meaningless times).
 """
 from __future__ import annotations
 
@@ -34,8 +38,12 @@ import numpy as np  # noqa: E402
 
 K_REL, N_REL = 6144, 25600
 TOKENS = (1, 3, 17, 128, 130, 256, 512, 1024, 4096)
-VERSIONS = ("gemm_fp8_v2", "gemm_fp8_v3")
+VERSIONS = ("gemm_fp8_v1", "gemm_fp8_v2", "gemm_fp8_v3", "gemm_fp8_v4")
+# not a record: v4's schedule on v3's two warpgroups of m64n128 (256 threads, 225 registers), timed
+# beside v4 to separate what the deeper stream buys from what 4 warps a scheduler buy
+EXPERIMENTS = ("gemm_fp8_v4[n128]",)
 SAMPLE_ROWS = 24
+MAX_REL_L2, MAX_SHARE_DIFFER = 2e-3, 0.10      # docs/numerics.md's bound against the twin (tensor-core versions)
 
 
 def _fp8_weight(rng, N, K):
@@ -68,7 +76,28 @@ def _distance(got, want) -> dict:
             "nan": int(np.isnan(g).sum())}
 
 
-def run(out_dir: Path, tokens, smoke: bool) -> list:
+def _valid(version: str, d: dict) -> bool:
+    if version == "gemm_fp8_v1":       # the twin's loops: bit-identical by construction
+        return d["max_ulp"] == 0 and d["nan"] == 0
+    return d["rel_l2"] <= MAX_REL_L2 and d["share_differ"] <= MAX_SHARE_DIFFER and d["nan"] == 0
+
+
+def _prepare(version, x, codes, scales, out):
+    """The launch of a record (act_quant + GEMM), or of an experiment: v4's launch with its GEMM kernel swapped."""
+    from engram_numba.stages.proj.launch import prepare_project_q
+    if version not in EXPERIMENTS:
+        return prepare_project_q(x, codes, scales, out, weight="fp8", version=version)
+    from engram_numba.device.launch import PreparedLaunch, allow_dynamic_shared
+    from engram_numba.stages.proj import cuda_fp8_wgmma as F
+    base = prepare_project_q(x, codes, scales, out, weight="fp8", version="gemm_fp8_v4")
+    kernel = F.make_kernel_v4(128)
+    args = base.gemm.args
+    allow_dynamic_shared(kernel, args, F.V4_SMEM_BYTES)
+    gemm = PreparedLaunch(version, kernel, base.grid, 256, 0, args, out, sharedmem=F.V4_SMEM_BYTES)
+    return F.Fp8GemmLaunch(version, base.quant, gemm, out, base.x_codes, base.x_scales, base.w_scales)
+
+
+def run(out_dir: Path, tokens, smoke: bool, versions=VERSIONS + EXPERIMENTS) -> list:
     from numba import cuda
 
     from engram_numba.bf16 import bf16_to_f32
@@ -76,7 +105,7 @@ def run(out_dir: Path, tokens, smoke: bool) -> list:
     from engram_numba.stages.proj import reference as R
     from engram_numba.stages.proj.cuda_fp8_wgmma import prepare_act_quant, scales_by_row, stage_scales_shape
     from engram_numba.stages.proj.launch import prepare_project, prepare_project_q
-    from .timing import DeviceTimer
+    from engram_numba.bench.timing import DeviceTimer
 
     K, N = (K_REL, N_REL) if not smoke else (512, 136)
     rng = np.random.default_rng(2026)
@@ -89,6 +118,8 @@ def run(out_dir: Path, tokens, smoke: bool) -> list:
     bf16_versions = ("gemm_v4", "cublas_v1") if not smoke else ("gemm_v1",)
     for T in tokens:
         rec = {"T": T, "K": K, "N": N, "flops": 2 * T * K * N}
+        valid = {v: True for v in versions}
+        aq_ok = True
         for kind in ("fp8_rows", "normal"):
             x = _x_rows(rng, T, K, kind == "fp8_rows")
             dx = cuda.to_device(x)
@@ -103,55 +134,70 @@ def run(out_dir: Path, tokens, smoke: bool) -> list:
                                                                      q_want.view(np.uint32) & 0x7FFFFFFF)
                                                       and np.array_equal(np.signbit(q_got), np.signbit(q_want))
                                                       and np.array_equal(scales_by_row(sd.copy_to_host(), K), s_want))
+            aq_ok = aq_ok and rec[f"act_quant_{kind}_bit_exact"]
             # 2. the GEMMs on sampled rows
             rows = np.unique(np.r_[0, T - 1, rng.integers(0, T, SAMPLE_ROWS)])[:SAMPLE_ROWS]
             twin = C.projection_deepseek_fp8_cpu(x[rows], codes, scales)
             exact = R.projection_exact_weights(x[rows], w_exact)
             rec[f"cpu_twin_vs_exact_{kind}"] = _distance(twin, exact)
-            for v in VERSIONS:
+            for v in versions:
                 out = cuda.to_device(np.full((T, N), 0xFFFF, np.uint16))
-                launch = prepare_project_q(dx, d_codes, d_scales, out, weight="fp8", version=v)
+                launch = _prepare(v, dx, d_codes, d_scales, out)
                 launch()
                 cuda.synchronize()
                 got = out.copy_to_host()[rows]
                 rec[f"{v}_vs_cpu_twin_{kind}"] = _distance(got, twin)
+                valid[v] = valid[v] and _valid(v, rec[f"{v}_vs_cpu_twin_{kind}"])
                 rec[f"{v}_vs_exact_{kind}"] = _distance(got, exact)
             print(f"T={T} {kind}: " + json.dumps({k: v for k, v in rec.items() if kind in k}), flush=True)
-        # 3. timing (x: FP8 rows, the last x drawn above is "normal": draw the rows again)
+        rec["act_quant_bit_exact"] = aq_ok
+        rec["valid"] = {v: bool(ok and aq_ok) for v, ok in valid.items()}
+        # 3. timing of the valid versions (x: FP8 rows; the last x drawn above is "normal": draw the rows again)
         x = cuda.to_device(_x_rows(rng, T, K, True))
         times = {}
-        for v in VERSIONS:
+        launch = None
+        for v in versions:
+            if not rec["valid"][v]:
+                continue
             out = cuda.device_array((T, N), np.uint16)
-            launch = prepare_project_q(x, d_codes, d_scales, out, weight="fp8", version=v)
-            times[v] = timer(launch)
-            times[v + ".gemm"] = timer(launch.gemm)
-        times["act_quant"] = timer(launch.quant)
+            launch = _prepare(v, x, d_codes, d_scales, out)
+            iters = 3 if v == "gemm_fp8_v1" and T >= 512 else 50     # the naive kernel: seconds a call at T = 4096
+            times[v] = timer(launch, iters=iters)
+            times[v + ".gemm"] = timer(launch.gemm, iters=iters)
+        if launch is not None:
+            times["act_quant"] = timer(launch.quant)
         for v in bf16_versions:
             out = cuda.device_array((T, N), np.uint16)
             times[v] = timer(prepare_project(x, d_wbf, out, version=v))
         rec["time_us"] = {k: round(t, 2) for k, t in times.items()}
         rec["tflops"] = {k: round(rec["flops"] / t / 1e6, 1) for k, t in times.items() if k != "act_quant"}
+        timed = [v for v in versions if v in times]
         if "gemm_v4" in times:
-            rec["speedup_vs_gemm_v4"] = {v: round(times["gemm_v4"] / times[v], 3) for v in VERSIONS}
+            rec["speedup_vs_gemm_v4"] = {v: round(times["gemm_v4"] / times[v], 3) for v in timed}
         if "cublas_v1" in times:
-            rec["speedup_vs_cublas_bf16"] = {v: round(times["cublas_v1"] / times[v], 3) for v in VERSIONS}
+            rec["speedup_vs_cublas_bf16"] = {v: round(times["cublas_v1"] / times[v], 3) for v in timed}
         records.append(rec)
         (out_dir / "fp8_dev.json").write_text(json.dumps(records, indent=1))
         print(f"T={T} times " + json.dumps(rec["time_us"]), flush=True)
     return records
 
 
-def table(records) -> str:
-    lines = [f"{'T':>5s} {'v1 us':>8s} {'v2 us':>8s} {'v2 gemm':>8s} {'aq us':>7s} {'gemm_v4':>8s} {'cuBLAS':>8s} "
-             f"{'v2 TF/s':>8s} {'x v4':>6s}  v2 vs twin (max ulp, share) / vs exact"]
+def table(records, versions=VERSIONS + EXPERIMENTS) -> str:
+    """us of each version (act_quant + GEMM; '-' if invalid, so not timed), gemm_v4 and cuBLAS bf16, the
+    last version's TFLOP/s and ratio to gemm_v4, and its distance to the twin (x = normal draws)."""
+    nan = float("nan")
+    last = versions[-1]
+    short = [v.replace("gemm_fp8_", "") for v in versions]
+    lines = [f"{'T':>5s} " + " ".join(f"{n + ' us':>9s}" for n in short) + f" {'aq us':>7s} {'gemm_v4':>8s} "
+             f"{'cuBLAS':>8s} {short[-1] + ' TF/s':>8s} {'x v4':>6s}  {short[-1]} vs twin (max ulp, share, rel L2)  valid"]
     for r in records:
         t = r["time_us"]
-        c = r.get("gemm_fp8_v3_vs_cpu_twin_normal", {})
-        e = r.get("gemm_fp8_v3_vs_exact_normal", {})
-        lines.append(f"{r['T']:5d} {t['gemm_fp8_v2']:8.1f} {t['gemm_fp8_v3']:8.1f} {t['gemm_fp8_v3.gemm']:8.1f} "
-                     f"{t['act_quant']:7.1f} {t.get('gemm_v4', float('nan')):8.1f} {t.get('cublas_v1', float('nan')):8.1f} "
-                     f"{r['tflops']['gemm_fp8_v3']:8.1f} {r.get('speedup_vs_gemm_v4', {}).get('gemm_fp8_v3', float('nan')):6.2f}"
-                     f"  {c.get('max_ulp')} {c.get('share_differ', 0):.2e} / {e.get('max_ulp')} {e.get('share_differ', 0):.2e}")
+        c = r.get(f"{last}_vs_cpu_twin_normal", {})
+        lines.append(f"{r['T']:5d} " + " ".join(f"{t.get(v, nan):9.1f}" for v in versions)
+                     + f" {t.get('act_quant', nan):7.1f} {t.get('gemm_v4', nan):8.1f} {t.get('cublas_v1', nan):8.1f} "
+                     f"{r['tflops'].get(last, nan):8.1f} {r.get('speedup_vs_gemm_v4', {}).get(last, nan):6.2f}"
+                     f"  {c.get('max_ulp')} {c.get('share_differ', 0):.2e} {c.get('rel_l2', 0):.1e}"
+                     f"  {'all' if all(r['valid'].values()) else [v for v, ok in r['valid'].items() if not ok]}")
     return "\n".join(lines)
 
 
@@ -159,16 +205,23 @@ def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--out", default=".", help="folder for fp8_dev.json")
     ap.add_argument("--tokens", default=None, help="comma-separated token counts (default %s)" % (TOKENS,))
+    ap.add_argument("--versions", default=",".join(VERSIONS + EXPERIMENTS),
+                    help="comma-separated FP8 versions (default all, with the experiments %s)" % (EXPERIMENTS,))
     ap.add_argument("--smoke", action="store_true", help="tiny shapes (the simulator)")
     a = ap.parse_args(argv)
     out = Path(a.out)
     out.mkdir(parents=True, exist_ok=True)
     tokens = tuple(int(t) for t in a.tokens.split(",")) if a.tokens else ((3, 17) if a.smoke else TOKENS)
     t0 = time.time()
-    records = run(out, tokens, a.smoke)
-    print(table(records))
+    versions = tuple(v for v in a.versions.split(",") if v)
+    unknown = [v for v in versions if v not in VERSIONS + EXPERIMENTS]
+    if unknown:
+        print(f"error: unknown FP8 version(s) {unknown}; known: {list(VERSIONS + EXPERIMENTS)}")
+        return 2
+    records = run(out, tokens, a.smoke, versions)
+    print(table(records, versions))
     print(f"done in {time.time() - t0:.0f} s")
-    return 0
+    return 0 if all(all(r["valid"].values()) for r in records) else 1
 
 
 if __name__ == "__main__":

@@ -10,6 +10,9 @@ names too), at the released shapes
 (dim 5120, hc 4, 24 hash columns, head_dim 256) and T in {1, 16, 128, 4096}:
     rows_q2k        rows by id from a >= 2 GB device-resident Q2_K table, decoded to bf16 rows
     proj_bf16       kv = bf16(x @ wkv^T) on a bf16 weight: GEMV at T=1, GEMM above
+    proj_fp8_deepseek  (variants) DeepSeek's FP8 arithmetic (act_quant + gemm_fp8_*) on an FP8 wkv at
+                    T = 128, 1024, 4096, checked against the CPU twin, with `vs_gemm_v4` / `vs_cublas_bf16`:
+                    gemm_v4 and cuBLAS bf16 on the same weights, timed in the same run
     gate            the gate and the in-place FP32 highway update
     proj+gate       the projection and the gate on its output, as `EngramV41.apply` runs them
     proj_q2k, proj_fp8, decode_step, engine_build   the decode path (bench/decode.py)
@@ -306,6 +309,7 @@ def bench_variants(shape: BenchShape = RELEASED, quick: bool = False, log=print,
                 slow = rec.name.endswith("_v1")
                 us = timer(launch, iters=3 if slow or T == 4096 else iters)
                 add("proj_bf16", T, rec.name, us, *rec.launch_cost(T, K, N), ok, **agree)
+        _bench_deepseek_fp8(timer, add, rng, K, N, iters, smoke, shape, log)
 
     if "gate" in stages:
         w_gate_h = (1 + 0.1 * rng.standard_normal((HC, DIM))).astype(np.float32)
@@ -333,6 +337,71 @@ def bench_variants(shape: BenchShape = RELEASED, quick: bool = False, log=print,
                     us = timer(launch, iters=iters)
                     add("gate", T, rec.name + (f"/{layout}" if layout else ""), us, *rec.launch_cost(T, HC, DIM), valid)
     return out
+
+
+FP8_SWEEP = (128, 1024, 4096)      # DeepSeek's FP8 GEMMs: where a prefill chunk sits (also off shape.tokens)
+
+
+def _bench_deepseek_fp8(timer, add, rng, K, N, iters, smoke, shape, log):
+    """The gemm_fp8_* records (act_quant included: what a projection costs) on an FP8 wkv, checked
+    against the CPU twin of DeepSeek's arithmetic on sampled rows (the naive v1 bit for bit, the
+    tensor-core versions within docs/numerics.md's bound) before they are timed, with gemm_v4 and
+    cuBLAS bf16 on the same weights decoded to bf16 timed in the same run (`vs_gemm_v4`)."""
+    from numba import cuda
+
+    import ml_dtypes
+
+    from ..bf16 import bf16_to_f32, bf16_ulp_distance, f32_to_bf16
+    from ..stages import catalog
+    from ..stages.proj.cpu import projection_deepseek_fp8_cpu
+    from ..stages.proj.launch import prepare_project, prepare_project_q
+    from ..stages.proj.records import DEEPSEEK_FP8_VERSIONS
+    from ..stages.proj.reference import wkv_fp8_bf16
+
+    recs = [r for r in catalog.records("proj") if r.name in DEEPSEEK_FP8_VERSIONS]
+    sweep = {r.name: ([t for t in shape.tokens[:1]] if r.name.endswith("_v1") else []) if smoke
+             else [t for t in r.sweep if t in FP8_SWEEP] for r in recs}
+    Ts = sorted({t for ts in sweep.values() for t in ts})
+    if not Ts:
+        return
+    w = np.clip(rng.standard_normal((N, K)).astype(np.float32) * np.float32(64.0), -448, 448)
+    codes_h = np.ascontiguousarray(w.astype(ml_dtypes.float8_e4m3fn).view(np.uint8))          # [N, K] e4m3
+    scales_h = rng.integers(118, 122, (-(-N // 32), K // 32), dtype=np.uint8)                   # e8m0 tiles
+    codes, scales = cuda.to_device(codes_h), cuda.to_device(scales_h)
+    wbf = cuda.to_device(wkv_fp8_bf16(codes_h, scales_h))                                       # exact in bf16
+    for T in Ts:
+        x_h = f32_to_bf16(rng.standard_normal((T, K)).astype(np.float32) * 0.05)
+        x = cuda.to_device(x_h)
+        sample = np.sort(rng.choice(T, min(T, 16), replace=False))
+        twin = projection_deepseek_fp8_cpu(x_h[sample], codes_h, scales_h)
+        base = {}
+        if not smoke:
+            for name in ("gemm_v4", "cublas_v1"):
+                try:
+                    base[name] = timer(prepare_project(x, wbf, cuda.device_array((T, N), np.uint16), version=name),
+                                       iters=iters)
+                except Exception as exc:     # cuBLAS needs torch
+                    log(f"  proj_fp8_deepseek {name}: cannot launch ({exc})")
+        for rec in recs:
+            if T not in sweep[rec.name]:
+                continue
+            got = cuda.device_array((T, N), np.uint16)
+            launch = prepare_project_q(x, codes, scales, got, weight="fp8", version=rec.name)
+            launch()
+            g = got.copy_to_host()[sample]
+            ulps = bf16_ulp_distance(g, twin)
+            a, b = bf16_to_f32(g).astype(np.float64), bf16_to_f32(twin).astype(np.float64)
+            rel_l2 = float(np.linalg.norm(a - b) / max(np.linalg.norm(b), 1e-30))
+            share = float((ulps > 0).mean())
+            ok = bool(np.isfinite(a).all() and (ulps.max() == 0 if rec.bit_exact else rel_l2 <= 2e-3 and share <= 0.10))
+            us = timer(launch, iters=3 if rec.name.endswith("_v1") or T == 4096 else iters)
+            extra = {"max_ulp_vs_twin": int(ulps.max()), "share_differ_vs_twin": share, "rel_l2_vs_twin": rel_l2}
+            extra.update({f"{n}_us": round(t, 2) for n, t in base.items()})
+            if "gemm_v4" in base:
+                extra["vs_gemm_v4"] = round(base["gemm_v4"] / us, 3)
+            if "cublas_v1" in base:
+                extra["vs_cublas_bf16"] = round(base["cublas_v1"] / us, 3)
+            add("proj_fp8_deepseek", T, rec.name, us, *rec.launch_cost(T, K, N), ok, encoding="fp8", **extra)
 
 
 def bench_hash(log=print, repeats: int = 30, n_tokens: int = 4096) -> dict:

@@ -7,7 +7,8 @@ argtypes, spill_free, vector_io)` entries, from the record's specs), and `compil
 turns each into PTX with `cuda.compile_ptx` and assembles that with nvJitLink (from the
 `numba-cuda[cu13]` wheels) to get registers, stack and spills, all on a machine with no GPU.
 
-Run `python -m engram_numba.stages.compile_check` for the table. It needs numba's real CUDA
+Run `python -m engram_numba.stages.compile_check [--only PREFIX] [--json]` for the table (of the
+targets whose name starts with PREFIX, e.g. `proj.gemm_fp8_v4`). It needs numba's real CUDA
 target, not the simulator (numba picks one at import), so it restarts itself with
 NUMBA_ENABLE_CUDASIM=0 when it finds the simulator on; the tests run it in a subprocess.
 
@@ -147,7 +148,14 @@ def main(argv=None) -> int:
         import os
         env = dict(os.environ, NUMBA_ENABLE_CUDASIM="0")
         os.execve(sys.executable, [sys.executable, "-m", "engram_numba.stages.compile_check", *argv], env)
-    results = compile_all()
+    targets = None
+    if "--only" in argv:        # --only PREFIX: the targets whose name starts with PREFIX (e.g. proj.gemm_fp8_v4)
+        prefix = argv[argv.index("--only") + 1]
+        targets = [t for t in collect_targets() if t.name.startswith(prefix)]
+        if not targets:
+            print(f"error: no compile target starts with {prefix!r}")
+            return 2
+    results = compile_all(targets)
     if "--json" in argv:
         print(json.dumps([asdict(r) for r in results]))
     else:

@@ -38,6 +38,10 @@ Kernel versions (after act_quant; v2 and v3 from one factory, `make_kernel(doubl
                promoted (wgmma.wait_group 1). H200, T = 4096: 3.02 ms = 426 TFLOP/s, 0.60x
                gemm_v4: the wait and the 64 FMAs a thread after every k32 block are not hidden
                by two warpgroups (docs/gpu.md).
+  gemm_fp8_v4  the 128 x 128 tile over 4 math warpgroups of m64n64 (4 warps a scheduler), each
+               with two partial tiles, on a deeper stream (`make_kernel_v4`): k tiles in pairs, 8
+               blocks a barrier and a drain (v3: 4 blocks, two barriers), 6 tile slots; 128
+               registers, no spills, wgmma not serialized. Not yet timed on a GPU.
 """
 from __future__ import annotations
 
@@ -84,9 +88,16 @@ SMEM_BYTES = max(STAGES * STAGE_BYTES, BM * STASH_STRIDE * 4) + ALIGN_SLACK
 #   asynchronous rules as wgmma_bf16: wgmma_fence before, read only after commit and a waiter.
 #   Simulator twin: the 32 products (exact in fp32) summed sequentially in fp32, k = 0..31.
 # - `fp8_promote(acc, part, scales)` -> acc: acc[i] = fma(part[i], scales[g(i)], acc[i]) with
-#   g(i) = 4 h + j // 4 for i = 4 j + 2 h + c (row half h, output column 8 j + 2 t + c, so j // 4 is
-#   the 32-wide scale tile of the column within the warpgroup's 128): `scales` is the tuple
-#   (s_row0 * s_w[0..3], s_row8 * s_w[0..3]). `part` must be retired (a waiter) before.
+#   g(i) = G h + j // 4 for i = 4 j + 2 h + c (row half h, output column 8 j + 2 t + c, so j // 4 is
+#   the 32-wide scale tile of the column within the warpgroup's N = 32 G outputs): `scales` is the
+#   tuple (s_row0 * s_w[0..G-1], s_row8 * s_w[0..G-1]). `part` must be retired (a waiter) before.
+# - `opaque_copy(v)`: v (a 32-bit integer) through a volatile mov the compiler cannot hoist out of a
+#   loop: what is computed from it inside the loop is recomputed there instead of held in registers
+#   across the loop (the twin returns v).
+# - `after_retired(index, part)`: index, made to depend on a retired partial tile, so the shared-memory
+#   loads of the scales it addresses are not scheduled before the wait that retires it (they would
+#   hold registers across the MMA); part[0] is NaN only when the partial is, and then every fma that
+#   uses the scale is NaN whatever it reads (the twin returns index).
 
 if SIMULATOR:
     from ...device.hopper import WgmmaAcc, _QUEUES, _bytes, _element_offsets, _thread_id
@@ -129,10 +140,16 @@ if SIMULATOR:
         a = np.array(acc, dtype=np.float32)
         s = np.array(scales, dtype=np.float32)
         i = np.arange(a.size)
-        g = 4 * ((i >> 1) & 1) + (i >> 2) // 4
+        g = (a.size // 16) * ((i >> 1) & 1) + (i >> 2) // 4
         # partial * scale is exact (powers of two), so the fp32 add is the fma's one rounding
         out = (a + p * s[g]).astype(np.float32)
         return tuple(np.float32(v) for v in out)
+
+    def opaque_copy(v):
+        return v
+
+    def after_retired(index, part):
+        return index
 
 else:
     from llvmlite import ir
@@ -180,11 +197,26 @@ else:
                                side_effect=False)
             out = []
             for i in range(n):
-                g = 4 * ((i >> 1) & 1) + (i >> 2) // 4
+                g = (n // 16) * ((i >> 1) & 1) + (i >> 2) // 4
                 out.append(builder.call(fma, [builder.extract_value(args[1], i), builder.extract_value(args[2], g),
                                               builder.extract_value(args[0], i)]))
             return context.make_tuple(builder, signature.return_type, out)
         return acc(acc, part, scales), codegen
+
+    @intrinsic
+    def opaque_copy(typingctx, v):
+        if not isinstance(v, types.Integer) or v.bitwidth != 32:
+            return None
+
+        def codegen(context, builder, signature, args):
+            return builder.call(ir.InlineAsm(ir.FunctionType(_I32, [_I32]), "mov.b32 $0, $1;", "=r,r", side_effect=True),
+                                [args[0]])
+        return v(v), codegen
+
+    @device_function(**INLINE)
+    def after_retired(index, part):
+        # part[0] is NaN only if the partial is (then so is every fma that uses the scale read here)
+        return index + np.int64(part[0] != part[0])
 
 
 # ---- act_quant ---------------------------------------------------------------------------------------
@@ -242,7 +274,7 @@ def _word_amax(amax, u):
 
 @cuda.jit(**bounds(AQ_THREADS, 8))
 def act_quant_kernel(x32, q32, s, T, K):
-    # x32: uint32 [T*K/2] bf16 pairs; q32: uint32 [T*K/4] e4m3 codes; s: float32 [ceil(K/128), T, 4]
+    # x32: uint32 [T*K/2] bf16 pairs; q32: uint32 [T*K/4] e4m3 codes; s: float32 stage_scales_shape(T, K)
     # (the scale of group b of token t at [b // 4, t, b % 4]: one 16-byte chunk per token and GEMM stage).
     # One thread a group of 32 values: 4 16-byte loads for the amax, the same 4 (L1 hits) again to
     # quantise, 2 16-byte stores of codes.
@@ -283,15 +315,12 @@ def e8m0_table_kernel(scales, out):
 
 # ---- the GEMM --------------------------------------------------------------------------------------
 
-def make_kernel(double_buffer: bool):
-    A_CHUNKS = BM * 8 // THREADS
-    B_CHUNKS = BN * 8 // THREADS
-    K_STEP = 32                              # a k32 step: 32 bytes along the swizzled 128-byte row
-    ZERO = tuple(np.float32(0.0) for _ in range(NACC))
-    cp_wait = cp_async_waiter(STAGES - 2)
-    cp_wait0 = cp_async_waiter(0)
-    mma_wait0 = wgmma_waiter(0)
-    mma_wait1 = wgmma_waiter(1)
+def _stage_issuer(threads: int):
+    """`_issue_stage` for a CTA of `threads` threads: each loads threads / 8 operand rows a pass."""
+    A_CHUNKS = BM * 8 // threads
+    B_CHUNKS = BN * 8 // threads
+    ROWS = threads // 8
+    PASS_BYTES = ROWS * ROW_BYTES
 
     @device_function(**INLINE)
     def _issue_stage(smem, stage_off, x32, w32, sx32, sw32, m0, n0, T, N, NB, K16, kt, row0, q, off0, tid):
@@ -309,14 +338,26 @@ def make_kernel(double_buffer: bool):
         k_ok = kq < K16
         kc = min(kq, K16 - 1)
         for i in range(A_CHUNKS):
-            r = m0 + row0 + 32 * i
+            r = m0 + row0 + ROWS * i
             ok = k_ok and r < T
-            cp_async_16(smem, stage_off + off0 + 4096 * i, x32, np.int64(min(r, T - 1)) * K16 + kc, 16 if ok else 0)
+            cp_async_16(smem, stage_off + off0 + PASS_BYTES * i, x32, np.int64(min(r, T - 1)) * K16 + kc, 16 if ok else 0)
         for i in range(B_CHUNKS):
-            r = n0 + row0 + 32 * i
+            r = n0 + row0 + ROWS * i
             ok = k_ok and r < N
-            cp_async_16(smem, stage_off + A_BYTES + off0 + 4096 * i, w32, np.int64(min(r, N - 1)) * K16 + kc,
+            cp_async_16(smem, stage_off + A_BYTES + off0 + PASS_BYTES * i, w32, np.int64(min(r, N - 1)) * K16 + kc,
                         16 if ok else 0)
+    return _issue_stage
+
+
+def make_kernel(double_buffer: bool):
+    K_STEP = 32                              # a k32 step: 32 bytes along the swizzled 128-byte row
+    ZERO = tuple(np.float32(0.0) for _ in range(NACC))
+    cp_wait = cp_async_waiter(STAGES - 2)
+    cp_wait0 = cp_async_waiter(0)
+    mma_wait0 = wgmma_waiter(0)
+    mma_wait1 = wgmma_waiter(1)
+
+    _issue_stage = _stage_issuer(THREADS)
 
     @device_function(**INLINE)
     def _scales(smem, sc, r0, j):
@@ -334,7 +375,8 @@ def make_kernel(double_buffer: bool):
     @cuda.jit(**bounds(THREADS, 1))
     def gemm_fp8(x32, w32, sx32, sw32, out, T, K):
         # x32: uint32 [T*K/4] e4m3 codes of x; w32: uint32 [N*K/4] of wkv; sx32: float32 bits
-        # [ceil(K/128) * T * 4] (act_quant's stage layout); sw32: [ceil(K/128) * ceil(N/32) * 4]; out: uint16 [T, N]
+        # stage_scales_shape(T, K) flat (act_quant's stage layout); sw32: stage_scales_shape(ceil(N/32), K) flat;
+        # out: uint16 [T, N]
         smem = cuda.shared.array(0, types.uint32)
         tid = cuda.threadIdx.x
         wg = tid >> 7
@@ -437,10 +479,216 @@ def make_kernel(double_buffer: bool):
     return gemm_fp8
 
 
+# ---- gemm_fp8_v4: four math warpgroups on a deeper MMA stream ---------------------------------------
+#
+# The promotion after every k32 block costs a thread one fp32 FMA per accumulator: as much FP32-pipe
+# time as the tensor core spends on the block. v3 has two warpgroups (2 warps a scheduler) to hide
+# the waits in, and drains its MMA stream (wait_group 0) and passes two barriers every 4 blocks.
+# v4 splits the same 128 x 128 CTA tile over four math warpgroups of m64n64k32 (warpgroup w: token
+# rows 64 (w & 1), outputs 64 (w >> 1); 4 warps a scheduler, so one warp's FMAs issue while
+# another's MMA runs), each with the accumulator and two partial tiles (96 of the 128 registers 512
+# threads leave a thread). The k tiles are loaded in pairs into a ring of 3 pair slots (6 tiles, 4
+# ahead of the MMA), and the 8 blocks of a pair run as one unrolled ping-pong (block b + 1 issued
+# before block b is promoted, wait_group 1 throughout, wait_group 0 at the pair's end): one barrier
+# and one drain every 8 blocks. The barrier that publishes pair kp is also the one after which pair
+# kp - 1's slot is refilled. A last odd k tile pairs with a tile past K: its operands are
+# zero-filled and its scales are the zero padding of the stage layout, so its blocks add nothing
+# (fma(0, 0, acc) = acc). The same arithmetic as v1..v3: the same partial sums, promoted in K order
+# with the same fma.
+#
+# Fitting 128 registers (compile tier, sm_90a): written plainly the kernel needs 176 and spills
+# 108/128 bytes. Two things held registers across the MMA: the loader's indices (hoisted out of the
+# tile loop: now recomputed from `opaque_copy(tid)` at each refill) and the scale loads of later
+# blocks (scheduled early: `after_retired` makes each depend on the partial it scales). With both:
+# 128 registers, no spills. `make_kernel_v4(128)` is the same schedule on v3's two warpgroups of
+# m64n128 (225 registers), which tools/fp8_dev.py times beside it.
+# What did not work: a producer warpgroup handing its registers to the math warpgroups with
+# setmaxnreg: numba links every kernel through nvJitLink as relocatable code, and there ptxas ignores
+# setmaxnreg (info C7504, "'setmaxnreg' ignored to maintain compatibility across compilation
+# units"; the same PTX assembled whole-program by ptxas honours it). And a partial tile kept in
+# flight across a loop edge makes ptxas serialize every wgmma (C7514: the phi copies read it),
+# hence the hand-unrolled pair.
+
+V4_WG_N = 64
+V4_PAIRS = 3                     # ring slots, each a pair of k tiles (2 x 4 k32 blocks)
+V4_SMEM_BYTES = max(2 * V4_PAIRS * STAGE_BYTES, BM * STASH_STRIDE * 4) + ALIGN_SLACK
+
+
+
+def make_kernel_v4(wg_n: int = V4_WG_N):
+    """gemm_fp8_v4's kernel with math warpgroups of m64n{wg_n} (64: 4 warpgroups, the record; 128: 2)."""
+    threads = 128 * 2 * (BN // wg_n)
+    K_STEP = 32
+    ZERO = tuple(np.float32(0.0) for _ in range(wg_n // 2))
+    issue = _stage_issuer(threads)
+    cp_wait = cp_async_waiter(V4_PAIRS - 2)      # pair kp landed, kp + 1 may still be in flight
+    cp_wait0 = cp_async_waiter(0)
+    mma_wait0 = wgmma_waiter(0)
+    mma_wait1 = wgmma_waiter(1)
+
+    if wg_n == 64:
+        @device_function(**INLINE)
+        def _scales2(smem, sc, r0, wt, j):
+            """(s_x[r0] * s_w[wt], s_x[r0] * s_w[wt + 1], s_x[r0 + 8] * s_w[wt], s_x[r0 + 8] * s_w[wt + 1]) of
+            k block j of the stage whose scales start at word sc (wt: the warpgroup's first 32-output tile)."""
+            a0 = u32_as_f32(smem[sc + 4 * r0 + j])
+            a1 = u32_as_f32(smem[sc + 4 * r0 + 32 + j])
+            w = sc + SX_BYTES // 4 + 4 * wt + j
+            w0 = u32_as_f32(smem[w])
+            w1 = u32_as_f32(smem[w + 4])
+            return (a0 * w0, a0 * w1, a1 * w0, a1 * w1)
+    else:
+        @device_function(**INLINE)
+        def _scales2(smem, sc, r0, wt, j):
+            """The same for 4 tiles of 32 outputs (wt = 0)."""
+            a0 = u32_as_f32(smem[sc + 4 * r0 + j])
+            a1 = u32_as_f32(smem[sc + 4 * r0 + 32 + j])
+            w = sc + SX_BYTES // 4 + j
+            w0 = u32_as_f32(smem[w])
+            w1 = u32_as_f32(smem[w + 4])
+            w2 = u32_as_f32(smem[w + 8])
+            w3 = u32_as_f32(smem[w + 12])
+            return (a0 * w0, a0 * w1, a0 * w2, a0 * w3, a1 * w0, a1 * w1, a1 * w2, a1 * w3)
+
+    @cuda.jit(**bounds(threads, 1))
+    def gemm_fp8_v4(x32, w32, sx32, sw32, out, T, K):
+        # the arguments of v2/v3's kernel
+        smem = cuda.shared.array(0, types.uint32)
+        tid = cuda.threadIdx.x
+        wg = tid >> 7
+        N = out.shape[1]
+        K16 = K >> 4
+        NB = (N + BLOCK - 1) // BLOCK
+        n_k = (K16 + 7) >> 3
+        m0 = cuda.blockIdx.x * BM
+        n0 = cuda.blockIdx.y * BN
+        base = np.int64(shared_address(smem))
+        pad = (1024 - (base & 1023)) & 1023
+        s0 = base + pad
+        row0 = tid >> 3
+        q = tid & 7
+        off0 = row0 * ROW_BYTES + ((q ^ (row0 & 7)) << 4)
+        d_hi = wgmma_descriptor(0, 16, GROUP_BYTES, WGMMA_SWIZZLE_128B)
+        m_wg = (wg & 1) * 64
+        n_wg = (wg >> 1) * wg_n
+        a_wg = m_wg * ROW_BYTES
+        b_wg = A_BYTES + n_wg * ROW_BYTES
+        wt = n_wg // BLOCK
+        p = tid & 127
+        r0 = m_wg + 16 * (p >> 5) + ((p & 31) >> 2)     # this thread's first accumulator row (second: + 8)
+
+        n_p = (n_k + 1) >> 1                          # pairs of k tiles (a last odd tile pairs with zeros)
+        for s in range(V4_PAIRS - 1):
+            if s < n_p:
+                for h in range(2):
+                    issue(smem, s0 - base + (2 * s + h) * STAGE_BYTES, x32, w32, sx32, sw32, m0, n0, T, N, NB, K16,
+                          2 * s + h, row0, q, off0, tid)
+            cp_async_commit()
+
+        acc = ZERO
+        pa = ZERO
+        pb = ZERO
+        for kp in range(n_p):
+            st = s0 + 2 * (kp % V4_PAIRS) * STAGE_BYTES
+            cp_wait()
+            fence_proxy_async()
+            # publishes pair kp, and every warpgroup is done with pair kp - 1: its slot is refilled now
+            cuda.syncthreads()
+            nk = kp + V4_PAIRS - 1
+            if nk < n_p:
+                # the loader's indices recomputed from an opaque copy of tid, not held across the MMA
+                tv = np.int32(opaque_copy(np.uint32(tid)))
+                rv = tv >> 3
+                qv = tv & 7
+                ov = rv * ROW_BYTES + ((qv ^ (rv & 7)) << 4)
+                for h in range(2):
+                    issue(smem, s0 - base + (2 * (nk % V4_PAIRS) + h) * STAGE_BYTES, x32, w32, sx32, sw32,
+                          cuda.blockIdx.x * BM, cuda.blockIdx.y * BN, T,
+                          N, (N + BLOCK - 1) // BLOCK, K >> 4, 2 * nk + h, rv, qv, ov, tv)
+            cp_async_commit()
+            sc0 = (st - base + A_BYTES + B_BYTES) >> 2
+            sc1 = sc0 + STAGE_BYTES // 4
+            # the pair's descriptors: the start address (bits 0-13, in 16-byte units) moves by a
+            # constant a block (st + 2 stages < 2^18: no carry out of the field)
+            da = d_hi | wgmma_descriptor(st + a_wg, 0, 0, 0)
+            db = d_hi | wgmma_descriptor(st + b_wg, 0, 0, 0)
+            # 8 k32 blocks, even ones in pa, odd ones in pb: block b + 1 is issued before block b is
+            # promoted (unrolled: a partial tile in flight across a loop edge would serialize the MMAs)
+            pa = wgmma_fence(pa)
+            pa = wgmma_e4m3(pa, da,
+                            db, smem)
+            wgmma_commit()
+            pb = wgmma_fence(pb)
+            pb = wgmma_e4m3(pb, da + np.uint64((K_STEP) >> 4),
+                            db + np.uint64((K_STEP) >> 4), smem)
+            wgmma_commit()
+            pa = mma_wait1(pa)
+            acc = fp8_promote(acc, pa, _scales2(smem, after_retired(sc0, pa), r0, wt, 0))
+            pa = wgmma_fence(pa)
+            pa = wgmma_e4m3(pa, da + np.uint64((2 * K_STEP) >> 4),
+                            db + np.uint64((2 * K_STEP) >> 4), smem)
+            wgmma_commit()
+            pb = mma_wait1(pb)
+            acc = fp8_promote(acc, pb, _scales2(smem, after_retired(sc0, pb), r0, wt, 1))
+            pb = wgmma_fence(pb)
+            pb = wgmma_e4m3(pb, da + np.uint64((3 * K_STEP) >> 4),
+                            db + np.uint64((3 * K_STEP) >> 4), smem)
+            wgmma_commit()
+            pa = mma_wait1(pa)
+            acc = fp8_promote(acc, pa, _scales2(smem, after_retired(sc0, pa), r0, wt, 2))
+            pa = wgmma_fence(pa)
+            pa = wgmma_e4m3(pa, da + np.uint64((STAGE_BYTES) >> 4),
+                            db + np.uint64((STAGE_BYTES) >> 4), smem)
+            wgmma_commit()
+            pb = mma_wait1(pb)
+            acc = fp8_promote(acc, pb, _scales2(smem, after_retired(sc0, pb), r0, wt, 3))
+            pb = wgmma_fence(pb)
+            pb = wgmma_e4m3(pb, da + np.uint64((STAGE_BYTES + K_STEP) >> 4),
+                            db + np.uint64((STAGE_BYTES + K_STEP) >> 4), smem)
+            wgmma_commit()
+            pa = mma_wait1(pa)
+            acc = fp8_promote(acc, pa, _scales2(smem, after_retired(sc1, pa), r0, wt, 0))
+            pa = wgmma_fence(pa)
+            pa = wgmma_e4m3(pa, da + np.uint64((STAGE_BYTES + 2 * K_STEP) >> 4),
+                            db + np.uint64((STAGE_BYTES + 2 * K_STEP) >> 4), smem)
+            wgmma_commit()
+            pb = mma_wait1(pb)
+            acc = fp8_promote(acc, pb, _scales2(smem, after_retired(sc1, pb), r0, wt, 1))
+            pb = wgmma_fence(pb)
+            pb = wgmma_e4m3(pb, da + np.uint64((STAGE_BYTES + 3 * K_STEP) >> 4),
+                            db + np.uint64((STAGE_BYTES + 3 * K_STEP) >> 4), smem)
+            wgmma_commit()
+            pa = mma_wait1(pa)
+            acc = fp8_promote(acc, pa, _scales2(smem, after_retired(sc1, pa), r0, wt, 2))
+            pb = mma_wait0(pb)
+            acc = fp8_promote(acc, pb, _scales2(smem, after_retired(sc1, pb), r0, wt, 3))
+        cp_wait0()
+        cuda.syncthreads()
+
+        # epilogue: bf16 pairs into the [BM][STASH_STRIDE] word tile, then row-contiguous stores
+        lane = p & 31
+        wbase = (pad >> 2) + (m_wg + 16 * (p >> 5) + (lane >> 2)) * STASH_STRIDE + (lane & 3) + (n_wg >> 1)
+        wgmma_store_bf16x2(smem, wbase, STASH_STRIDE, acc)
+        cuda.syncthreads()
+        words = BN // 2
+        for i in range(tid, BM * words, threads):
+            r = i // words
+            c = i - r * words
+            t = m0 + r
+            n = n0 + 2 * c
+            if t < T and n < N:
+                word = smem[(pad >> 2) + r * STASH_STRIDE + c]
+                out[t, n] = np.uint16(word & np.uint32(0xFFFF))
+                if n + 1 < N:
+                    out[t, n + 1] = np.uint16(word >> np.uint32(16))
+
+    return gemm_fp8_v4
+
+
 @cuda.jit
 def gemm_fp8_naive(xq, codes, sx, sw, out):
-    # xq: uint8 [T, K] e4m3 codes of x; codes: uint8 [N, K]; sx: float32 [ceil(K/128), T, 4];
-    # sw: float32 [ceil(K/128), ceil(N/32), 4]; out: uint16 [T, N]
+    # xq: uint8 [T, K] e4m3 codes of x; codes: uint8 [N, K]; sx: float32 stage_scales_shape(T, K);
+    # sw: float32 stage_scales_shape(ceil(N/32), K); out: uint16 [T, N]
     n, t = cuda.grid(2)
     T, K = xq.shape
     N = codes.shape[0]
@@ -462,11 +710,16 @@ def geometry_naive(T: int, N: int):
     return (cdiv(N, NAIVE_BLOCK[0]), cdiv(T, NAIVE_BLOCK[1])), NAIVE_BLOCK
 
 
-KERNELS = {"gemm_fp8_v1": gemm_fp8_naive, "gemm_fp8_v2": make_kernel(False), "gemm_fp8_v3": make_kernel(True)}
+KERNELS = {"gemm_fp8_v1": gemm_fp8_naive, "gemm_fp8_v2": make_kernel(False), "gemm_fp8_v3": make_kernel(True),
+           "gemm_fp8_v4": make_kernel_v4()}
 
 
 def geometry(T: int, N: int):
     return (cdiv(T, BM), cdiv(N, BN)), THREADS, SMEM_BYTES
+
+
+def geometry_v4(T: int, N: int):
+    return (cdiv(T, BM), cdiv(N, BN)), 128 * 2 * (BN // V4_WG_N), V4_SMEM_BYTES
 
 
 def act_quant_geometry(T: int, K: int):
@@ -496,9 +749,10 @@ class Fp8GemmLaunch:
 
 
 def stage_scales_shape(rows: int, K: int) -> tuple:
-    """Shape of a scale array in the GEMM's stage layout: [ceil(K/128), rows, 4] float32, the scale of
-    k block b of row r at [b // 4, r, b % 4] (zeros past K)."""
-    return (cdiv(K, BK), rows, SCALE_K)
+    """Shape of a scale array in the GEMM's stage layout: [2 * ceil(K/256), rows, 4] float32, the scale
+    of k block b of row r at [b // 4, r, b % 4] (zeros past K; an even number of 128-wide k tiles, so
+    gemm_fp8_v4, which loads k tiles in pairs, reads zero scales for a last odd tile's partner)."""
+    return (2 * cdiv(K, 2 * BK), rows, SCALE_K)
 
 
 def scales_by_row(s3, K: int) -> np.ndarray:
@@ -546,7 +800,7 @@ def launcher(rec, x, codes, scales, out, *, stream=0) -> Fp8GemmLaunch:
         grid, block = geometry_naive(T, N)
         gemm = PreparedLaunch(rec.name, kernel, grid, block, stream, (q_codes, codes, x_scales, w_scales, out), out)
         return Fp8GemmLaunch(rec.name, quant, gemm, out, q_codes, x_scales, w_scales)
-    grid, block, smem = geometry(T, N)
+    grid, block, smem = (geometry_v4 if rec.name == "gemm_fp8_v4" else geometry)(T, N)
     args = (q_codes.view(np.uint32).reshape(T * K // 4), codes.view(np.uint32).reshape(N * K // 4),
             x_scales.view(np.uint32).reshape(x_scales.size), w_scales.view(np.uint32).reshape(w_scales.size),
             out, T, K)

@@ -348,7 +348,7 @@ for _name, _log, _when, _rule, _sim in (
 # In the simulator bit-identical to `cpu.projection_deepseek_fp8_cpu`; on the GPU within the bound
 # docs/numerics.md states (the tensor core's order inside a k32 step is unspecified).
 
-DEEPSEEK_FP8_VERSIONS = ("gemm_fp8_v1", "gemm_fp8_v2", "gemm_fp8_v3")
+DEEPSEEK_FP8_VERSIONS = ("gemm_fp8_v1", "gemm_fp8_v2", "gemm_fp8_v3", "gemm_fp8_v4")
 _F32_3D = types.float32[:, :, ::1]
 _FP8_GEMM_ARGS = (_U32_1D, _U32_1D, _U32_1D, _U32_1D, _U16_2D, types.int64, types.int64)   # xq32, w32, sx32, sw32, out, T, K
 _FP8_GEMM_NAIVE_ARGS = (_U8_2D, _U8_2D, _F32_3D, _F32_3D, _U16_2D)                           # xq, codes, sx, sw, out
@@ -381,9 +381,18 @@ for _name, _log, _sim in (
      "= 426 TFLOP/s at T=4096, 0.60x gemm_v4; 136 us at T=128)",
      [(3, 160, 40),
       (130, 736, 72)]),         # 2 token tiles (2 rows in the second), 6 k tiles: the 5-stage ring wraps
+    ("gemm_fp8_v4",
+     "the 128x128 tile over 4 math warpgroups (m64n64k32 e4m3, two partial tiles each: 4 warps a scheduler to hide "
+     "the per-block promotion), k tiles loaded in pairs (8 blocks between one barrier and one drain, v3: 4 and two), "
+     "6 tile slots; 128 registers, no spills; same arithmetic as v1..v3 (not yet timed on a GPU)",
+     [(3, 160, 40),             # one tile: rows past T and N (warpgroups on zero-filled rows or past N),
+                                # one pair whose second k tile has one k block
+      (70, 800, 136)]),         # 2 output tiles (the second 8 wide), 7 k tiles: 4 pairs through the 3-pair
+                                # ring (it wraps), the last pair's second tile past K (zero scales)
 ):
     naive = _name == "gemm_fp8_v1"
     _proj(_name, _log, kernel=cuda_fp8_wgmma.KERNELS[_name],
-          geometry=cuda_fp8_wgmma.geometry_naive if naive else cuda_fp8_wgmma.geometry, args="naive" if naive else "fast",
+          geometry=(cuda_fp8_wgmma.geometry_naive if naive else cuda_fp8_wgmma.geometry_v4 if _name == "gemm_fp8_v4"
+                    else cuda_fp8_wgmma.geometry), args="naive" if naive else "fast",
           specs=_fp8_gemm_specs(_name), encoding="fp8", launcher=cuda_fp8_wgmma.launcher, sim=_sim, exact=naive,
           sweep=(128, 256, 512, 1024, 4096), vector_io=False)
