@@ -266,32 +266,61 @@ class _LogEvent:
 
 
 def test_prefetch_buffers_are_reused_only_after_their_consumer(rng):
+    from engram_numba.device.hostrows import N_BUFFERS
+    assert N_BUFFERS == 3
     log = []
     table = cuda.to_device(rng.integers(0, 256, (50, 84), dtype=np.uint8))
     f = RowFetcher([HostLayer(7, [table], 84, 50, None)], max_rows=6, compute_stream="compute",
                    side_stream=cuda.stream(), event_factory=lambda n: _LogEvent(n, log))
     side = f.side
-    chunks = [rng.integers(0, 50, 6) for _ in range(4)]
-    assert f.issue({7: chunks[0]}) == 0
-    assert f.issue({7: chunks[1]}) == 1
-    assert f.match(7, chunks[1]) == 1 and f.match(7, chunks[0]) == 0 and f.match(7, chunks[2]) is None
+    chunks = [rng.integers(0, 50, 6) for _ in range(5)]
+    assert [f.issue({7: chunks[c]}) for c in range(3)] == [0, 1, 2]          # two chunks ahead of chunk 0
+    assert f.match(7, chunks[1]) == 1 and f.match(7, chunks[0]) == 0 and f.match(7, chunks[3]) is None
     got = f.take(7, 0)                                             # consumer of chunk 0
     np.testing.assert_array_equal(got.copy_to_host(), table.copy_to_host()[chunks[0]])
     f.release(0)
     mark = len(log)
-    assert f.issue({7: chunks[2]}) == 0                            # buffer 0 again
+    assert f.issue({7: chunks[3]}) == 0                            # buffer 0 again
     ops = log[mark:]
     # the host waits for the ids copy of chunk 0, the side stream for chunk 0's decode, before any write
     assert ops[0] == ("sync", "fetched0") and ops[1] == ("wait", "consumed0", side)
     assert ops[-1] == ("record", "fetched0", side)
     assert log.index(("record", "consumed0", "compute")) < mark + 1
-    assert log[log.index(("wait", "fetched0", "compute")) - 1] == ("record", "fetched1", side)  # take waited
+    assert log[log.index(("wait", "fetched0", "compute")) - 1] == ("record", "fetched2", side)  # take waited
     f.take(7, 1)
     f.release(1)
     mark = len(log)
-    f.issue({7: chunks[3]})
+    f.issue({7: chunks[4]})
     assert log[mark:mark + 2] == [("sync", "fetched1"), ("wait", "consumed1", side)]
     np.testing.assert_array_equal(f.take(7, f.match(7, chunks[2])).copy_to_host(), table.copy_to_host()[chunks[2]])
+    np.testing.assert_array_equal(f.take(7, f.match(7, chunks[3])).copy_to_host(), table.copy_to_host()[chunks[3]])
+
+
+def test_two_layers_fetch_on_their_own_streams_and_events(rng):
+    """Each layer's fetch is ordered by its own events (a layer's decode waits only for its own
+    rows), and a buffer is refilled only after that layer's consumer of it."""
+    log = []
+    ta = cuda.to_device(rng.integers(0, 256, (50, 84), dtype=np.uint8))
+    tb = cuda.to_device(rng.integers(0, 256, (40, 84), dtype=np.uint8))
+    f = RowFetcher([HostLayer(1, [ta], 84, 50, None), HostLayer(2, [tb], 84, 40, None)], max_rows=6,
+                   compute_stream="compute", side_stream=cuda.stream(), event_factory=lambda n: _LogEvent(n, log))
+    side = f.side
+    ids = [{1: rng.integers(0, 50, (2, 3)), 2: rng.integers(0, 40, (2, 3))} for _ in range(4)]
+    for c in range(3):
+        assert f.issue(ids[c]) == c
+    assert ("record", "fetched0.1", side) in log and ("record", "fetched0.2", side) in log
+    for lid, t in ((1, ta), (2, tb)):
+        mark = len(log)
+        got = f.take(lid, f.match(lid, ids[0][lid].reshape(-1)))
+        assert log[mark:] == [("wait", f"fetched0.{lid}", "compute")]          # its own rows only
+        np.testing.assert_array_equal(got.copy_to_host(), t.copy_to_host()[ids[0][lid].reshape(-1)])
+        f.release(0, lid)
+    mark = len(log)
+    assert f.issue(ids[3]) == 0
+    ops = log[mark:]
+    assert ops[:2] == [("sync", "fetched0.1"), ("sync", "fetched0.2")]
+    assert ops.index(("wait", "consumed0.1", side)) < ops.index(("record", "fetched0.1", side))
+    assert ops.index(("wait", "consumed0.2", side)) < ops.index(("record", "fetched0.2", side))
 
 
 def test_a_stale_prefetch_is_not_used(model, device_engine):
@@ -342,10 +371,17 @@ def test_rank_rows_and_hit_rates_against_a_direct_count(rng):
 
 
 # -- corpus runs prefetch the next chunk ----------------------------------------------------------
-def test_corpus_lookahead_prefetches_job_k_plus_1_before_job_k_is_computed():
-    from engram_numba.analysis.corpus import _ahead
+def test_corpus_lookahead_prefetches_two_jobs_before_job_k_is_computed():
+    from engram_numba.analysis.corpus import PREFETCH_DEPTH, _ahead
+    from engram_numba.device.hostrows import N_BUFFERS
+    assert PREFETCH_DEPTH < N_BUFFERS                              # a prefetched buffer is never refilled untaken
     log = []
-    for job in _ahead(iter([1, 2, 3]), lambda j: log.append(("prefetch", j))):
+    for job in _ahead(iter([1, 2, 3, 4]), lambda j: log.append(("prefetch", j))):
+        log.append(("compute", job))
+    assert log == [("prefetch", 1), ("prefetch", 2), ("prefetch", 3), ("compute", 1), ("prefetch", 4),
+                   ("compute", 2), ("compute", 3), ("compute", 4)]
+    log = []
+    for job in _ahead(iter([1, 2, 3]), lambda j: log.append(("prefetch", j)), depth=1):
         log.append(("compute", job))
     assert log == [("prefetch", 1), ("prefetch", 2), ("compute", 1), ("prefetch", 3), ("compute", 2),
                    ("compute", 3)]

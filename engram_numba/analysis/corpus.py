@@ -618,25 +618,30 @@ def corpus_stats(model, corpus=None, *, texts=None, documents=None, backend="cpu
     return stats
 
 
-def _ahead(jobs: Iterator, prefetch) -> Iterator:
-    """The jobs in order; with `prefetch`, job k+1 is handed to it before job k is yielded (so its
-    rows are fetched while job k computes)."""
+PREFETCH_DEPTH = 2      # chunks fetched ahead of the one computing (the fetcher holds depth + 1 buffers)
+
+
+def _ahead(jobs: Iterator, prefetch, depth: int = PREFETCH_DEPTH) -> Iterator:
+    """The jobs in order; with `prefetch`, jobs k+1..k+depth are handed to it before job k is
+    yielded (so their rows are fetched while job k computes: a fetch has `depth` chunks' time)."""
     if prefetch is None:
         yield from jobs
         return
-    pending = None
+    from collections import deque
+    pending: deque = deque()
     for job in jobs:
         prefetch(job)
-        if pending is not None:
-            yield pending
-        pending = job
-    if pending is not None:
-        yield pending
+        pending.append(job)
+        if len(pending) > depth:
+            yield pending.popleft()
+    while pending:
+        yield pending.popleft()
 
 
 def _run_threaded(jobs: Iterator[_Job], gates, reduce, bar, timing: dict, prefetch=None) -> None:
     """producer (tokenize + hash) -> this thread (device work) -> reducer (statistics), in order.
-    prefetch(job), if given, is called on this thread for job k+1 before job k's device work."""
+    prefetch(job), if given, is called on this thread for jobs k+1..k+PREFETCH_DEPTH before job k's
+    device work."""
     to_main: queue.Queue = queue.Queue(maxsize=2)
     to_reduce: queue.Queue = queue.Queue(maxsize=2)
     stop = threading.Event()
