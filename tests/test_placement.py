@@ -503,3 +503,132 @@ def test_cache_hits_per_chunk_add_up_to_the_hit_rate(model, rng):
     lay = res["layers"]["1"]["budgets"]["1e-06 GB q2k"]
     assert lay["slots"] == 11 and res["n_documents"] == {"train": 18, "held_out": 2}
     assert 0 < lay["hit_rate"] <= 1 and lay["hits"] + lay["misses"] == 80 * model.config.n_hash_cols
+
+
+# -- the dynamic (CLOCK) cache --------------------------------------------------------------------
+def _lru_hits_brute(seq, size):
+    from collections import OrderedDict
+    lru, hits = OrderedDict(), 0
+    for x in seq:
+        if x in lru:
+            hits += 1
+            lru.move_to_end(x)
+        else:
+            lru[x] = None
+            if len(lru) > size:
+                lru.popitem(last=False)
+    return hits
+
+
+def test_lru_stack_distances_give_the_lru_hits_of_every_size(rng):
+    from engram_numba.device.hostrows import lru_stack_distances
+    seq = rng.zipf(1.3, 3000) % 150
+    d = lru_stack_distances(seq)
+    assert d[0] == -1 and (d >= -1).all() and np.count_nonzero(d == -1) == np.unique(seq).size
+    for size in (1, 4, 17, 60, 150):
+        assert int(np.count_nonzero((d >= 0) & (d < size))) == _lru_hits_brute(seq.tolist(), size)
+
+
+def _clock_brute(chunks, n_sets, ways):
+    """The policy as written in the docs, in plain Python: per chunk, lookups first (a hit sets
+    the slot's bit), then each set's lowest-positioned miss is inserted by its CLOCK hand."""
+    from engram_numba.device.hostrows import clock_set_of
+    tags = [[-1] * ways for _ in range(n_sets)]
+    ref = [[0] * ways for _ in range(n_sets)]
+    hand = [0] * n_sets
+    out = []
+    for ids in chunks:
+        hits, claim = 0, {}
+        for r, row in enumerate(ids.tolist()):
+            s = int(clock_set_of([row], n_sets)[0])
+            if row in tags[s]:
+                ref[s][tags[s].index(row)] = 1
+                hits += 1
+            else:
+                claim.setdefault(s, (r, row))
+        for s, (r, row) in claim.items():
+            j = hand[s]
+            while tags[s][j] >= 0 and ref[s][j]:
+                ref[s][j] = 0
+                j = (j + 1) % ways
+            tags[s][j], ref[s][j], hand[s] = row, 0, (j + 1) % ways
+        out.append((hits, len(claim)))
+    return out, tags
+
+
+def test_clock_twin_follows_the_policy(rng):
+    from engram_numba.device.hostrows import clock_cache_sim
+    chunks = [rng.zipf(1.2, 40) % 90 for _ in range(12)]
+    sim = clock_cache_sim(chunks, 5, 4)
+    brute, tags = _clock_brute(chunks, 5, 4)
+    assert list(zip(sim["hits"].tolist(), sim["inserted"].tolist())) == brute
+    assert sim["tags"].tolist() == tags
+    assert sim["hits"].sum() > 0 and (sim["inserted"] > 0).all()
+    again = clock_cache_sim(chunks[6:], 5, 4, state=clock_cache_sim(chunks[:6], 5, 4))   # continued = one run
+    assert again["hits"].tolist() == sim["hits"][6:].tolist()
+
+
+@pytest.mark.parametrize("row_bytes, parts", [(84, (84,)), pytest.param(264, (256, 8), marks=pytest.mark.slow),
+                                              pytest.param(18, (18,), marks=pytest.mark.slow)])
+def test_clock_cache_fetches_bit_identical_rows_and_counts_like_its_twin(rng, row_bytes, parts):
+    """The device cache (simulator) against its CPU twin, chunk by chunk: the same hits, inserts
+    and final tags, bit-identical rows; words (84, 264 B) and bytes (18 B); split parts."""
+    from engram_numba.device.hostrows import ClockCache, clock_cache_sim, word_dtype
+    n_rows = 120
+    table = rng.integers(0, 256, (n_rows, row_bytes), dtype=np.uint8)
+    split = np.cumsum(parts)[:-1]
+    dev_parts = [cuda.to_device(np.ascontiguousarray(p)) for p in np.split(table, split, axis=1)]
+    words = word_dtype(*parts)
+    cache = ClockCache(n_rows, row_bytes, 6 * 4 * row_bytes + row_bytes - 1, words)   # 6 sets of 4 ways
+    assert (cache.n_sets, cache.n_slots) == (6, 24)
+    f = RowFetcher([HostLayer(3, dev_parts, row_bytes, n_rows, cache)], max_rows=20, side_stream=cuda.stream())
+    f.max_blocks = 2                                               # a bounded grid: the kernel strides
+    chunks = [rng.zipf(1.3, 20) % n_rows for _ in range(6)]
+    for c in chunks:
+        got = f.take(3, f.issue({3: c}))
+        np.testing.assert_array_equal(got.copy_to_host(), table[c])
+    sim = clock_cache_sim(chunks, 6, 4)
+    rep = cache.report()
+    assert [p["hits"] for p in rep["per_fetch"]] == sim["hits"].tolist()
+    assert [p["inserted"] for p in rep["per_fetch"]] == sim["inserted"].tolist()
+    assert rep["hits"] > 0 and rep["policy"] == "clock" and rep["rows_held"] == int((sim["tags"] >= 0).sum())
+    np.testing.assert_array_equal(cache.tags.copy_to_host(), sim["tags"])
+    np.testing.assert_array_equal(cache.ref.copy_to_host(), sim["ref"])
+    held = cache.tags.copy_to_host().reshape(-1)                   # every cached row is the table's row
+    slots = np.flatnonzero(held >= 0)
+    np.testing.assert_array_equal(cache.table.copy_to_host()[slots].view(np.uint8), table[held[slots]])
+
+
+def test_clock_cache_warm_start_and_engine_rows_equal_device_tables(model, device_engine, rng):
+    n = 16
+    host = EngramV41(model, max_tokens=4, tables={4: "host"}, cache_gb={4: n * 84 / 1e9}, cache="clock")
+    assert host.build_report["placement"]["cache"] == "clock"
+    cache = host._fetcher.layers[4].cache
+    assert cache.policy == "clock" and cache.n_slots == n
+    train = _ids(model, rng.choice(TINY_TOKENS, 8))[:, 1, :]
+    held = host.fill_cache(4, train)                               # warm start from the ranked rows
+    assert 0 < held <= n and set(cache.rows.tolist()) <= set(train.reshape(-1).tolist())
+    for toks in (TINY_TOKENS[:3], TINY_TOKENS[3:6], TINY_TOKENS[:3]):
+        ids = _ids(model, toks)
+        host.prefetch(ids)
+        for e in (host, device_engine):
+            e.rows_from_ids(4, ids[:, 1, :])
+        np.testing.assert_array_equal(host.rows_bf16(4).copy_to_host(), device_engine.rows_bf16(4).copy_to_host())
+    rep = host.cache_report(4)[4]
+    assert rep["fetches"] == 3 and rep["hits"] > 0 and rep["hits"] + rep["misses"] == 3 * 3 * model.config.n_hash_cols
+    assert host.fill_cache(4, [], ranked=True) == 0 and host.cache_report(4)[4]["rows_held"] == 0   # emptied
+
+
+def test_clock_plan_costs_nothing_a_table_row():
+    from engram_numba.device.hostrows import ClockCache, RowCache
+    kw = dict(row_bytes={1: 84, 14: 84}, n_rows={1: 30 * GB // 84, 14: 30 * GB // 84},
+              device_free=100 * GB, host_available=100 * GB)
+    sizes = {1: 30 * GB, 14: 30 * GB}
+    clock = plan_placement(sizes, "host", cache_gb=0.0625, cache="clock", **kw)
+    static = plan_placement(sizes, "host", cache_gb=0.0625, **kw)
+    per = clock.layers[1].cache_bytes
+    assert per == ClockCache.device_bytes_for(30 * GB // 84, 84, 0.0625 * GB) and per < 0.0625 * GB * 1.2
+    assert static.layers[1].cache_bytes == RowCache.device_bytes_for(30 * GB // 84, 84, 0.0625 * GB) > 4 * (30 * GB // 84)
+    assert clock.as_dict()["cache"] == "clock"
+    with pytest.raises(PlacementError, match="cache must be one of"):
+        plan_placement(sizes, "host", cache_gb=1, cache="lru", **kw)
