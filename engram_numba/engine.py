@@ -352,6 +352,14 @@ class EngramV41:
             return parts[0] if len(parts) == 1 else np.concatenate(parts, axis=1)
         return cache.fill(order, read)
 
+    def set_cache(self, cache_gb, cache: str = "static") -> dict:
+        """New (empty) hot-row caches for the host layers: cache_gb GB each (or {layer id: GB}; 0:
+        none), policy `cache` ("static" or "clock"), e.g. to sweep budgets and policies without
+        pinning the tables again. Checked against free device memory first. Returns {layer id:
+        slots}."""
+        from .placement import replace_caches
+        return replace_caches(self, cache_gb, cache)
+
     def cache_report(self, layer_id=None) -> dict:
         """Hits, misses and bytes moved per fetch of each host layer's cache ({layer id: report}),
         and the fetcher's prefetch counts. Synchronises."""

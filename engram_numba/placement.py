@@ -305,6 +305,60 @@ def make_fetcher(engine, plan: PlacementPlan):
     return RowFetcher(layers, engine.max_tokens * engine.config.n_hash_cols, engine.stream)
 
 
+def replace_caches(engine, cache_gb, cache: str = "static") -> dict:
+    """Give the engine's host layers new hot-row caches (`EngramV41.set_cache`): checked first
+    (the policy, the budgets, and the device memory the new caches need beyond the old ones'),
+    then the side streams drained, the old caches dropped and the new ones made (empty), and the
+    decode graphs rebuilt at the next decode. Returns {layer id: slots}."""
+    from .device.hostrows import CACHE_POLICIES, ClockCache, RowCache
+    if cache not in CACHE_POLICIES:
+        raise PlacementError(f"cache must be one of {CACHE_POLICIES}, got {cache!r}")
+    f = engine._fetcher
+    if f is None:
+        raise PlacementError("set_cache: no table is in host memory (a hot-row cache is for host-resident tables: "
+                             "tables={layer id: 'host'})")
+    if engine._decode_pending is not None:
+        raise PlacementError(f"set_cache: token {engine._decode_pending[0]} was prefetched by prefetch_decode and not "
+                             f"yet decoded: decode it first")
+    hosts = list(f.layers)
+    if isinstance(cache_gb, dict):
+        named = set(cache_gb) - set(hosts)
+        if named:
+            raise PlacementError(f"cache_gb names layer(s) {sorted(named)} whose tables are not in host memory "
+                                 f"(host layers: {hosts})")
+    budgets = _cache_budgets(cache_gb, hosts)
+    kind = ClockCache if cache == "clock" else RowCache
+    need = sum(kind.device_bytes_for(f.layers[lid].n_rows, f.layers[lid].row_bytes, budgets[lid])
+               for lid in hosts if budgets[lid])
+    old = sum(hl.cache.device_bytes for hl in f.layers.values())
+    free = device_free_bytes()
+    if free is not None and need - old > free - DEVICE_RESERVE:
+        raise PlacementError(f"set_cache: the caches need {need / 1e9:.2f} GB on the device, {old / 1e9:.2f} GB are "
+                             f"freed and {free / 1e9:.2f} GB are free ({DEVICE_RESERVE / 1e9:.2f} GB kept back): "
+                             f"give a smaller cache_gb")
+    if not _simulator():
+        from numba import cuda
+        cuda.synchronize()                 # no fetch or decode reads the old caches any more
+    engine._decode_graphs.clear()          # they captured the old caches' arrays
+    engine._staging = None
+    out = {}
+    for lid in hosts:
+        hl = f.layers[lid]
+        hl.cache = kind(hl.n_rows, hl.row_bytes, budgets[lid], hl.words) if budgets[lid] else \
+            RowCache(hl.n_rows, hl.row_bytes, 0, hl.words)
+        lp = engine.placement.layers[lid]
+        lp.cache_budget_bytes = budgets[lid]
+        lp.cache_bytes = kind.device_bytes_for(hl.n_rows, hl.row_bytes, budgets[lid]) if budgets[lid] else 0
+        out[lid] = hl.cache.n_slots
+    engine.placement.cache_policy = cache
+    return out
+
+
+def _simulator() -> bool:
+    from numba.cuda import config
+    return bool(config.ENABLE_CUDASIM)
+
+
 def fetched_rows(engine, lw, ws, flat: np.ndarray, T: int, k=None) -> bool:
     """Rows of a host layer through the fetcher: a matching prefetch (buffer k, when the caller
     matched it already), or (with a cache) a fetch now; then the decode on the engine's stream.

@@ -424,6 +424,12 @@ def test_fetch_kernel_compiles_for_sm90():
             "w = types.uint32[:, ::1]\n"
             "one = (w, w, w, types.int32[::1], types.int64[::1], w)\n"
             "cuda.compile_ptx(p.py_func, one + one + (types.uint32[::1],), cc=(9, 0))\n"
+            "from engram_numba.device.hostrows import clock_fetch_v1 as cf, clock_insert_v1 as ci\n"
+            "t2, u8, i64 = types.int64[:, ::1], types.uint8[::1], types.int64[::1]\n"
+            "for w in (types.uint32[:, ::1], types.uint8[:, ::1]):\n"
+            "    ptx, _ = cuda.compile_ptx(cf.py_func, (w, w, w, t2, u8, i64, types.int64, i64, w, i64, types.int64), cc=(9, 0))\n"
+            "    assert 'atom.global.max.s64' in ptx or 'red.global.max.s64' in ptx, 'no claim'\n"
+            "    cuda.compile_ptx(ci.py_func, (w, t2, u8, u8, i64, types.int64, i64, w, i64, types.int64), cc=(9, 0))\n"
             "print('ok')\n")
     env = {**os.environ, "NUMBA_ENABLE_CUDASIM": "0"}
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=300)
@@ -632,3 +638,24 @@ def test_clock_plan_costs_nothing_a_table_row():
     assert clock.as_dict()["cache"] == "clock"
     with pytest.raises(PlacementError, match="cache must be one of"):
         plan_placement(sizes, "host", cache_gb=1, cache="lru", **kw)
+
+
+def test_set_cache_swaps_policy_and_budget_without_repinning(model, device_engine):
+    host = EngramV41(model, max_tokens=4, tables={4: "host"}, cache_gb={4: 12 * 84 / 1e9})
+    pinned = host._host_tables[4]
+    assert host.set_cache({4: 8 * 84 / 1e9}, "clock") == {4: 8}
+    assert host._host_tables[4] is pinned and host.build_report["placement"]["tables"] == {1: "mmap", 4: "host"}
+    assert host.placement.as_dict()["cache"] == "clock" and host._fetcher.layers[4].cache.policy == "clock"
+    ids = _ids(model, TINY_TOKENS[:3])
+    for _ in range(2):                                             # the second read hits what the first inserted
+        host.rows_from_ids(4, ids[:, 1, :])
+    device_engine.rows_from_ids(4, ids[:, 1, :])
+    np.testing.assert_array_equal(host.rows_bf16(4).copy_to_host(), device_engine.rows_bf16(4).copy_to_host())
+    rep = host.cache_report(4)[4]
+    assert rep["per_fetch"][0]["hits"] == 0 and rep["per_fetch"][1]["hits"] > 0
+    assert host.set_cache(0) == {4: 0} and not host._fetcher.layers[4].cache.n_slots
+    for bad, match in ((lambda: host.set_cache(1, "lfu"), "cache must be one of"),
+                       (lambda: host.set_cache({1: 1}), r"names layer\(s\) \[1\]"),
+                       (lambda: device_engine.set_cache(1), "no table is in host memory")):
+        with pytest.raises(PlacementError, match=match):
+            bad()
