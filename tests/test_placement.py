@@ -224,6 +224,48 @@ def test_host_tables_on_the_gpu_bit_identical(model, rng, gpu_record):
                hit_rate=round(rep[4]["hit_rate"], 3), passed=True)
 
 
+@pytest.mark.gpu
+def test_clock_cache_on_the_gpu_two_ahead_bit_identical_and_counts_like_its_twin(model, rng, gpu_record):
+    """On a GPU: both tables in host memory behind CLOCK caches, chunks prefetched two ahead on the
+    layers' high-priority side streams: the device-table highway bits, and per fetch the hits and
+    inserts of the CPU twin (real concurrency: atomics, claims, several blocks)."""
+    from engram_numba.device.hostrows import clock_cache_sim
+    dev = EngramV41(model, max_tokens=4, tables="device", stream=cuda.stream())
+    host = EngramV41(model, max_tokens=4, tables="host", cache_gb=12 * 84 / 1e9, cache="clock", stream=cuda.stream())
+    hc, dim = model.config.hc, model.config.dim
+    chunks = [rng.choice(TINY_TOKENS, 4) for _ in range(9)]
+    hs = EngramHasher(model.hash_tables)
+    ids = [hs.hash(c) for c in chunks]
+    hp = rng.standard_normal((4, hc, dim)).astype(np.float32)
+    res = []
+    for e, pre in ((dev, False), (host, True)):
+        got = []
+        if pre:
+            e.prefetch(ids[0])
+            e.prefetch(ids[1])
+        for k in range(len(chunks)):
+            if pre and k + 2 < len(chunks):
+                e.prefetch(ids[k + 2])
+            h = cuda.to_device(hp)
+            for li, lid in enumerate(model.config.layer_ids):
+                e.rows_from_ids(lid, ids[k][:, li, :])
+                e.apply(lid, h)
+            got.append(h.copy_to_host())
+        res.append(got)
+    for a, b in zip(*res):
+        np.testing.assert_array_equal(a, b)
+    rep = host.cache_report()
+    assert rep["prefetch"]["missed"] == 0 and rep["prefetch"]["taken"] == 2 * len(chunks)
+    for li, lid in enumerate(model.config.layer_ids):
+        cache = host._fetcher.layers[lid].cache
+        sim = clock_cache_sim([i[:, li, :] for i in ids], cache.n_sets, cache.ways)
+        assert [p["hits"] for p in rep[lid]["per_fetch"]] == sim["hits"].tolist()
+        assert [p["inserted"] for p in rep[lid]["per_fetch"]] == sim["inserted"].tolist()
+        np.testing.assert_array_equal(cache.tags.copy_to_host(), sim["tags"])
+    gpu_record(test="host tables, CLOCK caches, prefetched two ahead == device tables; counters == CPU twin",
+               hit_rate={lid: round(rep[lid]["hit_rate"], 3) for lid in model.config.layer_ids}, passed=True)
+
+
 def test_host_fp8_split_scales_prefetched_rows_bit_identical(rng):
     m = load_model(TINY_PATH.parent / "tiny_v41_hf")             # fp8 codes [rows, 256] + scales [rows, 8]
     dev = EngramV41(m, max_tokens=2, tables="device")
