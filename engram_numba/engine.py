@@ -309,10 +309,10 @@ class EngramV41:
 
     def prefetch(self, row_ids) -> bool:
         """Start fetching the host layers' rows for `row_ids` [T, layers, C] (`EngramHasher.hash`)
-        on a side stream, into the next of two device buffers; a later `rows_from_ids` (or `step`,
-        or `Pipeline.gates_from_ids`) with the same ids decodes from that buffer instead of reading
-        host memory then. Call it for chunk k+1 before computing chunk k. Ids are range-checked
-        first. Returns False when no layer's table is in host memory (nothing to do)."""
+        on side streams (one a layer), into the next of three device buffers; a later
+        `rows_from_ids` (or `step`, or `Pipeline.gates_from_ids`) with the same ids decodes from
+        that buffer instead of reading host memory then. Call it for chunks k+1 and k+2 before
+        computing chunk k. Ids are range-checked first. Returns False when no layer's table is in host memory (nothing to do)."""
         if self._fetcher is None:
             return False
         if is_device_like(row_ids):

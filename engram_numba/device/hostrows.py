@@ -713,7 +713,7 @@ def lru_stack_distances(row_ids) -> np.ndarray:
     return _stack_distances(dense.astype(np.int64), uniq.size)
 
 
-# -- the fetcher: raw rows of host layers, one chunk ahead -----------------------------------------
+# -- the fetcher: raw rows of host layers, chunks ahead -------------------------------------------
 class HostLayer:
     """What the fetcher needs of one host-resident layer."""
 
