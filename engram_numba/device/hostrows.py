@@ -32,7 +32,7 @@ memory is bound by address translation and PCIe latency, ~43 M rows/s on an H200
   reference bits, to the first way with a clear bit. At most one insert a set a chunk, each set
   touched by one thread, the cache read-only while the fetch reads it: the cache's contents
   depend only on the sequence of chunks (deterministic), and every row is a byte copy of the
-  table's (bit-identical). `clock_cache_sim` is its exact CPU twin. No remap: 97 B a slot
+  table's (bit-identical). `clock_cache_sim` is its exact CPU twin. No remap: 93 B a slot
   (Q2_K) and nothing a table row.
 
 The fetch kernel moves 4-byte words when every row width is a multiple of 4 (Q2_K 84 B = 21
