@@ -482,8 +482,9 @@ def corpus_stats(model, corpus=None, *, texts=None, documents=None, backend="cpu
                   side; default min(5, CPU count); 1 = none). Results are the same either way.
     engine:       an `EngramV41` (max_tokens >= chunk_tokens) for the cuda backend to use. When some of
                   its tables live in host memory (`tables={..: "host"}`), each chunk's rows are
-                  prefetched on a side stream while the chunk before it computes (bit-identical
-                  to the unprefetched run; `engine.cache_report()` has the fetch counts).
+                  prefetched on side streams while the two chunks before it compute
+                  (PREFETCH_DEPTH; bit-identical to the unprefetched run;
+                  `engine.cache_report()` has the fetch counts).
     prefetch:     False: no prefetch (host-table rows are read when their chunk computes).
     device_highway: for benchmarks, a callable (job positions [T]) -> device highway [T, hc, dim]
                   used instead of the synthetic one.
