@@ -81,6 +81,9 @@ class EngramV41:
         {layer id: GB}); fill it with `fill_cache`. Rows of host layers go through the fetcher
         (`prefetch`) when a cache is set or a prefetch was issued, else they are gathered straight
         from host memory.
+    cache: the hot-row cache's policy: "static" (the rows `fill_cache` ranks, fixed) or "clock"
+        (dynamic: every fetch looks its rows up in a set-associative array and inserts its misses,
+        CLOCK replacement; `fill_cache` warm-starts it). Both give the same rows, bit for bit.
     residual: default residual precision, "fp32" (engine) or "bf16" (DeepSeek's reference).
     versions: kernel version per stage by record name, {"rows": "q2k_v4", "proj": "gemm_v2",
         "gate": "gate_v2"} (see `engram_numba.stages.catalog`); a stage not named takes its default.
@@ -94,7 +97,7 @@ class EngramV41:
 
     def __init__(self, model, max_tokens: int, *, device_tables: bool = False, residual: str = "fp32",
                  stream=0, versions: dict | None = None, wkv_format: str | None = None, graphs: bool = True,
-                 tables=None, cache_gb=None):
+                 tables=None, cache_gb=None, cache: str = "static"):
         from ._argcheck import need_model
         cfg = need_model(model, needs=("config", "layers")).config
         if not 1 <= cfg.hc <= MAX_HC:
@@ -114,7 +117,7 @@ class EngramV41:
         # every layer's wkv format is settled (and refused, if it must be) before anything is uploaded
         wkv_formats = {lid: resolve_wkv_format(self.versions, lid, model.layers[lid], wkv_format) for lid in cfg.layer_ids}
         # ... and so is every table's placement (refused when it cannot fit: nothing allocated yet)
-        self.placement = plan_tables(model, self.max_tokens, wkv_formats, tables, device_tables, cache_gb)
+        self.placement = plan_tables(model, self.max_tokens, wkv_formats, tables, device_tables, cache_gb, cache)
         self._fetcher = None
         # two q2k_r layers share one buffer: decode projects both in one launch
         self._wkv_pair = pair_buffer(cfg, wkv_formats)
@@ -270,14 +273,17 @@ class EngramV41:
         T = ids.shape[0]
         self._check_tokens(T, "rows_from_ids")
         flat = ids.reshape(-1).astype(np.int64, copy=False)
-        bad = (flat < 0) | (flat >= lw.n_rows)
-        if bad.any():
+        prefetched = None
+        if lw.placement == "host" and self._fetcher is not None:
+            prefetched = self._fetcher.match(lw.layer_id, flat)    # equal to ids prefetch checked
+        if prefetched is None and flat.size and (flat.min() < 0 or flat.max() >= lw.n_rows):
+            bad = (flat < 0) | (flat >= lw.n_rows)
             i = int(np.argmax(bad))
             raise ValueError(f"row id {int(flat[i])} (token {i // C}, column {i % C}) is outside layer "
                              f"{lw.layer_id}'s table of {lw.n_rows} rows")
         n = T * C
         if lw.placement == "host" and self._fetcher is not None:
-            if fetched_rows(self, lw, ws, flat, T):
+            if fetched_rows(self, lw, ws, flat, T, prefetched):
                 return
         ws.ids[:n].copy_to_device(np.ascontiguousarray(flat), stream=self.stream)
         launch = self._plan(("gather", lw.layer_id, n), lambda: self._gather_launch(lw, ws, ws.ids[:n], n, self.stream))
@@ -303,10 +309,10 @@ class EngramV41:
 
     def prefetch(self, row_ids) -> bool:
         """Start fetching the host layers' rows for `row_ids` [T, layers, C] (`EngramHasher.hash`)
-        on a side stream, into the next of two device buffers; a later `rows_from_ids` (or `step`,
-        or `Pipeline.gates_from_ids`) with the same ids decodes from that buffer instead of reading
-        host memory then. Call it for chunk k+1 before computing chunk k. Ids are range-checked
-        first. Returns False when no layer's table is in host memory (nothing to do)."""
+        on side streams (one a layer), into the next of three device buffers; a later
+        `rows_from_ids` (or `step`, or `Pipeline.gates_from_ids`) with the same ids decodes from
+        that buffer instead of reading host memory then. Call it for chunks k+1 and k+2 before
+        computing chunk k. Ids are range-checked first. Returns False when no layer's table is in host memory (nothing to do)."""
         if self._fetcher is None:
             return False
         if is_device_like(row_ids):
@@ -321,13 +327,13 @@ class EngramV41:
         for li, lid in enumerate(cfg.layer_ids):
             if self.layers[lid].placement != "host":
                 continue
-            flat = np.ascontiguousarray(ids[:, li, :]).reshape(-1).astype(np.int64, copy=False)
-            bad = (flat < 0) | (flat >= self.layers[lid].n_rows)
-            if bad.any():
-                i = int(np.argmax(bad))
+            lay = ids[:, li, :]                        # [T, C]: copied once, into the fetcher's pinned buffer
+            if lay.size and (lay.min() < 0 or lay.max() >= self.layers[lid].n_rows):
+                flat = lay.reshape(-1)
+                i = int(np.argmax((flat < 0) | (flat >= self.layers[lid].n_rows)))
                 raise ValueError(f"prefetch: row id {int(flat[i])} (token {i // C}, column {i % C}) is outside "
                                  f"layer {lid}'s table of {self.layers[lid].n_rows} rows")
-            by_layer[lid] = flat
+            by_layer[lid] = lay
         self._fetcher.issue(by_layer)
         return True
 
@@ -345,6 +351,14 @@ class EngramV41:
             parts = [h.rows(rows) for h in held]
             return parts[0] if len(parts) == 1 else np.concatenate(parts, axis=1)
         return cache.fill(order, read)
+
+    def set_cache(self, cache_gb, cache: str = "static") -> dict:
+        """New (empty) hot-row caches for the host layers: cache_gb GB each (or {layer id: GB}; 0:
+        none), policy `cache` ("static" or "clock"), e.g. to sweep budgets and policies without
+        pinning the tables again. Checked against free device memory first. Returns {layer id:
+        slots}."""
+        from .placement import replace_caches
+        return replace_caches(self, cache_gb, cache)
 
     def cache_report(self, layer_id=None) -> dict:
         """Hits, misses and bytes moved per fetch of each host layer's cache ({layer id: report}),

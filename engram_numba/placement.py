@@ -77,6 +77,7 @@ class PlacementPlan:
     device_free: int | None = None
     host_available: int | None = None
     policy: str = ""
+    cache_policy: str = "static"                   # the hot-row caches': "static" or "clock"
 
     @property
     def device_bytes(self) -> int:
@@ -98,6 +99,7 @@ class PlacementPlan:
         return {"policy": self.policy, "tables": {lid: lp.placement for lid, lp in self.layers.items()},
                 "kind": self.kind, "table_gb": {lid: gb(lp.table_bytes) for lid, lp in self.layers.items()},
                 "cache_gb": {lid: gb(lp.cache_budget_bytes) for lid, lp in self.layers.items() if lp.cache_budget_bytes},
+                "cache": self.cache_policy,
                 "device_gb_planned": gb(self.device_bytes), "host_pinned_gb": gb(self.host_pinned_bytes),
                 "device_free_gb": None if self.device_free is None else gb(self.device_free),
                 "host_available_gb": None if self.host_available is None else gb(self.host_available)}
@@ -129,16 +131,19 @@ def _cache_budgets(cache_gb, layer_ids) -> dict:
 
 def plan_placement(sizes: dict, tables=None, *, device_tables: bool = False, cache_gb=None,
                    other_device_bytes: int = 0, row_bytes: dict | None = None, n_rows: dict | None = None,
-                   device_free=None, host_available=None) -> PlacementPlan:
+                   device_free=None, host_available=None, cache: str = "static") -> PlacementPlan:
     """Decide each layer's placement (module doc) or raise PlacementError.
 
     sizes: {layer id: table bytes (with separate scales)}, in model order; tables: None (then
     device_tables picks "device" or "mmap"), a placement for every layer, {layer id: placement}
     (layers not named take the device_tables default), "auto", "device<=N GB", or a callable
     (layer id, table bytes, device bytes planned so far) -> placement. cache_gb: GB of hot rows
-    per host layer (a number, or {layer id: GB}). other_device_bytes: what the engine allocates
+    per host layer (a number, or {layer id: GB}); cache: their policy, "static" or "clock"
+    (`engram_numba.device.hostrows`). other_device_bytes: what the engine allocates
     besides tables and caches. device_free / host_available: the limits (default: measured)."""
-    from .device.hostrows import RowCache
+    from .device.hostrows import CACHE_POLICIES, ClockCache, RowCache
+    if cache not in CACHE_POLICIES:
+        raise PlacementError(f"cache must be one of {CACHE_POLICIES}, got {cache!r}")
     layer_ids = list(sizes)
     default = "device" if device_tables else "mmap"
     if device_free is None:
@@ -152,7 +157,7 @@ def plan_placement(sizes: dict, tables=None, *, device_tables: bool = False, cac
     def cache_dev(lid):
         if not budgets[lid]:
             return 0
-        return RowCache.device_bytes_for(n_rows[lid], row_bytes[lid], budgets[lid])
+        return (ClockCache if cache == "clock" else RowCache).device_bytes_for(n_rows[lid], row_bytes[lid], budgets[lid])
 
     policy = "device_tables=True" if tables is None and device_tables else repr(tables)
     if tables is None:
@@ -189,7 +194,7 @@ def plan_placement(sizes: dict, tables=None, *, device_tables: bool = False, cac
                              f"{{layer id: placement}} or a callable, got {tables!r}")
 
     plan = PlacementPlan(other_device_bytes=int(other_device_bytes), device_free=device_free,
-                         host_available=host_available, policy=policy)
+                         host_available=host_available, policy=policy, cache_policy=cache)
     for lid in layer_ids:
         nb = int(sizes[lid])
         p = _check_placement(choose(lid, nb, plan.device_bytes), f"layer {lid}")
@@ -237,12 +242,14 @@ def engine_device_estimate(cfg, max_tokens: int, wkv_formats: dict, row_bytes: d
         total += T * C * (row_bytes[lid] + 8 + 512) + T * N * 2 + 2 * T * cfg.hc * 4
     if any(f != "bf16" for f in wkv_formats.values()) and T > QUANT_GEMV_MAX_TOKENS:
         total += N * cfg.proj_in * 2
+    from .device.hostrows import N_BUFFERS
     for lid in host_layers:
-        total += 2 * T * C * (row_bytes[lid] + 8)
+        total += N_BUFFERS * T * C * (row_bytes[lid] + 8)
     return int(total)
 
 
-def plan_tables(model, max_tokens: int, wkv_formats: dict, tables, device_tables: bool, cache_gb) -> PlacementPlan:
+def plan_tables(model, max_tokens: int, wkv_formats: dict, tables, device_tables: bool, cache_gb,
+                cache: str = "static") -> PlacementPlan:
     """The engine's placement plan (raises PlacementError before anything is allocated)."""
     from .stages.rows.encodings import get_encoding
     cfg = model.config
@@ -257,11 +264,11 @@ def plan_tables(model, max_tokens: int, wkv_formats: dict, tables, device_tables
     # the fetch buffers depend on which layers go to host memory: plan once to learn it, then again
     # with the full estimate (the second plan is the one checked against the limits)
     first = plan_placement(sizes, tables, device_tables=device_tables, cache_gb=cache_gb, row_bytes=rbytes,
-                           n_rows=nrows, device_free=1 << 62, host_available=1 << 62)
+                           n_rows=nrows, device_free=1 << 62, host_available=1 << 62, cache=cache)
     hosts = [lid for lid, lp in first.layers.items() if lp.placement == "host"]
     other = engine_device_estimate(cfg, max_tokens, wkv_formats, rbytes, hosts)
     return plan_placement(sizes, tables, device_tables=device_tables, cache_gb=cache_gb, row_bytes=rbytes,
-                          n_rows=nrows, other_device_bytes=other)
+                          n_rows=nrows, other_device_bytes=other, cache=cache)
 
 
 def host_tables_for(lid: int, table, scales, stats=None) -> list:
@@ -285,25 +292,82 @@ def host_tables_for(lid: int, table, scales, stats=None) -> list:
 
 def make_fetcher(engine, plan: PlacementPlan):
     """The engine's RowFetcher over its host layers, with their (empty) caches."""
-    from .device.hostrows import HostLayer, RowCache, RowFetcher, word_dtype
+    from .device.hostrows import ClockCache, HostLayer, RowCache, RowFetcher, word_dtype
     layers = []
     for lid, held in engine._host_tables.items():
         lw = engine.layers[lid]
         parts = [h.dev for h in held]
         budget = plan.layers[lid].cache_budget_bytes
-        cache = RowCache(lw.n_rows, lw.row_bytes, budget, word_dtype(*[p.shape[1] for p in parts])) if budget else None
+        words = word_dtype(*[p.shape[1] for p in parts])
+        kind = ClockCache if plan.cache_policy == "clock" else RowCache
+        cache = kind(lw.n_rows, lw.row_bytes, budget, words) if budget else None
         layers.append(HostLayer(lid, parts, lw.row_bytes, lw.n_rows, cache))
     return RowFetcher(layers, engine.max_tokens * engine.config.n_hash_cols, engine.stream)
 
 
-def fetched_rows(engine, lw, ws, flat: np.ndarray, T: int) -> bool:
-    """Rows of a host layer through the fetcher: a matching prefetch, or (with a cache) a fetch
-    now; then the decode on the engine's stream. False: neither (the caller gathers straight
-    from host memory)."""
+def replace_caches(engine, cache_gb, cache: str = "static") -> dict:
+    """Give the engine's host layers new hot-row caches (`EngramV41.set_cache`): checked first
+    (the policy, the budgets, and the device memory the new caches need beyond the old ones'),
+    then the side streams drained, the old caches dropped and the new ones made (empty), and the
+    decode graphs rebuilt at the next decode. Returns {layer id: slots}."""
+    from .device.hostrows import CACHE_POLICIES, ClockCache, RowCache
+    if cache not in CACHE_POLICIES:
+        raise PlacementError(f"cache must be one of {CACHE_POLICIES}, got {cache!r}")
+    f = engine._fetcher
+    if f is None:
+        raise PlacementError("set_cache: no table is in host memory (a hot-row cache is for host-resident tables: "
+                             "tables={layer id: 'host'})")
+    if engine._decode_pending is not None:
+        raise PlacementError(f"set_cache: token {engine._decode_pending[0]} was prefetched by prefetch_decode and not "
+                             f"yet decoded: decode it first")
+    hosts = list(f.layers)
+    if isinstance(cache_gb, dict):
+        named = set(cache_gb) - set(hosts)
+        if named:
+            raise PlacementError(f"cache_gb names layer(s) {sorted(named)} whose tables are not in host memory "
+                                 f"(host layers: {hosts})")
+    budgets = _cache_budgets(cache_gb, hosts)
+    kind = ClockCache if cache == "clock" else RowCache
+    need = sum(kind.device_bytes_for(f.layers[lid].n_rows, f.layers[lid].row_bytes, budgets[lid])
+               for lid in hosts if budgets[lid])
+    old = sum(hl.cache.device_bytes for hl in f.layers.values())
+    free = device_free_bytes()
+    if free is not None and need - old > free - DEVICE_RESERVE:
+        raise PlacementError(f"set_cache: the caches need {need / 1e9:.2f} GB on the device, {old / 1e9:.2f} GB are "
+                             f"freed and {free / 1e9:.2f} GB are free ({DEVICE_RESERVE / 1e9:.2f} GB kept back): "
+                             f"give a smaller cache_gb")
+    if not _simulator():
+        from numba import cuda
+        cuda.synchronize()                 # no fetch or decode reads the old caches any more
+    engine._decode_graphs.clear()          # they captured the old caches' arrays
+    engine._staging = None
+    out = {}
+    for lid in hosts:
+        hl = f.layers[lid]
+        hl.cache = kind(hl.n_rows, hl.row_bytes, budgets[lid], hl.words) if budgets[lid] else \
+            RowCache(hl.n_rows, hl.row_bytes, 0, hl.words)
+        lp = engine.placement.layers[lid]
+        lp.cache_budget_bytes = budgets[lid]
+        lp.cache_bytes = kind.device_bytes_for(hl.n_rows, hl.row_bytes, budgets[lid]) if budgets[lid] else 0
+        out[lid] = hl.cache.n_slots
+    engine.placement.cache_policy = cache
+    return out
+
+
+def _simulator() -> bool:
+    from numba.cuda import config
+    return bool(config.ENABLE_CUDASIM)
+
+
+def fetched_rows(engine, lw, ws, flat: np.ndarray, T: int, k=None) -> bool:
+    """Rows of a host layer through the fetcher: a matching prefetch (buffer k, when the caller
+    matched it already), or (with a cache) a fetch now; then the decode on the engine's stream.
+    False: neither (the caller gathers straight from host memory)."""
     from .device.devarray import data_address
     from .stages.rows.launch import prepare_decode
     fetcher = engine._fetcher
-    k = fetcher.match(lw.layer_id, flat)
+    if k is None:
+        k = fetcher.match(lw.layer_id, flat)
     if k is None:
         fetcher.missed += 1
         if not fetcher.layers[lw.layer_id].cache.n_slots:
@@ -315,7 +379,7 @@ def fetched_rows(engine, lw, ws, flat: np.ndarray, T: int) -> bool:
         src, ws.rows[:n], encoding=lw.encoding, stream=engine.stream, version=engine.versions.get("rows")))
     engine._last_launch[("rows", lw.layer_id)] = launch
     launch()
-    fetcher.release(k)
+    fetcher.release(k, lw.layer_id)
     engine._loaded(ws, T)
     return True
 

@@ -122,6 +122,7 @@ def test_bench_smoke_runs_the_suite_in_the_simulator(tmp_path, capsys):
     assert "host tables, no prefetch" in variants
     assert any(v.startswith("host tables, prefetch, fetch grid") for v in variants)
     assert any(v.startswith("host tables, prefetch, cache") for v in variants)
+    assert any(v.startswith("host tables, prefetch, clock cache") for v in variants)    # the dynamic cache too
     assert all(r.get("tables") in ("device", "host", "mixed") for r in corpus), corpus
     assert all(r["tokens_per_s"] > 0 and r["validated"] and r["device_sum_us"] > 0 for r in corpus)
     assert all(r["validated"] for r in res["variants"]) and res["variants"]

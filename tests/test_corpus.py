@@ -389,10 +389,12 @@ def test_gpu_corpus_bench_small_tables():
     from engram_numba.bench.timing import RELEASED
     res = run(RELEASED, quick=True, table_gb=0.5, n_chunks=2, log=lambda *a: None, cache_gbs=(0.001,))
     corpus = [r for r in res["records"] if r["stage"] == "corpus_stats"]
-    assert len(corpus) == 1 + 3                    # quick: device tables, then host: none, prefetch, cache
+    assert len(corpus) == 1 + 5          # quick: device tables, then host: none, prefetch, static cache, clock x 2
     for r in corpus:
         assert r["validated"] and r["tokens_per_s"] > 0 and r["device_sum_us"] > 0
         assert r["tables"] in ("device", "host") and "cache_gb" in r
+    assert [r["cache_policy"] for r in corpus[-3:]] == ["static", "clock", "clock"]
+    assert corpus[-1]["cache_warm_started"] and corpus[-2]["inserted_per_chunk"] > 0
     decode = [r for r in res["records"] if r["stage"] == "decode_step"]
     assert [r["tables"] for r in decode] == ["device", "host", "host"] and all(r["validated"] for r in decode)
     assert [r["prefetch"] for r in decode] == [False, False, True]     # the third: prefetch_decode ahead

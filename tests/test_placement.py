@@ -224,6 +224,48 @@ def test_host_tables_on_the_gpu_bit_identical(model, rng, gpu_record):
                hit_rate=round(rep[4]["hit_rate"], 3), passed=True)
 
 
+@pytest.mark.gpu
+def test_clock_cache_on_the_gpu_two_ahead_bit_identical_and_counts_like_its_twin(model, rng, gpu_record):
+    """On a GPU: both tables in host memory behind CLOCK caches, chunks prefetched two ahead on the
+    layers' high-priority side streams: the device-table highway bits, and per fetch the hits and
+    inserts of the CPU twin (real concurrency: atomics, claims, several blocks)."""
+    from engram_numba.device.hostrows import clock_cache_sim
+    dev = EngramV41(model, max_tokens=4, tables="device", stream=cuda.stream())
+    host = EngramV41(model, max_tokens=4, tables="host", cache_gb=12 * 84 / 1e9, cache="clock", stream=cuda.stream())
+    hc, dim = model.config.hc, model.config.dim
+    chunks = [rng.choice(TINY_TOKENS, 4) for _ in range(9)]
+    hs = EngramHasher(model.hash_tables)
+    ids = [hs.hash(c) for c in chunks]
+    hp = rng.standard_normal((4, hc, dim)).astype(np.float32)
+    res = []
+    for e, pre in ((dev, False), (host, True)):
+        got = []
+        if pre:
+            e.prefetch(ids[0])
+            e.prefetch(ids[1])
+        for k in range(len(chunks)):
+            if pre and k + 2 < len(chunks):
+                e.prefetch(ids[k + 2])
+            h = cuda.to_device(hp)
+            for li, lid in enumerate(model.config.layer_ids):
+                e.rows_from_ids(lid, ids[k][:, li, :])
+                e.apply(lid, h)
+            got.append(h.copy_to_host())
+        res.append(got)
+    for a, b in zip(*res):
+        np.testing.assert_array_equal(a, b)
+    rep = host.cache_report()
+    assert rep["prefetch"]["missed"] == 0 and rep["prefetch"]["taken"] == 2 * len(chunks)
+    for li, lid in enumerate(model.config.layer_ids):
+        cache = host._fetcher.layers[lid].cache
+        sim = clock_cache_sim([i[:, li, :] for i in ids], cache.n_sets, cache.ways)
+        assert [p["hits"] for p in rep[lid]["per_fetch"]] == sim["hits"].tolist()
+        assert [p["inserted"] for p in rep[lid]["per_fetch"]] == sim["inserted"].tolist()
+        np.testing.assert_array_equal(cache.tags.copy_to_host(), sim["tags"])
+    gpu_record(test="host tables, CLOCK caches, prefetched two ahead == device tables; counters == CPU twin",
+               hit_rate={lid: round(rep[lid]["hit_rate"], 3) for lid in model.config.layer_ids}, passed=True)
+
+
 def test_host_fp8_split_scales_prefetched_rows_bit_identical(rng):
     m = load_model(TINY_PATH.parent / "tiny_v41_hf")             # fp8 codes [rows, 256] + scales [rows, 8]
     dev = EngramV41(m, max_tokens=2, tables="device")
@@ -266,32 +308,61 @@ class _LogEvent:
 
 
 def test_prefetch_buffers_are_reused_only_after_their_consumer(rng):
+    from engram_numba.device.hostrows import N_BUFFERS
+    assert N_BUFFERS == 3
     log = []
     table = cuda.to_device(rng.integers(0, 256, (50, 84), dtype=np.uint8))
     f = RowFetcher([HostLayer(7, [table], 84, 50, None)], max_rows=6, compute_stream="compute",
                    side_stream=cuda.stream(), event_factory=lambda n: _LogEvent(n, log))
     side = f.side
-    chunks = [rng.integers(0, 50, 6) for _ in range(4)]
-    assert f.issue({7: chunks[0]}) == 0
-    assert f.issue({7: chunks[1]}) == 1
-    assert f.match(7, chunks[1]) == 1 and f.match(7, chunks[0]) == 0 and f.match(7, chunks[2]) is None
+    chunks = [rng.integers(0, 50, 6) for _ in range(5)]
+    assert [f.issue({7: chunks[c]}) for c in range(3)] == [0, 1, 2]          # two chunks ahead of chunk 0
+    assert f.match(7, chunks[1]) == 1 and f.match(7, chunks[0]) == 0 and f.match(7, chunks[3]) is None
     got = f.take(7, 0)                                             # consumer of chunk 0
     np.testing.assert_array_equal(got.copy_to_host(), table.copy_to_host()[chunks[0]])
     f.release(0)
     mark = len(log)
-    assert f.issue({7: chunks[2]}) == 0                            # buffer 0 again
+    assert f.issue({7: chunks[3]}) == 0                            # buffer 0 again
     ops = log[mark:]
     # the host waits for the ids copy of chunk 0, the side stream for chunk 0's decode, before any write
     assert ops[0] == ("sync", "fetched0") and ops[1] == ("wait", "consumed0", side)
     assert ops[-1] == ("record", "fetched0", side)
     assert log.index(("record", "consumed0", "compute")) < mark + 1
-    assert log[log.index(("wait", "fetched0", "compute")) - 1] == ("record", "fetched1", side)  # take waited
+    assert log[log.index(("wait", "fetched0", "compute")) - 1] == ("record", "fetched2", side)  # take waited
     f.take(7, 1)
     f.release(1)
     mark = len(log)
-    f.issue({7: chunks[3]})
+    f.issue({7: chunks[4]})
     assert log[mark:mark + 2] == [("sync", "fetched1"), ("wait", "consumed1", side)]
     np.testing.assert_array_equal(f.take(7, f.match(7, chunks[2])).copy_to_host(), table.copy_to_host()[chunks[2]])
+    np.testing.assert_array_equal(f.take(7, f.match(7, chunks[3])).copy_to_host(), table.copy_to_host()[chunks[3]])
+
+
+def test_two_layers_fetch_on_their_own_streams_and_events(rng):
+    """Each layer's fetch is ordered by its own events (a layer's decode waits only for its own
+    rows), and a buffer is refilled only after that layer's consumer of it."""
+    log = []
+    ta = cuda.to_device(rng.integers(0, 256, (50, 84), dtype=np.uint8))
+    tb = cuda.to_device(rng.integers(0, 256, (40, 84), dtype=np.uint8))
+    f = RowFetcher([HostLayer(1, [ta], 84, 50, None), HostLayer(2, [tb], 84, 40, None)], max_rows=6,
+                   compute_stream="compute", side_stream=cuda.stream(), event_factory=lambda n: _LogEvent(n, log))
+    side = f.side
+    ids = [{1: rng.integers(0, 50, (2, 3)), 2: rng.integers(0, 40, (2, 3))} for _ in range(4)]
+    for c in range(3):
+        assert f.issue(ids[c]) == c
+    assert ("record", "fetched0.1", side) in log and ("record", "fetched0.2", side) in log
+    for lid, t in ((1, ta), (2, tb)):
+        mark = len(log)
+        got = f.take(lid, f.match(lid, ids[0][lid].reshape(-1)))
+        assert log[mark:] == [("wait", f"fetched0.{lid}", "compute")]          # its own rows only
+        np.testing.assert_array_equal(got.copy_to_host(), t.copy_to_host()[ids[0][lid].reshape(-1)])
+        f.release(0, lid)
+    mark = len(log)
+    assert f.issue(ids[3]) == 0
+    ops = log[mark:]
+    assert ops[:2] == [("sync", "fetched0.1"), ("sync", "fetched0.2")]
+    assert ops.index(("wait", "consumed0.1", side)) < ops.index(("record", "fetched0.1", side))
+    assert ops.index(("wait", "consumed0.2", side)) < ops.index(("record", "fetched0.2", side))
 
 
 def test_a_stale_prefetch_is_not_used(model, device_engine):
@@ -342,10 +413,17 @@ def test_rank_rows_and_hit_rates_against_a_direct_count(rng):
 
 
 # -- corpus runs prefetch the next chunk ----------------------------------------------------------
-def test_corpus_lookahead_prefetches_job_k_plus_1_before_job_k_is_computed():
-    from engram_numba.analysis.corpus import _ahead
+def test_corpus_lookahead_prefetches_two_jobs_before_job_k_is_computed():
+    from engram_numba.analysis.corpus import PREFETCH_DEPTH, _ahead
+    from engram_numba.device.hostrows import N_BUFFERS
+    assert PREFETCH_DEPTH < N_BUFFERS                              # a prefetched buffer is never refilled untaken
     log = []
-    for job in _ahead(iter([1, 2, 3]), lambda j: log.append(("prefetch", j))):
+    for job in _ahead(iter([1, 2, 3, 4]), lambda j: log.append(("prefetch", j))):
+        log.append(("compute", job))
+    assert log == [("prefetch", 1), ("prefetch", 2), ("prefetch", 3), ("compute", 1), ("prefetch", 4),
+                   ("compute", 2), ("compute", 3), ("compute", 4)]
+    log = []
+    for job in _ahead(iter([1, 2, 3]), lambda j: log.append(("prefetch", j)), depth=1):
         log.append(("compute", job))
     assert log == [("prefetch", 1), ("prefetch", 2), ("compute", 1), ("prefetch", 3), ("compute", 2),
                    ("compute", 3)]
@@ -388,6 +466,12 @@ def test_fetch_kernel_compiles_for_sm90():
             "w = types.uint32[:, ::1]\n"
             "one = (w, w, w, types.int32[::1], types.int64[::1], w)\n"
             "cuda.compile_ptx(p.py_func, one + one + (types.uint32[::1],), cc=(9, 0))\n"
+            "from engram_numba.device.hostrows import clock_fetch_v1 as cf, clock_insert_v1 as ci\n"
+            "t2, u8, i64 = types.int64[:, ::1], types.uint8[::1], types.int64[::1]\n"
+            "for w in (types.uint32[:, ::1], types.uint8[:, ::1]):\n"
+            "    ptx, _ = cuda.compile_ptx(cf.py_func, (w, w, w, t2, u8, i64, types.int64, i64, w, i64, types.int64), cc=(9, 0))\n"
+            "    assert 'atom.global.max.s64' in ptx or 'red.global.max.s64' in ptx, 'no claim'\n"
+            "    cuda.compile_ptx(ci.py_func, (w, t2, u8, u8, i64, types.int64, i64, w, i64, types.int64), cc=(9, 0))\n"
             "print('ok')\n")
     env = {**os.environ, "NUMBA_ENABLE_CUDASIM": "0"}
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=300)
@@ -467,3 +551,153 @@ def test_cache_hits_per_chunk_add_up_to_the_hit_rate(model, rng):
     lay = res["layers"]["1"]["budgets"]["1e-06 GB q2k"]
     assert lay["slots"] == 11 and res["n_documents"] == {"train": 18, "held_out": 2}
     assert 0 < lay["hit_rate"] <= 1 and lay["hits"] + lay["misses"] == 80 * model.config.n_hash_cols
+
+
+# -- the dynamic (CLOCK) cache --------------------------------------------------------------------
+def _lru_hits_brute(seq, size):
+    from collections import OrderedDict
+    lru, hits = OrderedDict(), 0
+    for x in seq:
+        if x in lru:
+            hits += 1
+            lru.move_to_end(x)
+        else:
+            lru[x] = None
+            if len(lru) > size:
+                lru.popitem(last=False)
+    return hits
+
+
+def test_lru_stack_distances_give_the_lru_hits_of_every_size(rng):
+    from engram_numba.device.hostrows import lru_stack_distances
+    seq = rng.zipf(1.3, 3000) % 150
+    d = lru_stack_distances(seq)
+    assert d[0] == -1 and (d >= -1).all() and np.count_nonzero(d == -1) == np.unique(seq).size
+    for size in (1, 4, 17, 60, 150):
+        assert int(np.count_nonzero((d >= 0) & (d < size))) == _lru_hits_brute(seq.tolist(), size)
+
+
+def _clock_brute(chunks, n_sets, ways):
+    """The policy as written in the docs, in plain Python: per chunk, lookups first (a hit sets
+    the slot's bit), then each set's lowest-positioned miss is inserted by its CLOCK hand."""
+    from engram_numba.device.hostrows import clock_set_of
+    tags = [[-1] * ways for _ in range(n_sets)]
+    ref = [[0] * ways for _ in range(n_sets)]
+    hand = [0] * n_sets
+    out = []
+    for ids in chunks:
+        hits, claim = 0, {}
+        for r, row in enumerate(ids.tolist()):
+            s = int(clock_set_of([row], n_sets)[0])
+            if row in tags[s]:
+                ref[s][tags[s].index(row)] = 1
+                hits += 1
+            else:
+                claim.setdefault(s, (r, row))
+        for s, (r, row) in claim.items():
+            j = hand[s]
+            while tags[s][j] >= 0 and ref[s][j]:
+                ref[s][j] = 0
+                j = (j + 1) % ways
+            tags[s][j], ref[s][j], hand[s] = row, 0, (j + 1) % ways
+        out.append((hits, len(claim)))
+    return out, tags
+
+
+def test_clock_twin_follows_the_policy(rng):
+    from engram_numba.device.hostrows import clock_cache_sim
+    chunks = [rng.zipf(1.2, 40) % 90 for _ in range(12)]
+    sim = clock_cache_sim(chunks, 5, 4)
+    brute, tags = _clock_brute(chunks, 5, 4)
+    assert list(zip(sim["hits"].tolist(), sim["inserted"].tolist())) == brute
+    assert sim["tags"].tolist() == tags
+    assert sim["hits"].sum() > 0 and (sim["inserted"] > 0).all()
+    again = clock_cache_sim(chunks[6:], 5, 4, state=clock_cache_sim(chunks[:6], 5, 4))   # continued = one run
+    assert again["hits"].tolist() == sim["hits"][6:].tolist()
+
+
+@pytest.mark.parametrize("row_bytes, parts", [(84, (84,)), pytest.param(264, (256, 8), marks=pytest.mark.slow),
+                                              pytest.param(18, (18,), marks=pytest.mark.slow)])
+def test_clock_cache_fetches_bit_identical_rows_and_counts_like_its_twin(rng, row_bytes, parts):
+    """The device cache (simulator) against its CPU twin, chunk by chunk: the same hits, inserts
+    and final tags, bit-identical rows; words (84, 264 B) and bytes (18 B); split parts."""
+    from engram_numba.device.hostrows import ClockCache, clock_cache_sim, word_dtype
+    n_rows = 120
+    table = rng.integers(0, 256, (n_rows, row_bytes), dtype=np.uint8)
+    split = np.cumsum(parts)[:-1]
+    dev_parts = [cuda.to_device(np.ascontiguousarray(p)) for p in np.split(table, split, axis=1)]
+    words = word_dtype(*parts)
+    cache = ClockCache(n_rows, row_bytes, 6 * 4 * row_bytes + row_bytes - 1, words)   # 6 sets of 4 ways
+    assert (cache.n_sets, cache.n_slots) == (6, 24)
+    f = RowFetcher([HostLayer(3, dev_parts, row_bytes, n_rows, cache)], max_rows=20, side_stream=cuda.stream())
+    f.max_blocks = 2                                               # a bounded grid: the kernel strides
+    chunks = [rng.zipf(1.3, 20) % n_rows for _ in range(6)]
+    for c in chunks:
+        got = f.take(3, f.issue({3: c}))
+        np.testing.assert_array_equal(got.copy_to_host(), table[c])
+    sim = clock_cache_sim(chunks, 6, 4)
+    rep = cache.report()
+    assert [p["hits"] for p in rep["per_fetch"]] == sim["hits"].tolist()
+    assert [p["inserted"] for p in rep["per_fetch"]] == sim["inserted"].tolist()
+    assert rep["hits"] > 0 and rep["policy"] == "clock" and rep["rows_held"] == int((sim["tags"] >= 0).sum())
+    np.testing.assert_array_equal(cache.tags.copy_to_host(), sim["tags"])
+    np.testing.assert_array_equal(cache.ref.copy_to_host(), sim["ref"])
+    held = cache.tags.copy_to_host().reshape(-1)                   # every cached row is the table's row
+    slots = np.flatnonzero(held >= 0)
+    np.testing.assert_array_equal(cache.table.copy_to_host()[slots].view(np.uint8), table[held[slots]])
+
+
+def test_clock_cache_warm_start_and_engine_rows_equal_device_tables(model, device_engine, rng):
+    n = 16
+    host = EngramV41(model, max_tokens=4, tables={4: "host"}, cache_gb={4: n * 84 / 1e9}, cache="clock")
+    assert host.build_report["placement"]["cache"] == "clock"
+    cache = host._fetcher.layers[4].cache
+    assert cache.policy == "clock" and cache.n_slots == n
+    train = _ids(model, rng.choice(TINY_TOKENS, 8))[:, 1, :]
+    held = host.fill_cache(4, train)                               # warm start from the ranked rows
+    assert 0 < held <= n and set(cache.rows.tolist()) <= set(train.reshape(-1).tolist())
+    for toks in (TINY_TOKENS[:3], TINY_TOKENS[3:6], TINY_TOKENS[:3]):
+        ids = _ids(model, toks)
+        host.prefetch(ids)
+        for e in (host, device_engine):
+            e.rows_from_ids(4, ids[:, 1, :])
+        np.testing.assert_array_equal(host.rows_bf16(4).copy_to_host(), device_engine.rows_bf16(4).copy_to_host())
+    rep = host.cache_report(4)[4]
+    assert rep["fetches"] == 3 and rep["hits"] > 0 and rep["hits"] + rep["misses"] == 3 * 3 * model.config.n_hash_cols
+    assert host.fill_cache(4, [], ranked=True) == 0 and host.cache_report(4)[4]["rows_held"] == 0   # emptied
+
+
+def test_clock_plan_costs_nothing_a_table_row():
+    from engram_numba.device.hostrows import ClockCache, RowCache
+    kw = dict(row_bytes={1: 84, 14: 84}, n_rows={1: 30 * GB // 84, 14: 30 * GB // 84},
+              device_free=100 * GB, host_available=100 * GB)
+    sizes = {1: 30 * GB, 14: 30 * GB}
+    clock = plan_placement(sizes, "host", cache_gb=0.0625, cache="clock", **kw)
+    static = plan_placement(sizes, "host", cache_gb=0.0625, **kw)
+    per = clock.layers[1].cache_bytes
+    assert per == ClockCache.device_bytes_for(30 * GB // 84, 84, 0.0625 * GB) and per < 0.0625 * GB * 1.2
+    assert static.layers[1].cache_bytes == RowCache.device_bytes_for(30 * GB // 84, 84, 0.0625 * GB) > 4 * (30 * GB // 84)
+    assert clock.as_dict()["cache"] == "clock"
+    with pytest.raises(PlacementError, match="cache must be one of"):
+        plan_placement(sizes, "host", cache_gb=1, cache="lru", **kw)
+
+
+def test_set_cache_swaps_policy_and_budget_without_repinning(model, device_engine):
+    host = EngramV41(model, max_tokens=4, tables={4: "host"}, cache_gb={4: 12 * 84 / 1e9})
+    pinned = host._host_tables[4]
+    assert host.set_cache({4: 8 * 84 / 1e9}, "clock") == {4: 8}
+    assert host._host_tables[4] is pinned and host.build_report["placement"]["tables"] == {1: "mmap", 4: "host"}
+    assert host.placement.as_dict()["cache"] == "clock" and host._fetcher.layers[4].cache.policy == "clock"
+    ids = _ids(model, TINY_TOKENS[:3])
+    for _ in range(2):                                             # the second read hits what the first inserted
+        host.rows_from_ids(4, ids[:, 1, :])
+    device_engine.rows_from_ids(4, ids[:, 1, :])
+    np.testing.assert_array_equal(host.rows_bf16(4).copy_to_host(), device_engine.rows_bf16(4).copy_to_host())
+    rep = host.cache_report(4)[4]
+    assert rep["per_fetch"][0]["hits"] == 0 and rep["per_fetch"][1]["hits"] > 0
+    assert host.set_cache(0) == {4: 0} and not host._fetcher.layers[4].cache.n_slots
+    for bad, match in ((lambda: host.set_cache(1, "lfu"), "cache must be one of"),
+                       (lambda: host.set_cache({1: 1}), r"names layer\(s\) \[1\]"),
+                       (lambda: device_engine.set_cache(1), "no table is in host memory")):
+        with pytest.raises(PlacementError, match=match):
+            bad()

@@ -482,8 +482,9 @@ def corpus_stats(model, corpus=None, *, texts=None, documents=None, backend="cpu
                   side; default min(5, CPU count); 1 = none). Results are the same either way.
     engine:       an `EngramV41` (max_tokens >= chunk_tokens) for the cuda backend to use. When some of
                   its tables live in host memory (`tables={..: "host"}`), each chunk's rows are
-                  prefetched on a side stream while the chunk before it computes (bit-identical
-                  to the unprefetched run; `engine.cache_report()` has the fetch counts).
+                  prefetched on side streams while the two chunks before it compute
+                  (PREFETCH_DEPTH; bit-identical to the unprefetched run;
+                  `engine.cache_report()` has the fetch counts).
     prefetch:     False: no prefetch (host-table rows are read when their chunk computes).
     device_highway: for benchmarks, a callable (job positions [T]) -> device highway [T, hc, dim]
                   used instead of the synthetic one.
@@ -618,25 +619,30 @@ def corpus_stats(model, corpus=None, *, texts=None, documents=None, backend="cpu
     return stats
 
 
-def _ahead(jobs: Iterator, prefetch) -> Iterator:
-    """The jobs in order; with `prefetch`, job k+1 is handed to it before job k is yielded (so its
-    rows are fetched while job k computes)."""
+PREFETCH_DEPTH = 2      # chunks fetched ahead of the one computing (the fetcher holds depth + 1 buffers)
+
+
+def _ahead(jobs: Iterator, prefetch, depth: int = PREFETCH_DEPTH) -> Iterator:
+    """The jobs in order; with `prefetch`, jobs k+1..k+depth are handed to it before job k is
+    yielded (so their rows are fetched while job k computes: a fetch has `depth` chunks' time)."""
     if prefetch is None:
         yield from jobs
         return
-    pending = None
+    from collections import deque
+    pending: deque = deque()
     for job in jobs:
         prefetch(job)
-        if pending is not None:
-            yield pending
-        pending = job
-    if pending is not None:
-        yield pending
+        pending.append(job)
+        if len(pending) > depth:
+            yield pending.popleft()
+    while pending:
+        yield pending.popleft()
 
 
 def _run_threaded(jobs: Iterator[_Job], gates, reduce, bar, timing: dict, prefetch=None) -> None:
     """producer (tokenize + hash) -> this thread (device work) -> reducer (statistics), in order.
-    prefetch(job), if given, is called on this thread for job k+1 before job k's device work."""
+    prefetch(job), if given, is called on this thread for jobs k+1..k+PREFETCH_DEPTH before job k's
+    device work."""
     to_main: queue.Queue = queue.Queue(maxsize=2)
     to_reduce: queue.Queue = queue.Queue(maxsize=2)
     stop = threading.Event()

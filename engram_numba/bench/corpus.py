@@ -360,7 +360,8 @@ def _h2d_gbps(timer: DeviceTimer, cuda, nbytes: int, pinned: bool) -> float:
 
 def run(shape: BenchShape = RELEASED, quick: bool = False, log=print, table_gb: float | None = None,
         n_chunks: int | None = None, distributed: int = 0, dist_chunks: int | None = None,
-        host: bool = True, cache_gbs=(0.25, 1.0, 4.0), dist_shard_tokens: int = 1 << 21) -> dict:
+        host: bool = True, cache_gbs=(0.25, 1.0, 4.0), dist_shard_tokens: int = 1 << 21,
+        cache_policies=("static", "clock")) -> dict:
     """The corpus_stats records (module doc). table_gb: each layer's table size in GB (default:
     the released 32.3 GB; the smoke shape uses a tiny table). distributed: also the
     corpus_stats_distributed records with this many Dask workers sharing the GPU (then one), over
@@ -502,7 +503,8 @@ def run(shape: BenchShape = RELEASED, quick: bool = False, log=print, table_gb: 
     host_info = None
     if host:
         host_info = _host_runs(model, eng, docs, chunk, timer, mem, log, cache_gbs, smoke, records[0], from_device,
-                               h2d["pinned"], base_sum + stage_us["highway.d2d"], quick=quick)
+                               h2d["pinned"], base_sum + stage_us["highway.d2d"], quick=quick,
+                               cache_policies=cache_policies)
         records += host_info.pop("records")
     if distributed:
         ddocs = docs if dist_chunks is None else _documents(dist_chunks * chunk, vocab, np.random.default_rng(12),
@@ -532,13 +534,14 @@ def token_ids_by_layer(model, docs) -> list:
 
 
 def _host_runs(model, dev_eng, docs, chunk, timer, mem, log, cache_gbs, smoke, device_rec, from_device,
-               h2d_pinned_gbps, device_sum_us, quick: bool = False) -> dict:
+               h2d_pinned_gbps, device_sum_us, quick: bool = False, cache_policies=("static", "clock")) -> dict:
     """The same corpus with both tables in pinned host memory (module doc): no prefetch, prefetch,
-    prefetch + a static cache at each budget; the random-row read rate from pinned memory; decode
-    tokens on host against device tables."""
+    prefetch + a static cache at each budget, prefetch + the dynamic (CLOCK) cache at each budget
+    (empty at the start, and warm-started from the ranked rows); the random-row read rate from
+    pinned memory; decode tokens on host against device tables."""
     from numba import cuda
 
-    from ..analysis.corpus import corpus_stats
+    from ..analysis.corpus import PREFETCH_DEPTH, corpus_stats
     from ..device.hostrows import FETCH_BLOCKS, FETCH_THREADS, cache_hit_rates, fetch_rows_v1, rank_rows
     from ..engine import EngramV41
     from ..placement import PlacementError
@@ -547,7 +550,8 @@ def _host_runs(model, dev_eng, docs, chunk, timer, mem, log, cache_gbs, smoke, d
     out = {"records": []}
     t0 = time.perf_counter()
     try:
-        host = EngramV41(model, max_tokens=chunk, tables="host", cache_gb=max(cache_gbs) if cache_gbs else None)
+        static_gb = max(cache_gbs) if cache_gbs and "static" in cache_policies else None
+        host = EngramV41(model, max_tokens=chunk, tables="host", cache_gb=static_gb)
     except PlacementError as exc:
         log(f"  host tables: refused ({exc})")
         out["refused"] = str(exc)
@@ -600,19 +604,33 @@ def _host_runs(model, dev_eng, docs, chunk, timer, mem, log, cache_gbs, smoke, d
 
     def totals():
         rep = host.cache_report()
-        return {l_: (rep[l_]["hits"], rep[l_]["misses"]) for l_ in host.host_layers}, dict(rep["prefetch"])
+        return ({l_: (rep[l_]["hits"], rep[l_]["misses"], rep[l_].get("inserted", 0)) for l_ in host.host_layers},
+                dict(rep["prefetch"]))
 
-    variants = [("host tables, no prefetch", False, 0.0, FETCH_BLOCKS)]
+    variants = [("host tables, no prefetch", False, 0.0, FETCH_BLOCKS, "static", False)]
     grids = (FETCH_BLOCKS,) if quick else sorted({0, 16, 64, FETCH_BLOCKS, 256})
-    variants += [(f"host tables, prefetch, fetch grid {b or 'full'}", True, 0.0, b) for b in grids]
-    variants += [(f"host tables, prefetch, cache {gb:g} GB a layer", True, gb, FETCH_BLOCKS) for gb in cache_gbs]
+    variants += [(f"host tables, prefetch, fetch grid {b or 'full'}", True, 0.0, b, "static", False) for b in grids]
+    if "static" in cache_policies:
+        variants += [(f"host tables, prefetch, cache {gb:g} GB a layer", True, gb, FETCH_BLOCKS, "static", True)
+                     for gb in cache_gbs]
+    if "clock" in cache_policies:
+        for gb in (cache_gbs[-1:] if smoke else cache_gbs):              # the simulator: one budget is enough
+            variants += [(f"host tables, prefetch, clock cache {gb:g} GB a layer", True, gb, FETCH_BLOCKS, "clock", False),
+                         (f"host tables, prefetch, clock cache {gb:g} GB a layer, warm-started", True, gb, FETCH_BLOCKS,
+                          "clock", True)]
     dev_tps = device_rec["tokens_per_s"]
-    for name, pre, gb, blocks in variants:
+    for name, pre, gb, blocks, policy, filled in variants:
         host._fetcher.max_blocks = blocks
-        for l_ in cfg.layer_ids if cache_gbs else ():
-            host.fill_cache(l_, ranked[l_][: slots.get(gb, 0)], ranked=True) if gb else host.fill_cache(l_, [], ranked=True)
-        corpus_stats(model, documents=docs[:2], backend="cuda", engine=host, device_highway=from_device,
-                     chunk_tokens=chunk, prefetch=pre)                                      # warm-up
+        if policy == "clock":
+            host.set_cache(gb, "clock")
+            if filled:
+                for l_ in cfg.layer_ids:
+                    host.fill_cache(l_, ranked[l_], ranked=True)
+        elif static_gb:
+            for l_ in cfg.layer_ids:
+                host.fill_cache(l_, ranked[l_][: slots.get(gb, 0)], ranked=True) if gb else host.fill_cache(l_, [], ranked=True)
+        corpus_stats(model, documents=train_docs[:2], backend="cuda", engine=host, device_highway=from_device,
+                     chunk_tokens=chunk, prefetch=pre)                    # warm-up (kernels compiled; not the corpus)
         before, pf0 = totals()
         st = corpus_stats(model, documents=docs, backend="cuda", engine=host, device_highway=from_device,
                           chunk_tokens=chunk, prefetch=pre)
@@ -622,15 +640,18 @@ def _host_runs(model, dev_eng, docs, chunk, timer, mem, log, cache_gbs, smoke, d
         tps = st.n_tokens / wall
         hits = sum(after[l_][0] - before[l_][0] for l_ in after)
         misses = sum(after[l_][1] - before[l_][1] for l_ in after)
+        inserted = sum(after[l_][2] - before[l_][2] for l_ in after)
         n_chunks = max(1, pf1["issued"] - pf0["issued"]) if pre else max(1, (hits + misses) // (chunk * cfg.n_hash_cols * len(after)))
         time_us = 1e6 * chunk / tps
         rec = {"stage": "corpus_stats", "T": chunk, "variant": name, "tables": "host", "cache_gb": gb,
-               "prefetch": pre, "fetch_blocks": blocks, "tokens_per_s": round(tps, 1), "time_us": round(time_us, 1),
+               "cache_policy": policy if gb else None, "cache_warm_started": bool(filled and gb),
+               "prefetch": pre, "prefetch_depth": PREFETCH_DEPTH if pre else 0, "fetch_blocks": blocks, "tokens_per_s": round(tps, 1), "time_us": round(time_us, 1),
                "pct_of_device_tables": round(100.0 * tps / dev_tps, 1), "device_tables_tokens_per_s": dev_tps,
                "floor_us": round(device_sum_us, 1), "device_sum_us": round(device_sum_us, 1),
                "pct_of_floor": round(100.0 * device_sum_us / time_us, 1), "n_tokens": st.n_tokens,
                "hit_rate": round(hits / max(1, hits + misses), 4), "host_bytes_per_chunk": int(misses * 84 / n_chunks),
                "cache_bytes_per_chunk": int(hits * 84 / n_chunks), "prefetch_counts": {k: pf1[k] - pf0[k] for k in pf1},
+               "inserted_per_chunk": int(inserted / n_chunks),
                "timing_s": st.meta["timing"], "statistics": "full", "bytes": 0, "flops": 0, "gbps": 0.0, "tflops": 0.0,
                "baselines": {"device tables": device_rec["time_us"]},
                "validated": bool(st.n_tokens == device_rec["n_tokens"] and (not pre or pf1["missed"] == pf0["missed"]))}
@@ -646,8 +667,9 @@ def _host_runs(model, dev_eng, docs, chunk, timer, mem, log, cache_gbs, smoke, d
     seq = np.random.default_rng(7).integers(0, vocab, (1 if smoke else 32) + (2 if smoke else 256 if quick else 512))
     warm = 1 if smoke else 32
     h0 = np.random.default_rng(8).standard_normal((1, cfg.hc, cfg.dim)).astype(np.float32)
-    for l_ in cfg.layer_ids if cache_gbs else ():              # decode without cached rows
-        host.fill_cache(l_, [], ranked=True)
+    if cache_gbs and (static_gb or "clock" in cache_policies):   # decode without cached rows
+        for l_ in cfg.layer_ids:
+            host.fill_cache(l_, [], ranked=True)
     decodes = [("device tables", dev_eng, False), ("host tables", host, False),
                ("host tables, next token prefetched", host, True)]
     for name, e, ahead in decodes:
@@ -703,15 +725,27 @@ def main(argv=None) -> int:
                    help="tokens per shard of the distributed runs (default 2,097,152: about 10 s of one GPU; a study's 32 MB text shards hold about 8M)")
     p.add_argument("--no-host", action="store_true", help="skip the host-table runs")
     p.add_argument("--cache-gb", default="0.25,1,4", help="cache budgets per layer for the host runs (GB, comma list)")
+    p.add_argument("--cache-policy", default="static,clock",
+                   help="hot-row cache policies the host runs measure at each budget (comma list of static, clock)")
     args = p.parse_args(argv)
     if not args.smoke and (config.ENABLE_CUDASIM or not cuda.is_available()):
         print("error: the corpus bench needs a CUDA GPU (or --smoke)", file=sys.stderr)
         return 2
     from .timing import SMOKE
-    cache_gbs = tuple(float(x) for x in args.cache_gb.split(",") if x.strip())
+    try:
+        cache_gbs = tuple(float(x) for x in args.cache_gb.split(",") if x.strip())
+        if any(not np.isfinite(g) or g < 0 for g in cache_gbs):
+            raise ValueError
+    except ValueError:
+        print(f"error: --cache-gb must be GB >= 0 (comma list), got {args.cache_gb!r}", file=sys.stderr)
+        return 2
+    policies = tuple(x.strip() for x in args.cache_policy.split(",") if x.strip())
+    if not policies or any(x not in ("static", "clock") for x in policies):
+        print(f"error: --cache-policy takes static and/or clock (comma list), got {args.cache_policy!r}", file=sys.stderr)
+        return 2
     res = run(SMOKE if args.smoke else RELEASED, quick=args.quick, table_gb=args.table_gb, n_chunks=args.chunks,
               distributed=args.distributed, dist_chunks=args.dist_chunks, host=not args.no_host,
-              cache_gbs=cache_gbs, dist_shard_tokens=args.dist_shard_tokens)
+              cache_gbs=cache_gbs, dist_shard_tokens=args.dist_shard_tokens, cache_policies=policies)
     res.update({"commit": commit(), "device": device_name()})
     if args.out:
         with open(args.out, "w") as f:
