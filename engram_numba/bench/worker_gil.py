@@ -1,0 +1,222 @@
+"""What a Dask worker's side work costs a host-bound driver thread: the GIL, measured on the CPU.
+
+    python -m engram_numba.bench.worker_gil [--seconds 4] [--chunks 16] [--dask] [--out gil.json]
+
+`corpus_stats` with device tables is bound by its host thread (Python that launches kernels and
+waits on the device: many short calls that release the GIL), so whatever else the process runs
+while holding the GIL is taken off its throughput. This bench runs a stand-in for that thread
+(`driver`: per iteration, `launches` short ctypes calls with a little Python between them, then
+a wait of `wait_us` with the GIL released, as a device synchronisation is) for a fixed time, and
+a probe thread that sleeps 1 ms in a loop and records how late it wakes (the time it waits for
+the GIL). Each is measured alone, then beside each piece of work a worker runs next to a shard:
+
+- `part_file`: writing one shard's part file (`partfile.write_part`), over and over;
+- `split_merge`: splitting a state into its merge form (`PartialStats.of`) and merging two;
+- `pickle`: pickling a `PartialStats` as Dask does to send it;
+- with `--dask`: the driver and probe as a task on a one-worker Dask cluster as the Dask driver
+  starts it (`local_cluster`), and with Dask's defaults (statistical profiler every 10 ms, event
+  loop ticks, monitors), against the same in this process.
+
+The state is one shard of `chunks` 4096-token chunks reduced at the released shapes (two tables of
+384M rows: 48 MB row bitmaps, the context tables), as `bench.shard_state` builds it. The figures
+are ratios to `alone` on the same machine; on a machine with few cores, work that releases the
+GIL still competes for the cores, which the `cpu_s` of each side load shows.
+"""
+from __future__ import annotations
+
+import ctypes
+import json
+import os
+import pickle
+import sys
+import tempfile
+import threading
+import time
+
+import numpy as np
+
+
+def driver(seconds: float, launches: int = 12, wait_us: int = 200, probe: bool = True) -> dict:
+    """The stand-in host-bound driver thread (module doc) for `seconds`, with a GIL probe beside it.
+    Returns {"iters_per_s", "iter_us_p50/p99", "probe_late_us_mean/p99/max"}."""
+    libc = ctypes.CDLL(None)
+    getpid, usleep = libc.getpid, libc.usleep
+    small = np.arange(64, dtype=np.int64)
+    late: list = []
+    stop = threading.Event()
+
+    def probe_loop():
+        while not stop.is_set():
+            t0 = time.perf_counter()
+            time.sleep(0.001)
+            late.append(time.perf_counter() - t0 - 0.001)
+
+    th = threading.Thread(target=probe_loop, daemon=True) if probe else None
+    if th is not None:
+        th.start()
+    times = []
+    t_end = time.perf_counter() + seconds
+    while True:
+        t0 = time.perf_counter()
+        if t0 >= t_end:
+            break
+        acc = 0
+        for k in range(launches):          # argument packing and a launch: Python, then a call without the GIL
+            args = (small, k, {"grid": k + 1, "block": 128})
+            acc += int(small[k]) + len(args[2])
+            getpid()
+        usleep(wait_us)                     # the synchronisation: the GIL released, no CPU
+        times.append(time.perf_counter() - t0)
+    stop.set()
+    if th is not None:
+        th.join()
+    t = np.asarray(times)
+    lt = np.asarray(late) * 1e6 if late else np.zeros(1)
+    return {"iters_per_s": round(t.size / max(float(t.sum()), 1e-9), 1),
+            "iter_us_p50": round(float(np.percentile(t, 50)) * 1e6, 1),
+            "iter_us_p99": round(float(np.percentile(t, 99)) * 1e6, 1),
+            "probe_late_us_mean": round(float(lt.mean()), 1), "probe_late_us_p99": round(float(np.percentile(lt, 99)), 1),
+            "probe_late_us_max": round(float(lt.max()), 1)}
+
+
+def _side_loop(work, stop: threading.Event, log: dict) -> None:
+    """Run work() until stop; record how many times, its wall and its thread CPU seconds."""
+    n, wall, cpu = 0, 0.0, 0.0
+    while not stop.is_set():
+        c0, t0 = time.thread_time(), time.perf_counter()
+        work()
+        wall += time.perf_counter() - t0
+        cpu += time.thread_time() - c0
+        n += 1
+    log.update({"runs": n, "s_per_run": round(wall / max(n, 1), 3), "cpu_s_per_run": round(cpu / max(n, 1), 3)})
+
+
+def beside(work, seconds: float, **kw) -> dict:
+    """driver() while work() runs in a loop on another thread."""
+    stop, log = threading.Event(), {}
+    th = threading.Thread(target=_side_loop, args=(work, stop, log), daemon=True)
+    th.start()
+    time.sleep(0.05)
+    out = driver(seconds, **kw)
+    stop.set()
+    th.join()
+    out["side"] = log
+    return out
+
+
+def shard_state(n_chunks: int, seed: int = 12):
+    """One shard's StreamingGateStats at the released shapes (as bench.shard_state reduces it)."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    from ..analysis.corpus import Document, _jobs
+    from ..analysis.streaming import Chunk, StreamingGateStats
+    from .shard_state import CHUNK, _Model
+    m = _Model()
+    vocab = m.hash_tables.compressed_vocab_size
+    rng = np.random.default_rng(seed)
+    docs, total = [], 0
+    while total < n_chunks * CHUNK:
+        n = min(int(rng.integers(256, 4096)), n_chunks * CHUNK - total)
+        docs.append(Document(f"d{len(docs)}", ((rng.zipf(1.1, n) - 1) % vocab).astype(np.int64)))
+        total += n
+    st = StreamingGateStats.empty(m)
+    with ThreadPoolExecutor(min(5, os.cpu_count() or 1)) as pool:
+        for j in _jobs(iter(docs), m, CHUNK, False, True, None):
+            T = j.token_ids.size
+            g = {lid: (rng.standard_normal((T, 4)).astype(np.float32), rng.random((T, 4)).astype(np.float32))
+                 for lid in (1, 14)}
+            st.update(Chunk(j.token_ids, j.live, j.row_ids, j.windows, g, j.n_documents), m.hash_tables.token_map,
+                      pool)
+    return st
+
+
+def _dask_driver(seconds: float, kw: dict) -> dict:
+    return driver(seconds, **kw)
+
+
+def in_dask(seconds: float, quiet: bool, kw: dict) -> dict:
+    """driver() as a task on a one-worker cluster: as `local_cluster` starts it (quiet=True), or with
+    Dask's default worker settings (statistical profiler, monitors)."""
+    from distributed import Client
+
+    from ..analysis import distributed as dist
+    cluster = dist.local_cluster(1, dashboard=False, quiet=quiet)
+    try:
+        with Client(cluster) as client:
+            client.submit(_dask_driver, 0.5, kw, pure=False).result()       # imports, thread pool up
+            return client.submit(_dask_driver, seconds, kw, pure=False).result()
+    finally:
+        cluster.close()
+
+
+def run(seconds: float = 4.0, n_chunks: int = 16, dask_runs: bool = False, side: bool = True, log=print,
+        **kw) -> dict:
+    from ..analysis.partfile import PartialStats, write_part
+    out = {"seconds": seconds, "chunks": n_chunks, "driver": kw, "runs": {}}
+    res = out["runs"]
+    if not side:
+        res["alone"] = driver(seconds, **kw)
+    else:
+        _side_loads(out, seconds, n_chunks, log, kw)
+    if dask_runs:
+        res["dask_worker"] = in_dask(seconds, True, kw)
+        res["dask_worker_defaults"] = in_dask(seconds, False, kw)
+        res["alone_again"] = driver(seconds, **kw)
+    base = (res["alone"]["iters_per_s"] + res.get("alone_again", res["alone"])["iters_per_s"]) / 2
+    for name, r in res.items():
+        r["ratio_to_alone"] = round(r["iters_per_s"] / base, 3)
+        sd = r.get("side", {})
+        log(f"  {name:22s} driver {r['iters_per_s']:9,.0f} it/s (x{r['ratio_to_alone']:.3f}), iteration p50 "
+            f"{r['iter_us_p50']:7.0f} us p99 {r['iter_us_p99']:7.0f} us; GIL probe late mean {r['probe_late_us_mean']:6.0f} us "
+            f"p99 {r['probe_late_us_p99']:6.0f} us max {r['probe_late_us_max']:7.0f} us"
+            + (f"; side: {sd['s_per_run']:.3f} s a run, {sd['cpu_s_per_run']:.3f} s CPU" if sd else ""))
+    return out
+
+
+def _side_loads(out: dict, seconds: float, n_chunks: int, log, kw: dict) -> None:
+    from ..analysis.partfile import PartialStats, write_part
+    t0 = time.perf_counter()
+    a = shard_state(n_chunks)
+    b = shard_state(n_chunks, seed=13)
+    log(f"two shards of {a.n_tokens:,} tokens reduced in {time.perf_counter() - t0:.1f} s; contexts "
+        f"{[t.n for t in a.contexts.values()]}, bitmaps {[round(float(np.count_nonzero(x)) / x.size, 3) for x in a.row_bitmaps]} "
+        "non-zero bytes")
+    pa = PartialStats.of(a)
+    out["tokens_per_shard"] = a.n_tokens
+    res = out["runs"]
+    with tempfile.TemporaryDirectory() as tmp:
+        loads = {
+            "part_file": lambda: write_part(a, os.path.join(tmp, "shard-00000.npz")),
+            "split_merge": lambda: PartialStats.of(b) + pa,
+            "pickle": lambda: pickle.dumps(PartialStats.of(b), protocol=5),
+        }
+        for name, work in (("alone", None), *loads.items()):
+            res[name] = driver(seconds, **kw) if work is None else beside(work, seconds, **kw)
+
+
+def main(argv=None) -> int:
+    import argparse
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--seconds", type=float, default=4.0, help="each measurement's length")
+    p.add_argument("--chunks", type=int, default=16, help="4096-token chunks in the shard whose state is written")
+    p.add_argument("--launches", type=int, default=12, help="driver: short GIL-releasing calls an iteration")
+    p.add_argument("--wait-us", type=int, default=200, help="driver: the GIL-released wait an iteration")
+    p.add_argument("--switch-interval", type=float, default=None, help="sys.setswitchinterval for this run (s)")
+    p.add_argument("--dask", action="store_true", help="also the driver as a task on a one-worker Dask cluster")
+    p.add_argument("--no-side", action="store_true", help="skip the side loads (part file, merge, pickle)")
+    p.add_argument("--out", default=None, help="write the result JSON here")
+    args = p.parse_args(argv)
+    from .timing import commit
+    if args.switch_interval is not None:
+        sys.setswitchinterval(args.switch_interval)
+    res = run(args.seconds, args.chunks, args.dask, not args.no_side, launches=args.launches, wait_us=args.wait_us)
+    res.update({"commit": commit(), "switch_interval": sys.getswitchinterval(), "cpus": os.cpu_count()})
+    if args.out:
+        with open(args.out, "w") as f:
+            json.dump(res, f, indent=1)
+        print(f"wrote {args.out}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
