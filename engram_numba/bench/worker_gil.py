@@ -134,6 +134,48 @@ def _dask_driver(seconds: float, kw: dict) -> dict:
     return driver(seconds, **kw)
 
 
+def thread_cpu() -> dict:
+    """CPU seconds each thread of this process has used so far ({name: s}, from /proc; {} elsewhere),
+    and the process's: contention on a busy machine stretches wall time, not these."""
+    tick = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100
+    names = {t.native_id: t.name for t in threading.enumerate()}
+    out = {}
+    try:
+        tids = os.listdir("/proc/self/task")
+    except OSError:
+        return out
+    for tid in tids:
+        try:
+            with open(f"/proc/self/task/{tid}/stat") as f:
+                fields = f.read().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        name = names.get(int(tid), "native")           # numba / OpenMP / libuv threads Python does not know
+        out[name] = out.get(name, 0.0) + (int(fields[11]) + int(fields[12])) / tick
+    out["process"] = time.process_time()
+    return out
+
+
+def _worker_costs(dask_worker=None) -> dict:
+    """On a worker (client.run): thread_cpu() and the time its profiler has spent so far."""
+    prof = float(dask_worker.digests_total.get("profile-duration", 0.0)) if dask_worker is not None else 0.0
+    return {"cpu": thread_cpu(), "profile_s": prof}
+
+
+def _cpu_diff(a: dict, b: dict, wall: float) -> dict:
+    """CPU seconds a second of wall, by thread kind, between two thread_cpu() readings."""
+    def kind(name):
+        for k in ("MainThread", "Dask-Default-Threads", "Profile", "engram", "process"):
+            if name.startswith(k):
+                return k
+        return "other"
+    out: dict = {}
+    for name in set(a) | set(b):
+        k = kind(name)
+        out[k] = out.get(k, 0.0) + (b.get(name, 0.0) - a.get(name, 0.0)) / wall
+    return {k: round(v, 4) for k, v in sorted(out.items())}
+
+
 def in_dask(seconds: float, quiet: bool, kw: dict) -> dict:
     """driver() as a task on a one-worker cluster: as `local_cluster` starts it (quiet=True), or with
     Dask's default worker settings (statistical profiler, monitors)."""
@@ -144,9 +186,17 @@ def in_dask(seconds: float, quiet: bool, kw: dict) -> dict:
     try:
         with Client(cluster) as client:
             client.submit(_dask_driver, 0.5, kw, pure=False).result()       # imports, thread pool up
-            return client.submit(_dask_driver, seconds, kw, pure=False).result()
+            (w, before), = client.run(_worker_costs).items()
+            t0 = time.perf_counter()
+            out = client.submit(_dask_driver, seconds, kw, pure=False).result()
+            wall = time.perf_counter() - t0
+            after = client.run(_worker_costs)[w]
     finally:
         cluster.close()
+    # the worker's event loop is its MainThread; the task runs on a Dask-Default-Threads thread
+    out["worker_cpu_per_s"] = _cpu_diff(before["cpu"], after["cpu"], wall)
+    out["profiler_s_per_s"] = round((after["profile_s"] - before["profile_s"]) / wall, 4)
+    return out
 
 
 def run(seconds: float = 4.0, n_chunks: int = 16, dask_runs: bool = False, side: bool = True, log=print,
@@ -162,6 +212,10 @@ def run(seconds: float = 4.0, n_chunks: int = 16, dask_runs: bool = False, side:
         res["dask_worker"] = in_dask(seconds, True, kw)
         res["dask_worker_defaults"] = in_dask(seconds, False, kw)
         res["alone_again"] = driver(seconds, **kw)
+    if dask_runs:
+        for name in ("dask_worker", "dask_worker_defaults"):
+            log(f"  {name}: worker CPU seconds a second by thread {res[name]['worker_cpu_per_s']}; profiler "
+                f"{res[name]['profiler_s_per_s']:.4f} s a second")
     base = (res["alone"]["iters_per_s"] + res.get("alone_again", res["alone"])["iters_per_s"]) / 2
     for name, r in res.items():
         r["ratio_to_alone"] = round(r["iters_per_s"] / base, 3)
