@@ -79,6 +79,51 @@ def driver(seconds: float, launches: int = 12, wait_us: int = 200, probe: bool =
             "probe_late_us_max": round(float(lt.max()), 1)}
 
 
+def _schedstat(tid: int) -> tuple[float, float]:
+    """(seconds on a CPU, seconds waiting on a run queue) of thread `tid` of this process (Linux)."""
+    with open(f"/proc/self/task/{tid}/schedstat") as f:
+        on, wait = f.read().split()[:2]
+    return int(on) / 1e9, int(wait) / 1e9
+
+
+def gil_held(work, reps: int = 3) -> dict:
+    """How long work() holds the GIL while another thread wants it: a pure-Python thread spins
+    beside it, and the time that thread spends neither on a CPU nor waiting for one (its
+    /proc schedstat) is time it waited for the GIL. A busy machine delays both threads but does
+    not change that difference, unlike a probe's wall-clock lateness. The minimum over `reps`:
+    {"wall_s", "cpu_s" (work's thread CPU), "gil_held_s"}."""
+    best = None
+    for _ in range(reps):
+        stop, box = threading.Event(), {}
+        started = threading.Event()
+
+        def spin():
+            box["tid"] = threading.get_native_id()
+            started.set()
+            n = 0
+            while not stop.is_set():
+                n += 1
+
+        th = threading.Thread(target=spin, daemon=True)
+        th.start()
+        started.wait()
+        try:
+            s0 = _schedstat(box["tid"])
+        except OSError:                       # no schedstat here
+            stop.set()
+            th.join()
+            return {}
+        t0, c0 = time.perf_counter(), time.thread_time()
+        work()
+        wall, cpu = time.perf_counter() - t0, time.thread_time() - c0
+        s1 = _schedstat(box["tid"])
+        stop.set()
+        th.join()
+        r = {"wall_s": wall, "cpu_s": cpu, "gil_held_s": max(0.0, wall - (s1[0] - s0[0]) - (s1[1] - s0[1]))}
+        best = r if best is None else {k: min(best[k], r[k]) for k in r}
+    return {k: round(v, 4) for k, v in best.items()}
+
+
 def _side_loop(work, stop: threading.Event, log: dict) -> None:
     """Run work() until stop; record how many times, its wall and its thread CPU seconds."""
     n, wall, cpu = 0, 0.0, 0.0
@@ -162,17 +207,26 @@ def _worker_costs(dask_worker=None) -> dict:
     return {"cpu": thread_cpu(), "profile_s": prof}
 
 
-def _cpu_diff(a: dict, b: dict, wall: float) -> dict:
-    """CPU seconds a second of wall, by thread kind, between two thread_cpu() readings."""
-    def kind(name):
-        for k in ("MainThread", "Dask-Default-Threads", "Profile", "engram", "process"):
-            if name.startswith(k):
-                return k
-        return "other"
+def thread_kind(name: str) -> str:
+    """A thread's name without its pool's numbering: "engram-stats_3" -> "engram-stats"; a Dask
+    worker's task threads ("engram-0-Dask-Default-Threads-123-0") -> "Dask-Default-Threads"."""
+    import re
+    if "Dask-Default-Threads" in name:
+        return "Dask-Default-Threads"
+    return re.sub(r"([-_]\d+)+$", "", name) or name
+
+
+def cpu_diff(a: dict, b: dict, per: float = 1.0) -> dict:
+    """CPU seconds between two thread_cpu() readings by thread kind (`thread_kind`), divided by `per`.
+    Threads that started and ended in between (a corpus_stats call's producer, reducer and
+    statistics pool) are not listed by the system any more: their CPU is "ended" (the process's
+    CPU less every listed thread's)."""
     out: dict = {}
     for name in set(a) | set(b):
-        k = kind(name)
-        out[k] = out.get(k, 0.0) + (b.get(name, 0.0) - a.get(name, 0.0)) / wall
+        k = thread_kind(name)
+        out[k] = out.get(k, 0.0) + (b.get(name, 0.0) - a.get(name, 0.0)) / per
+    if "process" in out:
+        out["ended"] = out["process"] - sum(v for k, v in out.items() if k != "process")
     return {k: round(v, 4) for k, v in sorted(out.items())}
 
 
@@ -194,7 +248,7 @@ def in_dask(seconds: float, quiet: bool, kw: dict) -> dict:
     finally:
         cluster.close()
     # the worker's event loop is its MainThread; the task runs on a Dask-Default-Threads thread
-    out["worker_cpu_per_s"] = _cpu_diff(before["cpu"], after["cpu"], wall)
+    out["worker_cpu_per_s"] = cpu_diff(before["cpu"], after["cpu"], wall)
     out["profiler_s_per_s"] = round((after["profile_s"] - before["profile_s"]) / wall, 4)
     return out
 
@@ -246,6 +300,24 @@ def _side_loads(out: dict, seconds: float, n_chunks: int, log, kw: dict) -> None
         }
         for name, work in (("alone", None), *loads.items()):
             res[name] = driver(seconds, **kw) if work is None else beside(work, seconds, **kw)
+        from ..analysis import partfile
+        from ..formats import npz
+
+        def numpy_writer(f, arr):
+            np.lib.format.write_array(f, np.asanyarray(arr), allow_pickle=False)
+        held = out["gil_held"] = {"sleep_0.2s (zero)": gil_held(lambda: time.sleep(0.2))}
+        for name, work in loads.items():
+            held[name] = gil_held(work)
+        mine = (partfile.write_npy, npz.write_npy, partfile._count_nonzero)
+        partfile.write_npy = npz.write_npy = numpy_writer       # the part file as numpy's writer writes it
+        partfile._count_nonzero = np.count_nonzero
+        try:
+            held["part_file_numpy_writer"] = gil_held(loads["part_file"])
+        finally:
+            partfile.write_npy, npz.write_npy, partfile._count_nonzero = mine
+        for name, r in held.items():
+            log(f"  GIL held while another thread wants it: {name:24s} {r.get('gil_held_s', float('nan')):.3f} s of "
+                f"{r.get('wall_s', float('nan')):.3f} s wall, {r.get('cpu_s', float('nan')):.3f} s CPU")
 
 
 def main(argv=None) -> int:
