@@ -729,7 +729,7 @@ def distributed_corpus_stats(model, corpus=None, *, documents=None, out, client=
             w["tokens_per_s"] = round(w["tokens_per_s"], 1)
     finally:
         again = [w for w, was in profiling.items() if was]
-        if again and not owned_client:                 # a cluster given to us: as it was
+        if again and own is None:                      # a cluster we did not start: as it was
             try:
                 client.run(_quiet_workers, start=True, workers=again)
             except Exception:  # noqa: BLE001 - a worker gone since: nothing to start again

@@ -320,6 +320,57 @@ def _side_loads(out: dict, seconds: float, n_chunks: int, log, kw: dict) -> None
                 f"{r.get('wall_s', float('nan')):.3f} s wall, {r.get('cpu_s', float('nan')):.3f} s CPU")
 
 
+def corpus_run(n_shards: int = 4, shard_tokens: int = 4096, log=print, seed: int = 0) -> dict:
+    """The same shards through `corpus_stats` in this process and as the tasks of a one-worker Dask
+    cluster (`distributed_corpus_stats`), with the tiny model on the cpu backend: seconds a shard
+    on each side, and the CPU seconds a million tokens by thread (`cpu_diff`)."""
+    from distributed import Client
+
+    from ..analysis import distributed as dist
+    from ..analysis.corpus import corpus_stats
+    from ..fixtures import TINY_PATH
+    from ..formats.load import load_model
+    model = load_model(TINY_PATH)
+    rng = np.random.default_rng(seed)
+    vocab = int(model.hash_tables.token_map.size)
+    per = 4
+    docs = [rng.integers(0, vocab, int(rng.integers(shard_tokens // per // 2, 3 * shard_tokens // per // 2)))
+            for _ in range(n_shards * per)]
+    shards = [docs[a:a + per] for a in range(0, len(docs), per)]
+    corpus_stats(model, documents=shards[0], backend="cpu")                 # compiled before timing
+    c0, seconds = thread_cpu(), []
+    for d in shards:
+        t0 = time.perf_counter()
+        corpus_stats(model, documents=d, backend="cpu")
+        seconds.append(time.perf_counter() - t0)
+    n_tok = sum(int(x.size) for x in docs)
+    cpu_in = cpu_diff(c0, thread_cpu(), n_tok / 1e6)
+    cluster = dist.local_cluster(1, dashboard=False)
+    try:
+        with Client(cluster) as client, tempfile.TemporaryDirectory() as out:
+            settings = dist._settings("cpu", 4096, None, "text", "line", None, True, 20, dist.DEFAULT_MAX_CONTEXTS,
+                                      True, True, "fp32", None)
+            client.submit(dist.warm_worker, dist.PathModel(TINY_PATH), settings, pure=False).result()
+            (w, before), = client.run(thread_cpu).items()
+            st = dist.distributed_corpus_stats(TINY_PATH, documents=docs, docs_per_shard=per, out=out, client=client,
+                                               backend="cpu", progress=False, log=lambda *a: None)
+            after = client.run(thread_cpu)[w]
+    finally:
+        cluster.close()
+    sm = st.meta["distributed"]
+    busy = sum(v["busy_s"] for v in sm["per_worker"].values())
+    res = {"shards": n_shards, "tokens": n_tok, "in_process_s": [round(x, 3) for x in seconds],
+           "in_process_total_s": round(sum(seconds), 3), "tasks_busy_s": round(busy, 3),
+           "task_s": [d["seconds"] for d in sm.get("per_shard", [])], "wall_s": sm["wall_s"],
+           "in_task_ratio_to_in_process": round(sum(seconds) / busy, 3) if busy else None,
+           "cpu_s_per_million_tokens": {"in_process": cpu_in, "worker": cpu_diff(before, after, n_tok / 1e6)}}
+    log(f"  {n_shards} shards, {n_tok:,} tokens (tiny model, cpu backend): in process {res['in_process_total_s']:.2f} s "
+        f"{res['in_process_s']}, tasks {res['tasks_busy_s']:.2f} s {res['task_s']} (x{res['in_task_ratio_to_in_process']}), "
+        f"Dask wall {sm['wall_s']:.2f} s")
+    log(f"  CPU seconds a million tokens: in process {cpu_in}; worker {res['cpu_s_per_million_tokens']['worker']}")
+    return res
+
+
 def main(argv=None) -> int:
     import argparse
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -330,12 +381,16 @@ def main(argv=None) -> int:
     p.add_argument("--switch-interval", type=float, default=None, help="sys.setswitchinterval for this run (s)")
     p.add_argument("--dask", action="store_true", help="also the driver as a task on a one-worker Dask cluster")
     p.add_argument("--no-side", action="store_true", help="skip the side loads (part file, merge, pickle)")
+    p.add_argument("--corpus", type=int, default=0, metavar="SHARDS",
+                   help="also: this many shards of the tiny model (cpu backend), in process and on one Dask worker")
     p.add_argument("--out", default=None, help="write the result JSON here")
     args = p.parse_args(argv)
     from .timing import commit
     if args.switch_interval is not None:
         sys.setswitchinterval(args.switch_interval)
     res = run(args.seconds, args.chunks, args.dask, not args.no_side, launches=args.launches, wait_us=args.wait_us)
+    if args.corpus:
+        res["corpus"] = corpus_run(args.corpus)
     res.update({"commit": commit(), "switch_interval": sys.getswitchinterval(), "cpus": os.cpu_count()})
     if args.out:
         with open(args.out, "w") as f:
