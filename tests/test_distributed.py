@@ -125,6 +125,19 @@ def test_without_dask_the_api_and_the_flags_say_how_to_install_it(tmp_path, monk
         dist.distributed_corpus_stats(TINY_PATH, tmp_path / "c.txt", out=tmp_path / "o", continuous=True)
 
 
+def test_a_worker_started_with_dasks_malloc_trim_gets_glibcs_thresholds(monkeypatch):
+    """Dask's nanny sets MALLOC_TRIM_THRESHOLD_, which pins glibc's mmap threshold at 128 KB (every
+    chunk's temporaries faulted in afresh): a worker that has it set raises the thresholds when it
+    builds its engine; one without it is left alone."""
+    monkeypatch.delenv("MALLOC_TRIM_THRESHOLD_", raising=False)
+    assert dist._malloc_as_a_process() is False
+    monkeypatch.setenv("MALLOC_TRIM_THRESHOLD_", "65536")
+    import platform
+    if not (os.uname().sysname == "Linux" and platform.libc_ver()[0] == "glibc"):
+        pytest.skip("mallopt is glibc's")
+    assert dist._malloc_as_a_process() is True
+
+
 # On a LocalCluster ---------------------------------------------------------------------------------
 
 @pytest.fixture(scope="module")
@@ -202,6 +215,7 @@ def test_two_cpu_workers_give_the_one_process_statistics_and_resume(tmp_path, cl
     # the clusters local_cluster starts run without Dask's statistical profiler; on a cluster given to
     # the run a running profiler is stopped for the run (it took the GIL from every shard) and started again
     assert not any(client.run(lambda dask_worker: "profile" in dask_worker.periodic_callbacks).values())
+    assert not any(client.run(lambda: os.environ.get("MALLOC_TRIM_THRESHOLD_")).values())   # malloc as in process
     client.run(_fake_profiler)
     assert all(client.run(dist._quiet_workers).values())          # stops them, says they were running
     assert not any(client.run(lambda dask_worker: dask_worker.periodic_callbacks["profile"].is_running()).values())

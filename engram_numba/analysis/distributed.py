@@ -51,6 +51,7 @@ import json
 import logging
 import os
 import socket
+import sys
 import threading
 import time
 import warnings
@@ -84,6 +85,18 @@ QUIET_WORKER = {
     "distributed.worker.memory.monitor-interval": "500ms",
 }
 _PROFILER_CALLBACKS = ("profile", "profile-cycle")
+
+# Dask's nanny starts workers with MALLOC_TRIM_THRESHOLD_=65536 (to hand freed memory back to the
+# system at once). Setting it turns off glibc's sliding mmap threshold: every allocation over
+# 128 KB is then a fresh mmap, zero-filled page by page, and unmapped when freed, so each chunk's
+# temporaries (ids, windows, gates, the reduction's scratch) fault their pages in again: the
+# reduction of a shard took 4.5x the page faults and twice the system CPU of the same work in a
+# plain process. The clusters this module starts leave it unset; a worker started with it (a
+# `dask worker` of a cluster given to the run) gets glibc's own upper thresholds through mallopt
+# when it builds its engine (`_malloc_as_a_process`).
+MALLOC_UNSET = {"distributed.nanny.pre-spawn-environ.MALLOC_TRIM_THRESHOLD_": None}
+MMAP_THRESHOLD = 32 << 20           # glibc's sliding threshold's ceiling on 64-bit hosts
+TRIM_THRESHOLD = 64 << 20           # where it puts the trim threshold then (twice the mmap one)
 
 
 def require_distributed(what: str = "running on Dask"):
@@ -166,6 +179,19 @@ _RESIDENT: dict = {}                 # in each worker process: key -> _Resident
 _RESIDENT_LOCK = threading.Lock()
 
 
+def _malloc_as_a_process() -> bool:
+    """In a worker started with MALLOC_TRIM_THRESHOLD_ set (MALLOC_UNSET): glibc's mmap and trim
+    thresholds where its sliding threshold ends up in a plain process. Returns whether it did."""
+    if not os.environ.get("MALLOC_TRIM_THRESHOLD_") or not sys.platform.startswith("linux"):
+        return False
+    try:
+        import ctypes
+        libc = ctypes.CDLL("libc.so.6")
+        return bool(libc.mallopt(-3, MMAP_THRESHOLD)) and bool(libc.mallopt(-1, TRIM_THRESHOLD))   # M_MMAP_, M_TRIM_
+    except (OSError, AttributeError):       # not glibc
+        return False
+
+
 def resident(source, settings: dict) -> _Resident:
     """This process's opened model and engine for `source` and these settings (built once)."""
     key = (source.key, json.dumps(_jsonable({k: settings.get(k) for k in
@@ -177,6 +203,8 @@ def resident(source, settings: dict) -> _Resident:
             return r
         from ..pipeline import Pipeline
         from ..text import NoTokenizerError, tokenizer_for
+        if not _RESIDENT:
+            _malloc_as_a_process()
         t0 = time.perf_counter()
         model, engine = source.open(settings)
         pipe = Pipeline(model, settings["backend"], residual=settings["residual"],
@@ -417,7 +445,8 @@ def local_cluster(n_workers: int | None = None, *, gpu: bool = False, dashboard:
     several on each, round robin; each sees only its own GPU through CUDA_VISIBLE_DEVICES), or
     n_workers CPU workers sharing the cores. Workers are spawned processes (never forked, so no
     CUDA context or OpenMP pool is inherited), each running one shard at a time with merges beside,
-    with `QUIET_WORKER`'s settings (quiet=False: Dask's defaults, to measure what they cost)."""
+    with `QUIET_WORKER`'s settings and malloc as in a plain process (`MALLOC_UNSET`; quiet=False:
+    Dask's defaults, to measure what they cost)."""
     distributed = require_distributed("a local cluster")
     import dask
     from distributed import Nanny, Scheduler, SpecCluster
@@ -443,7 +472,8 @@ def local_cluster(n_workers: int | None = None, *, gpu: bool = False, dashboard:
                                                          "resources": {ENGINE_RESOURCE: 1},
                                                          "silence_logs": logging.WARNING}}
     with dask.config.set({"distributed.worker.multiprocessing-method": "spawn",
-                          "distributed.scheduler.worker-ttl": None, **(QUIET_WORKER if quiet else {})}):
+                          "distributed.scheduler.worker-ttl": None,
+                          **({**QUIET_WORKER, **MALLOC_UNSET} if quiet else {})}):
         cluster = SpecCluster(workers=specs, scheduler={"cls": Scheduler, "options": {
             "dashboard_address": ":0" if dashboard else None, "dashboard": dashboard}},
             silence_logs=logging.WARNING, name="engram-numba")

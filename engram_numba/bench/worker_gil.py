@@ -1,6 +1,7 @@
 """What a Dask worker's side work costs a host-bound driver thread: the GIL, measured on the CPU.
 
-    python -m engram_numba.bench.worker_gil [--seconds 4] [--chunks 16] [--dask] [--out gil.json]
+    python -m engram_numba.bench.worker_gil [--seconds 4] [--chunks 16] [--dask] [--malloc] [--corpus 4]
+                                             [--no-side] [--out gil.json]
 
 `corpus_stats` with device tables is bound by its host thread (Python that launches kernels and
 waits on the device: many short calls that release the GIL), so whatever else the process runs
@@ -16,6 +17,11 @@ the GIL). Each is measured alone, then beside each piece of work a worker runs n
 - with `--dask`: the driver and probe as a task on a one-worker Dask cluster as the Dask driver
   starts it (`local_cluster`), and with Dask's defaults (statistical profiler every 10 ms, event
   loop ticks, monitors), against the same in this process.
+
+Each side load's GIL is also measured directly (`gil_held`: a spinning Python thread's schedstat).
+`--malloc`: one shard's reduction in fresh processes, plain and with the malloc setting Dask's
+nanny gives its workers (page faults, CPU). `--corpus N`: N shards of the tiny model on the cpu
+backend, in process and as the tasks of one Dask worker (seconds, CPU seconds by thread).
 
 The state is one shard of `chunks` 4096-token chunks reduced at the released shapes (two tables of
 384M rows: 48 MB row bitmaps, the context tables), as `bench.shard_state` builds it. The figures
@@ -198,6 +204,11 @@ def thread_cpu() -> dict:
         name = names.get(int(tid), "native")           # numba / OpenMP / libuv threads Python does not know
         out[name] = out.get(name, 0.0) + (int(fields[11]) + int(fields[12])) / tick
     out["process"] = time.process_time()
+    try:
+        import resource
+        out["minor_faults"] = float(resource.getrusage(resource.RUSAGE_SELF).ru_minflt)   # pages faulted in
+    except ImportError:                                # not on this platform
+        pass
     return out
 
 
@@ -220,13 +231,13 @@ def cpu_diff(a: dict, b: dict, per: float = 1.0) -> dict:
     """CPU seconds between two thread_cpu() readings by thread kind (`thread_kind`), divided by `per`.
     Threads that started and ended in between (a corpus_stats call's producer, reducer and
     statistics pool) are not listed by the system any more: their CPU is "ended" (the process's
-    CPU less every listed thread's)."""
+    CPU less every listed thread's). "minor_faults": the process's page faults (a count, not seconds)."""
     out: dict = {}
     for name in set(a) | set(b):
         k = thread_kind(name)
         out[k] = out.get(k, 0.0) + (b.get(name, 0.0) - a.get(name, 0.0)) / per
     if "process" in out:
-        out["ended"] = out["process"] - sum(v for k, v in out.items() if k != "process")
+        out["ended"] = out["process"] - sum(v for k, v in out.items() if k not in ("process", "minor_faults"))
     return {k: round(v, 4) for k, v in sorted(out.items())}
 
 
@@ -371,6 +382,44 @@ def corpus_run(n_shards: int = 4, shard_tokens: int = 4096, log=print, seed: int
     return res
 
 
+_MALLOC_CHILD = """
+import json, os, resource, sys, time
+from engram_numba.analysis.distributed import _malloc_as_a_process
+from engram_numba.bench.worker_gil import shard_state
+if os.environ.get("ENGRAM_MALLOPT"):
+    _malloc_as_a_process()
+shard_state(2)
+r0, t0 = resource.getrusage(resource.RUSAGE_SELF), time.perf_counter()
+shard_state(int(sys.argv[1]))
+r1 = resource.getrusage(resource.RUSAGE_SELF)
+print(json.dumps({"minor_faults": r1.ru_minflt - r0.ru_minflt, "user_s": round(r1.ru_utime - r0.ru_utime, 3),
+                  "sys_s": round(r1.ru_stime - r0.ru_stime, 3), "wall_s": round(time.perf_counter() - t0, 3)}))
+"""
+
+
+def malloc_run(n_chunks: int = 16, reps: int = 2, log=print) -> dict:
+    """One shard's reduction at the released shapes (`shard_state`) in fresh processes: as a plain
+    process, with the MALLOC_TRIM_THRESHOLD_=65536 Dask's nanny gives its workers, and with that
+    plus `_malloc_as_a_process` (what a worker does when it builds its engine). Page faults and
+    CPU seconds (the minimum over `reps`): contention on the machine does not change the faults."""
+    import subprocess
+    root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    base = {k: v for k, v in os.environ.items() if k not in ("MALLOC_TRIM_THRESHOLD_", "ENGRAM_MALLOPT")}
+    base["PYTHONPATH"] = root + os.pathsep + base.get("PYTHONPATH", "")
+    variants = {"plain process": {}, "MALLOC_TRIM_THRESHOLD_=65536 (Dask's nanny)": {"MALLOC_TRIM_THRESHOLD_": "65536"},
+                "the same, then _malloc_as_a_process": {"MALLOC_TRIM_THRESHOLD_": "65536", "ENGRAM_MALLOPT": "1"}}
+    out = {}
+    for _ in range(reps):
+        for name, env in variants.items():
+            p = subprocess.run([sys.executable, "-c", _MALLOC_CHILD, str(n_chunks)], env={**base, **env},
+                               capture_output=True, text=True, check=True)
+            r = json.loads(p.stdout.strip().splitlines()[-1])
+            out[name] = r if name not in out else {k: min(out[name][k], r[k]) for k in r}
+    for name, r in out.items():
+        log(f"  {name:45s} {r['minor_faults']:>9,} page faults, {r['user_s']:.2f} s user, {r['sys_s']:.2f} s system")
+    return out
+
+
 def main(argv=None) -> int:
     import argparse
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -381,6 +430,8 @@ def main(argv=None) -> int:
     p.add_argument("--switch-interval", type=float, default=None, help="sys.setswitchinterval for this run (s)")
     p.add_argument("--dask", action="store_true", help="also the driver as a task on a one-worker Dask cluster")
     p.add_argument("--no-side", action="store_true", help="skip the side loads (part file, merge, pickle)")
+    p.add_argument("--malloc", action="store_true",
+                   help="also: one shard's reduction in fresh processes with and without Dask's malloc setting")
     p.add_argument("--corpus", type=int, default=0, metavar="SHARDS",
                    help="also: this many shards of the tiny model (cpu backend), in process and on one Dask worker")
     p.add_argument("--out", default=None, help="write the result JSON here")
@@ -389,6 +440,8 @@ def main(argv=None) -> int:
     if args.switch_interval is not None:
         sys.setswitchinterval(args.switch_interval)
     res = run(args.seconds, args.chunks, args.dask, not args.no_side, launches=args.launches, wait_us=args.wait_us)
+    if args.malloc:
+        res["malloc"] = malloc_run(args.chunks)
     if args.corpus:
         res["corpus"] = corpus_run(args.corpus)
     res.update({"commit": commit(), "switch_interval": sys.getswitchinterval(), "cpus": os.cpu_count()})
