@@ -266,7 +266,8 @@ def in_dask(seconds: float, quiet: bool, kw: dict) -> dict:
 
 def run(seconds: float = 4.0, n_chunks: int = 16, dask_runs: bool = False, side: bool = True, log=print,
         **kw) -> dict:
-    from ..analysis.partfile import PartialStats, write_part
+    """The driver alone and beside each side load (side=False: alone only), its GIL seconds, and
+    with dask_runs the driver as a Dask task (quiet settings, then Dask's defaults)."""
     out = {"seconds": seconds, "chunks": n_chunks, "driver": kw, "runs": {}}
     res = out["runs"]
     if not side:
