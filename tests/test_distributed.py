@@ -125,6 +125,19 @@ def test_without_dask_the_api_and_the_flags_say_how_to_install_it(tmp_path, monk
         dist.distributed_corpus_stats(TINY_PATH, tmp_path / "c.txt", out=tmp_path / "o", continuous=True)
 
 
+def test_a_worker_started_with_dasks_malloc_trim_gets_glibcs_thresholds(monkeypatch):
+    """Dask's nanny sets MALLOC_TRIM_THRESHOLD_, which pins glibc's mmap threshold at 128 KB (every
+    chunk's temporaries faulted in afresh): a worker that has it set raises the thresholds when it
+    builds its engine; one without it is left alone."""
+    monkeypatch.delenv("MALLOC_TRIM_THRESHOLD_", raising=False)
+    assert dist._malloc_as_a_process() is False
+    monkeypatch.setenv("MALLOC_TRIM_THRESHOLD_", "65536")
+    import platform
+    if not (os.uname().sysname == "Linux" and platform.libc_ver()[0] == "glibc"):
+        pytest.skip("mallopt is glibc's")
+    assert dist._malloc_as_a_process() is True
+
+
 # On a LocalCluster ---------------------------------------------------------------------------------
 
 @pytest.fixture(scope="module")
@@ -152,6 +165,23 @@ def study(tmp_path_factory, model):
     return root, corpus_stats(model, root, backend="cpu")
 
 
+def _fake_profiler(dask_worker=None, check=False):
+    """On a worker: stand-ins for Dask's profiler callbacks, running (check=True: are they running?
+    then removed)."""
+    from tornado.ioloop import PeriodicCallback
+    pcs = dask_worker.periodic_callbacks
+    if check:
+        ok = all(pcs[k].is_running() for k in ("profile", "profile-cycle"))
+        for k in ("profile", "profile-cycle"):
+            pcs.pop(k).stop()
+        return ok
+    for k in ("profile", "profile-cycle"):
+        if k not in pcs:
+            pcs[k] = PeriodicCallback(lambda: None, 10_000)
+            pcs[k].start()
+    return True
+
+
 @pytest.mark.slow
 def test_two_cpu_workers_give_the_one_process_statistics_and_resume(tmp_path, client, study, model):
     root, want = study
@@ -162,6 +192,10 @@ def test_two_cpu_workers_give_the_one_process_statistics_and_resume(tmp_path, cl
     n = summary["shards"]
     assert n >= 4 and summary["computed"] == n and summary["tokens"] == want.n_tokens
     assert summary["workers"] == 2 and sum(w["tokens"] for w in summary["per_worker"].values()) == want.n_tokens
+    assert [d["shard"] for d in summary["per_shard"]] == list(range(n))
+    assert sum(d["tokens"] for d in summary["per_shard"]) == want.n_tokens
+    assert all(d["seconds"] > 0 and d["timing"]["wall_s"] > 0 and d["worker"] in summary["per_worker"]
+               for d in summary["per_shard"])
     parts = sorted((out / "parts").glob("shard-*.npz"))
     assert len(parts) == n and (out / "parts" / "plan.json").is_file()
     # a worker that died after sending a shard's statistics but before writing its part file: the
@@ -178,7 +212,16 @@ def test_two_cpu_workers_give_the_one_process_statistics_and_resume(tmp_path, cl
     # an interrupted run: two shards' files missing; the rerun computes just those two
     parts[1].unlink()
     parts[-1].unlink()
+    # the clusters local_cluster starts run without Dask's statistical profiler; on a cluster given to
+    # the run a running profiler is stopped for the run (it took the GIL from every shard) and started again
+    assert not any(client.run(lambda dask_worker: "profile" in dask_worker.periodic_callbacks).values())
+    assert not any(client.run(lambda: os.environ.get("MALLOC_TRIM_THRESHOLD_")).values())   # malloc as in process
+    client.run(_fake_profiler)
+    assert all(client.run(dist._quiet_workers).values())          # stops them, says they were running
+    assert not any(client.run(lambda dask_worker: dask_worker.periodic_callbacks["profile"].is_running()).values())
+    client.run(dist._quiet_workers, start=True)
     again = dist.distributed_corpus_stats(TINY_PATH, root, out=out, client=client, shard_bytes=600, progress=False)
+    assert all(client.run(_fake_profiler, check=True).values())
     assert again.meta["distributed"]["computed"] == 2 and again.meta["distributed"]["skipped"] == n - 2
     assert_same_stats(want, again)
     # refused by name: a corrupt file, a file of another shard, another study in the same folder

@@ -134,3 +134,33 @@ def test_part_files_of_both_formats_read_back_and_damaged_ones_are_refused_by_en
     with pytest.raises(StatisticsFileError, match="part file format 9"):
         pf.read_part(bad)
     assert isinstance(StreamingGateStats.load(p2), StreamingGateStats)       # the statistics inside stay readable
+
+
+@pytest.mark.parametrize("level", [None, 1])
+def test_write_npy_writes_the_bytes_numpy_writes(tmp_path, level, monkeypatch):
+    """Part files and statistics files write their members with `write_npy` (the data handed to the
+    zip in slices of the array's own memory, not copied into bytes under the GIL): every member is
+    byte for byte what numpy's write_array gives, strided, Fortran-ordered, 0-d, empty and
+    multi-slice arrays included."""
+    from engram_numba.formats import npz
+    monkeypatch.setattr(npz, "WRITE_SLICE", 1000)          # several slices, and one cut mid-element
+    rng = np.random.default_rng(3)
+    rec = rng.integers(-2**40, 2**40, (301, 11))
+    arrays = {"c": rec, "cols": rec[:, 2:5], "col": rec[:, 3], "g": rec[:, 3:].reshape(-1, 2, 4),
+              "f": np.asfortranarray(rng.random((7, 9))), "s": np.array('{"a": [1, 2]}'), "e": np.zeros((3, 0)),
+              "u8": rng.integers(0, 255, 5003).astype(np.uint8), "b": rng.random(17) > 0.5, "x": np.float32(2.5)}
+    mode = zipfile.ZIP_STORED if level is None else zipfile.ZIP_DEFLATED
+    for name, a in arrays.items():
+        paths = []
+        for k, write in enumerate((lambda f, a: np.lib.format.write_array(f, np.asanyarray(a), allow_pickle=False),
+                                   npz.write_npy)):
+            p = tmp_path / f"{name}{k}.npz"
+            with zipfile.ZipFile(p, "w", mode, compresslevel=level) as zf:
+                with zf.open("m.npy", "w", force_zip64=True) as f:
+                    write(f, a)
+            paths.append(p)
+        got = [zipfile.ZipFile(p).read("m.npy") for p in paths]
+        assert got[0] == got[1], name
+        np.testing.assert_array_equal(np.load(paths[1])["m"], a)
+    with open(tmp_path / "o.npy", "wb") as f, pytest.raises(ValueError, match="object"):
+        npz.write_npy(f, np.array([None, 1], dtype=object))

@@ -51,6 +51,7 @@ import json
 import logging
 import os
 import socket
+import sys
 import threading
 import time
 import warnings
@@ -67,8 +68,35 @@ DISTRIBUTED_EXTRA = "pip install 'engram-numba[distributed]'  (dask and distribu
 PARTS = "parts"
 PART_VERSION = 1                    # what a partial result means (model, settings, shard); its file format: partfile
 DEFAULT_DOCS_PER_SHARD = 256        # in-memory documents per shard
-WRITER_THREADS = 2                  # partial files written side by side, beside the next shard
+WRITER_THREADS = 1                  # one part file at a time, beside the next shard (a write is ~5% of a shard)
 ENGINE_RESOURCE = "engram"          # a worker's pipeline: shard tasks take it, merges run beside
+
+# What a worker process runs beside its shards, cut down. With device tables a shard is bound by its
+# host thread, and anything else holding the GIL comes off its throughput: Dask's statistical
+# profiler walks the running task's stack every 10 ms on the event loop (the dashboard's profile
+# page), the event loop checks its own health every 20 ms and samples the process every 100 and
+# 500 ms. The clusters this module starts use these settings; on a cluster given to it the run
+# stops the workers' profiler while it runs (`_quiet_workers`) and starts it again after.
+QUIET_WORKER = {
+    "distributed.worker.profile.enabled": False,
+    "distributed.admin.system-monitor.gil.enabled": False,      # polls the GIL every 1 ms when gilknocker is there
+    "distributed.admin.tick.interval": "200ms",
+    "distributed.admin.system-monitor.interval": "2s",
+    "distributed.worker.memory.monitor-interval": "500ms",
+}
+_PROFILER_CALLBACKS = ("profile", "profile-cycle")
+
+# Dask's nanny starts workers with MALLOC_TRIM_THRESHOLD_=65536 (to hand freed memory back to the
+# system at once). Setting it turns off glibc's sliding mmap threshold: every allocation over
+# 128 KB is then a fresh mmap, zero-filled page by page, and unmapped when freed, so each chunk's
+# temporaries (ids, windows, gates, the reduction's scratch) fault their pages in again: the
+# reduction of a shard took 4.5x the page faults and twice the system CPU of the same work in a
+# plain process. The clusters this module starts leave it unset; a worker started with it (a
+# `dask worker` of a cluster given to the run) gets glibc's own upper thresholds through mallopt
+# when it builds its engine (`_malloc_as_a_process`).
+MALLOC_UNSET = {"distributed.nanny.pre-spawn-environ.MALLOC_TRIM_THRESHOLD_": None}
+MMAP_THRESHOLD = 32 << 20           # glibc's sliding threshold's ceiling on 64-bit hosts
+TRIM_THRESHOLD = 64 << 20           # where it puts the trim threshold then (twice the mmap one)
 
 
 def require_distributed(what: str = "running on Dask"):
@@ -151,6 +179,19 @@ _RESIDENT: dict = {}                 # in each worker process: key -> _Resident
 _RESIDENT_LOCK = threading.Lock()
 
 
+def _malloc_as_a_process() -> bool:
+    """In a worker started with MALLOC_TRIM_THRESHOLD_ set (MALLOC_UNSET): glibc's mmap and trim
+    thresholds where its sliding threshold ends up in a plain process. Returns whether it did."""
+    if not os.environ.get("MALLOC_TRIM_THRESHOLD_") or not sys.platform.startswith("linux"):
+        return False
+    try:
+        import ctypes
+        libc = ctypes.CDLL("libc.so.6")
+        return bool(libc.mallopt(-3, MMAP_THRESHOLD)) and bool(libc.mallopt(-1, TRIM_THRESHOLD))   # M_MMAP_, M_TRIM_
+    except (OSError, AttributeError):       # not glibc
+        return False
+
+
 def resident(source, settings: dict) -> _Resident:
     """This process's opened model and engine for `source` and these settings (built once)."""
     key = (source.key, json.dumps(_jsonable({k: settings.get(k) for k in
@@ -162,6 +203,8 @@ def resident(source, settings: dict) -> _Resident:
             return r
         from ..pipeline import Pipeline
         from ..text import NoTokenizerError, tokenizer_for
+        if not _RESIDENT:
+            _malloc_as_a_process()
         t0 = time.perf_counter()
         model, engine = source.open(settings)
         pipe = Pipeline(model, settings["backend"], residual=settings["residual"],
@@ -273,8 +316,9 @@ def run_shard(shard: Shard, documents, source, settings: dict, out, identity: di
     st.tokenizer = None
     st.meta["corpus"] = shard.name
     st.meta["partial"] = _expected(identity, settings, shard)
+    timing = st.meta.get("timing", {})
     st.meta["shard_run"] = {"shard": shard.index, "worker": _worker_name(), "seconds": time.perf_counter() - t0,
-                            "tokens": st.n_tokens}
+                            "tokens": st.n_tokens, "timing": {k: timing[k] for k in sorted(timing)}}
     if out is not None:
         _write_later(st, part_path(out, shard.index))
     return PartialStats.later(st)
@@ -353,6 +397,21 @@ def _visible(path: str) -> bool:
     return os.path.isdir(path) and os.access(path, os.W_OK)
 
 
+def _quiet_workers(dask_worker=None, start: bool = False) -> bool:
+    """On a worker (client.run): stop its statistical profiler (start=True: start it again).
+    Returns whether it was running (start=False) or was started (start=True)."""
+    pcs = [dask_worker.periodic_callbacks.get(k) for k in _PROFILER_CALLBACKS] if dask_worker is not None else []
+    pcs = [pc for pc in pcs if pc is not None]
+    if start:
+        for pc in pcs:
+            pc.start()
+        return bool(pcs)
+    running = any(pc.is_running() for pc in pcs)
+    for pc in pcs:
+        pc.stop()
+    return running
+
+
 # Clusters ----------------------------------------------------------------------------------------
 
 def visible_gpus() -> list[str]:
@@ -380,11 +439,14 @@ def uses_gpu(backend) -> bool:
     return "cuda" in stages
 
 
-def local_cluster(n_workers: int | None = None, *, gpu: bool = False, dashboard: bool = True, gpus=None):
+def local_cluster(n_workers: int | None = None, *, gpu: bool = False, dashboard: bool = True, gpus=None,
+                  quiet: bool = True):
     """A Dask cluster on this host: one worker process per GPU (gpu=True; n_workers > GPUs puts
     several on each, round robin; each sees only its own GPU through CUDA_VISIBLE_DEVICES), or
     n_workers CPU workers sharing the cores. Workers are spawned processes (never forked, so no
-    CUDA context or OpenMP pool is inherited), each running one shard at a time with merges beside."""
+    CUDA context or OpenMP pool is inherited), each running one shard at a time with merges beside,
+    with `QUIET_WORKER`'s settings and malloc as in a plain process (`MALLOC_UNSET`; quiet=False:
+    Dask's defaults, to measure what they cost)."""
     distributed = require_distributed("a local cluster")
     import dask
     from distributed import Nanny, Scheduler, SpecCluster
@@ -410,7 +472,8 @@ def local_cluster(n_workers: int | None = None, *, gpu: bool = False, dashboard:
                                                          "resources": {ENGINE_RESOURCE: 1},
                                                          "silence_logs": logging.WARNING}}
     with dask.config.set({"distributed.worker.multiprocessing-method": "spawn",
-                          "distributed.scheduler.worker-ttl": None}):
+                          "distributed.scheduler.worker-ttl": None,
+                          **({**QUIET_WORKER, **MALLOC_UNSET} if quiet else {})}):
         cluster = SpecCluster(workers=specs, scheduler={"cls": Scheduler, "options": {
             "dashboard_address": ":0" if dashboard else None, "dashboard": dashboard}},
             silence_logs=logging.WARNING, name="engram-numba")
@@ -430,6 +493,7 @@ class RunSummary:
     wall_s: float = 0.0
     dashboard: str | None = None
     per_worker: dict = dc_field(default_factory=dict)
+    per_shard: list = dc_field(default_factory=list)   # computed shards: index, worker, seconds, tokens, stage times
     tail_merges_s: float = 0.0      # after the last shard's statistics arrived: the merges left and the transfer
     tail_parts_s: float = 0.0       # then waiting for the part files still being written
     tail_finalize_s: float = 0.0    # then the merged state's context tables filled on the client
@@ -440,6 +504,7 @@ class RunSummary:
                 "tokens": self.tokens, "wall_s": round(self.wall_s, 3),
                 "tokens_per_s": round(self.tokens / self.wall_s, 1) if self.wall_s > 0 else None,
                 "dashboard": self.dashboard, "per_worker": self.per_worker,
+                "per_shard": sorted(self.per_shard, key=lambda d: d["shard"]),
                 "tail_merges_s": round(self.tail_merges_s, 3), "tail_parts_s": round(self.tail_parts_s, 3),
                 "tail_finalize_s": round(self.tail_finalize_s, 3), "rewritten": self.rewritten}
 
@@ -615,6 +680,7 @@ def distributed_corpus_stats(model, corpus=None, *, documents=None, out, client=
     else:
         owned_client = False
     summary = RunSummary(shards=len(plan), skipped=len(done), computed=len(plan) - len(done))
+    profiling = {}
     try:
         info = client.scheduler_info()
         summary.workers = len(info.get("workers", {}))
@@ -626,6 +692,7 @@ def distributed_corpus_stats(model, corpus=None, *, documents=None, out, client=
         if blind:
             raise ValueError(f"the output folder {out} is not writable at that path on worker(s) "
                              f"{', '.join(map(str, blind[:4]))}: give a folder on a file system every worker shares")
+        profiling = client.run(_quiet_workers)         # the profiler takes the GIL from the shards every 10 ms
         every = [w.get("resources", {}).get(ENGINE_RESOURCE, 0) >= 1 for w in info.get("workers", {}).values()]
         res = {ENGINE_RESOURCE: 1} if every and all(every) else None
         t0 = time.perf_counter()
@@ -662,6 +729,9 @@ def distributed_corpus_stats(model, corpus=None, *, documents=None, out, client=
                 w["tokens"] += int(inf["tokens"])
                 w["busy_s"] += float(inf["seconds"])
                 w["tokens_per_s"] = w["tokens"] / w["busy_s"] if w["busy_s"] > 0 else 0.0
+                summary.per_shard.append({"shard": int(inf["shard"]), "worker": inf["worker"],
+                                          "seconds": round(float(inf["seconds"]), 3), "tokens": int(inf["tokens"]),
+                                          "timing": inf.get("timing", {})})
                 summary.tokens += int(inf["tokens"])
                 if bar is not None:
                     el = time.perf_counter() - t0
@@ -688,6 +758,12 @@ def distributed_corpus_stats(model, corpus=None, *, documents=None, out, client=
             w["busy_s"] = round(w["busy_s"], 3)
             w["tokens_per_s"] = round(w["tokens_per_s"], 1)
     finally:
+        again = [w for w, was in profiling.items() if was]
+        if again and own is None:                      # a cluster we did not start: as it was
+            try:
+                client.run(_quiet_workers, start=True, workers=again)
+            except Exception:  # noqa: BLE001 - a worker gone since: nothing to start again
+                pass
         if owned_client:
             client.close()
         if own is not None:

@@ -42,6 +42,7 @@ from pathlib import Path
 import numpy as np
 from numba import njit
 
+from ..formats.npz import write_npy
 from .context_table import ContextTable
 from .stats_file import StatisticsFileError
 from .streaming import StreamingGateStats
@@ -51,6 +52,15 @@ RAW_FRACTION = 0.4        # a bitmap whose non-zero bytes are more than this fra
 
 
 # Row bitmaps as the gaps between their non-zero bytes ----------------------------------------------
+
+@njit(cache=True, nogil=True)
+def _count_nonzero(bitmap):  # pragma: no cover - jitted
+    """np.count_nonzero without the GIL (a 48 MB bitmap: several ms other threads would wait)."""
+    n = 0
+    for i in range(bitmap.size):
+        n += bitmap[i] != 0
+    return n
+
 
 @njit(cache=True, nogil=True)
 def _encode_gaps(bitmap, gaps, values):  # pragma: no cover - jitted
@@ -106,7 +116,7 @@ def _decode_gaps(gaps, values, out):  # pragma: no cover - jitted
 def encode_bitmap(bitmap: np.ndarray) -> dict:
     """{"encoding": "gaps", "gaps": uint8[], "bytes": uint8[]} or {"encoding": "raw", "raw": bitmap}."""
     bitmap = np.ascontiguousarray(bitmap, dtype=np.uint8)
-    nnz = int(np.count_nonzero(bitmap))
+    nnz = int(_count_nonzero(bitmap))
     if nnz > RAW_FRACTION * bitmap.size:
         return {"encoding": "raw", "raw": bitmap}
     per_gap = max(1, -(-int(bitmap.size).bit_length() // 7))     # varint bytes of the largest possible gap
@@ -170,7 +180,7 @@ def write_part(st: StreamingGateStats, path) -> dict:
                     entries[f"rows{li}_gaps"], entries[f"rows{li}_bytes"] = r["gaps"], r["bytes"]
             for name, a in entries.items():
                 with zf.open(name + ".npy", "w", force_zip64=True) as f:
-                    np.lib.format.write_array(f, np.asanyarray(a), allow_pickle=False)
+                    write_npy(f, a)
         with open(tmp, "rb+") as f:
             os.fsync(f.fileno())
         os.replace(tmp, path)

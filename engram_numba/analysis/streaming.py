@@ -642,10 +642,12 @@ class StreamingGateStats:
             np.savez_compressed(path, __state__=np.array(json.dumps(head)), **arrays)
             return
         import zipfile
+
+        from ..formats.npz import write_npy
         with zipfile.ZipFile(path, "w", zipfile.ZIP_DEFLATED, compresslevel=int(compresslevel)) as zf:
             for name, a in {"__state__": np.array(json.dumps(head)), **arrays}.items():
                 with zf.open(name + ".npy", "w", force_zip64=True) as f:
-                    np.lib.format.write_array(f, np.asanyarray(a), allow_pickle=False)
+                    write_npy(f, a)                 # write_array's bytes, the data written without the GIL
 
     @classmethod
     def load(cls, path) -> "StreamingGateStats":

@@ -197,6 +197,7 @@ class BenchSource:
         eng = EngramV41(model, max_tokens=self.chunk, device_tables=False)
         for lid in model.config.layer_ids:            # the same bytes as the in-process run's tables
             eng.layers[lid].table = _fill_device_table(model.layers[lid].n_rows, model.layers[lid].table.block, cuda)
+            eng.layers[lid].placement = "device"
         return model, eng
 
 
@@ -204,6 +205,11 @@ def _shards_of(docs, shard_tokens: int) -> int:
     """Documents per shard for shards of about `shard_tokens` tokens (documents are never split)."""
     mean = sum(int(d.size) for d in docs) / max(len(docs), 1)
     return max(1, int(round(shard_tokens / max(mean, 1.0))))
+
+
+def _dask_name(dask_worker=None) -> str:
+    """On a worker (client.run): its name as the run summary gives it."""
+    return str(dask_worker.name if dask_worker.name is not None else dask_worker.address)
 
 
 def _network_bytes(dist, out, plan_docs) -> dict:
@@ -263,6 +269,18 @@ def run_distributed(model, eng, docs, shape: BenchShape, rows_per_col: int, chun
     wall_in = st.meta["timing"]["wall_s"]
     tps_in = st.n_tokens / wall_in
     log(f"  in process: {st.n_tokens:,} tokens, {tps_in:,.0f} tokens/s")
+    per = docs_per_shard or _shards_of(docs, shard_tokens)
+    from .worker_gil import cpu_diff, thread_cpu
+    same = []                       # in process again, shard by shard: the tasks' own baseline
+    cpu0 = thread_cpu()
+    for a in range(0, len(docs), per):
+        sst = corpus_stats(model, documents=docs[a:a + per], engine=eng, device_highway=synth.device, **kw)
+        same.append({"shard": len(same), "seconds": round(sst.meta["timing"]["wall_s"], 3), "tokens": sst.n_tokens,
+                     "timing": sst.meta["timing"]})
+    tps_same = sum(d["tokens"] for d in same) / max(sum(d["seconds"] for d in same), 1e-9)
+    cpu_same = cpu_diff(cpu0, thread_cpu(), sum(d["tokens"] for d in same) / 1e6)     # CPU s a million tokens
+    log(f"  in process, shard by shard: {tps_same:,.0f} tokens/s; per shard "
+        + ", ".join(f"{d['seconds']:.2f} s" for d in same))
     for lid in cfg.layer_ids:
         eng.layers[lid].table = None
     del synth, eng
@@ -274,7 +292,6 @@ def run_distributed(model, eng, docs, shape: BenchShape, rows_per_col: int, chun
     source = BenchSource(shape.name, rows_per_col, chunk)
     settings = dist._settings("cuda", chunk, None, "text", "line", None, True, 20, dist.DEFAULT_MAX_CONTEXTS, True,
                               True, "fp32", None)
-    per = docs_per_shard or _shards_of(docs, shard_tokens)
     task_bytes = int(np.mean([len(pickle.dumps((None, docs[a:a + per], source, settings, "/out", {"sha256": "0" * 64}),
                                                protocol=5)) for a in range(0, len(docs), per)]))
     t0 = time.perf_counter()
@@ -300,12 +317,18 @@ def run_distributed(model, eng, docs, shape: BenchShape, rows_per_col: int, chun
                 deadline = time.time() + 120
                 while len(client.scheduler_info()["workers"]) != n and time.time() < deadline:
                     time.sleep(0.2)
+            cpu0 = client.run(thread_cpu)
             with tempfile.TemporaryDirectory() as out:
                 got = dist.distributed_corpus_stats(source, documents=docs, docs_per_shard=per, out=out,
                                                     client=client, progress=False, log=lambda *a: None, **kw)
                 if not network:
                     network = _network_bytes(dist, out, task_bytes)
             sm = got.meta["distributed"]
+            cpu1 = client.run(thread_cpu)
+            names = client.run(_dask_name)
+            cpu_workers = {names.get(a, a): cpu_diff(cpu0[a], cpu1[a], max(sm["per_worker"].get(names.get(a, a), {})
+                                                                             .get("tokens", 0), 1) / 1e6)
+                           for a in cpu0 if a in cpu1}
             busy = sum(w["busy_s"] for w in sm["per_worker"].values())
             in_task = sm["tokens"] / busy * len(sm["per_worker"]) if busy else 0.0
             mine = [builds[w] for w in sm["per_worker"] if w in builds]
@@ -320,6 +343,10 @@ def run_distributed(model, eng, docs, shape: BenchShape, rows_per_col: int, chun
                    "ratio_to_in_process": round(sm["tokens_per_s"] / tps_in, 3),
                    "in_task_tokens_per_s": round(in_task, 1),
                    "in_task_ratio_to_in_process": round(in_task / tps_in, 3),
+                   "in_process_same_shards_tokens_per_s": round(tps_same, 1),
+                   "in_task_ratio_to_same_shards": round(in_task / tps_same, 3),
+                   "per_shard": sm["per_shard"], "in_process_per_shard": same,
+                   "cpu_s_per_million_tokens": {"in_process_same_shards": cpu_same, "workers": cpu_workers},
                    "with_startup_tokens_per_s": round(with_start, 1),
                    "with_startup_ratio_to_in_process": round(with_start / in_with_start, 3),
                    "startup_s": {"cluster": round(started, 2), "workers": {w: builds[w] for w in sm["per_worker"]
@@ -343,6 +370,11 @@ def run_distributed(model, eng, docs, shape: BenchShape, rows_per_col: int, chun
                 f"{in_task:,.0f} tokens/s inside the tasks (x{rec['in_task_ratio_to_in_process']:.3f}), "
                 f"x{rec['with_startup_ratio_to_in_process']:.3f} with start-up on both sides; same statistics: "
                 f"{rec['validated']}")
+            log("    per shard (task s / in process s; stage seconds in the task): " + "; ".join(
+                f"{d['shard']}: {d['seconds']:.2f}/{same[d['shard']]['seconds']:.2f} "
+                + " ".join(f"{k[:-2]} {v:.2f}" for k, v in d["timing"].items())
+                for d in sm["per_shard"] if d["shard"] < len(same)))
+            log(f"    CPU seconds a million tokens by thread: in process {cpu_same}; workers {cpu_workers}")
         log(f"  per shard over the network: {network}")
     finally:
         client.close()
