@@ -732,9 +732,9 @@ def _make_gemv7(warps: int, units: int, blocks_per_sm: int):
 #     registers when one warp holds all six (team 1), else through shared memory (two buffers, one
 #     barrier an item).
 
-V8_TEAM = 2                  # warps a block: 3 shares each
-V8_STAGES = 3                # unit slots a warp: 2 units in flight while one is decoded
-V8_BLOCKS_PER_SM = 12        # the register bound (85 a thread) and 21 KB of shared memory a block
+V8_TEAM = 1                  # warps a block: one warp sums all 6 shares of its item, in registers
+V8_STAGES = 3                # unit slots a warp: 2 units in flight while it decodes a third
+V8_BLOCKS_PER_SM = 16        # the register bound (128 a thread); 9 KB of slots a block
 SIM_PERSISTENT_BLOCKS = 2    # the simulator's "SM count x blocks an SM": several items a block
 
 
@@ -766,13 +766,15 @@ def _cp_job(sm, off, w32, base16, lane, g, ok):
 def _unit8(c0, c1, c2, c3, e0, e1, e2, e3, sm, q, x32, xv, KB, blk0, ok_x, bias, magic, scratch):
     """v7's `_unit7` on the unit in a shared-memory slot (q: the lane's 16-byte index of chunk 0),
     loading one block's words at a time; the second block only inside K on the GPU."""
-    s0, s1, s2, s3 = load_u32x4(sm, q + 128)
-    d0, d1, d2, d3 = load_u32x4(sm, q + 160)
+    s0, s1, _, _ = load_u32x4(sm, q + 128)
+    d0, d1, _, _ = load_u32x4(sm, q + 160)
     a0, a1, a2, a3 = load_u32x4(sm, q)
     b0, b1, b2, b3 = load_u32x4(sm, q + 32)
     c0, c1, c2, c3, e0, e1, e2, e3 = _block7(c0, c1, c2, c3, e0, e1, e2, e3, a0, a1, a2, a3, b0, b1, b2, b3,
                                              s0, s1, d0, d1, x32, xv, ok_x and blk0 < KB, bias, magic, scratch)
     if SIMULATOR or blk0 + 1 < KB:
+        _, _, s2, s3 = load_u32x4(sm, q + 128)         # the second block's scale and d/dmin words, now
+        _, _, d2, d3 = load_u32x4(sm, q + 160)
         a0, a1, a2, a3 = load_u32x4(sm, q + 64)
         b0, b1, b2, b3 = load_u32x4(sm, q + 96)
         c0, c1, c2, c3, e0, e1, e2, e3 = _block7(c0, c1, c2, c3, e0, e1, e2, e3, a0, a1, a2, a3, b0, b1, b2, b3,
@@ -782,15 +784,17 @@ def _unit8(c0, c1, c2, c3, e0, e1, e2, e3, sm, q, x32, xv, KB, blk0, ok_x, bias,
 
 
 @device_function(**INLINE)
-def _item_of(j, jpi, b, G, per_layer, NT):
-    """Job j of a warp -> (layer, token group, tile, k: the unit's index in the warp's shares)."""
-    r = j // jpi
-    k = j - r * jpi
-    item = b + r * G
-    layer = item // per_layer
-    rem = item - layer * per_layer
-    grp = rem // NT
-    return layer, grp, rem - grp * NT, k
+def _next_item(layer, grp, tile, G, NT, NG):
+    """(layer, token group, tile) of the item G items on (tile fastest): steps, no division (the
+    steps are few: G is at most the number of items)."""
+    tile += G
+    while tile >= NT:
+        tile -= NT
+        grp += 1
+    while grp >= NG:
+        grp -= NG
+        layer += 1
+    return layer, grp, tile
 
 
 def _make_gemv8(team: int, stages: int, blocks_per_sm: int):
@@ -798,6 +802,10 @@ def _make_gemv8(team: int, stages: int, blocks_per_sm: int):
     or 6) sharing each item's 6 K shares, `stages` unit slots a warp."""
     if 6 % team or stages < 2:
         raise ValueError(f"gemv_q2k_v8 needs a team of 1, 2, 3 or 6 warps and >= 2 stages, got {team}, {stages}")
+    if blocks_per_sm * (v8_shared_bytes(team, stages) + 1024) > SM_SHARED_BYTES:
+        raise ValueError(f"{blocks_per_sm} gemv_q2k_v8 blocks of {team} warps x {stages} slots need "
+                         f"{blocks_per_sm * (v8_shared_bytes(team, stages) + 1024)} bytes of shared memory an SM "
+                         f"(an SM has {SM_SHARED_BYTES})")
     threads = team * 32
     shares = 6 // team                             # K shares a warp
     slot_words = stages * team * CP_SLOT_WORDS
@@ -818,12 +826,12 @@ def _make_gemv8(team: int, stages: int, blocks_per_sm: int):
         KB = K // BLOCK_VALUES
         NU = (K + UNIT_VALUES - 1) // UNIT_VALUES
         NT = (N + TILE_ROWS - 1) // TILE_ROWS
+        NG = (T + V4_TOKENS - 1) // V4_TOKENS
         per = (NU + 5) // 6
         per = (per + 1) // 2 * 2                   # v4's share: units a warp of its 6
         jpi = shares * per                         # unit jobs a warp an item
         u_first = warp * shares * per
-        per_layer = NT * ((T + V4_TOKENS - 1) // V4_TOKENS)
-        items = nlayers * per_layer
+        items = nlayers * NT * NG
         G = cuda.gridDim.x
         b = cuda.blockIdx.x
         J = (max(items - b, 0) + G - 1) // G * jpi  # this warp's jobs: items b, b + G, ...
@@ -833,19 +841,31 @@ def _make_gemv8(team: int, stages: int, blocks_per_sm: int):
         zero = opaque_zero(T)
         bias = np.uint32(SEL_BIAS) + zero
         magic = np.uint32(NIB_MAGIC) + zero
-        for j in range(stages):                    # the ring's first units (empty groups past J)
-            layer, grp, tile, k = _item_of(j, jpi, b, G, per_layer, NT)
-            u = u_first + k
-            _cp_job(sm, ((slot0 + j) * 192 + lane) * 16, w32,
-                    layer * layer16 + (np.int64(tile) * NU + u) * UNIT_CHUNKS, lane, g, j < J and u < NU)
+        # item b = (layer, token group, tile), tile fastest; later items are stepped to, not divided out
+        layer = b // (NT * NG)
+        grp = (b - layer * NT * NG) // NT
+        tile = b - (layer * NG + grp) * NT
+        # the issue cursor runs `stages` jobs ahead of the decode: its item and unit
+        ilayer, igrp, itile, ik = layer, grp, tile, 0
+        for islot in range(stages):                # the ring's first units (empty groups past J)
+            u = u_first + ik
+            _cp_job(sm, ((slot0 + islot) * 192 + lane) * 16, w32,
+                    ilayer * layer16 + (np.int64(itile) * NU + u) * UNIT_CHUNKS, lane, g, islot < J and u < NU)
+            ik += 1
+            if ik == jpi:
+                ik = 0
+                ilayer, igrp, itile = _next_item(ilayer, igrp, itile, G, NT, NG)
         z = float32(0.0)
         c0 = c1 = c2 = c3 = e0 = e1 = e2 = e3 = z
         f0 = f1 = f2 = f3 = z                       # team 1: the item's sum over shares so far
+        k = 0                                      # the decoded unit's index in the warp's shares
+        ku = 0                                     # ... in its share
+        sh = 0                                     # ... the share's index among the warp's
+        slot = 0
+        rb = 0                                     # team > 1: the item's reduction buffer
         for j in range(J):
             wait_oldest()                          # unit j has landed (stages-1 younger in flight)
-            layer, grp, tile, k = _item_of(j, jpi, b, G, per_layer, NT)
             u = u_first + k
-            slot = j % stages
             tok = grp * V4_TOKENS + g
             x32 = x32a if layer == 0 else x32b
             x16 = np.int64(min(tok, T - 1)) * (K >> 3)
@@ -854,25 +874,32 @@ def _make_gemv8(team: int, stages: int, blocks_per_sm: int):
                 c0, c1, c2, c3, e0, e1, e2, e3 = _unit8(c0, c1, c2, c3, e0, e1, e2, e3, sm,
                                                         (slot0 + slot) * 192 + lane, x32, x16 + 32 * blk + xoff,
                                                         KB, blk, tok < T and u < NU, bias, magic, scratch)
-            nj = j + stages                        # the slot is free: the unit `stages` jobs on
-            nlayer, ngrp, ntile, nk = _item_of(nj, jpi, b, G, per_layer, NT)
-            nu = u_first + nk
+            iu = u_first + ik                      # the slot is free: the unit `stages` jobs on
             _cp_job(sm, ((slot0 + slot) * 192 + lane) * 16, w32,
-                    nlayer * layer16 + (np.int64(ntile) * NU + nu) * UNIT_CHUNKS, lane, g, nj < J and nu < NU)
-            if k % per == per - 1:                 # the end of a share: v4's fragment of its warp
+                    ilayer * layer16 + (np.int64(itile) * NU + iu) * UNIT_CHUNKS, lane, g, j + stages < J and iu < NU)
+            ik += 1
+            if ik == jpi:
+                ik = 0
+                ilayer, igrp, itile = _next_item(ilayer, igrp, itile, G, NT, NG)
+            slot = 0 if slot == stages - 1 else slot + 1
+            k += 1
+            ku += 1
+            if ku == per:                          # the end of a share: v4's fragment of its warp
                 if team == 1:
                     f0 += c0 + e0
                     f1 += c1 + e1
                     f2 += c2 + e2
                     f3 += c3 + e3
                 else:
-                    base = (((j // jpi) & 1) * 6 + warp * shares + k // per) * 128 + lane * 4
+                    base = rb + (warp * shares + sh) * 128 + lane * 4
                     red[base] = c0 + e0
                     red[base + 1] = c1 + e1
                     red[base + 2] = c2 + e2
                     red[base + 3] = c3 + e3
                 c0 = c1 = c2 = c3 = e0 = e1 = e2 = e3 = z
-                if k == jpi - 1:                   # the end of the item: its 6 shares in order
+                ku = 0
+                sh += 1
+                if k == jpi:                       # the end of the item: its 6 shares in order
                     out = outa if layer == 0 else outb
                     if team == 1:
                         row = tile * TILE_ROWS + g
@@ -888,7 +915,6 @@ def _make_gemv8(team: int, stages: int, blocks_per_sm: int):
                         f0 = f1 = f2 = f3 = z
                     else:
                         cuda.syncthreads()         # every share's fragment is in red[buffer]
-                        rb = ((j // jpi) & 1) * 6 * 128
                         for el4 in range(tid, 128, threads):
                             s_ = float32(0.0)
                             for s in range(6):
@@ -899,6 +925,10 @@ def _make_gemv8(team: int, stages: int, blocks_per_sm: int):
                             tk = grp * V4_TOKENS + 2 * (el & 3) + (c & 1)
                             if row < N and tk < T:
                                 out[tk, row] = f32_to_bf16_bits(s_)
+                        rb = 768 - rb              # the next item's buffer: no second barrier
+                    k = 0
+                    sh = 0
+                    layer, grp, tile = _next_item(layer, grp, tile, G, NT, NG)
 
     @cuda.jit(**bounds(threads, blocks_per_sm))
     def gemv(x32, w32, out, T, K):
@@ -922,15 +952,27 @@ def _make_gemv8(team: int, stages: int, blocks_per_sm: int):
 
 
 _SM_COUNT = []
+SM_SHARED_BYTES = 228 * 1024      # shared memory an sm_90 SM holds (1 KB of it reserved a block)
+
+
+def v8_shared_bytes(team: int, stages: int) -> int:
+    """Shared memory of one gemv_q2k_v8 block: the warps' unit slots and the reduction buffers."""
+    return stages * team * CP_SLOT_WORDS * 4 + (2 * 6 * 128 * 4 if team > 1 else 0)
 
 
 def persistent_blocks(items: int, blocks_per_sm: int = V8_BLOCKS_PER_SM) -> int:
-    """A persistent grid: min(items, the device's SM count x blocks_per_sm) (the simulator: 2)."""
+    """A persistent grid for `items` equal items: the fewest rounds the resident blocks (the
+    device's SMs x blocks_per_sm; the simulator: 2) need, then as few blocks as give every block
+    that many rounds or one fewer (1600 items on 1584 slots: 800 blocks of 2, not 16 blocks
+    running a second round alone)."""
     if SIMULATOR:
-        return max(1, min(items, SIM_PERSISTENT_BLOCKS))
-    if not _SM_COUNT:
-        _SM_COUNT.append(int(cuda.get_current_device().MULTIPROCESSOR_COUNT))
-    return max(1, min(items, _SM_COUNT[0] * blocks_per_sm))
+        slots = SIM_PERSISTENT_BLOCKS
+    else:
+        if not _SM_COUNT:
+            _SM_COUNT.append(int(cuda.get_current_device().MULTIPROCESSOR_COUNT))
+        slots = _SM_COUNT[0] * blocks_per_sm
+    rounds = cdiv(max(items, 1), slots)
+    return cdiv(max(items, 1), rounds)
 
 
 def v8_grid(T: int, N: int, nlayers: int = 1, blocks_per_sm: int = V8_BLOCKS_PER_SM) -> int:
