@@ -2,7 +2,7 @@
 
     prepare_repack(raw, packed, N, K)      Q2_K blocks uint8 [N, K/256*84] -> q2k_r, on the device
     prepare_decode_q2k_r(packed, out)      q2k_r -> bf16 words uint16 [N, K], through the GEMV's decode
-    gemv_q2k_v4 .. v7                      kv = bf16(x @ W^T) for a few tokens, W read as q2k_r
+    gemv_q2k_v4 .. v8                      kv = bf16(x @ W^T) for a few tokens, W read as q2k_r
 
 The math is gemv_q2k_v2's (bf16-rounded weights: each weight is the reference decoder's fp32 value
 `(d*sc)*q - dmin*m` rounded to bf16, picked from a byte_perm table of the sub-block's 4 values, fed
@@ -25,6 +25,11 @@ blockIdx.z picks the layer) giving each layer the bits of its own launch.
   gemv_q2k_v7  v4 with a third of its integer instructions (pair-word tables, raw prmt, mul.hi
                selectors and shifts, fma table entries, warp-uniform skips): bit-identical to v4,
                143 registers, not faster on the H200.
+  gemv_q2k_v8  v4's shares and summation order (bit-identical to v4) scheduled for latency: a
+               persistent grid of one-warp blocks (by default), each taking items (tile, token group,
+               layer) b, b + grid, ..., each warp streaming its units through a 3-slot cp.async ring
+               (2 units in flight while it decodes one, across item boundaries) with v7's decode:
+               126 registers, no spills, 16 blocks an SM.
 """
 from __future__ import annotations
 

@@ -266,20 +266,19 @@ def test_gpu_v7_is_v4_bit_for_bit(rng, gpu_record, T, K, N):
 def test_gpu_v8_is_v4_bit_for_bit(rng, gpu_record, T, K, N):
     """gemv_q2k_v8 (persistent grid, cp.async ring, v7's decode and skips) against v4 on every
     output, alone and in the two-layer pool (whose items interleave both layers in each block)."""
-    raw = repack_q2k_r(random_q2k(rng, N, K), K)
-    raw_b = repack_q2k_r(random_q2k(rng, N, K), K)
-    xh, xbh = random_x(rng, T, K), random_x(rng, T, K)
-    x, xb = cuda.to_device(xh), cuda.to_device(xbh)
+    raw, raw_b = (C.repack_on_device(cuda.to_device(random_q2k(rng, N, K)), N, K) for _ in range(2))
+    x, xb = (cuda.to_device(random_x(rng, T, K)) for _ in range(2))
     want = []
     for xi, wi in ((x, raw), (xb, raw_b)):
         o = cuda.to_device(np.full((T, N), POISON, np.uint16))
-        P.project_q(xi, cuda.to_device(wi), None, o, weight="q2k_r", version="gemv_q2k_v4")
+        P.project_q(xi, wi, None, o, weight="q2k_r", version="gemv_q2k_v4")
         want.append(o.copy_to_host())
     single = cuda.to_device(np.full((T, N), POISON, np.uint16))
-    P.project_q(x, cuda.to_device(raw), None, single, weight="q2k_r", version="gemv_q2k_v8")
+    P.project_q(x, raw, None, single, weight="q2k_r", version="gemv_q2k_v8")
     got = single.copy_to_host()
     pa, pb = (cuda.to_device(np.full((T, N), POISON, np.uint16)) for _ in range(2))
-    C.prepare_pair("gemv_q2k_v8", x, xb, cuda.to_device(np.concatenate([raw, raw_b])), pa, pb)()
+    both = cuda.to_device(np.concatenate([raw.copy_to_host(), raw_b.copy_to_host()]))
+    C.prepare_pair("gemv_q2k_v8", x, xb, both, pa, pb)()
     differ = int((got != want[0]).sum())
     pair_differ = int((pa.copy_to_host() != want[0]).sum() + (pb.copy_to_host() != want[1]).sum())
     gpu_record(test="gemv_q2k_v8 vs gemv_q2k_v4 bits", shape=[T, K, N], outputs_differing=differ,
