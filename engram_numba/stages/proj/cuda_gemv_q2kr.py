@@ -789,6 +789,12 @@ def _unit8(c0, c1, c2, c3, e0, e1, e2, e3, sm, q, x32, xv, KB, blk0, ok_x, bias,
 
 
 @device_function(**INLINE)
+def udiv32(a, b):
+    """a // b for 0 <= a, b < 2^32, as a 32-bit division (inline; a 64-bit one is a call)."""
+    return np.int64(np.uint32(np.uint32(a) // np.uint32(b)))
+
+
+@device_function(**INLINE)
 def _next_item(layer, grp, tile, G, NT, NG):
     """(layer, token group, tile) of the item G items on (tile fastest): steps, no division (the
     steps are few: G is at most the number of items)."""
@@ -824,7 +830,7 @@ def _make_gemv8(team: int, stages: int, blocks_per_sm: int):
         # other; outa/b: uint16 [T, N]; nlayers: 1 (a only) or 2
         tid = cuda.threadIdx.x
         lane = tid & 31
-        warp = tid >> 5
+        warp = 0 if team == 1 else tid >> 5        # 0 as a constant: warp-uniform to the compiler
         g = lane >> 2
         t = lane & 3
         N = outa.shape[1]
@@ -839,7 +845,6 @@ def _make_gemv8(team: int, stages: int, blocks_per_sm: int):
         items = nlayers * NT * NG
         G = cuda.gridDim.x
         b = cuda.blockIdx.x
-        J = (max(items - b, 0) + G - 1) // G * jpi  # this warp's jobs: items b, b + G, ...
         layer16 = np.int64(NT) * NU * UNIT_CHUNKS
         xoff = 16 * (t >> 1) + 2 * (t & 1)
         slot0 = warp * stages
@@ -847,15 +852,17 @@ def _make_gemv8(team: int, stages: int, blocks_per_sm: int):
         bias = np.uint32(SEL_BIAS) + zero
         magic = np.uint32(NIB_MAGIC) + zero
         # item b = (layer, token group, tile), tile fastest; later items are stepped to, not divided out
-        layer = b // (NT * NG)
-        grp = (b - layer * NT * NG) // NT
+        # (32-bit divisions: a 64-bit one is a call, and a kernel with a call keeps the global
+        # memory descriptor in ordinary registers, two moves to uniform ones before every load)
+        layer = udiv32(b, NT * NG)
+        grp = udiv32(b - layer * NT * NG, NT)
         tile = b - (layer * NG + grp) * NT
         # the issue cursor runs `stages` jobs ahead of the decode: its item and unit
         ilayer, igrp, itile, ik = layer, grp, tile, 0
         for islot in range(stages):                # the ring's first units (empty groups past J)
             u = u_first + ik
             _cp_job(sm, ((slot0 + islot) * 192 + lane) * 16, w32,
-                    ilayer * layer16 + (np.int64(itile) * NU + u) * UNIT_CHUNKS, lane, g, islot < J and u < NU)
+                    ilayer * layer16 + (np.int64(itile) * NU + u) * UNIT_CHUNKS, lane, g, ilayer < nlayers and u < NU)
             ik += 1
             if ik == jpi:
                 ik = 0
@@ -868,7 +875,7 @@ def _make_gemv8(team: int, stages: int, blocks_per_sm: int):
         sh = 0                                     # ... the share's index among the warp's
         slot = 0
         rb = 0                                     # team > 1: the item's reduction buffer
-        for j in range(J):
+        while layer < nlayers:                     # this warp's items b, b + G, ... one unit a trip
             wait_oldest()                          # unit j has landed (stages-1 younger in flight)
             u = u_first + k
             tok = grp * V4_TOKENS + g
@@ -881,7 +888,7 @@ def _make_gemv8(team: int, stages: int, blocks_per_sm: int):
                                                         KB, blk, tok < T and u < NU, bias, magic, scratch)
             iu = u_first + ik                      # the slot is free: the unit `stages` jobs on
             _cp_job(sm, ((slot0 + slot) * 192 + lane) * 16, w32,
-                    ilayer * layer16 + (np.int64(itile) * NU + iu) * UNIT_CHUNKS, lane, g, j + stages < J and iu < NU)
+                    ilayer * layer16 + (np.int64(itile) * NU + iu) * UNIT_CHUNKS, lane, g, ilayer < nlayers and iu < NU)
             ik += 1
             if ik == jpi:
                 ik = 0
