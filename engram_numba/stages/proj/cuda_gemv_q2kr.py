@@ -859,14 +859,20 @@ def _make_gemv8(team: int, stages: int, blocks_per_sm: int):
         tile = b - (layer * NG + grp) * NT
         # the issue cursor runs `stages` jobs ahead of the decode: its item and unit
         ilayer, igrp, itile, ik = layer, grp, tile, 0
-        for islot in range(stages):                # the ring's first units (empty groups past J)
-            u = u_first + ik
-            _cp_job(sm, ((slot0 + islot) * 192 + lane) * 16, w32,
-                    ilayer * layer16 + (np.int64(itile) * NU + u) * UNIT_CHUNKS, lane, g, ilayer < nlayers and u < NU)
+        ibase = ilayer * layer16 + (np.int64(itile) * NU + u_first) * UNIT_CHUNKS   # its unit's first chunk
+        for islot in range(stages):                # the ring's first units (empty groups past the last item)
+            _cp_job(sm, ((slot0 + islot) * 192 + lane) * 16, w32, ibase, lane, g,
+                    ilayer < nlayers and u_first + ik < NU)
             ik += 1
+            ibase += UNIT_CHUNKS
             if ik == jpi:
                 ik = 0
                 ilayer, igrp, itile = _next_item(ilayer, igrp, itile, G, NT, NG)
+                ibase = ilayer * layer16 + (np.int64(itile) * NU + u_first) * UNIT_CHUNKS
+        # the decoded item's x: its layer's, the lane's token (past T: the last one, dropped at the store)
+        x32 = x32a if layer == 0 else x32b
+        tok = grp * V4_TOKENS + g
+        xrow = np.int64(min(tok, T - 1)) * (K >> 3) + xoff + 64 * u_first
         z = float32(0.0)
         c0 = c1 = c2 = c3 = e0 = e1 = e2 = e3 = z
         f0 = f1 = f2 = f3 = z                       # team 1: the item's sum over shares so far
@@ -876,23 +882,22 @@ def _make_gemv8(team: int, stages: int, blocks_per_sm: int):
         slot = 0
         rb = 0                                     # team > 1: the item's reduction buffer
         while layer < nlayers:                     # this warp's items b, b + G, ... one unit a trip
-            wait_oldest()                          # unit j has landed (stages-1 younger in flight)
+            wait_oldest()                          # this unit has landed (stages-1 younger in flight)
             u = u_first + k
-            tok = grp * V4_TOKENS + g
-            x32 = x32a if layer == 0 else x32b
-            x16 = np.int64(min(tok, T - 1)) * (K >> 3)
             blk = u * UNIT_BLOCKS
             if SIMULATOR or u < NU:
                 c0, c1, c2, c3, e0, e1, e2, e3 = _unit8(c0, c1, c2, c3, e0, e1, e2, e3, sm,
-                                                        (slot0 + slot) * 192 + lane, x32, x16 + 32 * blk + xoff,
+                                                        (slot0 + slot) * 192 + lane, x32, xrow + 64 * k,
                                                         KB, blk, tok < T and u < NU, bias, magic, scratch)
-            iu = u_first + ik                      # the slot is free: the unit `stages` jobs on
-            _cp_job(sm, ((slot0 + slot) * 192 + lane) * 16, w32,
-                    ilayer * layer16 + (np.int64(itile) * NU + iu) * UNIT_CHUNKS, lane, g, ilayer < nlayers and iu < NU)
+            # the slot is free: the unit `stages` jobs on
+            _cp_job(sm, ((slot0 + slot) * 192 + lane) * 16, w32, ibase, lane, g,
+                    ilayer < nlayers and u_first + ik < NU)
             ik += 1
+            ibase += UNIT_CHUNKS
             if ik == jpi:
                 ik = 0
                 ilayer, igrp, itile = _next_item(ilayer, igrp, itile, G, NT, NG)
+                ibase = ilayer * layer16 + (np.int64(itile) * NU + u_first) * UNIT_CHUNKS
             slot = 0 if slot == stages - 1 else slot + 1
             k += 1
             ku += 1
@@ -941,6 +946,9 @@ def _make_gemv8(team: int, stages: int, blocks_per_sm: int):
                     k = 0
                     sh = 0
                     layer, grp, tile = _next_item(layer, grp, tile, G, NT, NG)
+                    x32 = x32a if layer == 0 else x32b
+                    tok = grp * V4_TOKENS + g
+                    xrow = np.int64(min(tok, T - 1)) * (K >> 3) + xoff + 64 * u_first
 
     @cuda.jit(**bounds(threads, blocks_per_sm))
     def gemv(x32, w32, out, T, K):
