@@ -29,7 +29,8 @@ blockIdx.z picks the layer) giving each layer the bits of its own launch.
                persistent grid of one-warp blocks (by default), each taking items (tile, token group,
                layer) b, b + grid, ..., each warp streaming its units through a 3-slot cp.async ring
                (2 units in flight while it decodes one, across item boundaries) with v7's decode:
-               126 registers, no spills, 16 blocks an SM.
+               123 registers, no spills, 16 blocks an SM; ~765 SASS instructions a unit against
+               v7's 691 (the ring's bookkeeping), not yet timed on the H200.
 """
 from __future__ import annotations
 
@@ -739,7 +740,7 @@ def _make_gemv7(warps: int, units: int, blocks_per_sm: int):
 
 V8_TEAM = 1                  # warps a block: one warp sums all 6 shares of its item, in registers
 V8_STAGES = 3                # unit slots a warp: 2 units in flight while it decodes a third
-V8_BLOCKS_PER_SM = 16        # the register bound (128 a thread); 9 KB of slots a block
+V8_BLOCKS_PER_SM = 16        # the register bound (128 a thread; it takes 123, no spills); 9 KB of slots a block
 SIM_PERSISTENT_BLOCKS = 2    # the simulator's "SM count x blocks an SM": several items a block
 
 
