@@ -23,9 +23,11 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))   # the package beside tools/
 
 # (warps a block, unit slots a warp, blocks an SM); the first is the registered gemv_q2k_v8
-# (compile tier, sm_90a: 126 registers and no spills for the first; the 80-register ones spill
-# 184..412 bytes, which only the GPU can price)
-VARIANTS = [(1, 3, 16), (2, 2, 12), (1, 2, 24), (1, 4, 14), (2, 3, 8), (3, 2, 8), (6, 2, 4)]
+# Compile tier (sm_90a): (1, 3, 16) 123 registers, (1, 2, 25) 72 and (3, 2, 8) 80, none spilling;
+# (2, 2, 12) spills 36 bytes (single launch), (6, 2, 4) 36-108. At T <= 8 one layer is 1600 items
+# and the two-layer pool 3200: (1, 2, 25) holds the whole pool in one round (24 warps an SM),
+# (1, 3, 16) runs it in two with 12 warps an SM and 2 units in flight each.
+VARIANTS = [(1, 3, 16), (1, 2, 25), (3, 2, 8), (2, 2, 12), (1, 4, 14), (2, 3, 8), (6, 2, 4)]
 TOKENS = (1, 4, 8)
 N, K = 25600, 6144
 
