@@ -843,7 +843,6 @@ def _make_gemv8(team: int, stages: int, blocks_per_sm: int):
         per = (per + 1) // 2 * 2                   # v4's share: units a warp of its 6
         jpi = shares * per                         # unit jobs a warp an item
         u_first = warp * shares * per
-        items = nlayers * NT * NG
         G = cuda.gridDim.x
         b = cuda.blockIdx.x
         layer16 = np.int64(NT) * NU * UNIT_CHUNKS

@@ -182,6 +182,32 @@ def test_v8_is_v4_bit_for_bit_single_and_paired(rng):
 
 
 @pytest.mark.slow
+@pytest.mark.parametrize("team,stages", [(2, 2), (3, 2)])
+def test_v8_teams_are_v4_bit_for_bit(rng, team, stages):
+    """The shapes the H200 sweep times (tools/q2kr_v8_variants.py): blocks of 2 or 3 warps that add
+    their shares' fragments through shared memory (two buffers, one barrier an item) give v4's
+    bits too: the two-layer pool, 2 tiles x 2 layers over 2 blocks (two items a block)."""
+    from engram_numba.device.launch import PreparedLaunch
+    from engram_numba.stages.proj.cuda_common import flat_u32
+    N, K, T = 20, 512, 1
+    raws = [repack_q2k_r(random_q2k(rng, N, K), K) for _ in range(2)]
+    xs = [cuda.to_device(random_x(rng, T, K)) for _ in range(2)]
+    want = []
+    for i in range(2):
+        o = cuda.to_device(np.full((T, N), POISON, np.uint16))
+        P.project_q(xs[i], cuda.to_device(raws[i]), None, o, weight="q2k_r", version="gemv_q2k_v4")
+        want.append(o.copy_to_host())
+    _, pair = C._make_gemv8(team, stages, 1)
+    outs = [cuda.to_device(np.full((T, N), POISON, np.uint16)) for _ in range(2)]
+    both = cuda.to_device(np.concatenate(raws))
+    PreparedLaunch("v8 team", pair, (C.v8_grid(T, N, 2),), team * 32, 0,
+                   (flat_u32(xs[0]), flat_u32(xs[1]), both.reshape(both.size).view(np.uint32), outs[0], outs[1],
+                    T, K), tuple(outs))()
+    for i in range(2):
+        np.testing.assert_array_equal(outs[i].copy_to_host(), want[i])
+
+
+@pytest.mark.slow
 def test_two_layer_launch_equals_the_single_launches(rng):
     """One launch over both layers' weights: layer b (found at an offset into the pair buffer) gets
     the bits its own launch gives, layer a (offset 0, the single launch's code) its yardstick."""
