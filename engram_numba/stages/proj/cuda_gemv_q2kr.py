@@ -825,6 +825,35 @@ def _make_gemv8(team: int, stages: int, blocks_per_sm: int):
     scratch_size = 6 * threads if SIMULATOR else 1
     wait_oldest = cp_async_waiter(stages - 1)
 
+    def make_body(two_layers: bool):
+        return _make_body8(two_layers, team, stages, shares, threads, wait_oldest)
+
+    body1, body2 = make_body(False), make_body(True)
+
+    @cuda.jit(**bounds(threads, blocks_per_sm))
+    def gemv(x32, w32, out, T, K):
+        # x32: uint32 [T*K/2] flat x; w32: uint32 flat q2k_r [ceil(N/16) * NU * 672]; out: uint16 [T, N]
+        sm = cuda.shared.array(slot_words, types.uint32, alignment=ALIGN) if ALIGN else \
+            cuda.shared.array(slot_words, types.uint32)
+        red = cuda.shared.array(red_size, float32)
+        scratch = cuda.shared.array(scratch_size, types.uint32)
+        body1(x32, x32, w32, out, out, T, K, 1, sm, red, scratch)
+
+    @cuda.jit(**bounds(threads, blocks_per_sm))
+    def gemv_pair(x32a, x32b, w32, outa, outb, T, K):
+        # both layers' items in one persistent pool; w32 holds layer a's q2k_r then layer b's
+        sm = cuda.shared.array(slot_words, types.uint32, alignment=ALIGN) if ALIGN else \
+            cuda.shared.array(slot_words, types.uint32)
+        red = cuda.shared.array(red_size, float32)
+        scratch = cuda.shared.array(scratch_size, types.uint32)
+        body2(x32a, x32b, w32, outa, outb, T, K, 2, sm, red, scratch)
+
+    return gemv, gemv_pair
+
+
+def _make_body8(two_layers: bool, team: int, stages: int, shares: int, threads: int, wait_oldest):
+    """gemv_q2k_v8's block body; two_layers: items of both layers (x and out picked per item)."""
+
     @device_function(**INLINE)
     def body(x32a, x32b, w32, outa, outb, T, K, nlayers, sm, red, scratch):
         # x32a/b: uint32 flat x of layer a / b; w32: uint32 flat q2k_r of the layers, one after the
@@ -869,8 +898,7 @@ def _make_gemv8(team: int, stages: int, blocks_per_sm: int):
                 ik = 0
                 ilayer, igrp, itile = _next_item(ilayer, igrp, itile, G, NT, NG)
                 ibase = ilayer * layer16 + (np.int64(itile) * NU + u_first) * UNIT_CHUNKS
-        # the decoded item's x: its layer's, the lane's token (past T: the last one, dropped at the store)
-        x32 = x32a if layer == 0 else x32b
+        # the decoded item's x row: the lane's token (past T: the last one, dropped at the store)
         tok = grp * V4_TOKENS + g
         xrow = np.int64(min(tok, T - 1)) * (K >> 3) + xoff + 64 * u_first
         z = float32(0.0)
@@ -885,9 +913,15 @@ def _make_gemv8(team: int, stages: int, blocks_per_sm: int):
             wait_oldest()                          # this unit has landed (stages-1 younger in flight)
             u = u_first + k
             blk = u * UNIT_BLOCKS
-            if SIMULATOR or u < NU:
+            if (SIMULATOR or u < NU) and (not two_layers or layer == 0):
                 c0, c1, c2, c3, e0, e1, e2, e3 = _unit8(c0, c1, c2, c3, e0, e1, e2, e3, sm,
-                                                        (slot0 + slot) * 192 + lane, x32, xrow + 64 * k,
+                                                        (slot0 + slot) * 192 + lane, x32a, xrow + 64 * k,
+                                                        KB, blk, tok < T and u < NU, bias, magic, scratch)
+            elif (SIMULATOR or u < NU) and two_layers:
+                # layer b: its own copy of the decode, so that x's loads stay global ones (a load
+                # through a pointer picked from two is a generic one)
+                c0, c1, c2, c3, e0, e1, e2, e3 = _unit8(c0, c1, c2, c3, e0, e1, e2, e3, sm,
+                                                        (slot0 + slot) * 192 + lane, x32b, xrow + 64 * k,
                                                         KB, blk, tok < T and u < NU, bias, magic, scratch)
             # the slot is free: the unit `stages` jobs on
             _cp_job(sm, ((slot0 + slot) * 192 + lane) * 16, w32, ibase, lane, g,
@@ -946,29 +980,10 @@ def _make_gemv8(team: int, stages: int, blocks_per_sm: int):
                     k = 0
                     sh = 0
                     layer, grp, tile = _next_item(layer, grp, tile, G, NT, NG)
-                    x32 = x32a if layer == 0 else x32b
                     tok = grp * V4_TOKENS + g
                     xrow = np.int64(min(tok, T - 1)) * (K >> 3) + xoff + 64 * u_first
 
-    @cuda.jit(**bounds(threads, blocks_per_sm))
-    def gemv(x32, w32, out, T, K):
-        # x32: uint32 [T*K/2] flat x; w32: uint32 flat q2k_r [ceil(N/16) * NU * 672]; out: uint16 [T, N]
-        sm = cuda.shared.array(slot_words, types.uint32, alignment=ALIGN) if ALIGN else \
-            cuda.shared.array(slot_words, types.uint32)
-        red = cuda.shared.array(red_size, float32)
-        scratch = cuda.shared.array(scratch_size, types.uint32)
-        body(x32, x32, w32, out, out, T, K, 1, sm, red, scratch)
-
-    @cuda.jit(**bounds(threads, blocks_per_sm))
-    def gemv_pair(x32a, x32b, w32, outa, outb, T, K):
-        # both layers' items in one persistent pool; w32 holds layer a's q2k_r then layer b's
-        sm = cuda.shared.array(slot_words, types.uint32, alignment=ALIGN) if ALIGN else \
-            cuda.shared.array(slot_words, types.uint32)
-        red = cuda.shared.array(red_size, float32)
-        scratch = cuda.shared.array(scratch_size, types.uint32)
-        body(x32a, x32b, w32, outa, outb, T, K, 2, sm, red, scratch)
-
-    return gemv, gemv_pair
+    return body
 
 
 _SM_COUNT = []
