@@ -2,7 +2,7 @@
 
     prepare_repack(raw, packed, N, K)      Q2_K blocks uint8 [N, K/256*84] -> q2k_r, on the device
     prepare_decode_q2k_r(packed, out)      q2k_r -> bf16 words uint16 [N, K], through the GEMV's decode
-    gemv_q2k_v4 .. v7                      kv = bf16(x @ W^T) for a few tokens, W read as q2k_r
+    gemv_q2k_v4 .. v8                      kv = bf16(x @ W^T) for a few tokens, W read as q2k_r
 
 The math is gemv_q2k_v2's (bf16-rounded weights: each weight is the reference decoder's fp32 value
 `(d*sc)*q - dmin*m` rounded to bf16, picked from a byte_perm table of the sub-block's 4 values, fed
@@ -25,6 +25,12 @@ blockIdx.z picks the layer) giving each layer the bits of its own launch.
   gemv_q2k_v7  v4 with a third of its integer instructions (pair-word tables, raw prmt, mul.hi
                selectors and shifts, fma table entries, warp-uniform skips): bit-identical to v4,
                143 registers, not faster on the H200.
+  gemv_q2k_v8  v4's shares and summation order (bit-identical to v4) scheduled for latency: a
+               persistent grid of one-warp blocks (by default), each taking items (tile, token group,
+               layer) b, b + grid, ..., each warp streaming its units through a 3-slot cp.async ring
+               (2 units in flight while it decodes one, across item boundaries) with v7's decode:
+               123 registers, no spills, 16 blocks an SM; ~765 SASS instructions a unit against
+               v7's 691 (the ring's bookkeeping), not yet timed on the H200.
 """
 from __future__ import annotations
 
@@ -710,28 +716,333 @@ def _make_gemv7(warps: int, units: int, blocks_per_sm: int):
     return gemv, gemv_pair
 
 
+# ---- gemv_q2k_v8: persistent blocks, a cp.async ring a warp, v7's decode ----------------------------
+# v4..v7 give each block one tile and have it load, then decode: at 2 blocks an SM the SM idles on
+# DRAM latency between a block's loads and its mma, and 1600 blocks over 264 slots leave a near-empty
+# last wave. v8 keeps v4's K shares and summation order (so its kv is v4's, bit for bit) and
+# changes how they are scheduled:
+#   - a block is a team of V8_TEAM warps that splits each item (one tile of 16 rows, one group of 8
+#     tokens, one layer) along v4's 6 K shares: warp w takes shares w * 6/team .. (w+1) * 6/team - 1,
+#     each summed in its own two mma chains (c: sub-blocks 0, 2; e: 1, 3) exactly as v4's warp of
+#     that share does;
+#   - the grid is persistent: min(items, SMs x V8_BLOCKS_PER_SM) blocks, block b taking items b,
+#     b + grid, ...; the two-layer launch is one pool of both layers' items;
+#   - each warp streams its units (one unit = 16 rows x 512 k, 2688 bytes) through a ring of
+#     V8_STAGES shared-memory slots by cp.async: each lane copies the six chunks it will read (v6's
+#     slots: no barrier in the stream), the copy of unit j + stages is issued as soon as unit j is
+#     decoded and `cp.async.wait_group stages-1` waits only for the oldest, across share and item
+#     boundaries, so a warp always has stages-1 units in flight while it decodes;
+#   - the decode is v7's (pair-word tables, raw prmt, warp-uniform skips of units past K and of the
+#     zero pad block), reading one block's words from shared memory at a time (few registers);
+#   - the 6 shares' fragments are added in share order from 0.0, as v4's reduction does: in
+#     registers when one warp holds all six (team 1), else through shared memory (two buffers, one
+#     barrier an item).
+
+V8_TEAM = 1                  # warps a block: one warp sums all 6 shares of its item, in registers
+V8_STAGES = 3                # unit slots a warp: 2 units in flight while it decodes a third
+V8_BLOCKS_PER_SM = 16        # the register bound (128 a thread; it takes 123, no spills); 9 KB of slots a block
+SIM_PERSISTENT_BLOCKS = 2    # the simulator's "SM count x blocks an SM": several items a block
+
+
+@device_function(**INLINE)
+def _cp_job(sm, off, w32, base16, lane, g, ok):
+    """The lane's cp.async of its six chunks of one unit (v6's `_cp_unit` order) into the slot at
+    byte `off`, as one commit group. Not `ok`: the group is empty on the GPU (the decode skips the
+    unit), zeros in the simulator (whose mma twin needs every thread at every mma)."""
+    if SIMULATOR:
+        n = 16 if ok else 0
+        src = base16 if ok else np.int64(0)
+        cp_async_16(sm, off, w32, src + lane, n)
+        cp_async_16(sm, off + 512, w32, src + 32 + lane, n)
+        cp_async_16(sm, off + 1024, w32, src + 64 + lane, n)
+        cp_async_16(sm, off + 1536, w32, src + 96 + lane, n)
+        cp_async_16(sm, off + 2048, w32, src + SC_CHUNK + lane, n)
+        cp_async_16(sm, off + 2560, w32, src + DD_CHUNK + g, n)
+    elif ok:
+        cp_async_16(sm, off, w32, base16 + lane, 16)
+        cp_async_16(sm, off + 512, w32, base16 + 32 + lane, 16)
+        cp_async_16(sm, off + 1024, w32, base16 + 64 + lane, 16)
+        cp_async_16(sm, off + 1536, w32, base16 + 96 + lane, 16)
+        cp_async_16(sm, off + 2048, w32, base16 + SC_CHUNK + lane, 16)
+        cp_async_16(sm, off + 2560, w32, base16 + DD_CHUNK + g, 16)
+    cp_async_commit()
+
+
+@device_function(**INLINE)
+def _unit8(c0, c1, c2, c3, e0, e1, e2, e3, sm, q, x32, xv, KB, blk0, ok_x, bias, magic, scratch):
+    """v7's `_unit7` on the unit in a shared-memory slot (q: the lane's 16-byte index of chunk 0),
+    loading one block's words at a time; the second block only inside K on the GPU."""
+    s0, s1, _, _ = load_u32x4(sm, q + 128)
+    d0, d1, _, _ = load_u32x4(sm, q + 160)
+    a0, a1, a2, a3 = load_u32x4(sm, q)
+    b0, b1, b2, b3 = load_u32x4(sm, q + 32)
+    c0, c1, c2, c3, e0, e1, e2, e3 = _block7(c0, c1, c2, c3, e0, e1, e2, e3, a0, a1, a2, a3, b0, b1, b2, b3,
+                                             s0, s1, d0, d1, x32, xv, ok_x and blk0 < KB, bias, magic, scratch)
+    if SIMULATOR or blk0 + 1 < KB:
+        _, _, s2, s3 = load_u32x4(sm, q + 128)         # the second block's scale and d/dmin words, now
+        _, _, d2, d3 = load_u32x4(sm, q + 160)
+        a0, a1, a2, a3 = load_u32x4(sm, q + 64)
+        b0, b1, b2, b3 = load_u32x4(sm, q + 96)
+        c0, c1, c2, c3, e0, e1, e2, e3 = _block7(c0, c1, c2, c3, e0, e1, e2, e3, a0, a1, a2, a3, b0, b1, b2, b3,
+                                                 s2, s3, d2, d3, x32, xv + 32, ok_x and blk0 + 1 < KB, bias, magic,
+                                                 scratch)
+    return c0, c1, c2, c3, e0, e1, e2, e3
+
+
+@device_function(**INLINE)
+def udiv32(a, b):
+    """a // b for 0 <= a, b < 2^32, as a 32-bit division (inline; a 64-bit one is a call)."""
+    return np.int64(np.uint32(np.uint32(a) // np.uint32(b)))
+
+
+@device_function(**INLINE)
+def _next_item(layer, grp, tile, G, NT, NG):
+    """(layer, token group, tile) of the item G items on (tile fastest): steps, no division (the
+    steps are few: G is at most the number of items)."""
+    tile += G
+    while tile >= NT:
+        tile -= NT
+        grp += 1
+    while grp >= NG:
+        grp -= NG
+        layer += 1
+    return layer, grp, tile
+
+
+def _make_gemv8(team: int, stages: int, blocks_per_sm: int):
+    """gemv_q2k_v8 and its two-layer launch (the section's comment): blocks of `team` warps (1, 2, 3
+    or 6) sharing each item's 6 K shares, `stages` unit slots a warp."""
+    if 6 % team or stages < 2:
+        raise ValueError(f"gemv_q2k_v8 needs a team of 1, 2, 3 or 6 warps and >= 2 stages, got {team}, {stages}")
+    if blocks_per_sm * (v8_shared_bytes(team, stages) + 1024) > SM_SHARED_BYTES:
+        raise ValueError(f"{blocks_per_sm} gemv_q2k_v8 blocks of {team} warps x {stages} slots need "
+                         f"{blocks_per_sm * (v8_shared_bytes(team, stages) + 1024)} bytes of shared memory an SM "
+                         f"(an SM has {SM_SHARED_BYTES})")
+    threads = team * 32
+    shares = 6 // team                             # K shares a warp
+    slot_words = stages * team * CP_SLOT_WORDS
+    red_size = 2 * 6 * 128 if team > 1 else 1      # [buffer][share][lane][c0..c3] fp32
+    scratch_size = 6 * threads if SIMULATOR else 1
+    wait_oldest = cp_async_waiter(stages - 1)
+
+    def make_body(two_layers: bool):
+        return _make_body8(two_layers, team, stages, shares, threads, wait_oldest)
+
+    body1, body2 = make_body(False), make_body(True)
+
+    @cuda.jit(**bounds(threads, blocks_per_sm))
+    def gemv(x32, w32, out, T, K):
+        # x32: uint32 [T*K/2] flat x; w32: uint32 flat q2k_r [ceil(N/16) * NU * 672]; out: uint16 [T, N]
+        sm = cuda.shared.array(slot_words, types.uint32, alignment=ALIGN) if ALIGN else \
+            cuda.shared.array(slot_words, types.uint32)
+        red = cuda.shared.array(red_size, float32)
+        scratch = cuda.shared.array(scratch_size, types.uint32)
+        body1(x32, x32, w32, out, out, T, K, 1, sm, red, scratch)
+
+    @cuda.jit(**bounds(threads, blocks_per_sm))
+    def gemv_pair(x32a, x32b, w32, outa, outb, T, K):
+        # both layers' items in one persistent pool; w32 holds layer a's q2k_r then layer b's
+        sm = cuda.shared.array(slot_words, types.uint32, alignment=ALIGN) if ALIGN else \
+            cuda.shared.array(slot_words, types.uint32)
+        red = cuda.shared.array(red_size, float32)
+        scratch = cuda.shared.array(scratch_size, types.uint32)
+        body2(x32a, x32b, w32, outa, outb, T, K, 2, sm, red, scratch)
+
+    return gemv, gemv_pair
+
+
+def _make_body8(two_layers: bool, team: int, stages: int, shares: int, threads: int, wait_oldest):
+    """gemv_q2k_v8's block body; two_layers: items of both layers (x and out picked per item)."""
+
+    @device_function(**INLINE)
+    def body(x32a, x32b, w32, outa, outb, T, K, nlayers, sm, red, scratch):
+        # x32a/b: uint32 flat x of layer a / b; w32: uint32 flat q2k_r of the layers, one after the
+        # other; outa/b: uint16 [T, N]; nlayers: 1 (a only) or 2
+        tid = cuda.threadIdx.x
+        lane = tid & 31
+        warp = 0 if team == 1 else tid >> 5        # 0 as a constant: warp-uniform to the compiler
+        g = lane >> 2
+        t = lane & 3
+        N = outa.shape[1]
+        KB = K // BLOCK_VALUES
+        NU = (K + UNIT_VALUES - 1) // UNIT_VALUES
+        NT = (N + TILE_ROWS - 1) // TILE_ROWS
+        NG = (T + V4_TOKENS - 1) // V4_TOKENS
+        per = (NU + 5) // 6
+        per = (per + 1) // 2 * 2                   # v4's share: units a warp of its 6
+        jpi = shares * per                         # unit jobs a warp an item
+        u_first = warp * shares * per
+        G = cuda.gridDim.x
+        b = cuda.blockIdx.x
+        layer16 = np.int64(NT) * NU * UNIT_CHUNKS
+        xoff = 16 * (t >> 1) + 2 * (t & 1)
+        slot0 = warp * stages
+        zero = opaque_zero(T)
+        bias = np.uint32(SEL_BIAS) + zero
+        magic = np.uint32(NIB_MAGIC) + zero
+        # item b = (layer, token group, tile), tile fastest; later items are stepped to, not divided out
+        # (32-bit divisions: a 64-bit one is a call, and a kernel with a call keeps the global
+        # memory descriptor in ordinary registers, two moves to uniform ones before every load)
+        layer = udiv32(b, NT * NG)
+        grp = udiv32(b - layer * NT * NG, NT)
+        tile = b - (layer * NG + grp) * NT
+        # the issue cursor runs `stages` jobs ahead of the decode: its item and unit
+        ilayer, igrp, itile, ik = layer, grp, tile, 0
+        ibase = ilayer * layer16 + (np.int64(itile) * NU + u_first) * UNIT_CHUNKS   # its unit's first chunk
+        for islot in range(stages):                # the ring's first units (empty groups past the last item)
+            _cp_job(sm, ((slot0 + islot) * 192 + lane) * 16, w32, ibase, lane, g,
+                    ilayer < nlayers and u_first + ik < NU)
+            ik += 1
+            ibase += UNIT_CHUNKS
+            if ik == jpi:
+                ik = 0
+                ilayer, igrp, itile = _next_item(ilayer, igrp, itile, G, NT, NG)
+                ibase = ilayer * layer16 + (np.int64(itile) * NU + u_first) * UNIT_CHUNKS
+        # the decoded item's x row: the lane's token (past T: the last one, dropped at the store)
+        tok = grp * V4_TOKENS + g
+        xrow = np.int64(min(tok, T - 1)) * (K >> 3) + xoff + 64 * u_first
+        z = float32(0.0)
+        c0 = c1 = c2 = c3 = e0 = e1 = e2 = e3 = z
+        f0 = f1 = f2 = f3 = z                       # team 1: the item's sum over shares so far
+        k = 0                                      # the decoded unit's index in the warp's shares
+        ku = 0                                     # ... in its share
+        sh = 0                                     # ... the share's index among the warp's
+        slot = 0
+        rb = 0                                     # team > 1: the item's reduction buffer
+        while layer < nlayers:                     # this warp's items b, b + G, ... one unit a trip
+            wait_oldest()                          # this unit has landed (stages-1 younger in flight)
+            u = u_first + k
+            blk = u * UNIT_BLOCKS
+            if (SIMULATOR or u < NU) and (not two_layers or layer == 0):
+                c0, c1, c2, c3, e0, e1, e2, e3 = _unit8(c0, c1, c2, c3, e0, e1, e2, e3, sm,
+                                                        (slot0 + slot) * 192 + lane, x32a, xrow + 64 * k,
+                                                        KB, blk, tok < T and u < NU, bias, magic, scratch)
+            elif (SIMULATOR or u < NU) and two_layers:
+                # layer b: its own copy of the decode, so that x's loads stay global ones (a load
+                # through a pointer picked from two is a generic one)
+                c0, c1, c2, c3, e0, e1, e2, e3 = _unit8(c0, c1, c2, c3, e0, e1, e2, e3, sm,
+                                                        (slot0 + slot) * 192 + lane, x32b, xrow + 64 * k,
+                                                        KB, blk, tok < T and u < NU, bias, magic, scratch)
+            # the slot is free: the unit `stages` jobs on
+            _cp_job(sm, ((slot0 + slot) * 192 + lane) * 16, w32, ibase, lane, g,
+                    ilayer < nlayers and u_first + ik < NU)
+            ik += 1
+            ibase += UNIT_CHUNKS
+            if ik == jpi:
+                ik = 0
+                ilayer, igrp, itile = _next_item(ilayer, igrp, itile, G, NT, NG)
+                ibase = ilayer * layer16 + (np.int64(itile) * NU + u_first) * UNIT_CHUNKS
+            slot = 0 if slot == stages - 1 else slot + 1
+            k += 1
+            ku += 1
+            if ku == per:                          # the end of a share: v4's fragment of its warp
+                if team == 1:
+                    f0 += c0 + e0
+                    f1 += c1 + e1
+                    f2 += c2 + e2
+                    f3 += c3 + e3
+                else:
+                    base = rb + (warp * shares + sh) * 128 + lane * 4
+                    red[base] = c0 + e0
+                    red[base + 1] = c1 + e1
+                    red[base + 2] = c2 + e2
+                    red[base + 3] = c3 + e3
+                c0 = c1 = c2 = c3 = e0 = e1 = e2 = e3 = z
+                ku = 0
+                sh += 1
+                if k == jpi:                       # the end of the item: its 6 shares in order
+                    out = outa if layer == 0 else outb
+                    if team == 1:
+                        row = tile * TILE_ROWS + g
+                        tk = grp * V4_TOKENS + 2 * t
+                        if row < N and tk < T:
+                            out[tk, row] = f32_to_bf16_bits(f0)
+                        if row < N and tk + 1 < T:
+                            out[tk + 1, row] = f32_to_bf16_bits(f1)
+                        if row + 8 < N and tk < T:
+                            out[tk, row + 8] = f32_to_bf16_bits(f2)
+                        if row + 8 < N and tk + 1 < T:
+                            out[tk + 1, row + 8] = f32_to_bf16_bits(f3)
+                        f0 = f1 = f2 = f3 = z
+                    else:
+                        cuda.syncthreads()         # every share's fragment is in red[buffer]
+                        for el4 in range(tid, 128, threads):
+                            s_ = float32(0.0)
+                            for s in range(6):
+                                s_ += red[rb + s * 128 + el4]
+                            el = el4 >> 2
+                            c = el4 & 3
+                            row = tile * TILE_ROWS + (el >> 2) + 8 * (c >> 1)
+                            tk = grp * V4_TOKENS + 2 * (el & 3) + (c & 1)
+                            if row < N and tk < T:
+                                out[tk, row] = f32_to_bf16_bits(s_)
+                        rb = 768 - rb              # the next item's buffer: no second barrier
+                    k = 0
+                    sh = 0
+                    layer, grp, tile = _next_item(layer, grp, tile, G, NT, NG)
+                    tok = grp * V4_TOKENS + g
+                    xrow = np.int64(min(tok, T - 1)) * (K >> 3) + xoff + 64 * u_first
+
+    return body
+
+
+_SM_COUNT = []
+SM_SHARED_BYTES = 228 * 1024      # shared memory an sm_90 SM holds (1 KB of it reserved a block)
+
+
+def v8_shared_bytes(team: int, stages: int) -> int:
+    """Shared memory of one gemv_q2k_v8 block: the warps' unit slots and the reduction buffers."""
+    return stages * team * CP_SLOT_WORDS * 4 + (2 * 6 * 128 * 4 if team > 1 else 0)
+
+
+def persistent_blocks(items: int, blocks_per_sm: int = V8_BLOCKS_PER_SM) -> int:
+    """A persistent grid for `items` equal items: the fewest rounds the resident blocks (the
+    device's SMs x blocks_per_sm; the simulator: 2) need, then as few blocks as give every block
+    that many rounds or one fewer (1600 items on 1584 slots: 800 blocks of 2, not 16 blocks
+    running a second round alone)."""
+    if SIMULATOR:
+        slots = SIM_PERSISTENT_BLOCKS
+    else:
+        if not _SM_COUNT:
+            _SM_COUNT.append(int(cuda.get_current_device().MULTIPROCESSOR_COUNT))
+        slots = _SM_COUNT[0] * blocks_per_sm
+    rounds = cdiv(max(items, 1), slots)
+    return cdiv(max(items, 1), rounds)
+
+
+def v8_grid(T: int, N: int, nlayers: int = 1, blocks_per_sm: int = V8_BLOCKS_PER_SM) -> int:
+    """gemv_q2k_v8's block count for T tokens and N rows (nlayers = 2: the two-layer launch)."""
+    return persistent_blocks(nlayers * cdiv(N, TILE_ROWS) * cdiv(T, V4_TOKENS), blocks_per_sm)
+
+
 # name -> (warps a block, units a warp loads at once, blocks an SM)
 SHAPES = {"gemv_q2k_v4": (6, 2, 2), "gemv_q2k_v5": (12, 1, 2), "gemv_q2k_v6": (CP_WARPS, CP_UNITS, CP_BLOCKS_PER_SM),
           "gemv_q2k_v7": V7_SHAPE}
 _BUILT = {name: _make_gemv(*SHAPES[name]) for name in ("gemv_q2k_v4", "gemv_q2k_v5")}
 _BUILT["gemv_q2k_v6"] = _make_gemv_cp()
 _BUILT["gemv_q2k_v7"] = _make_gemv7(*V7_SHAPE)
+# persistent versions: name -> (warps a block, unit slots a warp, blocks an SM)
+PERSISTENT = {"gemv_q2k_v8": (V8_TEAM, V8_STAGES, V8_BLOCKS_PER_SM)}
+_BUILT["gemv_q2k_v8"] = _make_gemv8(*PERSISTENT["gemv_q2k_v8"])
 KERNELS = {name: built[0] for name, built in _BUILT.items()}
 PAIR_KERNELS = {name: built[1] for name, built in _BUILT.items()}
 
 
-
-
-
-def launch_config(version: str, T: int, N: int):
+def launch_config(version: str, T: int, N: int, nlayers: int = 1):
+    """(grid, block) of `version` for T tokens, N rows and nlayers layers in one launch (the
+    per-tile versions put the layer on grid z)."""
     if version in SHAPES:
         return (cdiv(N, TILE_ROWS), cdiv(T, V4_TOKENS)), SHAPES[version][0] * 32
+    if version in PERSISTENT:
+        team, _, per_sm = PERSISTENT[version]
+        return (v8_grid(T, N, nlayers, per_sm),), team * 32
     raise ValueError(f"no q2k_r GEMV version {version!r}")
 
 
 def geometry(version: str):
-    """(T, N) -> (grid, block) of `version`: one block per 16-row tile and 8-token group."""
-    if version not in SHAPES:
+    """(T, N) -> (grid, block) of `version`: one block per 16-row tile and 8-token group, or a
+    persistent grid (gemv_q2k_v8)."""
+    if version not in SHAPES and version not in PERSISTENT:
         raise ValueError(f"no q2k_r GEMV version {version!r}")
 
     def geometry_q2kr(T: int, N: int):
@@ -763,7 +1074,8 @@ def prepare_pair(version: str, xa, xb, wkv_pair, outa, outb, *, stream=0) -> Pre
                          f"{wkv_pair.dtype} {list(wkv_pair.shape)}")
     if any(data_address(a) % 16 for a in (xa, xb, wkv_pair)):
         raise ValueError(f"{version} reads x and the weights as 16-byte chunks: they must be 16-byte aligned")
-    (gx, gy), block = launch_config(version, T, N)
+    grid, block = launch_config(version, T, N, nlayers=2)
+    grid = grid if version in PERSISTENT else grid + (2,)
     w32 = wkv_pair.reshape(wkv_pair.size).view(np.uint32)
-    return PreparedLaunch(f"{version}[2 layers]", PAIR_KERNELS[version], (gx, gy, 2), block, stream,
+    return PreparedLaunch(f"{version}[2 layers]", PAIR_KERNELS[version], grid, block, stream,
                           (flat_u32(xa), flat_u32(xb), w32, outa, outb, T, K), (outa, outb))

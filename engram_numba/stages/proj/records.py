@@ -341,6 +341,22 @@ for _name, _log, _when, _rule, _sim in (
           encoding="q2k_r", when=_when, rule=_rule, sim=_sim, sweep=QUANT_SWEEP, vector_io=True)
 
 
+# gemv_q2k_v8: persistent blocks and a cp.async ring a warp (cuda_gemv_q2kr.py, "gemv_q2k_v8"). Its
+# simulator cases run a persistent grid of 2 blocks, so a block takes several items.
+_proj("gemv_q2k_v8",
+      "v4's K shares and summation order (bit-identical kv) on a persistent grid (up to SMs x 16 one-warp "
+      "blocks, each summing an item's 6 shares in registers; the two-layer launch one pool of both layers' "
+      "items), each warp streaming its units through 3 shared-memory slots by cp.async (2 in flight while it "
+      "decodes one, across item boundaries), v7's decode from shared memory: 123 registers, no spills, ~765 "
+      "SASS instructions a unit (v7: 691); not yet timed on the H200",
+      kernel=cuda_gemv_q2kr.KERNELS["gemv_q2k_v8"], geometry=cuda_gemv_q2kr.geometry("gemv_q2k_v8"), args="fast",
+      specs=_q2kr_specs("gemv_q2k_v8", cuda_gemv_q2kr.KERNELS["gemv_q2k_v8"],
+                        cuda_gemv_q2kr.PAIR_KERNELS["gemv_q2k_v8"]),
+      encoding="q2k_r", sim=[(1, 768, 13),      # one item: a pad block, rows past N, shares with no unit
+                             (9, 512, 40)],     # 3 tiles x 2 token groups over 2 blocks: the ring across items
+      sweep=QUANT_SWEEP, vector_io=True)
+
+
 # ---- DeepSeek's FP8 arithmetic on Hopper's FP8 tensor cores (cuda_fp8_wgmma.py) ---------------------
 # An FP8 wkv read as it is stored, with DeepSeek's arithmetic (`reference.projection_deepseek_fp8`),
 # not the bf16 projection of the exact weights the other fp8 records compute: picked by name

@@ -148,6 +148,65 @@ def test_v7_is_v4_bit_for_bit(rng):
     np.testing.assert_array_equal(outs["gemv_q2k_v7"].copy_to_host(), outs["gemv_q2k_v4"].copy_to_host())
 
 
+def test_v8_grid_is_persistent():
+    """gemv_q2k_v8 launches at most SMs x blocks-an-SM blocks (2 in the simulator) whatever the
+    number of items, and never more blocks than items; its two-layer launch is one pool."""
+    assert C.v8_grid(1, 25600) == 2 and C.v8_grid(1, 16) == 1 and C.v8_grid(9, 16, nlayers=2) == 2
+    assert C.launch_config("gemv_q2k_v8", 3, 40) == ((2,), C.V8_TEAM * 32)
+    with pytest.raises(ValueError, match="team of 1, 2, 3 or 6"):
+        C._make_gemv8(4, 3, 1)
+
+
+@pytest.mark.slow
+def test_v8_is_v4_bit_for_bit_single_and_paired(rng):
+    """v8 (persistent blocks, each taking several items; the cp.async ring across items) gives v4's
+    kv bit for bit, alone and as one two-layer pool: 2 tiles x 2 layers over 2 blocks, a pad block,
+    rows past N, shares with no unit."""
+    N, K, T = 20, 768, 2
+    raws = [repack_q2k_r(random_q2k(rng, N, K), K) for _ in range(2)]
+    xs = [cuda.to_device(random_x(rng, T, K)) for _ in range(2)]
+    want = []
+    for i in range(2):
+        o = cuda.to_device(np.full((T, N), POISON, np.uint16))
+        P.project_q(xs[i], cuda.to_device(raws[i]), None, o, weight="q2k_r", version="gemv_q2k_v4")
+        want.append(o.copy_to_host())
+    single = cuda.to_device(np.full((T, N), POISON, np.uint16))
+    P.project_q(xs[0], cuda.to_device(raws[0]), None, single, weight="q2k_r", version="gemv_q2k_v8")
+    np.testing.assert_array_equal(single.copy_to_host(), want[0])
+    outs = [cuda.to_device(np.full((T, N), POISON, np.uint16)) for _ in range(2)]
+    launch = C.prepare_pair("gemv_q2k_v8", xs[0], xs[1], cuda.to_device(np.concatenate(raws)), outs[0], outs[1])
+    assert launch.grid == (2,)
+    launch()
+    for i in range(2):
+        np.testing.assert_array_equal(outs[i].copy_to_host(), want[i])
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("team,stages", [(2, 2), (3, 2)])
+def test_v8_teams_are_v4_bit_for_bit(rng, team, stages):
+    """The shapes the H200 sweep times (tools/q2kr_v8_variants.py): blocks of 2 or 3 warps that add
+    their shares' fragments through shared memory (two buffers, one barrier an item) give v4's
+    bits too: the two-layer pool, 2 tiles x 2 layers over 2 blocks (two items a block)."""
+    from engram_numba.device.launch import PreparedLaunch
+    from engram_numba.stages.proj.cuda_common import flat_u32
+    N, K, T = 20, 512, 1
+    raws = [repack_q2k_r(random_q2k(rng, N, K), K) for _ in range(2)]
+    xs = [cuda.to_device(random_x(rng, T, K)) for _ in range(2)]
+    want = []
+    for i in range(2):
+        o = cuda.to_device(np.full((T, N), POISON, np.uint16))
+        P.project_q(xs[i], cuda.to_device(raws[i]), None, o, weight="q2k_r", version="gemv_q2k_v4")
+        want.append(o.copy_to_host())
+    _, pair = C._make_gemv8(team, stages, 1)
+    outs = [cuda.to_device(np.full((T, N), POISON, np.uint16)) for _ in range(2)]
+    both = cuda.to_device(np.concatenate(raws))
+    PreparedLaunch("v8 team", pair, (C.v8_grid(T, N, 2),), team * 32, 0,
+                   (flat_u32(xs[0]), flat_u32(xs[1]), both.reshape(both.size).view(np.uint32), outs[0], outs[1],
+                    T, K), tuple(outs))()
+    for i in range(2):
+        np.testing.assert_array_equal(outs[i].copy_to_host(), want[i])
+
+
 @pytest.mark.slow
 def test_two_layer_launch_equals_the_single_launches(rng):
     """One launch over both layers' weights: layer b (found at an offset into the pair buffer) gets
@@ -222,3 +281,32 @@ def test_gpu_v7_is_v4_bit_for_bit(rng, gpu_record, T, K, N):
     gpu_record(test="gemv_q2k_v7 vs gemv_q2k_v4 bits", shape=[T, K, N], outputs_differing=differ,
                pair_equals_single=pair_same, passed=differ == 0 and pair_same)
     assert differ == 0 and pair_same
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("T,K,N", [(1, 6144, 25600), (4, 6144, 25600), (8, 6144, 25600),
+                                   (16, 6144, 25600),   # 2 token groups: 3200 items, a second round
+                                   (9, 1536, 5),        # shares with no unit (GPU: skipped)
+                                   (3, 768, 13),        # a pad block (GPU: skipped), rows past N
+                                   (2, 6656, 40)])      # 13 units: 4-unit shares, two of them empty
+def test_gpu_v8_is_v4_bit_for_bit(rng, gpu_record, T, K, N):
+    """gemv_q2k_v8 (persistent grid, cp.async ring, v7's decode and skips) against v4 on every
+    output, alone and in the two-layer pool (whose items interleave both layers in each block)."""
+    raw, raw_b = (C.repack_on_device(cuda.to_device(random_q2k(rng, N, K)), N, K) for _ in range(2))
+    x, xb = (cuda.to_device(random_x(rng, T, K)) for _ in range(2))
+    want = []
+    for xi, wi in ((x, raw), (xb, raw_b)):
+        o = cuda.to_device(np.full((T, N), POISON, np.uint16))
+        P.project_q(xi, wi, None, o, weight="q2k_r", version="gemv_q2k_v4")
+        want.append(o.copy_to_host())
+    single = cuda.to_device(np.full((T, N), POISON, np.uint16))
+    P.project_q(x, raw, None, single, weight="q2k_r", version="gemv_q2k_v8")
+    got = single.copy_to_host()
+    pa, pb = (cuda.to_device(np.full((T, N), POISON, np.uint16)) for _ in range(2))
+    both = cuda.to_device(np.concatenate([raw.copy_to_host(), raw_b.copy_to_host()]))
+    C.prepare_pair("gemv_q2k_v8", x, xb, both, pa, pb)()
+    differ = int((got != want[0]).sum())
+    pair_differ = int((pa.copy_to_host() != want[0]).sum() + (pb.copy_to_host() != want[1]).sum())
+    gpu_record(test="gemv_q2k_v8 vs gemv_q2k_v4 bits", shape=[T, K, N], outputs_differing=differ,
+               pair_outputs_differing=pair_differ, grid=C.v8_grid(T, N), passed=differ == 0 and pair_differ == 0)
+    assert differ == 0 and pair_differ == 0
