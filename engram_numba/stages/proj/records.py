@@ -353,7 +353,7 @@ _proj("gemv_q2k_v8",
       specs=_q2kr_specs("gemv_q2k_v8", cuda_gemv_q2kr.KERNELS["gemv_q2k_v8"],
                         cuda_gemv_q2kr.PAIR_KERNELS["gemv_q2k_v8"]),
       encoding="q2k_r", sim=[(1, 768, 13),      # one item: a pad block, rows past N, shares with no unit
-                             (9, 512, 40)],     # 3 tiles x 2 token groups over 2 blocks: the ring across items
+                             (9, 256, 20)],     # 2 tiles x 2 token groups over 2 blocks: the ring across items
       sweep=QUANT_SWEEP, vector_io=True)
 
 
