@@ -14,23 +14,7 @@ ENGRAM_GPU_RESULTS="$OUT/gpu_tests_v7.json" timeout "${TEST_TIMEOUT:-100}" pytho
   -p no:cacheprovider -rfE engram_numba/stages/proj/tests/test_q2k_r.py tests/test_engine_decode.py \
   -k "v7_is_v4 or decode_graph_equals" > "$OUT/gpu_tests_v7.log" 2>&1
 echo "gpu tests exit status: $?"; tail -n 4 "$OUT/gpu_tests_v7.log"
-timeout "${BENCH_TIMEOUT:-150}" python3 - "$OUT" <<'PY'
-import json, sys, time
-from pathlib import Path
-from engram_numba.bench import decode
-from engram_numba.bench.timing import RELEASED, commit, device_name
-out = Path(sys.argv[1])
-t0 = time.time()
-res = {"commit": commit(), "device": device_name(), "records": [], "decode": {}}
-def save():
-    res["seconds"] = round(time.time() - t0, 1)
-    (out / "decode_dev_v7.json").write_text(json.dumps(res, indent=1, default=str))
-for part in ("projection", "decode"):
-    r = decode.run(RELEASED, quick=True, parts=(part,), n_tokens=256)
-    res["records"] += r["records"]
-    res["decode"].update(r["decode"])
-    save()
-PY
+timeout "${BENCH_TIMEOUT:-150}" python3 tools/decode_records.py "$OUT" v7
 echo "bench exit status: $?"
 timeout "${NCU_TIMEOUT:-40}" ncu --clock-control none --kernel-name regex:gemv --launch-skip 10 --launch-count 4 \
   --section SpeedOfLight --section Occupancy --section WarpStateStats --section LaunchStats \

@@ -22,26 +22,7 @@ echo "gpu tests exit status: $?"; tail -n 4 "$OUT/gpu_tests_v8.log"
 timeout "${VARIANTS_TIMEOUT:-230}" python3 tools/q2kr_v8_variants.py --run --only "${VARIANTS:-5}" \
   --out "$OUT/v8_variants.json" > "$OUT/v8_variants.log" 2>&1
 echo "variants exit status: $?"; grep -h '"us"' "$OUT/v8_variants.log" | cut -c1-160 | tail -n 40
-timeout "${BENCH_TIMEOUT:-150}" python3 - "$OUT" <<'PY'
-import json, sys, time
-from pathlib import Path
-from engram_numba.bench import decode
-from engram_numba.bench.timing import RELEASED, commit, device_name
-out = Path(sys.argv[1])
-t0 = time.time()
-res = {"commit": commit(), "device": device_name(), "records": [], "decode": {}}
-def save():
-    res["seconds"] = round(time.time() - t0, 1)
-    (out / "decode_dev_v8.json").write_text(json.dumps(res, indent=1, default=str))
-for part in ("projection", "decode"):
-    r = decode.run(RELEASED, quick=True, parts=(part,), n_tokens=256)
-    res["records"] += r["records"]
-    res["decode"].update(r["decode"])
-    save()
-for r in res["records"]:
-    if r.get("stage") == "proj_q2k":
-        print(r.get("T"), r.get("kernel"), r.get("time_us"), r.get("pct_of_floor"), r.get("validated"))
-PY
+timeout "${BENCH_TIMEOUT:-150}" python3 tools/decode_records.py "$OUT" v8 --print-q2k
 echo "bench exit status: $?"
 timeout "${NCU_TIMEOUT:-60}" ncu --clock-control none --kernel-name regex:gemv --launch-skip 14 --launch-count 7 \
   --section SpeedOfLight --section Occupancy --section WarpStateStats --section LaunchStats \
