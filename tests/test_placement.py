@@ -200,28 +200,32 @@ def test_host_tables_on_the_gpu_bit_identical(model, rng, gpu_record):
     assert host.decode_bad_ids() == 0
     chunks = [TINY_TOKENS[0:4], TINY_TOKENS[4:8], TINY_TOKENS[8:12]]
     hp = rng.standard_normal((4, hc, dim)).astype(np.float32)
-    res = []
-    for e, pre in ((dev, False), (host, True)):
-        hs = EngramHasher(model.hash_tables)
-        ids = [hs.hash(c) for c in chunks]
-        got = []
-        if pre:
-            e.prefetch(ids[0])
-        for k, c in enumerate(chunks):
-            if pre and k + 1 < len(chunks):
-                e.prefetch(ids[k + 1])
-            h = cuda.to_device(hp)
-            for li, lid in enumerate(model.config.layer_ids):
-                e.rows_from_ids(lid, ids[k][:, li, :])
-                e.apply(lid, h)
-            got.append(h.copy_to_host())
-        res.append(got)
-    for a, b in zip(*res):
+    hs = EngramHasher(model.hash_tables)
+    ids = [hs.hash(c) for c in chunks]
+    for a, b in zip(_highways_over_chunks(dev, model, ids, hp, ahead=0),
+                    _highways_over_chunks(host, model, ids, hp, ahead=1)):
         np.testing.assert_array_equal(a, b)
     rep = host.cache_report()
     assert rep["prefetch"]["missed"] == 0 and rep["prefetch"]["taken"] == 3
     gpu_record(test="host tables: decode graph + prefetched cached chunks == device tables",
                hit_rate=round(rep[4]["hit_rate"], 3), passed=True)
+
+
+def _highways_over_chunks(engine, model, ids, hp, ahead: int) -> list:
+    """The highway hp after both layers of each chunk (row ids `ids`, one [T, layers, C] a chunk),
+    each chunk's rows prefetched `ahead` chunks before it is computed (0: none)."""
+    for k in range(min(ahead, len(ids))):
+        engine.prefetch(ids[k])
+    got = []
+    for k in range(len(ids)):
+        if ahead and k + ahead < len(ids):
+            engine.prefetch(ids[k + ahead])
+        h = cuda.to_device(hp)
+        for li, lid in enumerate(model.config.layer_ids):
+            engine.rows_from_ids(lid, ids[k][:, li, :])
+            engine.apply(lid, h)
+        got.append(h.copy_to_host())
+    return got
 
 
 @pytest.mark.gpu
@@ -237,22 +241,8 @@ def test_clock_cache_on_the_gpu_two_ahead_bit_identical_and_counts_like_its_twin
     hs = EngramHasher(model.hash_tables)
     ids = [hs.hash(c) for c in chunks]
     hp = rng.standard_normal((4, hc, dim)).astype(np.float32)
-    res = []
-    for e, pre in ((dev, False), (host, True)):
-        got = []
-        if pre:
-            e.prefetch(ids[0])
-            e.prefetch(ids[1])
-        for k in range(len(chunks)):
-            if pre and k + 2 < len(chunks):
-                e.prefetch(ids[k + 2])
-            h = cuda.to_device(hp)
-            for li, lid in enumerate(model.config.layer_ids):
-                e.rows_from_ids(lid, ids[k][:, li, :])
-                e.apply(lid, h)
-            got.append(h.copy_to_host())
-        res.append(got)
-    for a, b in zip(*res):
+    for a, b in zip(_highways_over_chunks(dev, model, ids, hp, ahead=0),
+                    _highways_over_chunks(host, model, ids, hp, ahead=2)):
         np.testing.assert_array_equal(a, b)
     rep = host.cache_report()
     assert rep["prefetch"]["missed"] == 0 and rep["prefetch"]["taken"] == 2 * len(chunks)
