@@ -124,3 +124,11 @@ def test_report_main_rewrites_a_readme(tmp_path, capsys):
     assert capsys.readouterr().err.startswith("error: ")
     (tmp_path / "plain.md").write_text("no markers\n")
     assert report.main([str(src), "--readme", str(tmp_path / "plain.md")]) == 2
+
+
+def test_decode_bench_refuses_an_unknown_part_before_any_device_work():
+    """A misspelt part gave an empty record list without a word (the GPU batch's decode records came
+    back empty once); now it is refused by name, before the copy-bandwidth probe or any launch."""
+    from engram_numba.bench import decode
+    with pytest.raises(ValueError, match=r"unknown part\(s\) \['projection'\].*'proj', 'decode_step'"):
+        decode.run(parts=("projection", "decode_step"))

@@ -23,7 +23,7 @@ def main(argv=None) -> int:
     from engram_numba.bench.timing import RELEASED, commit, device_name
     t0 = time.time()
     res = {"commit": commit(), "device": device_name(), "records": [], "decode": {}}
-    for part in ("projection", "decode"):
+    for part in ("proj", "decode_step"):
         r = decode.run(RELEASED, quick=True, parts=(part,), n_tokens=256)
         res["records"] += r["records"]
         res["decode"].update(r["decode"])

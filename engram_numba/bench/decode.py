@@ -498,13 +498,18 @@ def bench_engine_build(shape: BenchShape, log, table_gib: float, smoke: bool) ->
 
 # ---- entry point --------------------------------------------------------------------------------
 
+PARTS = ("proj", "decode_step", "engine_build")
+
 def run(shape: BenchShape = RELEASED, quick: bool = False, log=print, *, decode_table_gb: float | None = None,
         build_table_gib: float | None = None, n_tokens: int | None = None,
-        parts=("proj", "decode_step", "engine_build")) -> dict:
+        parts=PARTS) -> dict:
     """The decode-path records (module doc). decode_table_gb: random table per layer for decode_step
     (default 1.5 GB, tiny in the simulator); build_table_gib: per layer for engine_build (default the
     released 30 GiB, or $ENGRAM_BUILD_TABLE_GIB); n_tokens: decode_step's sequence (default 1024
     with quick, else 2048)."""
+    unknown = sorted(set(parts) - set(PARTS))
+    if unknown:       # before any device work: a misspelt part would otherwise give no records, silently
+        raise ValueError(f"decode bench: unknown part(s) {unknown}; the parts are {list(PARTS)}")
     from numba.cuda import config
     smoke = bool(config.ENABLE_CUDASIM) or shape.name != RELEASED.name
     timer = DeviceTimer()
