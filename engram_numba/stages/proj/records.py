@@ -25,7 +25,12 @@ v5 47.4-47.5, against v2's 58.9 on the file layout and cuBLAS's 91-93 on the bf1
 at ~26% of the copy floor with the SMs ~65% busy (Nsight Compute,
 bench/results/h200_ncu_gemv_q2kr_b4a1848.txt). v7 runs v4's kernel with 28% fewer instructions
 (56% fewer on the integer pipe, tools/sass_count_q2kr.py) and bit-identical output at the same
-speed, so the instruction count alone is not what bounds them.
+speed, so the instruction count alone is not what bounds them. On a GPU at T = 1 gemv_q2k_v8
+(persistent, the same values and order: bit-identical kv) takes over: 44.4 us against v4's 45.5-46.1
+in two runs at f52d7f1 (bench/results/h200.json, h200_q2kr_v8_variants_f52d7f1.json), and its
+two-layer launch, with its own shape, projects both wkv of a decode step in 71.7 us against v4's
+82.4; at T = 4 and 8 v4 stays ahead (45.8 / 46.4 against 46.2 / 47.2). In the simulator v4 keeps
+T = 1 too (v8's persistent loop is the slower one to simulate).
 """
 from __future__ import annotations
 
@@ -55,6 +60,11 @@ def _fast(ctx) -> bool:
 
 def _bf16(ctx) -> bool:
     return ctx["weight"] == "bf16"
+
+
+def _v8_default(ctx) -> bool:
+    """gemv_q2k_v8's share of the q2k_r contexts: one token on a GPU (module doc)."""
+    return ctx["weight"] == "q2k_r" and not ctx["simulator"] and ctx["T"] <= 1
 
 
 def _hopper(ctx) -> bool:
@@ -312,7 +322,8 @@ for _name, _log, _when, _rule, _sim in (
      "v2's math on q2k_r, the Q2_K weight re-laid out at load (same bytes): six 16-byte loads a lane per "
      "16 rows x 512 k, each warp's loads for its whole K share issued into registers before any decode, "
      "6 warps a block (160 registers: 2 blocks an SM); 45.7 / 46.2 / 46.2 us at T = 1 / 4 / 8, L2 cold (v2: 58.9)",
-     "q2k_r weights (on a GPU the engine holds a Q2_K wkv as q2k_r)", lambda c: c["weight"] == "q2k_r",
+     "q2k_r weights (on a GPU the engine holds a Q2_K wkv as q2k_r), but gemv_q2k_v8 at T = 1 on a GPU",
+     lambda c: c["weight"] == "q2k_r" and not _v8_default(c),
      [(1, 768, 13)]),
     ("gemv_q2k_v5",
      "v4 with 12 warps a block, each loading one unit (24 words a lane): 79 registers, 24 warps an SM "
@@ -348,7 +359,11 @@ _proj("gemv_q2k_v8",
       "blocks, each summing an item's 6 shares in registers; the two-layer launch one pool of both layers' "
       "items), each warp streaming its units through 3 shared-memory slots by cp.async (2 in flight while it "
       "decodes one, across item boundaries), v7's decode from shared memory: 123 registers, no spills, ~765 "
-      "SASS instructions a unit (v7: 691); not yet timed on the H200",
+      "SASS instructions a unit (v7: 691); the two-layer launch its own shape (2 slots, 25 blocks an SM, 72 "
+      "registers). H200, L2 cold: 44.4 / 46.2 / 47.2 us at T = 1 / 4 / 8 (v4 45.5 / 45.8 / 46.4), both "
+      "layers at T = 1 71.7 us (v4 82.4); issue-bound, not memory-bound: 27% of DRAM throughput, 11.6 warps "
+      "an SM, an instruction every 5.9 cycles a warp (bench/results/h200_ncu_gemv_q2kr_v8_f52d7f1.txt)",
+      when="q2k_r weights, T = 1, on a GPU", rule=_v8_default,
       kernel=cuda_gemv_q2kr.KERNELS["gemv_q2k_v8"], geometry=cuda_gemv_q2kr.geometry("gemv_q2k_v8"), args="fast",
       specs=_q2kr_specs("gemv_q2k_v8", cuda_gemv_q2kr.KERNELS["gemv_q2k_v8"],
                         cuda_gemv_q2kr.PAIR_KERNELS["gemv_q2k_v8"]),

@@ -153,8 +153,19 @@ def test_v8_grid_is_persistent():
     number of items, and never more blocks than items; its two-layer launch is one pool."""
     assert C.v8_grid(1, 25600) == 2 and C.v8_grid(1, 16) == 1 and C.v8_grid(9, 16, nlayers=2) == 2
     assert C.launch_config("gemv_q2k_v8", 3, 40) == ((2,), C.V8_TEAM * 32)
+    assert C.launch_config("gemv_q2k_v8", 1, 40, nlayers=2) == ((2,), C.V8_PAIR_SHAPE[0] * 32)
     with pytest.raises(ValueError, match="team of 1, 2, 3 or 6"):
         C._make_gemv8(4, 3, 1)
+
+
+def test_q2k_r_defaults_v8_at_one_token_on_a_gpu_only():
+    """The measured split: v8 at T = 1 on a GPU (and so the decode graph's two-layer launch), v4 at
+    more tokens and everywhere in the simulator."""
+    from engram_numba.stages import registry
+    ctx = dict(K=6144, N=25600, aligned=True, weight="q2k_r", cc=(9, 0))
+    assert registry.default("proj", dict(ctx, T=1, simulator=False)).name == "gemv_q2k_v8"
+    for T, sim in ((2, False), (8, False), (1, True), (8, True)):
+        assert registry.default("proj", dict(ctx, T=T, simulator=sim)).name == "gemv_q2k_v4"
 
 
 @pytest.mark.slow
