@@ -4,6 +4,7 @@ methods (hash, rows, proj, gate), and the resolution of a user's backend choice 
     reference  plain numpy, fixed summation order (the teaching version)
     cpu        @njit, bit-identical to the reference
     blas       cpu with the projection as a BLAS fp32 matmul (not bit-identical; docs/numerics.md)
+    deepseek_fp8  cpu with DeepSeek's FP8 arithmetic for an FP8 wkv (activations quantised to e4m3)
     cuda       each stage on the GPU (or numba's simulator) through one `EngramV41`
 
 A new backend is one class here and one entry in `BACKEND_CLASSES`.
@@ -121,6 +122,30 @@ class BlasBackend(CpuBackend):
         return _proj_cpu.projection_blas(x_bf16, wkv_f32=layer.wkv_f32())
 
 
+class DeepSeekFp8Backend(CpuBackend):
+    """The cpu backend with DeepSeek's own FP8 arithmetic for the projection
+    (`proj.cpu.projection_deepseek_fp8_cpu`, the @njit twin of `reference.projection_deepseek_fp8`):
+    x quantised to e4m3 per block of 32 with a power-of-two scale, the products of each 32-wide K
+    block summed and promoted to fp32 with both scales, kv rounded to bf16 once. Only an FP8 wkv
+    (e4m3 codes with e8m0 32x32 tile scales, as DeepSeek's checkpoint stores it) has this arithmetic;
+    the other backends project the same weights exactly (docs/numerics.md compares the two)."""
+
+    name = "deepseek_fp8"
+
+    @staticmethod
+    def check_model(model) -> None:
+        """Refuse, before anything runs, a model with a layer whose wkv is not FP8."""
+        for lid, layer in model.layers.items():
+            if layer.wkv_encoding != "fp8" or layer.wkv_scales is None:
+                raise ValueError(f"backend 'deepseek_fp8' computes DeepSeek's FP8 arithmetic on an FP8 wkv (e4m3 codes "
+                                 f"with e8m0 tile scales); engram layer {lid}'s wkv is {layer.wkv_encoding!r}: use "
+                                 "proj=cpu (the exact projection) for this model")
+
+    def proj_array(self, layer, x_bf16):
+        lf = layer._file
+        return _proj_cpu.projection_deepseek_fp8_cpu(x_bf16, lf.wkv_raw, lf.wkv_scales)
+
+
 class CudaBackend(HostBackend):
     """Each stage on the GPU (or numba's simulator), through one `EngramV41` whose workspaces
     grow to the longest call (`layer_step.EngineStages`). Values stay on the device; they are
@@ -213,10 +238,11 @@ class LayerView:
 
 # Backend names ------------------------------------------------------------------------------
 
-# "blas" is a projection backend (BLAS fp32 matmul); as one name for every stage it means the cpu
-# backend with that projection. The hash has no GPU version: "cuda" for every stage hashes with
-# the @njit hasher and says so ("cpu"), and hash="cuda" is refused rather than mislabelled.
-PROJ_ONLY_BACKENDS = ("blas",)
+# "blas" (BLAS fp32 matmul) and "deepseek_fp8" (DeepSeek's FP8 arithmetic) are projection
+# backends; as one name for every stage each means the cpu backend with that projection. The hash
+# has no GPU version: "cuda" for every stage hashes with the @njit hasher and says so ("cpu"), and
+# hash="cuda" is refused rather than mislabelled.
+PROJ_ONLY_BACKENDS = ("blas", "deepseek_fp8")
 BACKEND_NAMES = tuple(BACKENDS) + PROJ_ONLY_BACKENDS
 
 
@@ -225,7 +251,8 @@ def resolve_backends(backends) -> dict[str, str]:
     take "reference"); raises ValueError naming the stage or backend that cannot be."""
     if isinstance(backends, str):
         one = backends
-        backends = {s: ("cpu" if (s == "hash" and one == "cuda") or (s != "proj" and one == "blas") else one)
+        backends = {s: ("cpu" if (s == "hash" and one == "cuda") or (s != "proj" and one in PROJ_ONLY_BACKENDS)
+                        else one)
                     for s in STAGES}
     elif not isinstance(backends, Mapping):
         raise TypeError(f"backends must be a backend name or a dict stage -> name, got {type(backends).__name__}")
@@ -243,10 +270,16 @@ def resolve_backends(backends) -> dict[str, str]:
     return out
 
 
-BACKEND_CLASSES = {"reference": ReferenceBackend, "cpu": CpuBackend, "blas": BlasBackend, "cuda": CudaBackend}
+BACKEND_CLASSES = {"reference": ReferenceBackend, "cpu": CpuBackend, "blas": BlasBackend,
+                   "deepseek_fp8": DeepSeekFp8Backend, "cuda": CudaBackend}
 
 
 def make_backends(names, model, versions=None) -> dict[str, HostBackend]:
-    """{backend name: backend object} for the names in `names` (each built once)."""
+    """{backend name: backend object} for the names in `names` (each built once); a backend that
+    cannot run this model says so here, before anything is built or run."""
+    for b in set(names):
+        check = getattr(BACKEND_CLASSES[b], "check_model", None)
+        if check is not None:
+            check(model)
     return {b: (CudaBackend(model, versions) if b == "cuda" else BACKEND_CLASSES[b]())
             for b in sorted(set(names))}

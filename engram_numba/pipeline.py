@@ -119,9 +119,10 @@ class _Points:
 class Pipeline:
     """hash -> rows -> proj -> gate for every engram layer of `model`, one backend per stage.
 
-    backends: "reference" | "cpu" | "cuda" | "blas" for every stage, or a dict {stage: backend}
-              (stages not named take "reference"). "blas" is a projection backend (numpy's fp32
-              matmul, not bit-identical: docs/numerics.md); as one name it means cpu with it.
+    backends: "reference" | "cpu" | "cuda" | "blas" | "deepseek_fp8" for every stage, or a dict
+              {stage: backend} (stages not named take "reference"). "blas" and "deepseek_fp8" are
+              projection backends (numpy's fp32 matmul, not bit-identical; DeepSeek's FP8 arithmetic
+              for an FP8 wkv: docs/numerics.md); as one name each means cpu with it.
     residual: "fp32" (engine: FP32 highway) or "bf16" (DeepSeek's reference: bf16 residual).
     eps:      the gate's RMS epsilon (default: the model's), finite and >= 0 on every backend.
     versions: kernel record per cuda stage, e.g. {"rows": "q2k_v4", "proj": "gemv_v2",

@@ -442,6 +442,37 @@ def test_blas_backend_runs_and_only_proj_differs_from_cpu():
     assert bf16_ulp_distance(blas["L1.proj.kv"], cpu["L1.proj.kv"]).max() <= 1
 
 
+def test_deepseek_fp8_backend_is_the_twin_on_captured_rows_and_refuses_a_non_fp8_wkv():
+    """'deepseek_fp8' (a projection backend; alone: cpu with it) projects with DeepSeek's FP8
+    arithmetic: kv is the @njit twin's on the captured rows, bit for bit, and a model whose wkv is
+    not FP8 is refused by layer when the Pipeline is built; stage-isolated on rows that are not FP8
+    values, act_quant's rounding shows at proj.kv."""
+    from engram_numba.fixtures import tiny_model_path
+    from engram_numba.formats.load import load_model
+    from engram_numba.pipeline import resolve_backends
+    from engram_numba.stages.proj.cpu import projection_deepseek_fp8_cpu
+    assert resolve_backends("deepseek_fp8") == {"hash": "cpu", "rows": "cpu", "proj": "deepseek_fp8", "gate": "cpu"}
+    with pytest.raises(ValueError, match="'deepseek_fp8' is a projection backend; stage 'gate'"):
+        resolve_backends({"gate": "deepseek_fp8"})
+    hf = load_model(tiny_model_path().parent / "tiny_v41_hf")
+    T = len(TINY_TOKENS)
+    run = Pipeline(hf, "deepseek_fp8").run(TINY_TOKENS, token_mask=TINY_MASK)
+    assert run.meta["backends"]["proj"] == "deepseek_fp8"
+    for lid in hf.config.layer_ids:
+        lf = hf.layers[lid]
+        want = projection_deepseek_fp8_cpu(run[f"L{lid}.rows.bf16"].reshape(T, -1), lf.wkv_raw, lf.wkv_scales)
+        np.testing.assert_array_equal(run[f"L{lid}.proj.kv"], want)
+    with load_model(tiny_model_path()) as q2k:
+        with pytest.raises(ValueError, match="engram layer 1's wkv is 'q2k'"):
+            Pipeline(q2k, {"proj": "deepseek_fp8"})
+        rows_q2k = Pipeline(q2k, "cpu").run(TINY_TOKENS, token_mask=TINY_MASK)
+    exact = Pipeline(hf, "cpu").run(inputs_from=rows_q2k)
+    fp8 = Pipeline(hf, "deepseek_fp8").run(inputs_from=rows_q2k)
+    rep = diff(exact, fp8, names=["L1.rows.bf16", "L1.proj.kv"])
+    assert rep["L1.rows.bf16"].equal and not rep["L1.proj.kv"].equal
+    assert 1e-3 < rep["L1.proj.kv"].rel_l2 < 0.1          # act_quant's rounding of Q2_K rows: ~2.8 %
+
+
 def test_diff_names_take_globs_and_point_names_take_a_model(model):
     cap = Pipeline(model, "reference").run(TINY_TOKENS[:4])
     rep = diff(cap, cap, names="L*.gate.*")
