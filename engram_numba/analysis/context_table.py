@@ -172,17 +172,27 @@ class ContextTable:
         self._compact = None
 
     def _prune(self) -> None:
-        rec = self._sorted()
-        W = self.width
+        """Keep the cap/2 most frequent contexts (of the counts equal to the threshold, the first in
+        key order), in place: no sort of the whole table and no fresh allocation (this runs every
+        few chunks once a corpus has more contexts than the cap)."""
+        W, slots = self.width, self._slots
+        occupied, count = _ctx_occupied(slots, W)
+        n = count.size
         keep_n = max(self.cap // 2, 1)
-        count = rec[:, W]
-        order = np.lexsort(tuple(rec[:, :W].T[::-1]) + (-count,))       # most frequent first, ties by key
-        keep, drop = np.sort(order[:keep_n]), order[keep_n:]
+        if n <= keep_n:
+            return
+        thr = np.partition(count, n - keep_n)[n - keep_n]               # the keep_n-th largest count
+        ties = occupied[count == thr]
+        last = _kth_key(slots[ties, :W], keep_n - int(np.count_nonzero(count > thr)))
+        kept, n_kept, dropped_sum, dropped_max = _ctx_prune(slots, W, thr, last, keep_n)
+        if n_kept != keep_n:                                             # cannot happen: keys are distinct
+            raise AssertionError(f"order-{self.order} context table prune kept {n_kept} records, not {keep_n}")
         self.prunes += 1
-        self.dropped_entries += int(drop.size)
-        self.dropped_occurrences += int(count[drop].sum())
-        self.undercount_bound += int(count[drop].max()) if drop.size else 0
-        self._load_records(rec[keep], slots=self._slots.shape[0])       # same size: no regrowth
+        self.dropped_entries += n - keep_n
+        self.dropped_occurrences += int(dropped_sum)
+        self.undercount_bound += int(dropped_max)
+        self.n = int(_ctx_add_entries(slots, W, kept))
+        self._compact = None
 
     def merged(self, other: "ContextTable") -> "ContextTable":
         out = ContextTable(self.order, self.width, self.n_layers, self.hc, self.cap, self.bits, self.per_word)
@@ -196,6 +206,69 @@ class ContextTable:
             out._prune()
         out._check_overflow()
         return out
+
+
+def _kth_key(keys: np.ndarray, r: int) -> np.ndarray:
+    """The r-th smallest (1-based) of distinct keys [m, W], word 0 first (as np.lexsort of the
+    words reversed orders them): a partition on word 0, a sort only of the keys that share it."""
+    w0 = keys[:, 0]
+    v = np.partition(w0, r - 1)[r - 1]
+    same = keys[w0 == v]
+    same = same[np.lexsort(same.T[::-1])]
+    return np.ascontiguousarray(same[r - 1 - int(np.count_nonzero(w0 < v))])
+
+
+@njit(cache=True, nogil=True)
+def _ctx_occupied(slots, W):  # pragma: no cover - jitted
+    """(slot indices, counts) of the occupied slots, in slot order."""
+    n = 0
+    for i in range(slots.shape[0]):
+        if slots[i, W] != 0:
+            n += 1
+    idx = np.empty(n, np.int64)
+    count = np.empty(n, np.int64)
+    j = 0
+    for i in range(slots.shape[0]):
+        if slots[i, W] != 0:
+            idx[j] = i
+            count[j] = slots[i, W]
+            j += 1
+    return idx, count
+
+
+@njit(cache=True, nogil=True)
+def _ctx_prune(slots, W, thr, last, keep_n):  # pragma: no cover - jitted
+    """Take out the records with count > thr, or count == thr and key <= last (word 0 first), and
+    empty every slot; returns (those records [keep_n, R], how many there were, sum and max of the
+    dropped counts)."""
+    R = slots.shape[1]
+    kept = np.empty((keep_n, R), np.int64)
+    j = 0
+    dropped_sum = 0
+    dropped_max = 0
+    for i in range(slots.shape[0]):
+        c = slots[i, W]
+        if c == 0:
+            continue
+        keep = c > thr
+        if c == thr:
+            keep = True                                   # key <= last?
+            for w in range(W):
+                if slots[i, w] != last[w]:
+                    keep = slots[i, w] < last[w]
+                    break
+        if keep:
+            if j < keep_n:
+                for r in range(R):
+                    kept[j, r] = slots[i, r]
+            j += 1
+        else:
+            dropped_sum += c
+            if c > dropped_max:
+                dropped_max = c
+        for r in range(R):
+            slots[i, r] = 0
+    return kept, j, dropped_sum, dropped_max
 
 
 def pack_width(max_ngram: int, bits: int) -> tuple[int, int]:
