@@ -4,7 +4,7 @@ pruning table ends as a table that prunes by sorting everything."""
 import numpy as np
 import pytest
 
-from engram_numba.analysis.context_table import ContextTable, _kth_key, pack_width
+from engram_numba.analysis.context_table import ContextTable, _kth_key, _slot_of, pack_width
 
 
 class SortingTable(ContextTable):
@@ -25,7 +25,14 @@ class SortingTable(ContextTable):
         self._load_records(rec[keep], slots=self._slots.shape[0])
 
 
+def _reachable(t):
+    """Every record is found by a lookup of its key from its home slot (linear probing's invariant)."""
+    for i in np.flatnonzero(t._slots[:, t.width]):
+        assert _slot_of(t._slots, t.width, t._slots[i, :t.width].copy()) == i
+
+
 def _same(a, b):
+    _reachable(a)
     np.testing.assert_array_equal(a.keys, b.keys)
     np.testing.assert_array_equal(a.count, b.count)
     np.testing.assert_array_equal(a.gsum, b.gsum)
@@ -40,7 +47,7 @@ def test_streamed_chunks_prune_as_a_full_sort_does(order, bits, vocab, seed):
     # share word 0 (the tie path that sorts); (4, 40): four words of one id each
     rng = np.random.default_rng(seed)
     width, per_word = pack_width(order, bits)
-    L, hc, cap = 2, 3, 37
+    L, hc, cap = 2, 3, 37                               # tables of 64..256 slots: clusters wrap
     fast, ref = (cls(order, width, L, hc, cap, bits, per_word) for cls in (ContextTable, SortingTable))
     for _ in range(12):
         T = int(rng.integers(20, 90))
@@ -63,3 +70,24 @@ def test_kth_key_is_the_lexicographic_order_statistic():
         want = keys[np.lexsort(keys.T[::-1])]
         for r in (1, 2, keys.shape[0] // 2, keys.shape[0] - 1, keys.shape[0]):
             np.testing.assert_array_equal(_kth_key(keys, r), want[r - 1])
+
+
+def test_prune_deletes_across_the_tables_end():
+    # 16 slots, 7 records whose home slots are 13..15: their cluster wraps to slots 0..3, and the
+    # deletions there must shift wrapped records back across the end
+    from engram_numba.analysis.context_table import _ctx_add_entries, _home
+    rng = np.random.default_rng(3)
+    width, per_word = pack_width(2, 17)
+    near_end = [k for k in range(1, 5000) if _home(np.array([k]), width, 15) >= 13]
+    for trial in range(30):
+        keys = rng.choice(near_end, 7, replace=False)
+        count = rng.integers(1, 4, 7)
+        rec = np.concatenate([keys[:, None], count[:, None], rng.integers(-9, 9, (7, 2))], axis=1).astype(np.int64)
+        t, ref = (cls(2, width, 1, 2, 6, 17, per_word) for cls in (ContextTable, SortingTable))
+        for x in (t, ref):
+            x._alloc(16)
+            x.n = int(_ctx_add_entries(x._slots, width, rec))
+        assert (t._slots[:4, width] != 0).any()                   # the cluster wraps
+        t._prune()
+        ref._prune()
+        _same(t, ref)

@@ -35,7 +35,8 @@ def fake_gates(job, layer_ids, hc):
     out = {}
     x = (job.token_ids * 2654435761 + job.positions * 40503) & 0xFFFFF
     for li, lid in enumerate(layer_ids):
-        v = ((x[:, None] + 7919 * (li * hc + np.arange(hc))[None, :]) & 0xFFFFF).astype(np.float32) / np.float32(1 << 20)
+        v = ((x[:, None] + 7919 * (li * hc + np.arange(hc))[None, :]) & 0xFFFFF).astype(np.float32)
+        v /= np.float32(1 << 20)
         dot = (v - np.float32(0.5)) * np.float32(8.0)
         gate = (np.float32(1.0) / (np.float32(1.0) + np.exp(-dot))).astype(np.float32)
         out[lid] = (dot.astype(np.float32), gate)
@@ -81,6 +82,8 @@ def main(argv=None):
     p.add_argument("--threads", type=int, default=5, help="the reducer's pool (corpus_stats: min(5, CPU count))")
     p.add_argument("--device-ms", type=float, default=4.87, help="the device work a chunk stands in for")
     p.add_argument("--skip", default="", help="comma list of passes to skip: breakdown,update,pipeline")
+    p.add_argument("--save", default=None, help="save the breakdown pass's statistics here (.npz), to compare "
+                   "two versions of the code: StreamingGateStats.load(a) == StreamingGateStats.load(b)")
     args = p.parse_args(argv)
     skip = set(filter(None, args.skip.split(",")))
 
@@ -130,7 +133,9 @@ def main(argv=None):
         tm = Timers()
         saved = {}
 
-        def patch(obj, name, label):
+        def patch(obj, name, label):                 # (what is not there in this version is skipped)
+            if name not in obj.__dict__:
+                return
             raw = obj.__dict__[name]
             saved[(obj, name)] = raw
             if isinstance(raw, staticmethod):
@@ -140,7 +145,9 @@ def main(argv=None):
         patch(streaming, "reduce_layer", "reduce_layer")
         patch(streaming, "fold_sums", "fold_sums")
         patch(streaming, "mark_rows", "mark_rows")
+        patch(StreamingGateStats, "_mark_rows", "mark_rows")
         patch(StreamingGateStats, "_add_counts", "token_counts")
+        patch(StreamingGateStats, "_count_tokens", "token_counts")
         patch(context_table, "_ctx_add_tokens", "ctx_probe")
         patch(context_table.ContextTable, "_reserve", "ctx_reserve")
         patch(context_table.ContextTable, "_prune", "ctx_prune")
@@ -172,6 +179,9 @@ def main(argv=None):
         print("  context tables: " + ", ".join(f"order {o}: {t.n} contexts in {t._slots.shape[0]} slots, "
                                                f"{t.prunes} prunes" for o, t in st.contexts.items()))
         results["serial"] = st
+        if args.save:
+            st.save(args.save, compresslevel=1)
+            print(f"  saved to {args.save}")
 
     if "update" not in skip:
         st = StreamingGateStats.empty(model)

@@ -10,15 +10,21 @@ from numba import njit
 # A context table's slot is one int64 record [W key words | count | L*hc gate sums]: one cache
 # miss per token instead of three. count 0 marks an empty slot.
 
-@njit(cache=True, nogil=True)
-def _slot_of(slots, W, key):  # pragma: no cover - jitted
-    """The slot holding `key`, or the empty slot where it goes (linear probing; never full)."""
-    mask = slots.shape[0] - 1
+@njit(cache=True, nogil=True, inline="always")
+def _home(key, W, mask):  # pragma: no cover - jitted
+    """The first slot probed for `key` in a table of mask + 1 slots."""
     h = np.uint64(0x9E3779B97F4A7C15)
     for w in range(W):
         h = (h ^ np.uint64(key[w])) * np.uint64(0xBF58476D1CE4E5B9)
         h ^= h >> np.uint64(31)
-    i = np.int64(h & np.uint64(mask))
+    return np.int64(h & np.uint64(mask))
+
+
+@njit(cache=True, nogil=True)
+def _slot_of(slots, W, key):  # pragma: no cover - jitted
+    """The slot holding `key`, or the empty slot where it goes (linear probing; never full)."""
+    mask = slots.shape[0] - 1
+    i = _home(key, W, mask)
     while slots[i, W] != 0:
         same = True
         for w in range(W):
@@ -176,22 +182,24 @@ class ContextTable:
         key order), in place: no sort of the whole table and no fresh allocation (this runs every
         few chunks once a corpus has more contexts than the cap)."""
         W, slots = self.width, self._slots
-        occupied, count = _ctx_occupied(slots, W)
-        n = count.size
+        count, n = _ctx_counts(slots, W, self.n)
+        if n != self.n:                                                  # cannot happen
+            raise AssertionError(f"order-{self.order} context table holds {n} records, not {self.n}")
         keep_n = max(self.cap // 2, 1)
         if n <= keep_n:
             return
         thr = np.partition(count, n - keep_n)[n - keep_n]               # the keep_n-th largest count
-        ties = occupied[count == thr]
-        last = _kth_key(slots[ties, :W], keep_n - int(np.count_nonzero(count > thr)))
-        kept, n_kept, dropped_sum, dropped_max = _ctx_prune(slots, W, thr, last, keep_n)
-        if n_kept != keep_n:                                             # cannot happen: keys are distinct
-            raise AssertionError(f"order-{self.order} context table prune kept {n_kept} records, not {keep_n}")
+        ties = _ctx_keys_counted(slots, W, thr, int(np.count_nonzero(count == thr)))
+        last = _kth_key(ties, keep_n - int(np.count_nonzero(count > thr)))
+        deleted, dropped_sum, dropped_max = _ctx_prune(slots, W, thr, last)
+        if deleted != n - keep_n:                                        # cannot happen: keys are distinct
+            raise AssertionError(f"order-{self.order} context table prune dropped {deleted} records, not "
+                                 f"{n - keep_n}")
         self.prunes += 1
         self.dropped_entries += n - keep_n
         self.dropped_occurrences += int(dropped_sum)
         self.undercount_bound += int(dropped_max)
-        self.n = int(_ctx_add_entries(slots, W, kept))
+        self.n = keep_n
         self._compact = None
 
     def merged(self, other: "ContextTable") -> "ContextTable":
@@ -219,36 +227,51 @@ def _kth_key(keys: np.ndarray, r: int) -> np.ndarray:
 
 
 @njit(cache=True, nogil=True)
-def _ctx_occupied(slots, W):  # pragma: no cover - jitted
-    """(slot indices, counts) of the occupied slots, in slot order."""
-    n = 0
-    for i in range(slots.shape[0]):
-        if slots[i, W] != 0:
-            n += 1
-    idx = np.empty(n, np.int64)
+def _ctx_counts(slots, W, n):  # pragma: no cover - jitted
+    """(the counts [n] of the first n occupied slots, in slot order; how many slots are occupied)."""
     count = np.empty(n, np.int64)
     j = 0
     for i in range(slots.shape[0]):
         if slots[i, W] != 0:
-            idx[j] = i
-            count[j] = slots[i, W]
+            if j < n:
+                count[j] = slots[i, W]
             j += 1
-    return idx, count
+    return count, j
 
 
 @njit(cache=True, nogil=True)
-def _ctx_prune(slots, W, thr, last, keep_n):  # pragma: no cover - jitted
-    """Take out the records with count > thr, or count == thr and key <= last (word 0 first), and
-    empty every slot; returns (those records [keep_n, R], how many there were, sum and max of the
-    dropped counts)."""
-    R = slots.shape[1]
-    kept = np.empty((keep_n, R), np.int64)
+def _ctx_keys_counted(slots, W, c, m):  # pragma: no cover - jitted
+    """The keys [m, W] of the m records whose count is c."""
+    keys = np.empty((m, W), np.int64)
     j = 0
+    for i in range(slots.shape[0]):
+        if slots[i, W] == c:
+            for w in range(W):
+                keys[j, w] = slots[i, w]
+            j += 1
+    return keys
+
+
+@njit(cache=True, nogil=True)
+def _ctx_prune(slots, W, thr, last):  # pragma: no cover - jitted
+    """Delete, in place, every record but those with count > thr or count == thr and key <= last
+    (word 0 first); returns (deleted records, sum and max of their counts).
+
+    Linear probing's deletion by backward shift: each deleted slot's hole is filled by the next
+    record of its cluster that may move back to it, and so on to the cluster's end, so every
+    kept record stays reachable from its home slot and nothing is reinserted. A slot is looked
+    at again after a record moves into it; records move only into holes at or after the slot
+    being looked at (or, across the table's end, among records already kept)."""
+    S, R = slots.shape
+    mask = S - 1
+    deleted = 0
     dropped_sum = 0
     dropped_max = 0
-    for i in range(slots.shape[0]):
+    i = 0
+    while i < S:
         c = slots[i, W]
         if c == 0:
+            i += 1
             continue
         keep = c > thr
         if c == thr:
@@ -258,17 +281,26 @@ def _ctx_prune(slots, W, thr, last, keep_n):  # pragma: no cover - jitted
                     keep = slots[i, w] < last[w]
                     break
         if keep:
-            if j < keep_n:
+            i += 1
+            continue
+        deleted += 1
+        dropped_sum += c
+        if c > dropped_max:
+            dropped_max = c
+        hole = i
+        j = i
+        while True:
+            j = (j + 1) & mask
+            if slots[j, W] == 0:
+                break
+            k = _home(slots[j], W, mask)
+            if (j > hole and (k <= hole or k > j)) or (j < hole and k <= hole and k > j):
                 for r in range(R):
-                    kept[j, r] = slots[i, r]
-            j += 1
-        else:
-            dropped_sum += c
-            if c > dropped_max:
-                dropped_max = c
+                    slots[hole, r] = slots[j, r]
+                hole = j
         for r in range(R):
-            slots[i, r] = 0
-    return kept, j, dropped_sum, dropped_max
+            slots[hole, r] = 0
+    return deleted, dropped_sum, dropped_max
 
 
 def pack_width(max_ngram: int, bits: int) -> tuple[int, int]:

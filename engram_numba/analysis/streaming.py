@@ -59,8 +59,8 @@ from ..config import GATE_CLAMP
 from ..stages.hash.cpu import hash_positions
 from ..identity import identity_mismatch, model_identity
 from .context_table import ContextTable, pack_width, unpack_contexts
-from .reducers import (EXP_BINS, FINE_BINS, FIXED_POINT_BITS, MAX_CALL_TOKENS, exact_m2, exact_mean, fold_sums,
-                       mark_rows, popcount_range, reduce_layer)
+from .reducers import (EXP_BINS, FINE_BINS, FIXED_POINT_BITS, MAX_CALL_TOKENS, count_live, exact_m2, exact_mean,
+                       fixed_point_gates, fold_sums, mark_live_rows, popcount_range, reduce_layer)
 from .stats import QUANTILES, StreamGateStats
 from .stats_file import STATE_VERSION, load_state
 
@@ -162,29 +162,36 @@ class StreamingGateStats:
     def update(self, chunk: Chunk, token_map: np.ndarray, pool=None) -> None:
         """Add one chunk (the driver's `Chunk`); token_map: raw -> compressed ids.
 
-        pool: a concurrent.futures executor to run the per-layer reductions and the per-order
-        context tables side by side (they touch disjoint state, and the @njit parts release the
-        GIL); the result is the same with or without it."""
+        pool: a concurrent.futures executor to run the per-layer reductions, the row bitmaps, the
+        token counts and the per-order context tables side by side (they touch disjoint state, and
+        the @njit parts release the GIL); the result is the same with or without it. A live token
+        whose id (raw, compressed or row) is out of range is a ValueError."""
         T = int(chunk.token_ids.size)
         live = np.ascontiguousarray(chunk.live, dtype=np.bool_)
-        cids = np.asarray(token_map, dtype=np.int64)[chunk.token_ids]               # [T]
+        token_ids = np.ascontiguousarray(chunk.token_ids, dtype=np.int64)
+        token_map = np.asarray(token_map, dtype=np.int64)
+        _check_ids("token id", token_ids, live, min(self.raw_count.size, token_map.size))
+        cids = token_map[token_ids]                                                  # [T]
+        _check_ids("compressed id", cids, live, self.tok_count.size)
+        row_ids = np.ascontiguousarray(chunk.row_ids, dtype=np.int64)               # [T, L, C]
         self.n_tokens += T
         self.n_masked += int(T - live.sum())
         self.n_documents += int(chunk.n_documents)
         self.n_chunks += 1
-        self._add_counts(self.tok_count, cids[live])
-        self._add_counts(self.raw_count, chunk.token_ids[live])
         gates = {}
         for lid in self.layer_ids:
             dot, gate = chunk.gates[lid]
             gates[lid] = (np.ascontiguousarray(dot, dtype=np.float32), np.ascontiguousarray(gate, dtype=np.float32))
-        tasks = [(self._update_layer, li, gates[lid], live, cids, chunk.row_ids) for li, lid in enumerate(self.layer_ids)]
+        # side by side: the layers' reductions, their row bitmaps, the token counts and the context
+        # orders touch disjoint state, and each is one @njit(nogil) call (or a few)
+        tasks = [(self._update_layer, li, gates[lid], live, cids) for li, lid in enumerate(self.layer_ids)]
+        if self.track_rows:
+            tasks += [(self._mark_rows, li, row_ids, live) for li in range(len(self.layer_ids))]
+        tasks.append((self._count_tokens, token_ids, cids, live))
         if self.track_contexts and chunk.windows is not None:
             q_all = np.empty((T, len(self.layer_ids), self.hc), np.int64)          # [T, L, hc] fixed point
             for li, lid in enumerate(self.layer_ids):
-                g = gates[lid][1]
-                g = np.where(live[:, None] & np.isfinite(g), g, 0.0).astype(np.float64)
-                q_all[:, li, :] = np.rint(g * float(1 << FIXED_POINT_BITS)).astype(np.int64)
+                fixed_point_gates(gates[lid][1], live, q_all, li)
             windows = np.ascontiguousarray(chunk.windows, dtype=np.int64)
             tasks += [(table.add_tokens, windows, live, q_all) for table in self.contexts.values()]
         if pool is None:
@@ -194,7 +201,7 @@ class StreamingGateStats:
             for f in [pool.submit(fn, *args) for fn, *args in tasks]:
                 f.result()
 
-    def _update_layer(self, li: int, dot_gate, live, cids, row_ids) -> None:
+    def _update_layer(self, li: int, dot_gate, live, cids) -> None:
         dot, gate = dot_gate
         T = gate.shape[0]
         for t0 in range(0, T, MAX_CALL_TOKENS):
@@ -208,14 +215,16 @@ class StreamingGateStats:
                 tot = getattr(self, name)[li]
                 for c, v in enumerate(fold_sums(a, power)):
                     tot[c] += v
-        if self.track_rows:
-            ids = np.ascontiguousarray(row_ids[live, li, :]).reshape(-1)
-            mark_rows(self.row_bitmaps[li], ids)
 
-    @staticmethod
-    def _add_counts(target: np.ndarray, ids: np.ndarray) -> None:
-        if ids.size:
-            target += np.bincount(ids, minlength=target.size).astype(np.int64)[: target.size]
+    def _mark_rows(self, li: int, row_ids, live) -> None:
+        bad = mark_live_rows(self.row_bitmaps[li], row_ids, live, li, self.table_rows[li])
+        if bad >= 0:
+            raise ValueError(f"chunk row ids of layer {self.layer_ids[li]} must be in [0, {self.table_rows[li]}): "
+                             f"token {bad} has {row_ids[bad, li].tolist()}")
+
+    def _count_tokens(self, token_ids, cids, live) -> None:
+        count_live(self.tok_count, cids, live)                  # ids checked in update
+        count_live(self.raw_count, token_ids, live)
 
     # merging ------------------------------------------------------------------------------------
     def __add__(self, other: "StreamingGateStats") -> "StreamingGateStats":
@@ -654,6 +663,15 @@ class StreamingGateStats:
         """Read a file written by `save`. Anything else, or a file whose arrays do not have the
         shapes its header implies, is a `StatisticsFileError` naming the file and the entry."""
         return load_state(cls, path)
+
+
+def _check_ids(name: str, ids: np.ndarray, live: np.ndarray, size: int) -> None:
+    """Every live id in [0, size), before anything is counted."""
+    ids = ids[live]
+    if ids.size and (ids.min() < 0 or ids.max() >= size):
+        t = int(np.flatnonzero(live)[np.argmax((ids < 0) | (ids >= size))])
+        raise ValueError(f"chunk {name} {int(ids[np.argmax((ids < 0) | (ids >= size))])} at token {t} is outside "
+                         f"[0, {size})")
 
 
 def _stream(stream) -> int:
