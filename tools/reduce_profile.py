@@ -145,7 +145,7 @@ def main(argv=None):
         patch(streaming, "reduce_layer", "reduce_layer")
         patch(streaming, "fold_sums", "fold_sums")
         patch(streaming, "mark_rows", "mark_rows")
-        patch(StreamingGateStats, "_mark_rows", "mark_rows")
+        patch(streaming, "mark_live_rows", "mark_rows")
         patch(StreamingGateStats, "_add_counts", "token_counts")
         patch(StreamingGateStats, "_count_tokens", "token_counts")
         patch(context_table, "_ctx_add_tokens", "ctx_probe")

@@ -61,6 +61,7 @@ FORMATS = ("text", "jsonl", "npy", "ids", "highway", "parquet", "arrow")
 SPLITS = ("line", "paragraph", "file")
 SYNTHETIC_CORPUS = ("synthetic (N(0,1) by position in the sequence, seed 0, as Pipeline.run draws it; "
                     "no transformer blocks)")
+REDUCER_THREADS = 8                # a chunk's statistics are 2 L + 1 + (max_ngram - 1) tasks: 8 at the released shapes
 _TRIM_HISTORY = 1 << 20            # continuous mode: keep the hasher's history below this many tokens
 
 
@@ -367,6 +368,7 @@ def _jobs(docs: Iterator[Document], model, chunk_tokens: int, continuous: bool, 
             a = b
             if fill == chunk_tokens:
                 yield emit()
+                t_start = time.perf_counter()     # a job's seconds leave out the wait for the consumer
         if limit_tokens is not None and total >= limit_tokens:
             break
     if fill:
@@ -479,7 +481,7 @@ def corpus_stats(model, corpus=None, *, texts=None, documents=None, backend="cpu
     token_table:  also write the long per-token table to this .parquet (or .csv) file.
     threads:      tokenize+hash and the statistics on their own threads (False: all in order on one).
     reducer_threads: threads the statistics use inside a chunk (layers and context orders side by
-                  side; default min(5, CPU count); 1 = none). Results are the same either way.
+                  side; default min(8, CPU count); 1 = none). Results are the same either way.
     engine:       an `EngramV41` (max_tokens >= chunk_tokens) for the cuda backend to use. When some of
                   its tables live in host memory (`tables={..: "host"}`), each chunk's rows are
                   prefetched on side streams while the two chunks before it compute
@@ -566,7 +568,7 @@ def corpus_stats(model, corpus=None, *, texts=None, documents=None, backend="cpu
         timing["gates_s"] += time.perf_counter() - t0
         return Chunk(job.token_ids, job.live, job.row_ids, job.windows, out, job.n_documents)
 
-    n_red = min(5, os.cpu_count() or 1) if reducer_threads is None else int(reducer_threads)
+    n_red = min(REDUCER_THREADS, os.cpu_count() or 1) if reducer_threads is None else int(reducer_threads)
     pool = None
     if n_red > 1:
         from concurrent.futures import ThreadPoolExecutor

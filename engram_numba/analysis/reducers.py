@@ -97,34 +97,35 @@ def mark_rows(bitmap, ids):  # pragma: no cover - jitted
 
 
 @njit(cache=True, nogil=True)
-def mark_live_rows(bitmap, row_ids, live, li, n_rows):  # pragma: no cover - jitted
-    """mark_rows of layer li's ids row_ids[t, li, :] for every live token t (row_ids [T, L, C]);
-    returns -1, or (nothing marked) the first live t with an id outside [0, n_rows)."""
-    for t in range(row_ids.shape[0]):
-        if live[t]:
-            for c in range(row_ids.shape[2]):
-                if row_ids[t, li, c] < 0 or row_ids[t, li, c] >= n_rows:
-                    return t
+def mark_live_rows(bitmap, row_ids, live, li):  # pragma: no cover - jitted
+    """mark_rows of layer li's ids row_ids[t, li, :] for every live token t (row_ids [T, L, C],
+    checked by first_bad_row)."""
     for t in range(row_ids.shape[0]):
         if live[t]:
             for c in range(row_ids.shape[2]):
                 r = row_ids[t, li, c]
                 bitmap[r >> 3] |= np.uint8(1 << (r & 7))
+
+
+@njit(cache=True, nogil=True)
+def first_bad_row(row_ids, live, n_rows):  # pragma: no cover - jitted
+    """The first live token t with an id row_ids[t, l, :] outside [0, n_rows[l]) (row_ids [T, L, C]),
+    or -1."""
+    for t in range(row_ids.shape[0]):
+        if live[t]:
+            for li in range(row_ids.shape[1]):
+                for c in range(row_ids.shape[2]):
+                    if row_ids[t, li, c] < 0 or row_ids[t, li, c] >= n_rows[li]:
+                        return t
     return -1
 
 
 @njit(cache=True, nogil=True)
 def count_live(counts, ids, live):  # pragma: no cover - jitted
-    """counts[ids[t]] += 1 for every live t; returns -1, or (nothing added) the first live t whose
-    id is outside [0, counts.size)."""
-    n = counts.shape[0]
-    for t in range(ids.shape[0]):
-        if live[t] and (ids[t] < 0 or ids[t] >= n):
-            return t
+    """counts[ids[t]] += 1 for every live t (ids checked in [0, counts.size))."""
     for t in range(ids.shape[0]):
         if live[t]:
             counts[ids[t]] += 1
-    return -1
 
 
 @njit(cache=True, nogil=True)
@@ -157,10 +158,8 @@ def fold_sums(acc: np.ndarray, power: int) -> list[int]:
     """[hc, 256] int64 exponent-binned sums -> per stream, a Python int = sum * 2^(power*149)."""
     out = []
     for row in acc:
-        total = 0
-        for e in np.flatnonzero(row):
-            total += int(row[e]) << (power * (int(e) - 1))
-        out.append(total)
+        e = np.flatnonzero(row)
+        out.append(sum([v << s for v, s in zip(row[e].tolist(), (power * (e - 1)).tolist())]))
     return out
 
 

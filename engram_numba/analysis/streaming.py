@@ -60,7 +60,7 @@ from ..stages.hash.cpu import hash_positions
 from ..identity import identity_mismatch, model_identity
 from .context_table import ContextTable, pack_width, unpack_contexts
 from .reducers import (EXP_BINS, FINE_BINS, FIXED_POINT_BITS, MAX_CALL_TOKENS, count_live, exact_m2, exact_mean,
-                       fixed_point_gates, fold_sums, mark_live_rows, popcount_range, reduce_layer)
+                       first_bad_row, fixed_point_gates, fold_sums, mark_live_rows, popcount_range, reduce_layer)
 from .stats import QUANTILES, StreamGateStats
 from .stats_file import STATE_VERSION, load_state
 
@@ -165,15 +165,21 @@ class StreamingGateStats:
         pool: a concurrent.futures executor to run the per-layer reductions, the row bitmaps, the
         token counts and the per-order context tables side by side (they touch disjoint state, and
         the @njit parts release the GIL); the result is the same with or without it. A live token
-        whose id (raw, compressed or row) is out of range is a ValueError."""
+        whose id (raw, compressed or row) is out of range is a ValueError, raised before anything
+        is counted."""
         T = int(chunk.token_ids.size)
         live = np.ascontiguousarray(chunk.live, dtype=np.bool_)
         token_ids = np.ascontiguousarray(chunk.token_ids, dtype=np.int64)
         token_map = np.asarray(token_map, dtype=np.int64)
-        _check_ids("token id", token_ids, live, min(self.raw_count.size, token_map.size))
+        _check_ids("token id", token_ids, None, min(self.raw_count.size, token_map.size))
         cids = token_map[token_ids]                                                  # [T]
         _check_ids("compressed id", cids, live, self.tok_count.size)
         row_ids = np.ascontiguousarray(chunk.row_ids, dtype=np.int64)               # [T, L, C]
+        if self.track_rows:
+            bad = first_bad_row(row_ids, live, np.asarray(self.table_rows, np.int64))
+            if bad >= 0:
+                raise ValueError(f"chunk row ids of token {bad} are outside the tables' rows {self.table_rows} "
+                                 f"(layers {self.layer_ids}): {row_ids[bad].tolist()}")
         self.n_tokens += T
         self.n_masked += int(T - live.sum())
         self.n_documents += int(chunk.n_documents)
@@ -186,7 +192,7 @@ class StreamingGateStats:
         # orders touch disjoint state, and each is one @njit(nogil) call (or a few)
         tasks = [(self._update_layer, li, gates[lid], live, cids) for li, lid in enumerate(self.layer_ids)]
         if self.track_rows:
-            tasks += [(self._mark_rows, li, row_ids, live) for li in range(len(self.layer_ids))]
+            tasks += [(mark_live_rows, self.row_bitmaps[li], row_ids, live, li) for li in range(len(self.layer_ids))]
         tasks.append((self._count_tokens, token_ids, cids, live))
         if self.track_contexts and chunk.windows is not None:
             q_all = np.empty((T, len(self.layer_ids), self.hc), np.int64)          # [T, L, hc] fixed point
@@ -216,14 +222,8 @@ class StreamingGateStats:
                 for c, v in enumerate(fold_sums(a, power)):
                     tot[c] += v
 
-    def _mark_rows(self, li: int, row_ids, live) -> None:
-        bad = mark_live_rows(self.row_bitmaps[li], row_ids, live, li, self.table_rows[li])
-        if bad >= 0:
-            raise ValueError(f"chunk row ids of layer {self.layer_ids[li]} must be in [0, {self.table_rows[li]}): "
-                             f"token {bad} has {row_ids[bad, li].tolist()}")
-
     def _count_tokens(self, token_ids, cids, live) -> None:
-        count_live(self.tok_count, cids, live)                  # ids checked in update
+        count_live(self.tok_count, cids, live)                  # ids checked by update
         count_live(self.raw_count, token_ids, live)
 
     # merging ------------------------------------------------------------------------------------
@@ -665,13 +665,12 @@ class StreamingGateStats:
         return load_state(cls, path)
 
 
-def _check_ids(name: str, ids: np.ndarray, live: np.ndarray, size: int) -> None:
-    """Every live id in [0, size), before anything is counted."""
-    ids = ids[live]
-    if ids.size and (ids.min() < 0 or ids.max() >= size):
-        t = int(np.flatnonzero(live)[np.argmax((ids < 0) | (ids >= size))])
-        raise ValueError(f"chunk {name} {int(ids[np.argmax((ids < 0) | (ids >= size))])} at token {t} is outside "
-                         f"[0, {size})")
+def _check_ids(name: str, ids: np.ndarray, live, size: int) -> None:
+    """Every id (of a live token, if live is given) in [0, size), before anything is counted."""
+    where = np.flatnonzero(live) if live is not None else np.arange(ids.size)
+    bad = where[(ids[where] < 0) | (ids[where] >= size)]
+    if bad.size:
+        raise ValueError(f"chunk {name} {int(ids[bad[0]])} at token {int(bad[0])} is outside [0, {size})")
 
 
 def _stream(stream) -> int:
