@@ -32,8 +32,8 @@ def _reachable(t):
 
 
 def _same(a, b):
+    np.testing.assert_array_equal(a.keys, b.keys)                # (a read: waits for a's lane)
     _reachable(a)
-    np.testing.assert_array_equal(a.keys, b.keys)
     np.testing.assert_array_equal(a.count, b.count)
     np.testing.assert_array_equal(a.gsum, b.gsum)
     for f in ("n", "prunes", "dropped_entries", "dropped_occurrences", "undercount_bound"):
@@ -91,3 +91,22 @@ def test_prune_deletes_across_the_tables_end():
         t._prune()
         ref._prune()
         _same(t, ref)
+
+
+def test_chunks_added_on_a_lane_give_the_same_table_and_its_errors_surface_on_read():
+    from concurrent.futures import ThreadPoolExecutor
+    rng = np.random.default_rng(9)
+    width, per_word = pack_width(3, 17)
+    on_lane, inline = (ContextTable(3, width, 1, 2, 50, 17, per_word) for _ in range(2))
+    with ThreadPoolExecutor(1) as lane:
+        for _ in range(10):
+            windows = np.minimum(rng.zipf(1.3, (64, 3)) - 1, 30).astype(np.int64)
+            live, q = rng.random(64) < 0.8, rng.integers(-2**33, 2**33, (64, 1, 2))
+            on_lane.add_tokens_on(lane, windows, live, q, ahead=3)
+            inline.add_tokens(windows, live, q)
+        assert len(on_lane._pending) <= 3
+        _same(on_lane, inline)                                  # reading waits for the lane
+        assert on_lane.prunes > 0 and not on_lane._pending
+        on_lane.add_tokens_on(lane, np.zeros((4, 3)), np.ones(4, bool), np.zeros((4, 1, 2), np.int64))  # float ids
+        with pytest.raises(Exception):
+            on_lane.flush()

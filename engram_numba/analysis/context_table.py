@@ -99,12 +99,14 @@ class ContextTable:
         self.dropped_occurrences = 0
         self.undercount_bound = 0
         self._compact = None
+        self._pending: list = []             # futures of chunks handed to a lane (add_tokens_on)
 
     def _alloc(self, slots: int) -> None:
         self._slots = np.zeros((slots, self.width + 1 + self.n_layers * self.hc), np.int64)
 
     @property
     def exact(self) -> bool:
+        self.flush()
         return self.prunes == 0
 
     def _records(self) -> np.ndarray:
@@ -124,6 +126,18 @@ class ContextTable:
 
     def add_tokens(self, windows: np.ndarray, live: np.ndarray, q: np.ndarray) -> None:
         """One chunk: windows [T, M] compressed ids, live [T] bool, q [T, L, hc] fixed-point gates."""
+        self.flush()
+        self._add_tokens(windows, live, q)
+
+    def add_tokens_on(self, lane, windows: np.ndarray, live: np.ndarray, q: np.ndarray, ahead: int = 16) -> None:
+        """add_tokens on `lane`, an executor with one thread that only this table uses (so chunks
+        are added in order), without waiting: at most `ahead` chunks are left pending, and every
+        read of the table (and `flush`) waits for them first, raising what they raised."""
+        while len(self._pending) >= ahead:
+            self._pending.pop(0).result()
+        self._pending.append(lane.submit(self._add_tokens, windows, live, q))
+
+    def _add_tokens(self, windows, live, q) -> None:
         self._reserve(int(live.sum()))
         new, top = _ctx_add_tokens(self._slots, self.width, windows, live, q.reshape(q.shape[0], -1), self.order,
                                    self.bits, self.per_word)
@@ -141,9 +155,17 @@ class ContextTable:
                                 "occurrences; split the corpus and merge fewer parts")
 
     def flush(self) -> None:
-        """Nothing pending (kept for the callers that fold before reading)."""
+        """Wait for the chunks handed to a lane (add_tokens_on); raises what they raised. Every
+        public read calls it; nothing that runs on the lane may."""
+        while self._pending:
+            self._pending.pop(0).result()
+
+    def __getstate__(self):
+        self.flush()
+        return self.__dict__
 
     def _sorted(self) -> np.ndarray:
+        self.flush()
         if self._compact is None:
             rec = self._records()
             W = self.width
@@ -165,6 +187,7 @@ class ContextTable:
 
     def load(self, keys, count, gsum, slots: int = 1024) -> None:
         """Replace the contents with these entries (distinct keys), in at least `slots` slots."""
+        self.flush()
         records = np.concatenate([np.asarray(keys, np.int64).reshape(-1, self.width),
                                   np.asarray(count, np.int64).reshape(-1, 1),
                                   np.asarray(gsum, np.int64).reshape(-1, self.n_layers * self.hc)], axis=1)
@@ -203,6 +226,8 @@ class ContextTable:
         self._compact = None
 
     def merged(self, other: "ContextTable") -> "ContextTable":
+        self.flush()
+        other.flush()
         out = ContextTable(self.order, self.width, self.n_layers, self.hc, self.cap, self.bits, self.per_word)
         out._load_records(self._records())
         records = other._records()

@@ -113,10 +113,13 @@ def first_bad_row(row_ids, live, n_rows):  # pragma: no cover - jitted
     or -1."""
     for t in range(row_ids.shape[0]):
         if live[t]:
+            out = False
             for li in range(row_ids.shape[1]):
+                n = np.uint64(n_rows[li])
                 for c in range(row_ids.shape[2]):
-                    if row_ids[t, li, c] < 0 or row_ids[t, li, c] >= n_rows[li]:
-                        return t
+                    out |= np.uint64(row_ids[t, li, c]) >= n          # a negative id wraps past n
+            if out:
+                return t
     return -1
 
 

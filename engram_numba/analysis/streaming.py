@@ -138,6 +138,8 @@ class StreamingGateStats:
         from .stats import state_equal
         if type(other) is not type(self):
             return NotImplemented
+        self.finish()
+        other.finish()
         untimed = [{k: v for k, v in m.items() if k not in ("timing", "tokens_per_s")} for m in (self.meta, other.meta)]
         return untimed[0] == untimed[1] and state_equal(self, other, skip=("tokenizer", "meta"))
 
@@ -159,12 +161,15 @@ class StreamingGateStats:
                 self.track_contexts, self.track_rows)
 
     # streaming -------------------------------------------------------------------------------
-    def update(self, chunk: Chunk, token_map: np.ndarray, pool=None) -> None:
+    def update(self, chunk: Chunk, token_map: np.ndarray, pool=None, lanes: dict | None = None) -> None:
         """Add one chunk (the driver's `Chunk`); token_map: raw -> compressed ids.
 
         pool: a concurrent.futures executor to run the per-layer reductions, the row bitmaps, the
         token counts and the per-order context tables side by side (they touch disjoint state, and
-        the @njit parts release the GIL); the result is the same with or without it. A live token
+        the @njit parts release the GIL); the result is the same with or without it.
+        lanes: {order: an executor with one thread} to add the chunk to each context table on its
+        own lane without waiting (a table's prune, every few chunks past the cap, then overlaps the
+        next chunks instead of stalling them); `finish` (and every read) waits. A live token
         whose id (raw, compressed or row) is out of range is a ValueError, raised before anything
         is counted."""
         T = int(chunk.token_ids.size)
@@ -199,7 +204,11 @@ class StreamingGateStats:
             for li, lid in enumerate(self.layer_ids):
                 fixed_point_gates(gates[lid][1], live, q_all, li)
             windows = np.ascontiguousarray(chunk.windows, dtype=np.int64)
-            tasks += [(table.add_tokens, windows, live, q_all) for table in self.contexts.values()]
+            if lanes is not None:
+                for n, table in self.contexts.items():
+                    table.add_tokens_on(lanes[n], windows, live, q_all)
+            else:
+                tasks += [(table.add_tokens, windows, live, q_all) for table in self.contexts.values()]
         if pool is None:
             for fn, *args in tasks:
                 fn(*args)
@@ -262,7 +271,8 @@ class StreamingGateStats:
         return out
 
     def finish(self) -> "StreamingGateStats":
-        """Fold pending context rows in (every query does this too)."""
+        """Wait for the chunks still being added to the context tables on their lanes (`update`'s
+        lanes; every query does this too)."""
         for t in self.contexts.values():
             t.flush()
         return self
