@@ -133,6 +133,7 @@ class ContextTable:
         """add_tokens on `lane`, an executor with one thread that only this table uses (so chunks
         are added in order), without waiting: at most `ahead` chunks are left pending, and every
         read of the table (and `flush`) waits for them first, raising what they raised."""
+        self.__dict__.setdefault("_pending", [])
         while len(self._pending) >= ahead:
             self._pending.pop(0).result()
         self._pending.append(lane.submit(self._add_tokens, windows, live, q))
@@ -157,8 +158,9 @@ class ContextTable:
     def flush(self) -> None:
         """Wait for the chunks handed to a lane (add_tokens_on); raises what they raised. Every
         public read calls it; nothing that runs on the lane may."""
-        while self._pending:
-            self._pending.pop(0).result()
+        pending = self.__dict__.get("_pending")            # (absent in a table pickled without lanes)
+        while pending:
+            pending.pop(0).result()
 
     def __getstate__(self):
         self.flush()
