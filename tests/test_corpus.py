@@ -296,6 +296,34 @@ def test_quantiles_from_the_fine_histogram(model):
     np.testing.assert_array_equal(counts, np.histogram(g[:, 0], bins=50, range=(0, 1))[0])
 
 
+@pytest.mark.parametrize("what", ["negative token id", "token id past the map", "compressed id", "row id"])
+def test_update_refuses_ids_out_of_range_before_counting_anything(model, what):
+    from engram_numba.analysis.streaming import Chunk
+    rng = np.random.default_rng(8)
+    T, tables = 40, model.hash_tables
+    token_map = tables.token_map.copy()
+    ids = rng.integers(0, token_map.size, T)
+    rows = np.stack([rng.integers(0, r, (T, model.config.n_hash_cols)) for r in tables.table_rows], axis=1)
+    g = rng.random((T, model.config.hc)).astype(np.float32)
+    live = np.ones(T, bool)
+    live[3] = False
+    bad = {"negative token id": ("token id -1 at token 7", lambda: ids.__setitem__(7, -1)),
+           "token id past the map": (f"token id {token_map.size} at token 7",
+                                     lambda: ids.__setitem__(7, token_map.size)),
+           "compressed id": (f"compressed id {tables.compressed_vocab_size} at token 7",
+                             lambda: token_map.__setitem__(ids[7], tables.compressed_vocab_size)),
+           "row id": ("row ids of token 7", lambda: rows.__setitem__((7, 1, 5), tables.table_rows[1]))}
+    match, spoil = bad[what]
+    spoil()
+    rows[3, 0, 0] = -5                                   # a dead token's rows are not read
+    st = StreamingGateStats.empty(model)
+    windows = rng.integers(0, tables.compressed_vocab_size, (T, model.config.max_ngram_size))
+    chunk = Chunk(ids, live, rows, windows, {lid: (g - 0.5, g) for lid in model.config.layer_ids})
+    with pytest.raises(ValueError, match=match):
+        st.update(chunk, token_map)
+    assert st == StreamingGateStats.empty(model)
+
+
 def test_merging_different_settings_is_refused(model):
     a = corpus_stats(model, texts=["the cat"], backend="cpu")
     b = corpus_stats(model, texts=["the cat"], backend="cpu", max_contexts=10)

@@ -61,6 +61,7 @@ FORMATS = ("text", "jsonl", "npy", "ids", "highway", "parquet", "arrow")
 SPLITS = ("line", "paragraph", "file")
 SYNTHETIC_CORPUS = ("synthetic (N(0,1) by position in the sequence, seed 0, as Pipeline.run draws it; "
                     "no transformer blocks)")
+REDUCER_THREADS = 8                # a chunk's statistics are 2 L + 1 + (max_ngram - 1) tasks: 8 at the released shapes
 _TRIM_HISTORY = 1 << 20            # continuous mode: keep the hasher's history below this many tokens
 
 
@@ -367,6 +368,7 @@ def _jobs(docs: Iterator[Document], model, chunk_tokens: int, continuous: bool, 
             a = b
             if fill == chunk_tokens:
                 yield emit()
+                t_start = time.perf_counter()     # a job's seconds leave out the wait for the consumer
         if limit_tokens is not None and total >= limit_tokens:
             break
     if fill:
@@ -478,8 +480,10 @@ def corpus_stats(model, corpus=None, *, texts=None, documents=None, backend="cpu
     versions:     kernel record per cuda stage, as Pipeline takes it (`cuda_versions=`: deprecated).
     token_table:  also write the long per-token table to this .parquet (or .csv) file.
     threads:      tokenize+hash and the statistics on their own threads (False: all in order on one).
-    reducer_threads: threads the statistics use inside a chunk (layers and context orders side by
-                  side; default min(5, CPU count); 1 = none). Results are the same either way.
+    reducer_threads: threads the statistics use inside a chunk (layers, row bitmaps and token counts
+                  side by side; default min(8, CPU count); 1 = none, else each context order also
+                  has a thread of its own, a few chunks behind at most). Results are the same
+                  either way.
     engine:       an `EngramV41` (max_tokens >= chunk_tokens) for the cuda backend to use. When some of
                   its tables live in host memory (`tables={..: "host"}`), each chunk's rows are
                   prefetched on side streams while the two chunks before it compute
@@ -566,15 +570,18 @@ def corpus_stats(model, corpus=None, *, texts=None, documents=None, backend="cpu
         timing["gates_s"] += time.perf_counter() - t0
         return Chunk(job.token_ids, job.live, job.row_ids, job.windows, out, job.n_documents)
 
-    n_red = min(5, os.cpu_count() or 1) if reducer_threads is None else int(reducer_threads)
+    n_red = min(REDUCER_THREADS, os.cpu_count() or 1) if reducer_threads is None else int(reducer_threads)
     pool = None
+    lanes = None
     if n_red > 1:
         from concurrent.futures import ThreadPoolExecutor
         pool = ThreadPoolExecutor(n_red, thread_name_prefix="engram-stats")
+        if stats.track_contexts:           # each context order on its own thread, a few chunks behind at most
+            lanes = {n: ThreadPoolExecutor(1, thread_name_prefix=f"engram-contexts{n}") for n in stats.contexts}
 
     def reduce(job: _Job, chunk: Chunk) -> None:
         t0 = time.perf_counter()
-        stats.update(chunk, token_map, pool)
+        stats.update(chunk, token_map, pool, lanes)
         if writer is not None:
             strings = tok.token_strings(job.token_ids) if tok is not None else None
             writer.write(token_columns(job.token_ids, job.live, chunk.gates,
@@ -603,8 +610,10 @@ def corpus_stats(model, corpus=None, *, texts=None, documents=None, backend="cpu
             writer.close()
         if pool is not None:
             pool.shutdown()
+        for lane in (lanes or {}).values():
+            lane.shutdown()                # after the chunks it still holds
     wall = time.perf_counter() - t_wall
-    stats.finish()
+    stats.finish()                         # raises what a context lane raised
     timing["wall_s"] = wall
     stats.meta.update({
         "model": str(getattr(model, "path", "")), "format": str(getattr(model, "format", "")),

@@ -4,7 +4,9 @@ Every fp32 value is M * 2^E with an integer M < 2^24: `reduce_layer` adds the si
 their squares) of one chunk's gate and dot per exponent bin in int64, and `fold_sums` folds the bins
 into Python integers, so sums and sums of squares are exact and merge bit for bit. The same pass
 fills the fine gate histogram, the clamp count and the per-token fixed-point gate sums.
-`mark_rows` / `popcount_range` keep the bitmap of row ids a table served.
+`mark_rows` / `mark_live_rows` / `popcount_range` keep the bitmap of row ids a table served;
+`count_live` and `fixed_point_gates` are the per-token counts and the context tables' gate values.
+Every one releases the GIL, so the corpus reducer runs them side by side on a thread pool.
 """
 from __future__ import annotations
 
@@ -95,6 +97,55 @@ def mark_rows(bitmap, ids):  # pragma: no cover - jitted
 
 
 @njit(cache=True, nogil=True)
+def mark_live_rows(bitmap, row_ids, live, li):  # pragma: no cover - jitted
+    """mark_rows of layer li's ids row_ids[t, li, :] for every live token t (row_ids [T, L, C],
+    checked by first_bad_row)."""
+    for t in range(row_ids.shape[0]):
+        if live[t]:
+            for c in range(row_ids.shape[2]):
+                r = row_ids[t, li, c]
+                bitmap[r >> 3] |= np.uint8(1 << (r & 7))
+
+
+@njit(cache=True, nogil=True)
+def first_bad_row(row_ids, live, n_rows):  # pragma: no cover - jitted
+    """The first live token t with an id row_ids[t, l, :] outside [0, n_rows[l]) (row_ids [T, L, C]),
+    or -1."""
+    for t in range(row_ids.shape[0]):
+        if live[t]:
+            out = False
+            for li in range(row_ids.shape[1]):
+                n = np.uint64(n_rows[li])
+                for c in range(row_ids.shape[2]):
+                    out |= np.uint64(row_ids[t, li, c]) >= n          # a negative id wraps past n
+            if out:
+                return t
+    return -1
+
+
+@njit(cache=True, nogil=True)
+def count_live(counts, ids, live):  # pragma: no cover - jitted
+    """counts[ids[t]] += 1 for every live t (ids checked in [0, counts.size))."""
+    for t in range(ids.shape[0]):
+        if live[t]:
+            counts[ids[t]] += 1
+
+
+@njit(cache=True, nogil=True)
+def fixed_point_gates(gate, live, q, li):  # pragma: no cover - jitted
+    """q[t, li, c] = the gate gate[t, c] in fixed point (round(g * 2^32)), 0 for a dead token or a
+    value that is not finite (gate [T, hc] fp32, q [T, L, hc] int64)."""
+    scale = 4294967296.0                                      # 2^FIXED_POINT_BITS
+    for t in range(gate.shape[0]):
+        for c in range(gate.shape[1]):
+            g = gate[t, c]
+            if live[t] and np.isfinite(g):
+                q[t, li, c] = np.int64(np.rint(np.float64(g) * scale))
+            else:
+                q[t, li, c] = 0
+
+
+@njit(cache=True, nogil=True)
 def popcount_range(bitmap, lo, hi):  # pragma: no cover - jitted
     """Set bits in [lo, hi)."""
     n = 0
@@ -110,10 +161,8 @@ def fold_sums(acc: np.ndarray, power: int) -> list[int]:
     """[hc, 256] int64 exponent-binned sums -> per stream, a Python int = sum * 2^(power*149)."""
     out = []
     for row in acc:
-        total = 0
-        for e in np.flatnonzero(row):
-            total += int(row[e]) << (power * (int(e) - 1))
-        out.append(total)
+        e = np.flatnonzero(row)
+        out.append(sum([v << s for v, s in zip(row[e].tolist(), (power * (e - 1)).tolist())]))
     return out
 
 

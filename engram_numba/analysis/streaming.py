@@ -59,8 +59,8 @@ from ..config import GATE_CLAMP
 from ..stages.hash.cpu import hash_positions
 from ..identity import identity_mismatch, model_identity
 from .context_table import ContextTable, pack_width, unpack_contexts
-from .reducers import (EXP_BINS, FINE_BINS, FIXED_POINT_BITS, MAX_CALL_TOKENS, exact_m2, exact_mean, fold_sums,
-                       mark_rows, popcount_range, reduce_layer)
+from .reducers import (EXP_BINS, FINE_BINS, FIXED_POINT_BITS, MAX_CALL_TOKENS, count_live, exact_m2, exact_mean,
+                       first_bad_row, fixed_point_gates, fold_sums, mark_live_rows, popcount_range, reduce_layer)
 from .stats import QUANTILES, StreamGateStats
 from .stats_file import STATE_VERSION, load_state
 
@@ -138,6 +138,8 @@ class StreamingGateStats:
         from .stats import state_equal
         if type(other) is not type(self):
             return NotImplemented
+        self.finish()
+        other.finish()
         untimed = [{k: v for k, v in m.items() if k not in ("timing", "tokens_per_s")} for m in (self.meta, other.meta)]
         return untimed[0] == untimed[1] and state_equal(self, other, skip=("tokenizer", "meta"))
 
@@ -159,34 +161,54 @@ class StreamingGateStats:
                 self.track_contexts, self.track_rows)
 
     # streaming -------------------------------------------------------------------------------
-    def update(self, chunk: Chunk, token_map: np.ndarray, pool=None) -> None:
+    def update(self, chunk: Chunk, token_map: np.ndarray, pool=None, lanes: dict | None = None) -> None:
         """Add one chunk (the driver's `Chunk`); token_map: raw -> compressed ids.
 
-        pool: a concurrent.futures executor to run the per-layer reductions and the per-order
-        context tables side by side (they touch disjoint state, and the @njit parts release the
-        GIL); the result is the same with or without it."""
+        pool: a concurrent.futures executor to run the per-layer reductions, the row bitmaps, the
+        token counts and the per-order context tables side by side (they touch disjoint state, and
+        the @njit parts release the GIL); the result is the same with or without it.
+        lanes: {order: an executor with one thread} to add the chunk to each context table on its
+        own lane without waiting (a table's prune, every few chunks past the cap, then overlaps the
+        next chunks instead of stalling them); `finish` (and every read) waits. A live token
+        whose id (raw, compressed or row) is out of range is a ValueError, raised before anything
+        is counted."""
         T = int(chunk.token_ids.size)
         live = np.ascontiguousarray(chunk.live, dtype=np.bool_)
-        cids = np.asarray(token_map, dtype=np.int64)[chunk.token_ids]               # [T]
+        token_ids = np.ascontiguousarray(chunk.token_ids, dtype=np.int64)
+        token_map = np.asarray(token_map, dtype=np.int64)
+        _check_ids("token id", token_ids, None, min(self.raw_count.size, token_map.size))
+        cids = token_map[token_ids]                                                  # [T]
+        _check_ids("compressed id", cids, live, self.tok_count.size)
+        row_ids = np.ascontiguousarray(chunk.row_ids, dtype=np.int64)               # [T, L, C]
+        if self.track_rows:
+            bad = first_bad_row(row_ids, live, np.asarray(self.table_rows, np.int64))
+            if bad >= 0:
+                raise ValueError(f"chunk row ids of token {bad} are outside the tables' rows {self.table_rows} "
+                                 f"(layers {self.layer_ids}): {row_ids[bad].tolist()}")
         self.n_tokens += T
         self.n_masked += int(T - live.sum())
         self.n_documents += int(chunk.n_documents)
         self.n_chunks += 1
-        self._add_counts(self.tok_count, cids[live])
-        self._add_counts(self.raw_count, chunk.token_ids[live])
         gates = {}
         for lid in self.layer_ids:
             dot, gate = chunk.gates[lid]
             gates[lid] = (np.ascontiguousarray(dot, dtype=np.float32), np.ascontiguousarray(gate, dtype=np.float32))
-        tasks = [(self._update_layer, li, gates[lid], live, cids, chunk.row_ids) for li, lid in enumerate(self.layer_ids)]
+        # side by side: the layers' reductions, their row bitmaps, the token counts and the context
+        # orders touch disjoint state, and each is one @njit(nogil) call (or a few)
+        tasks = [(self._update_layer, li, gates[lid], live, cids) for li, lid in enumerate(self.layer_ids)]
+        if self.track_rows:
+            tasks += [(mark_live_rows, self.row_bitmaps[li], row_ids, live, li) for li in range(len(self.layer_ids))]
+        tasks.append((self._count_tokens, token_ids, cids, live))
         if self.track_contexts and chunk.windows is not None:
             q_all = np.empty((T, len(self.layer_ids), self.hc), np.int64)          # [T, L, hc] fixed point
             for li, lid in enumerate(self.layer_ids):
-                g = gates[lid][1]
-                g = np.where(live[:, None] & np.isfinite(g), g, 0.0).astype(np.float64)
-                q_all[:, li, :] = np.rint(g * float(1 << FIXED_POINT_BITS)).astype(np.int64)
+                fixed_point_gates(gates[lid][1], live, q_all, li)
             windows = np.ascontiguousarray(chunk.windows, dtype=np.int64)
-            tasks += [(table.add_tokens, windows, live, q_all) for table in self.contexts.values()]
+            if lanes is not None:
+                for n, table in self.contexts.items():
+                    table.add_tokens_on(lanes[n], windows, live, q_all)
+            else:
+                tasks += [(table.add_tokens, windows, live, q_all) for table in self.contexts.values()]
         if pool is None:
             for fn, *args in tasks:
                 fn(*args)
@@ -194,7 +216,7 @@ class StreamingGateStats:
             for f in [pool.submit(fn, *args) for fn, *args in tasks]:
                 f.result()
 
-    def _update_layer(self, li: int, dot_gate, live, cids, row_ids) -> None:
+    def _update_layer(self, li: int, dot_gate, live, cids) -> None:
         dot, gate = dot_gate
         T = gate.shape[0]
         for t0 in range(0, T, MAX_CALL_TOKENS):
@@ -208,14 +230,10 @@ class StreamingGateStats:
                 tot = getattr(self, name)[li]
                 for c, v in enumerate(fold_sums(a, power)):
                     tot[c] += v
-        if self.track_rows:
-            ids = np.ascontiguousarray(row_ids[live, li, :]).reshape(-1)
-            mark_rows(self.row_bitmaps[li], ids)
 
-    @staticmethod
-    def _add_counts(target: np.ndarray, ids: np.ndarray) -> None:
-        if ids.size:
-            target += np.bincount(ids, minlength=target.size).astype(np.int64)[: target.size]
+    def _count_tokens(self, token_ids, cids, live) -> None:
+        count_live(self.tok_count, cids, live)                  # ids checked by update
+        count_live(self.raw_count, token_ids, live)
 
     # merging ------------------------------------------------------------------------------------
     def __add__(self, other: "StreamingGateStats") -> "StreamingGateStats":
@@ -253,7 +271,8 @@ class StreamingGateStats:
         return out
 
     def finish(self) -> "StreamingGateStats":
-        """Fold pending context rows in (every query does this too)."""
+        """Wait for the chunks still being added to the context tables on their lanes (`update`'s
+        lanes; every query does this too)."""
         for t in self.contexts.values():
             t.flush()
         return self
@@ -654,6 +673,14 @@ class StreamingGateStats:
         """Read a file written by `save`. Anything else, or a file whose arrays do not have the
         shapes its header implies, is a `StatisticsFileError` naming the file and the entry."""
         return load_state(cls, path)
+
+
+def _check_ids(name: str, ids: np.ndarray, live, size: int) -> None:
+    """Every id (of a live token, if live is given) in [0, size), before anything is counted."""
+    where = np.flatnonzero(live) if live is not None else np.arange(ids.size)
+    bad = where[(ids[where] < 0) | (ids[where] >= size)]
+    if bad.size:
+        raise ValueError(f"chunk {name} {int(ids[bad[0]])} at token {int(bad[0])} is outside [0, {size})")
 
 
 def _stream(stream) -> int:

@@ -1,0 +1,255 @@
+"""Profile the corpus run's host side (hash + job, and every statistic) without a GPU.
+
+    PYTHONPATH=$PWD python tools/reduce_profile.py [--chunks 400] [--threads 5] [--device-ms 4.87]
+
+The configuration is the one `python -m engram_numba.bench.corpus` uses: the bench model at the
+released shapes (compressed vocabulary 99,092, layers 1 and 14, hc 4, 24 hash columns, the
+released table row counts for the row bitmaps), its synthetic Zipf corpus packed into 4096-token
+chunks by the corpus driver's producer (`_jobs`), and the full statistics (moments, histograms,
+per-token sums, row bitmaps, n-gram context tables). The GPU's dot and gate are replaced by cheap
+deterministic arrays of the right shapes and dtypes (a function of the token id and position).
+
+Three passes over the same chunks:
+  1. breakdown: every part of `StreamingGateStats.update` timed on its own, serially (no pool);
+  2. update: `update` as the reducer thread calls it (with the pool of --threads threads);
+  3. pipeline: `corpus_stats` itself, threads as in a real run, with the device work replaced by a
+     sleep of --device-ms a chunk (sleeping releases the GIL, as waiting on the GPU does): the wall
+     per chunk against that floor.
+Per-chunk milliseconds are printed as averages over windows ending at chunks 32, 64, 128, 256 and
+the last, so what grows with the corpus shows.
+"""
+from __future__ import annotations
+
+import argparse
+import inspect
+import time
+from collections import defaultdict
+from concurrent.futures import ThreadPoolExecutor
+
+import numpy as np
+
+MARKS = (32, 64, 128, 256)
+
+
+def fake_gates(job, layer_ids, hc):
+    """{layer: (dot, gate)} [T, hc] fp32, deterministic in (token id, position, layer, stream)."""
+    out = {}
+    x = (job.token_ids * 2654435761 + job.positions * 40503) & 0xFFFFF
+    for li, lid in enumerate(layer_ids):
+        v = ((x[:, None] + 7919 * (li * hc + np.arange(hc))[None, :]) & 0xFFFFF).astype(np.float32)
+        v /= np.float32(1 << 20)
+        dot = (v - np.float32(0.5)) * np.float32(8.0)
+        gate = (np.float32(1.0) / (np.float32(1.0) + np.exp(-dot))).astype(np.float32)
+        out[lid] = (dot.astype(np.float32), gate)
+    return out
+
+
+class Timers:
+    def __init__(self):
+        self.chunk = defaultdict(float)
+        self.rows = []
+
+    def wrap(self, name, fn):
+        def timed(*a, **k):
+            t0 = time.perf_counter()
+            try:
+                return fn(*a, **k)
+            finally:
+                self.chunk[name] += time.perf_counter() - t0
+        return timed
+
+    def close_chunk(self):
+        self.rows.append(dict(self.chunk))
+        self.chunk.clear()
+
+
+def same_state(a, b, skip_meta=False) -> bool:
+    """Every count, sum, histogram, bitmap and context table equal (each table's sorted view made
+    on both sides first: it is a cache that `==` would otherwise compare)."""
+    from engram_numba.analysis.stats import state_equal
+    for st in (a, b):
+        st.finish()
+        for t in st.contexts.values():
+            t._sorted()
+    return state_equal(a, b, skip=("tokenizer", "meta")) if skip_meta else a == b
+
+
+def windows_report(rows, names, n):
+    """Mean ms a chunk over (previous mark, mark] for each mark."""
+    marks = [m for m in MARKS if m < n] + [n]
+    lines = ["  chunks      " + "".join(f"{m:>10d}" for m in marks)]
+    for name in names:
+        vals, lo = [], 0
+        for m in marks:
+            w = [r.get(name, 0.0) for r in rows[lo:m]]
+            vals.append(1e3 * sum(w) / max(len(w), 1))
+            lo = m
+        lines.append(f"  {name:<12s}" + "".join(f"{v:10.3f}" for v in vals))
+    return "\n".join(lines)
+
+
+def main(argv=None):
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p.add_argument("--chunks", type=int, default=400)
+    p.add_argument("--threads", type=int, default=5, help="the reducer's pool (corpus_stats: min(5, CPU count))")
+    p.add_argument("--device-ms", type=float, default=4.87, help="the device work a chunk stands in for")
+    p.add_argument("--skip", default="", help="comma list of passes to skip: breakdown,update,pipeline")
+    p.add_argument("--save", default=None, help="save the breakdown pass's statistics here (.npz), to compare "
+                   "two versions of the code: StreamingGateStats.load(a) == StreamingGateStats.load(b)")
+    args = p.parse_args(argv)
+    skip = set(filter(None, args.skip.split(",")))
+
+    from engram_numba.analysis import context_table, corpus, streaming
+    from engram_numba.analysis.corpus import Document, _jobs
+    from engram_numba.analysis.streaming import Chunk, StreamingGateStats
+    from engram_numba.bench.corpus import CHUNK, BenchModel, _documents
+    from engram_numba.bench.timing import RELEASED
+    from engram_numba.config import ENGRAM_VOCAB_SIZE
+
+    t0 = time.perf_counter()
+    model = BenchModel(RELEASED, ENGRAM_VOCAB_SIZE)
+    cfg = model.config
+    vocab = model.hash_tables.token_map.size
+    docs = _documents(args.chunks * CHUNK, vocab, np.random.default_rng(11))
+    token_map = model.hash_tables.token_map
+    print(f"model: {model.path}; vocab {vocab}; layers {cfg.layer_ids}; hc {cfg.hc}; cols {cfg.n_hash_cols}; "
+          f"{len(docs)} documents, {args.chunks} chunks of {CHUNK} (setup {time.perf_counter() - t0:.1f} s)")
+
+    def documents():
+        return (Document(f"doc{i}", d) for i, d in enumerate(docs))
+
+    # warm-up: compile every @njit on a small corpus
+    warm = StreamingGateStats.empty(model)
+    for job in _jobs((Document(f"w{i}", d) for i, d in enumerate(docs[:2])), model, CHUNK, False, True, None):
+        warm.update(Chunk(job.token_ids, job.live, job.row_ids, job.windows,
+                          fake_gates(job, cfg.layer_ids, cfg.hc), job.n_documents), token_map)
+
+    # producer, alone
+    prod = []
+    jobs = []
+    it = _jobs(documents(), model, CHUNK, False, True, None)
+    while True:
+        s = time.perf_counter()
+        job = next(it, None)
+        if job is None:
+            break
+        prod.append({"produce": time.perf_counter() - s})
+        jobs.append(job)
+    chunks = [Chunk(j.token_ids, j.live, j.row_ids, j.windows, fake_gates(j, cfg.layer_ids, cfg.hc), j.n_documents)
+              for j in jobs]
+    n = len(chunks)
+    print(f"\nproducer (hash + windows + job), ms a chunk:\n{windows_report(prod, ['produce'], n)}")
+
+    results = {}
+    if "breakdown" not in skip:
+        tm = Timers()
+        saved = {}
+
+        def patch(obj, name, label):                 # (what is not there in this version is skipped)
+            if name not in obj.__dict__:
+                return
+            raw = obj.__dict__[name]
+            saved[(obj, name)] = raw
+            if isinstance(raw, staticmethod):
+                setattr(obj, name, staticmethod(tm.wrap(label, raw.__func__)))
+            else:
+                setattr(obj, name, tm.wrap(label, raw))
+        patch(streaming, "reduce_layer", "reduce_layer")
+        patch(streaming, "fold_sums", "fold_sums")
+        patch(streaming, "mark_rows", "mark_rows")
+        patch(streaming, "mark_live_rows", "mark_rows")
+        patch(StreamingGateStats, "_add_counts", "token_counts")
+        patch(StreamingGateStats, "_count_tokens", "token_counts")
+        patch(context_table, "_ctx_add_tokens", "ctx_probe")
+        patch(context_table.ContextTable, "_reserve", "ctx_reserve")
+        patch(context_table.ContextTable, "_prune", "ctx_prune")
+        orig_add = context_table.ContextTable.add_tokens
+
+        def add_tokens(self, *a):
+            t = time.perf_counter()
+            orig_add(self, *a)
+            tm.chunk[f"ctx{self.order}_total"] += time.perf_counter() - t
+        context_table.ContextTable.add_tokens = add_tokens
+        st = StreamingGateStats.empty(model)
+        try:
+            for c in chunks:
+                s = time.perf_counter()
+                st.update(c, token_map, None)
+                tm.chunk["update"] += time.perf_counter() - s
+                tm.close_chunk()
+        finally:
+            for (obj, name), fn in saved.items():
+                setattr(obj, name, fn)
+            context_table.ContextTable.add_tokens = orig_add
+        names = ["update", "token_counts", "reduce_layer", "fold_sums", "mark_rows"] + \
+                [f"ctx{o}_total" for o in sorted(st.contexts)] + ["ctx_probe", "ctx_reserve", "ctx_prune"]
+        for r in tm.rows:
+            r["other"] = r["update"] - sum(r.get(k, 0.0) for k in names[1:] if not k.startswith("ctx_")
+                                           and k != "update")
+        print(f"\nStreamingGateStats.update, serial, ms a chunk (ctx_* are inside ctxN_total):\n"
+              f"{windows_report(tm.rows, names + ['other'], n)}")
+        print("  context tables: " + ", ".join(f"order {o}: {t.n} contexts in {t._slots.shape[0]} slots, "
+                                               f"{t.prunes} prunes" for o, t in st.contexts.items()))
+        results["serial"] = st
+        if args.save:
+            st.save(args.save, compresslevel=1)
+            print(f"  saved to {args.save}")
+
+    if "update" not in skip:
+        st = StreamingGateStats.empty(model)
+        rows = []
+        lanes = None
+        if args.threads > 1 and "lanes" in inspect.signature(st.update).parameters:   # as corpus_stats runs it
+            lanes = {o: ThreadPoolExecutor(1) for o in st.contexts}
+        t_all = time.perf_counter()
+        with ThreadPoolExecutor(args.threads) as pool:
+            for c in chunks:
+                s = time.perf_counter()
+                if lanes is None:
+                    st.update(c, token_map, pool if args.threads > 1 else None)
+                else:
+                    st.update(c, token_map, pool, lanes)
+                rows.append({"update": time.perf_counter() - s})
+        s = time.perf_counter()
+        st.finish()
+        t_finish = time.perf_counter() - s
+        total = time.perf_counter() - t_all
+        for lane in (lanes or {}).values():
+            lane.shutdown()
+        print(f"\nStreamingGateStats.update with a pool of {args.threads}"
+              f"{' and a lane per context order' if lanes else ''}, ms a chunk:\n"
+              f"{windows_report(rows, ['update'], n)}\n  finish (waits for the lanes) {1e3 * t_finish:.1f} ms; "
+              f"all {n} chunks {total:.2f} s = {1e3 * total / n:.2f} ms a chunk")
+        if "serial" in results:
+            print(f"  same statistics as the serial pass: {same_state(st, results['serial'])}")
+
+    if "pipeline" not in skip:
+        from engram_numba import pipeline as pipeline_mod
+        orig = pipeline_mod.Pipeline.gates_from_ids
+        by_ids = {}
+        for j, c in zip(jobs, chunks):
+            by_ids[id(j.row_ids)] = c.gates
+
+        def gates_from_ids(self, row_ids, highway, token_mask=None):
+            time.sleep(args.device_ms / 1e3)
+            return by_ids[id(row_ids)]
+        pipeline_mod.Pipeline.gates_from_ids = gates_from_ids
+        orig_jobs = corpus._jobs
+        corpus._jobs = lambda *a, **k: iter(jobs)
+        try:
+            st = corpus.corpus_stats(model, documents=docs, backend="cpu", chunk_tokens=CHUNK,
+                                     device_highway=lambda pos: None, reducer_threads=args.threads)
+        finally:
+            pipeline_mod.Pipeline.gates_from_ids = orig
+            corpus._jobs = orig_jobs
+        tm_ = st.meta["timing"]
+        wall = tm_["wall_s"]
+        print(f"\ncorpus_stats, device work a sleep of {args.device_ms} ms, {args.threads} reducer threads, "
+              f"{n} chunks (producer precomputed): {1e3 * wall / n:.2f} ms a chunk, "
+              f"{st.n_tokens / wall:,.0f} tokens/s (floor {CHUNK / args.device_ms * 1e3:,.0f}); timing {tm_}")
+        if "serial" in results:
+            print(f"  same statistics as the serial pass: {same_state(st, results['serial'], skip_meta=True)}")
+
+
+if __name__ == "__main__":
+    main()
