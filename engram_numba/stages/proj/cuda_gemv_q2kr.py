@@ -45,8 +45,8 @@ from ...device.intrinsics import (SIMULATOR, byte_perm, cvt_pack_bf16x2, device_
                                   load_u32x4, mma_bf16_16816, mul_rn, store_u32x4, sub_rn, u32_as_f32)
 from ...device.launch import PreparedLaunch
 from .cuda_bits import fma_rn, prmt, umulhi
-from .cuda_common import ALIGN, INLINE, U16_2D, bounds, cdiv, check_bf16_matrix, flat_u32
-from .cuda_gemv_q2k import lut_rounded, mma_subblock, pick4, small_u32_to_f32, x_words
+from .cuda_common import ALIGN, INLINE, bounds, cdiv, check_bf16_matrix, flat_u32
+from .cuda_gemv_q2k import lut_rounded, mma_subblock, pick4, x_words
 from .gemv_common import f16x2_to_f32x2
 from .q2k_r import BLOCK_VALUES, DD_OFFSET, SC_OFFSET, TILE_ROWS, UNIT_BLOCKS, UNIT_BYTES, UNIT_VALUES, q2k_r_shape
 
