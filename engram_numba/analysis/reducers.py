@@ -17,6 +17,7 @@ from numba import njit
 
 FINE_BINS = 100_000                 # fine histogram bins over [0, 1]: quantile resolution 1e-5
 FIXED_POINT_BITS = 32               # per-key gate sums are integer multiples of 2^-32
+_FIXED_POINT_SCALE = float(1 << FIXED_POINT_BITS)       # a constant to the @njit code that reads it
 MAX_CALL_TOKENS = 32_768            # the reducer's int64 squares stay exact for this many values a call
 EXP_BINS = 256                      # fp32 biased exponents (0 and 1 share: denormals)
 
@@ -47,7 +48,7 @@ def reduce_layer(gate_bits, dot_bits, gate, dot, live, cids, g1, g2, d1, d2, dab
     counts [hc, 6] int64 (n, n_nonfinite, masked_nonzero, n_dot, n_clamped, n_dot_nonfinite),
     minmax [hc, 4] f64 (gate min, max, dot min, max), fine [hc, fine_bins], tok_sum [hc, V]."""
     T, hc = gate.shape
-    scale = 4294967296.0                                      # 2^FIXED_POINT_BITS
+    scale = _FIXED_POINT_SCALE
     for t in range(T):
         for c in range(hc):
             g = gate[t, c]
@@ -135,7 +136,7 @@ def count_live(counts, ids, live):  # pragma: no cover - jitted
 def fixed_point_gates(gate, live, q, li):  # pragma: no cover - jitted
     """q[t, li, c] = the gate gate[t, c] in fixed point (round(g * 2^32)), 0 for a dead token or a
     value that is not finite (gate [T, hc] fp32, q [T, L, hc] int64)."""
-    scale = 4294967296.0                                      # 2^FIXED_POINT_BITS
+    scale = _FIXED_POINT_SCALE
     for t in range(gate.shape[0]):
         for c in range(gate.shape[1]):
             g = gate[t, c]
