@@ -168,12 +168,8 @@ def test_q2k_r_defaults_v8_at_one_token_on_a_gpu_only():
         assert registry.default("proj", dict(ctx, T=T, simulator=sim)).name == "gemv_q2k_v4"
 
 
-@pytest.mark.slow
-def test_v8_is_v4_bit_for_bit_single_and_paired(rng):
-    """v8 (persistent blocks, each taking several items; the cp.async ring across items) gives v4's
-    kv bit for bit, alone and as one two-layer pool: 2 tiles x 2 layers over 2 blocks, a pad block,
-    rows past N, shares with no unit."""
-    N, K, T = 20, 512, 1
+def _two_layers_by_v4(rng, N, K, T):
+    """Two layers' q2k_r weights, their x on the device and the kv gemv_q2k_v4 gives each alone."""
     raws = [repack_q2k_r(random_q2k(rng, N, K), K) for _ in range(2)]
     xs = [cuda.to_device(random_x(rng, T, K)) for _ in range(2)]
     want = []
@@ -181,6 +177,16 @@ def test_v8_is_v4_bit_for_bit_single_and_paired(rng):
         o = cuda.to_device(np.full((T, N), POISON, np.uint16))
         P.project_q(xs[i], cuda.to_device(raws[i]), None, o, weight="q2k_r", version="gemv_q2k_v4")
         want.append(o.copy_to_host())
+    return raws, xs, want
+
+
+@pytest.mark.slow
+def test_v8_is_v4_bit_for_bit_single_and_paired(rng):
+    """v8 (persistent blocks, each taking several items; the cp.async ring across items) gives v4's
+    kv bit for bit, alone and as one two-layer pool: 2 tiles x 2 layers over 2 blocks, a pad block,
+    rows past N, shares with no unit."""
+    N, K, T = 20, 512, 1
+    raws, xs, want = _two_layers_by_v4(rng, N, K, T)
     single = cuda.to_device(np.full((T, N), POISON, np.uint16))
     P.project_q(xs[0], cuda.to_device(raws[0]), None, single, weight="q2k_r", version="gemv_q2k_v8")
     np.testing.assert_array_equal(single.copy_to_host(), want[0])
@@ -201,13 +207,7 @@ def test_v8_teams_are_v4_bit_for_bit(rng, team, stages):
     from engram_numba.device.launch import PreparedLaunch
     from engram_numba.stages.proj.cuda_common import flat_u32
     N, K, T = 20, 512, 1
-    raws = [repack_q2k_r(random_q2k(rng, N, K), K) for _ in range(2)]
-    xs = [cuda.to_device(random_x(rng, T, K)) for _ in range(2)]
-    want = []
-    for i in range(2):
-        o = cuda.to_device(np.full((T, N), POISON, np.uint16))
-        P.project_q(xs[i], cuda.to_device(raws[i]), None, o, weight="q2k_r", version="gemv_q2k_v4")
-        want.append(o.copy_to_host())
+    raws, xs, want = _two_layers_by_v4(rng, N, K, T)
     _, pair = C._make_gemv8(team, stages, 1)
     outs = [cuda.to_device(np.full((T, N), POISON, np.uint16)) for _ in range(2)]
     both = cuda.to_device(np.concatenate(raws))
