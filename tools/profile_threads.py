@@ -1,58 +1,79 @@
-"""Run a Python module under cProfile on EVERY thread it starts (cProfile alone sees one thread).
+"""Run a Python module while sampling every thread's stack (a statistical profiler that sees all
+threads on any Python: cProfile sees one thread, and on 3.12 only one profiler may be active).
 
-    python tools/profile_threads.py OUT_DIR -m engram_numba.bench.corpus --quick --no-host --chunks 64
+    python tools/profile_threads.py OUT.txt [--interval-ms 1] -m engram_numba.bench.corpus --quick --no-host --chunks 64
 
-Each thread's profile is written to OUT_DIR/<thread name>.prof and its top 25 functions by
-cumulative and by own time to OUT_DIR/<thread name>.txt when the thread ends (the main thread's at
-exit). Meant for finding where a pipeline thread's seconds go, e.g. the corpus run's device loop.
+Every interval a sampler thread reads `sys._current_frames()`; for each thread (by name) it counts
+the innermost function (own samples) and every function on the stack (cumulative samples, once a
+sample). At exit OUT.txt gets, per thread, its sample count and the top 30 functions both ways,
+with the share of that thread's samples. A thread blocked in C (a lock, a device sync, a nogil
+njit) shows as the Python frame that called it. Meant for finding where a pipeline thread's
+seconds go, e.g. the corpus run's device loop against its producer and reducer.
 """
 from __future__ import annotations
 
-import cProfile
-import io
-import os
-import pstats
+import atexit
+import collections
 import runpy
 import sys
 import threading
+import time
 
 
-def _dump(prof: cProfile.Profile, out: str, name: str) -> None:
-    safe = "".join(c if c.isalnum() or c in "-_." else "_" for c in name)
-    prof.dump_stats(os.path.join(out, safe + ".prof"))
-    buf = io.StringIO()
-    st = pstats.Stats(prof, stream=buf)
-    st.sort_stats("cumulative").print_stats(25)
-    st.sort_stats("tottime").print_stats(25)
-    with open(os.path.join(out, safe + ".txt"), "w") as f:
-        f.write(buf.getvalue())
+def _label(code) -> str:
+    return f"{code.co_filename.rsplit('/', 2)[-2:][-1]}:{code.co_firstlineno}({code.co_name})"
 
 
 def main() -> None:
-    if len(sys.argv) < 4 or sys.argv[2] != "-m":
-        sys.exit("usage: python tools/profile_threads.py OUT_DIR -m MODULE [ARGS...]")
-    out, module, args = sys.argv[1], sys.argv[3], sys.argv[4:]
-    os.makedirs(out, exist_ok=True)
-    original_run = threading.Thread.run
+    argv = sys.argv[1:]
+    interval = 0.001
+    if len(argv) >= 2 and argv[1] == "--interval-ms":
+        interval = float(argv[2]) / 1000.0
+        argv = argv[:1] + argv[3:]
+    if len(argv) < 3 or argv[1] != "-m":
+        sys.exit("usage: python tools/profile_threads.py OUT.txt [--interval-ms MS] -m MODULE [ARGS...]")
+    out, module, args = argv[0], argv[2], argv[3:]
+    own: dict = collections.defaultdict(collections.Counter)
+    cum: dict = collections.defaultdict(collections.Counter)
+    total: collections.Counter = collections.Counter()
+    done = threading.Event()
+    me = threading.get_ident()
 
-    def run(self):
-        prof = cProfile.Profile()
-        prof.enable()
-        try:
-            original_run(self)
-        finally:
-            prof.disable()
-            _dump(prof, out, self.name)
+    def sample():
+        while not done.wait(interval):
+            names = {t.ident: t.name for t in threading.enumerate()}
+            for ident, frame in sys._current_frames().items():
+                if ident == me:
+                    continue
+                name = names.get(ident, str(ident))
+                total[name] += 1
+                own[name][_label(frame.f_code)] += 1
+                seen = set()
+                while frame is not None:
+                    lab = _label(frame.f_code)
+                    if lab not in seen:
+                        seen.add(lab)
+                        cum[name][lab] += 1
+                    frame = frame.f_back
 
-    threading.Thread.run = run
+    def report():
+        done.set()
+        lines = [f"sampling every {interval * 1000:g} ms; {module} {' '.join(args)}"]
+        for name, n in total.most_common():
+            lines.append(f"\n== thread {name}: {n} samples (~{n * interval:.2f} s)")
+            for title, table in (("own", own[name]), ("cumulative", cum[name])):
+                lines.append(f"  -- {title}")
+                for lab, k in table.most_common(30):
+                    lines.append(f"  {100.0 * k / n:6.1f}%  {k:8d}  {lab}")
+        with open(out, "w") as f:
+            f.write("\n".join(lines) + "\n")
+
+    me = threading.Thread(target=sample, name="profile-sampler", daemon=True)
+    me.start()
+    me = me.ident
+    atexit.register(report)
     sys.argv = [module] + args
-    prof = cProfile.Profile()
-    prof.enable()
-    try:
-        runpy.run_module(module, run_name="__main__", alter_sys=True)
-    finally:
-        prof.disable()
-        _dump(prof, out, "main")
+    runpy.run_module(module, run_name="__main__", alter_sys=True)
 
 
 if __name__ == "__main__":
