@@ -31,15 +31,16 @@ def _blob(tmp_path, nbytes, seed=4):
     return data, path
 
 
-@pytest.mark.parametrize("threads", [1, 3])
-def test_pipeline_reassembles_an_odd_size_through_a_wrapping_ring(tmp_path, threads):
+@pytest.mark.parametrize("threads, read", [(1, "mmap"), (3, "mmap"), (1, "pread"), (3, "pread")])
+def test_pipeline_reassembles_an_odd_size_through_a_wrapping_ring(tmp_path, threads, read):
     """23 chunks and a ragged 4,567-byte tail through a ring of threads + 2 buffers (it wraps 4-8
-    times), from a mapped file at an odd offset and from memory, in a 2-d shape."""
+    times), from a mapped file at an odd offset (copied out of the map, or read with preadv) and
+    from memory, in a 2-d shape."""
     nbytes = 23 * CHUNK + 4567 + 77
     data, path = _blob(tmp_path, nbytes)
     mapped = np.memmap(path, dtype=np.uint8, mode="r")[77:].reshape(-1, 7)       # 23*CHUNK + 4567 = 7 * 215,...
-    with Uploader(chunk_bytes=CHUNK, threads=threads, direct_below=0) as up:
-        for arr, method in ((mapped, "pread"), (data[77:].reshape(-1, 7), "memcpy")):
+    with Uploader(chunk_bytes=CHUNK, threads=threads, direct_below=0, read=read) as up:
+        for arr, method in ((mapped, read), (data[77:].reshape(-1, 7), "memcpy")):
             dev = up.upload(arr, method)
             rec = up.stats.records[-1]
             assert (rec.method, rec.nbytes, rec.chunks, rec.threads) == (method, arr.nbytes, 24, threads)
@@ -52,7 +53,8 @@ def test_pipeline_reassembles_an_odd_size_through_a_wrapping_ring(tmp_path, thre
         np.testing.assert_array_equal(up.upload(data[5:CHUNK - 3], "less than a chunk").copy_to_host(),
                                       data[5:CHUNK - 3])
     report = up.stats.as_dict()
-    assert (report["threads"], report["chunk_bytes"], report["n_buffers"]) == (threads, CHUNK, threads + 2)
+    assert (report["threads"], report["chunk_bytes"], report["n_buffers"], report["read_method"]) == \
+        (threads, CHUNK, threads + 2, read)
     assert report["pipelined_bytes"] == up.stats.nbytes == 2 * (nbytes - 77) + 3 * CHUNK + 1 + CHUNK - 8
     assert report["read_gb_per_s"] is not None and report["read_seconds"] > 0
 
@@ -72,7 +74,8 @@ def test_pipeline_wider_dtype_and_exact_multiple(tmp_path):
         assert up.stats.records[-1].method == "memcpy"
 
 
-def test_truncated_file_is_refused_before_any_allocation(tmp_path, monkeypatch):
+@pytest.mark.parametrize("read", upload_mod.READ_METHODS)
+def test_truncated_file_is_refused_before_any_allocation(tmp_path, monkeypatch, read):
     data, path = _blob(tmp_path, 3 * CHUNK + 100)
     mapped = np.memmap(path, dtype=np.uint8, mode="r")[10:]
     check_file_region(mapped, "ok")                         # whole: passes
@@ -80,7 +83,7 @@ def test_truncated_file_is_refused_before_any_allocation(tmp_path, monkeypatch):
     allocs = []
     monkeypatch.setattr(upload_mod.cuda, "device_array", lambda *a, **k: allocs.append(a))
     monkeypatch.setattr(upload_mod.cuda, "to_device", lambda *a, **k: allocs.append(a))
-    with Uploader(chunk_bytes=CHUNK, threads=2, direct_below=0) as up:
+    with Uploader(chunk_bytes=CHUNK, threads=2, direct_below=0, read=read) as up:
         with pytest.raises(ValueError, match=rf"layer 3 table: needs bytes 10\.\.{3 * CHUNK + 100} of .*blob\.bin, "
                                              rf"but the file holds {2 * CHUNK} bytes"):
             up.upload(mapped, "layer 3 table")
@@ -129,12 +132,20 @@ def test_resident_fraction_sees_a_read(tmp_path):
     assert resident_fraction(sparse) < 0.01
 
 
-def test_uploader_arguments():
+def test_uploader_arguments(monkeypatch):
     with pytest.raises(ValueError, match="chunk_bytes must be"):
         Uploader(chunk_bytes=100)
     with pytest.raises(ValueError, match="direct_below must be"):
         Uploader(direct_below=-1)
+    with pytest.raises(ValueError, match=r"read must be one of \('mmap', 'pread'\) or None, got 'mmap2'"):
+        Uploader(read="mmap2")
     assert upload_mod.DEFAULT_THREADS >= 2 and Uploader().n_buffers == Uploader().threads + 2
+    assert Uploader().read == "mmap"
+    monkeypatch.setenv("ENGRAM_UPLOAD_READ", "pread")
+    assert Uploader().read == "pread" and Uploader(read="mmap").read == "mmap"
+    monkeypatch.setenv("ENGRAM_UPLOAD_READ", "fread")
+    with pytest.raises(ValueError, match=r"ENGRAM_UPLOAD_READ must be one of \('mmap', 'pread'\), got 'fread'"):
+        Uploader()
 
 
 def test_uploads_in_the_simulator_default_to_direct():
@@ -142,3 +153,20 @@ def test_uploads_in_the_simulator_default_to_direct():
     with Uploader() as up:
         np.testing.assert_array_equal(up.upload(x, "x").copy_to_host(), x)
     assert up.stats.records[0].method == "direct" and cuda.is_available() is not None
+
+
+def test_engine_build_bench_record_in_the_simulator():
+    """The engine_build record's wiring at a tiny size: three builds (first read, page cache with
+    the default read method, page cache with the other), each with its page-cache share and split."""
+    from engram_numba.bench import decode
+    from engram_numba.bench.timing import SMOKE
+    lines = []
+    rec = decode.bench_engine_build(SMOKE, lines.append, 0.0005, True)
+    assert rec["stage"] == "engine_build" and rec["read_method"] == "mmap" and rec["bytes"] > rec["table_bytes"] > 0
+    assert rec["page_cache_pread"]["read_method"] == "pread" and rec["first_read"]["read_method"] == "mmap"
+    for build in (rec, rec["first_read"], rec["page_cache_pread"]):
+        assert build["threads"] >= 2 and build["chunk_bytes"] == upload_mod.DEFAULT_CHUNK_BYTES
+    if rec["page_cache_resident_before"] is not None:
+        assert rec["page_cache_resident_before"] >= rec["first_read"]["page_cache_resident_before"]
+    assert rec["filesystem"] and len(lines) == 4 and "from the page cache" in lines[-1]
+    assert "build_report" in rec and "build_report" not in rec["first_read"]

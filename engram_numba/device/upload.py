@@ -4,10 +4,11 @@ A pageable `cuda.to_device` of a memory-mapped table copies it twice on one thre
 the driver's pinned bounce buffer -> device), faulting in every 4 KiB page of the map on the way:
 1.5-3 GB/s for a 30 GiB table. `Uploader` instead:
   1. reads the array in chunks (32 MiB) into a ring of pinned host buffers (one pinned allocation,
-     made on the first large upload and reused by every later one), from a fixed pool of threads:
-     straight from the file with `os.preadv` when the array is a view of a `np.memmap` (one kernel
-     copy out of the page cache, no page faults on the map), else with `np.copyto` (both release
-     the GIL);
+     made on the first large upload and reused by every later one), from a fixed pool of threads,
+     with `np.copyto` out of the array (for a view of a `np.memmap`: out of the file's map, the
+     page cache's pages mapped in by the copy's faults, 16 at a time), or, with read="pread", for
+     a file-backed array with `os.preadv` on the file (one kernel copy, no faults; slower per
+     thread on the machines measured so far: docs/gpu.md, "Start-up"). Both release the GIL;
   2. copies each filled buffer to the device with an asynchronous copy on one stream as soon as
      it is full, while the threads fill the next buffers;
   3. hands a buffer back to the threads once the event recorded after its copy has fired.
@@ -56,6 +57,7 @@ def usable_cpus() -> int:
 # page-cache readers: one thread's preadv out of the page cache moves ~4-6 GB/s (less on a first
 # read, which also allocates the cache pages), so the PCIe link (~54 GB/s pinned) needs many
 DEFAULT_THREADS = max(2, min(12, usable_cpus()))
+READ_METHODS = ("mmap", "pread")   # how a file-backed array is read (the first is the default)
 SMALL_BYTES = 8 << 20          # below this a plain copy is as fast as setting up the pipeline
 
 
@@ -138,7 +140,8 @@ class UploadRecord:
     what: str
     nbytes: int
     seconds: float
-    method: str          # "pread" (from the file), "memcpy" (through memory), "direct" (small / simulator)
+    method: str          # "mmap" (copied out of the file's map), "pread" (read from the file),
+                         # "memcpy" (an array in memory), "direct" (small / simulator)
     read_seconds: float = 0.0       # summed over the reader threads: time filling pinned buffers
     wait_read_seconds: float = 0.0  # the issuing thread waiting for a buffer to be filled (read-bound)
     wait_copy_seconds: float = 0.0  # the issuing thread waiting for a device copy to finish (link-bound)
@@ -162,6 +165,7 @@ class UploadStats:
     chunk_bytes: int = 0             # bytes of one pinned staging buffer
     n_buffers: int = 0               # staging buffers in the ring
     pinned_alloc_seconds: float = 0.0  # allocating (and so pinning and touching) the ring, once
+    read: str = ""                   # how file-backed arrays are read ("mmap" or "pread")
 
     @property
     def nbytes(self) -> int:
@@ -195,7 +199,7 @@ class UploadStats:
                 "read_seconds": round(sum(r.read_seconds for r in self.records), 4),
                 "wait_read_seconds": round(sum(r.wait_read_seconds for r in self.records), 4),
                 "wait_copy_seconds": round(sum(r.wait_copy_seconds for r in self.records), 4),
-                "threads": self.threads, "chunk_bytes": self.chunk_bytes, "n_buffers": self.n_buffers,
+                "read_method": self.read, "threads": self.threads, "chunk_bytes": self.chunk_bytes, "n_buffers": self.n_buffers,
                 "pinned_alloc_seconds": round(self.pinned_alloc_seconds, 4), **self.split(),
                 "uploads": [{"what": r.what, "bytes": r.nbytes, "seconds": round(r.seconds, 4),
                              "gb_per_s": round(r.gbps, 2), "method": r.method,
@@ -212,19 +216,29 @@ class Uploader:
     has threads + 2 buffers, so every thread can read while two buffers are in flight to the GPU
     (threads=12, 32 MiB: 448 MiB pinned, allocated once). direct_below: arrays smaller than this
     are copied with `cuda.to_device` (default 8 MiB on a GPU, everything in the simulator).
+    read: how a file-backed array is read, "mmap" or "pread" (module doc); None = $ENGRAM_UPLOAD_READ,
+    else "mmap".
     """
 
     def __init__(self, chunk_bytes: int = DEFAULT_CHUNK_BYTES, threads: int = DEFAULT_THREADS,
-                 direct_below: int | None = None):
+                 direct_below: int | None = None, read: str | None = None):
         if chunk_bytes < 1 << 16 or threads < 1:
             raise ValueError(f"chunk_bytes must be >= 64 KiB and threads >= 1, got {chunk_bytes}, {threads}")
         if direct_below is not None and direct_below < 0:
             raise ValueError(f"direct_below must be >= 0 bytes or None, got {direct_below}")
+        if read is None:
+            read = os.environ.get("ENGRAM_UPLOAD_READ") or READ_METHODS[0]
+            if read not in READ_METHODS:
+                raise ValueError(f"ENGRAM_UPLOAD_READ must be one of {READ_METHODS}, got {read!r}")
+        if read not in READ_METHODS:
+            raise ValueError(f"read must be one of {READ_METHODS} or None, got {read!r}")
+        self.read = read
         self.chunk_bytes = int(chunk_bytes)
         self.threads = int(threads)
         self.n_buffers = self.threads + 2
         self.direct_below = direct_below
-        self.stats = UploadStats(threads=self.threads, chunk_bytes=self.chunk_bytes, n_buffers=self.n_buffers)
+        self.stats = UploadStats(threads=self.threads, chunk_bytes=self.chunk_bytes, n_buffers=self.n_buffers,
+                                 read=self.read)
         self._ring = None
         self._bufs = None
         self._stream = None
@@ -273,7 +287,8 @@ class Uploader:
                 cuda.synchronize()
             self.stats.records.append(UploadRecord(what, int(host.nbytes), time.perf_counter() - t0, "direct"))
             return dev
-        region = file_region(host)
+        region = file_region(host) if self.read == "pread" else None
+        method = "pread" if region else ("mmap" if file_region(host) else "memcpy")
         if not host.flags.c_contiguous:
             host = np.ascontiguousarray(host)
         dev = cuda.device_array(host.shape, dtype=host.dtype)
@@ -281,7 +296,7 @@ class Uploader:
         t0 = time.perf_counter()                                    # the ring's one-time pinning is its own figure
         read_s, wait_read, wait_copy, copy_s, n = self._pipeline(host, dev, region, what)
         self.stats.records.append(UploadRecord(what, int(host.nbytes), time.perf_counter() - t0,
-                                               "pread" if region else "memcpy", read_s, wait_read, wait_copy,
+                                               method, read_s, wait_read, wait_copy,
                                                copy_s, self.threads, n))
         return dev
 
