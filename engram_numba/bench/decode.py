@@ -588,12 +588,13 @@ def bench_engine_build(shape: BenchShape, log, table_gib: float, smoke: bool) ->
            "page_cache_resident_before": cached["page_cache_resident_before"],
            **{k: cached[k] for k in ("read_gb_per_s", "read_gb_per_s_per_thread", "copy_gb_per_s", "threads",
                                      "chunk_bytes", "n_buffers", "pinned_alloc_seconds", "wait_read_seconds",
-                                     "wait_copy_seconds")},
+                                     "wait_copy_seconds", "device_free_gb_before")},
            "read_method": cached["read_method"], "first_read": first, f"page_cache_{other}": variant,
            "build_report": report}
-    log(f"engine_build: {rec['gbps']} GB/s from the page cache ({100 * (rec['page_cache_resident_before'] or 0):.0f}% "
-        f"resident, {fs}), {first['gbps']} GB/s on the first read ({100 * (first['page_cache_resident_before'] or 0):.0f}% "
-        f"resident); {variant['gbps']} GB/s from the page cache reading with {other}; pinned H2D floor {h2d:.1f} GB/s")
+    pct = {k: 100 * (b["page_cache_resident_before"] or 0) for k, b in (("cached", rec), ("first", first))}
+    log(f"engine_build: {rec['gbps']} GB/s from the page cache ({pct['cached']:.0f}% resident, {fs}), "
+        f"{first['gbps']} GB/s on the first read ({pct['first']:.0f}% resident); {variant['gbps']} GB/s from the "
+        f"page cache reading with {other}; pinned H2D floor {h2d:.1f} GB/s")
     return rec
 
 

@@ -54,8 +54,8 @@ def usable_cpus() -> int:
         return os.cpu_count() or 4
 
 
-# page-cache readers: one thread's preadv out of the page cache moves ~4-6 GB/s (less on a first
-# read, which also allocates the cache pages), so the PCIe link (~54 GB/s pinned) needs many
+# page-cache readers: one thread moves a few GB/s out of the page cache (less on a first read,
+# which also allocates the cache's pages), so the PCIe link (~54 GB/s pinned) needs many
 DEFAULT_THREADS = max(2, min(12, usable_cpus()))
 READ_METHODS = ("mmap", "pread")   # how a file-backed array is read (the first is the default)
 SMALL_BYTES = 8 << 20          # below this a plain copy is as fast as setting up the pipeline
@@ -199,7 +199,8 @@ class UploadStats:
                 "read_seconds": round(sum(r.read_seconds for r in self.records), 4),
                 "wait_read_seconds": round(sum(r.wait_read_seconds for r in self.records), 4),
                 "wait_copy_seconds": round(sum(r.wait_copy_seconds for r in self.records), 4),
-                "read_method": self.read, "threads": self.threads, "chunk_bytes": self.chunk_bytes, "n_buffers": self.n_buffers,
+                "read_method": self.read, "threads": self.threads, "chunk_bytes": self.chunk_bytes,
+                "n_buffers": self.n_buffers,
                 "pinned_alloc_seconds": round(self.pinned_alloc_seconds, 4), **self.split(),
                 "uploads": [{"what": r.what, "bytes": r.nbytes, "seconds": round(r.seconds, 4),
                              "gb_per_s": round(r.gbps, 2), "method": r.method,
