@@ -1,6 +1,7 @@
-"""`engine_build` alone: start-up from a released-size sparse GGUF, once on the file's first read
-and once from the page cache, with the split between reading (file -> pinned) and copying (pinned ->
-device). About a minute on an H200 (two builds of 64.5 GB plus writing the file's 103 MB of wkv).
+"""`engine_build` alone: start-up from a released-size sparse GGUF, on the file's first read and
+from the page cache (with each of the uploader's read methods), with the split between reading
+(file -> pinned) and copying (pinned -> device). About a minute on an H200 (three builds of 64.5 GB
+after a tiny one that compiles, plus writing the files' wkv).
 
     # on the GPU machine, with the carried wheels installed as docs/gpu.md says (PYTHONPATH = .site:repo root):
     OUT=<folder> python3 tools/engine_build_bench.py [--table-gib 30] [--smoke]
