@@ -43,8 +43,8 @@ from .device.devarray import as_device_array, data_address, is_device_like
 from .device.graphs import CapturedGraph
 from .device.intrinsics import SIMULATOR
 from .device.upload import Uploader
-from .engine_build import (EngramLayerWeights, LayerWorkspace, check_versions, pair_buffer, resolve_wkv_format,
-                           upload_layers)
+from .engine_build import (EngramLayerWeights, LayerWorkspace, check_layers, check_versions, pair_buffer,
+                           resolve_wkv_format, upload_layers)
 from .identity import check_hasher
 from .layer_step import EngineStages, LayerStep, Value, run_layers
 from .placement import DecodeStaging, fetched_rows, make_fetcher, plan_tables
@@ -119,6 +119,7 @@ class EngramV41:
         # ... and so is every table's placement (refused when it cannot fit: nothing allocated yet)
         self.placement = plan_tables(model, self.max_tokens, wkv_formats, tables, device_tables, cache_gb, cache)
         self._fetcher = None
+        check_layers(model, cfg, wkv_formats)    # shapes and files: refused before any device allocation
         # two q2k_r layers share one buffer: decode projects both in one launch
         self._wkv_pair = pair_buffer(cfg, wkv_formats)
         uploader = Uploader()

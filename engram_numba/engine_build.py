@@ -14,7 +14,7 @@ import numpy as np
 from numba import cuda
 
 from .device.intrinsics import SIMULATOR
-from .device.upload import Uploader
+from .device.upload import Uploader, check_file_region
 from .placement import host_tables_for
 from .stages import registry
 from .stages.rows.encodings import ROW_VALUES, get_encoding
@@ -112,6 +112,41 @@ def resolve_wkv_format(versions: dict, lid, lf, wkv_format) -> str:
         raise ValueError(f"{why}, but layer {lid} stores its wkv as {stored} (nothing is re-quantised): "
                          f"use wkv_format='bf16' or None")
     return wkv_format
+
+
+def check_layers(model, cfg, wkv_formats: dict) -> None:
+    """Every layer's table, table scales and wkv checked for what the upload will need (shapes, dtypes,
+    and a file-backed array's bytes still in its file) -> ValueError naming the layer and tensor,
+    raised before anything is allocated on the device."""
+    N, K = cfg.proj_out, cfg.proj_in
+    for lid in cfg.layer_ids:
+        lf = model.layers[lid]
+        table, scales = lf.table, lf.table_scales
+        enc = get_encoding(lf.table_encoding)
+        if scales is not None and (enc.name != "fp8" or tuple(scales.shape) != (table.shape[0], 8)):
+            raise ValueError(f"layer {lid}: table_scales {list(scales.shape)} needs an fp8 table of codes "
+                             f"[rows, 256] and scales [rows, 8] (encoding {enc.name}, table {list(table.shape)})")
+        width = enc.row_bytes if scales is None else 256
+        if table.shape[1] != width:
+            raise ValueError(f"layer {lid}: its {enc.name} table has {table.shape[1]} bytes a row, "
+                             f"expected {width}")
+        fmt = wkv_formats[lid]
+        raw = getattr(lf, "wkv_raw", None)
+        if fmt != "bf16":
+            raw = np.asarray(raw)
+            want = (N, K) if fmt == "fp8" else (N, K // 256 * 84)
+            if raw.dtype != np.uint8 or raw.shape != want:
+                raise ValueError(f"layer {lid}: a {'q2k' if fmt == 'q2k_r' else fmt} wkv must be uint8 "
+                                 f"{list(want)}, got {raw.dtype} {list(raw.shape)}")
+        if fmt == "fp8":
+            sc = lf.wkv_scales
+            want_s = (-(-N // 32), K // 32)
+            if sc is None or np.asarray(sc).dtype != np.uint8 or np.asarray(sc).shape != want_s:
+                raise ValueError(f"layer {lid}: an fp8 wkv needs wkv_scales uint8 {list(want_s)} (e8m0 per 32x32 "
+                                 f"tile), got {None if sc is None else (np.asarray(sc).dtype, list(np.asarray(sc).shape))}")
+        for arr, what in ((table, "table"), (scales, "table scales"), (raw, "wkv"),
+                          (getattr(lf, "q_weight", None), "q_weight"), (getattr(lf, "k_weight", None), "k_weight")):
+            check_file_region(arr, f"layer {lid} {what}")
 
 
 def upload_wkv(cfg, lid, lf, fmt: str, uploader: Uploader, dest=None):
