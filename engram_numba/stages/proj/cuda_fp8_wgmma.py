@@ -685,6 +685,191 @@ def make_kernel_v4(wg_n: int = V4_WG_N):
     return gemm_fp8_v4
 
 
+# ---- gemm_fp8_v5: v3's schedule on fewer instructions ----------------------------------------------
+#
+# The promotion puts one fp32 FMA a thread per accumulator after every k32 block: 64 FFMA a warp a
+# block, on the 4 warp schedulers that also issue everything else. In v3's SASS (compile tier,
+# sm_90a) the K loop is 703 instructions a warp for 4 blocks, of which 256 FFMA: the other 447 are
+# the loader's index arithmetic (64-bit, signed, with the clamps to the last row), the ring index
+# `kt % STAGES` (a 64-bit magic division), the per-block descriptor arithmetic and the shared-memory
+# indices of the scales, each wrapped for negative values. With two warps a scheduler, that is
+# ~350 issue slots a scheduler for every 128 cycles of tensor-core work of the two warpgroups'
+# blocks: the kernel is issue-bound, not latency-bound (v4's four warpgroups and v3's deeper
+# stream both measured slower or equal). v5 keeps v3's schedule and arithmetic (2 warpgroups of
+# m64n128k32 on a 128 x 128 tile, 5 cp.async stages, two partial tiles with block kb + 1's MMA in
+# flight while block kb is promoted) and removes the overhead:
+# - the ring slot is a running byte offset, advanced and wrapped by compare (no division);
+# - a stage's two descriptors are built once and advanced by constants a block (v4's);
+# - the scales are read at one per-thread word index set once a stage, unsigned (no wrap), at
+#   constant offsets a block;
+# - the loader works on 32-bit unsigned chunk indices from per-thread row offsets computed once
+#   before the loop (the clamped row times K/16), so a refill is an add, a compare and an LDGSTS a
+#   chunk.
+# The same partial sums promoted in the same order with the same fma: bit-identical to v3.
+
+def make_kernel_v5():
+    K_STEP = 32
+    ZERO = tuple(np.float32(0.0) for _ in range(NACC))
+    cp_wait = cp_async_waiter(STAGES - 2)
+    cp_wait0 = cp_async_waiter(0)
+    mma_wait0 = wgmma_waiter(0)
+    mma_wait1 = wgmma_waiter(1)
+    assert BM * 8 // THREADS == 4 and BN * 8 // THREADS == 4       # the loader's 4 + 4 chunks a thread a stage
+    ROWS = THREADS // 8                      # operand rows a pass (32)
+    PASS = ROWS * ROW_BYTES
+    SCW = (A_BYTES + B_BYTES) // 4           # word of a stage's x scales within the stage
+    SWW = (A_BYTES + B_BYTES + SX_BYTES) // 4
+    RING = STAGES * STAGE_BYTES
+    U0 = np.uint32(0)
+    U16 = np.uint32(16)
+
+    @device_function(**INLINE)
+    def _scales5(smem, xw, ww, j):
+        """(s_x[r0] * s_w[tiles 0..3], s_x[r0 + 8] * s_w[tiles 0..3]) of block j: xw is the word of
+        this thread's row r0 in the stage's x scales, ww the stage's first w scale word."""
+        a0 = u32_as_f32(smem[xw + np.uint32(j)])
+        a1 = u32_as_f32(smem[xw + np.uint32(32 + j)])
+        w0 = u32_as_f32(smem[ww + np.uint32(j)])
+        w1 = u32_as_f32(smem[ww + np.uint32(4 + j)])
+        w2 = u32_as_f32(smem[ww + np.uint32(8 + j)])
+        w3 = u32_as_f32(smem[ww + np.uint32(12 + j)])
+        return (a0 * w0, a0 * w1, a0 * w2, a0 * w3, a1 * w0, a1 * w1, a1 * w2, a1 * w3)
+
+    @device_function(**INLINE)
+    def _load(smem, so, x32, w32, sx32, sw32, kt, K16, xo, wo, off0, tid, sxo, swo, T, NB):
+        """cp.async k tile kt into the stage at ring byte so: x's rows from chunk offsets xo (row x
+        K/16, one a pass), w's from wo, and (threads 0..131) the tile's scales from rows sxo / swo.
+        Rows past T or N are clamped to the last row, not zero-filled: they only feed output rows or
+        columns that are never stored. The k chunks past K are zero-filled (their scales are 0)."""
+        kq = kt * np.uint32(8) + (np.uint32(tid) & np.uint32(7))
+        ks = U16 if kq < K16 else U0
+        kc = min(kq, K16 - np.uint32(1))
+        if tid < BM:
+            cp_async_16(smem, so + np.uint32(A_BYTES + B_BYTES + 16 * tid), sx32, kt * T + sxo, U16)
+        elif tid < BM + BN // BLOCK:
+            cp_async_16(smem, so + np.uint32(A_BYTES + B_BYTES + SX_BYTES + 16 * (tid - BM)), sw32, kt * NB + swo, U16)
+        xa, xb, xc, xd = xo
+        wa, wb, wc, wd = wo
+        sa = so + off0
+        sb = sa + np.uint32(A_BYTES)
+        cp_async_16(smem, sa, x32, xa + kc, ks)
+        cp_async_16(smem, sa + np.uint32(PASS), x32, xb + kc, ks)
+        cp_async_16(smem, sa + np.uint32(2 * PASS), x32, xc + kc, ks)
+        cp_async_16(smem, sa + np.uint32(3 * PASS), x32, xd + kc, ks)
+        cp_async_16(smem, sb, w32, wa + kc, ks)
+        cp_async_16(smem, sb + np.uint32(PASS), w32, wb + kc, ks)
+        cp_async_16(smem, sb + np.uint32(2 * PASS), w32, wc + kc, ks)
+        cp_async_16(smem, sb + np.uint32(3 * PASS), w32, wd + kc, ks)
+
+    @cuda.jit(**bounds(THREADS, 1))
+    def gemm_fp8_v5(x32, w32, sx32, sw32, out, T, K):
+        # the arguments of v2/v3's kernel
+        smem = cuda.shared.array(0, types.uint32)
+        tid = cuda.threadIdx.x
+        wg = tid >> 7
+        N = out.shape[1]
+        K16 = np.uint32(K >> 4)
+        NB = np.uint32((N + BLOCK - 1) // BLOCK)
+        n_k = (K16 + np.uint32(7)) >> np.uint32(3)
+        m0 = cuda.blockIdx.x * BM
+        n0 = cuda.blockIdx.y * BN
+        base = np.int64(shared_address(smem))
+        pad = (1024 - (base & 1023)) & 1023
+        s0 = base + pad
+        padu = np.uint32(pad)
+        row0 = tid >> 3
+        q = tid & 7
+        off0 = np.uint32(row0 * ROW_BYTES + ((q ^ (row0 & 7)) << 4))
+        d_hi = wgmma_descriptor(0, 16, GROUP_BYTES, WGMMA_SWIZZLE_128B)
+        a_wg = wg * (64 * ROW_BYTES)
+        p = tid & 127
+        r0 = wg * 64 + 16 * (p >> 5) + ((p & 31) >> 2)
+        # the loader's per-thread chunk offsets (rows clamped to the last) and the scale rows it copies
+        Tu = np.uint32(T)
+        xr = m0 + row0
+        wr = n0 + row0
+        xo = (np.uint32(min(xr, T - 1)) * K16, np.uint32(min(xr + ROWS, T - 1)) * K16,
+              np.uint32(min(xr + 2 * ROWS, T - 1)) * K16, np.uint32(min(xr + 3 * ROWS, T - 1)) * K16)
+        wo = (np.uint32(min(wr, N - 1)) * K16, np.uint32(min(wr + ROWS, N - 1)) * K16,
+              np.uint32(min(wr + 2 * ROWS, N - 1)) * K16, np.uint32(min(wr + 3 * ROWS, N - 1)) * K16)
+        sxo = np.uint32(min(m0 + tid, T - 1))
+        swo = np.uint32(max(0, min(n0 // BLOCK + tid - BM, (N + BLOCK - 1) // BLOCK - 1)))
+        for s in range(STAGES - 1):
+            if s < n_k:
+                _load(smem, padu + np.uint32(s * STAGE_BYTES), x32, w32, sx32, sw32, np.uint32(s), K16, xo, wo, off0,
+                      tid, sxo, swo, Tu, NB)
+            cp_async_commit()
+
+        xw0 = np.uint32(4 * r0)
+        acc = ZERO
+        pa = ZERO
+        pb = ZERO
+        so = np.uint32(0)                              # ring offset of stage kt
+        lo = np.uint32((STAGES - 1) * STAGE_BYTES)     # ring offset of stage kt + STAGES - 1
+        for kt in range(n_k):
+            cp_wait()
+            fence_proxy_async()
+            cuda.syncthreads()
+            st = s0 + so
+            xw = ((padu + so) >> np.uint32(2)) + np.uint32(SCW) + xw0
+            ww = ((padu + so) >> np.uint32(2)) + np.uint32(SWW)
+            da = d_hi | wgmma_descriptor(st + a_wg, 0, 0, 0)
+            db = d_hi | wgmma_descriptor(st + A_BYTES, 0, 0, 0)
+            pa = wgmma_fence(pa)
+            pa = wgmma_e4m3(pa, da, db, smem)
+            wgmma_commit()
+            pb = wgmma_fence(pb)
+            pb = wgmma_e4m3(pb, da + np.uint64(K_STEP >> 4), db + np.uint64(K_STEP >> 4), smem)
+            wgmma_commit()
+            pa = mma_wait1(pa)
+            acc = fp8_promote(acc, pa, _scales5(smem, xw, ww, 0))
+            pa = wgmma_fence(pa)
+            pa = wgmma_e4m3(pa, da + np.uint64((2 * K_STEP) >> 4), db + np.uint64((2 * K_STEP) >> 4), smem)
+            wgmma_commit()
+            pb = mma_wait1(pb)
+            acc = fp8_promote(acc, pb, _scales5(smem, xw, ww, 1))
+            pb = wgmma_fence(pb)
+            pb = wgmma_e4m3(pb, da + np.uint64((3 * K_STEP) >> 4), db + np.uint64((3 * K_STEP) >> 4), smem)
+            wgmma_commit()
+            pa = mma_wait1(pa)
+            acc = fp8_promote(acc, pa, _scales5(smem, xw, ww, 2))
+            pb = mma_wait0(pb)
+            acc = fp8_promote(acc, pb, _scales5(smem, xw, ww, 3))
+            cuda.syncthreads()                       # both warpgroups are done with stage kt
+            nk = np.uint32(kt) + np.uint32(STAGES - 1)
+            if nk < n_k:
+                _load(smem, padu + lo, x32, w32, sx32, sw32, nk, K16, xo, wo, off0, tid, sxo, swo, Tu, NB)
+            cp_async_commit()
+            so = so + np.uint32(STAGE_BYTES)
+            if so == np.uint32(RING):
+                so = np.uint32(0)
+            lo = lo + np.uint32(STAGE_BYTES)
+            if lo == np.uint32(RING):
+                lo = np.uint32(0)
+        cp_wait0()
+        cuda.syncthreads()
+
+        # epilogue (v3's)
+        w4 = p >> 5
+        lane = p & 31
+        wbase = (pad >> 2) + (16 * w4 + (lane >> 2)) * STASH_STRIDE + (lane & 3) + wg * 64 * STASH_STRIDE
+        wgmma_store_bf16x2(smem, wbase, STASH_STRIDE, acc)
+        cuda.syncthreads()
+        words = BN // 2
+        for i in range(tid, BM * words, THREADS):
+            r = i // words
+            c = i - r * words
+            t = m0 + r
+            n = n0 + 2 * c
+            if t < T and n < N:
+                word = smem[(pad >> 2) + r * STASH_STRIDE + c]
+                out[t, n] = np.uint16(word & np.uint32(0xFFFF))
+                if n + 1 < N:
+                    out[t, n + 1] = np.uint16(word >> np.uint32(16))
+
+    return gemm_fp8_v5
+
+
 @cuda.jit
 def gemm_fp8_naive(xq, codes, sx, sw, out):
     # xq: uint8 [T, K] e4m3 codes of x; codes: uint8 [N, K]; sx: float32 stage_scales_shape(T, K);
@@ -711,7 +896,7 @@ def geometry_naive(T: int, N: int):
 
 
 KERNELS = {"gemm_fp8_v1": gemm_fp8_naive, "gemm_fp8_v2": make_kernel(False), "gemm_fp8_v3": make_kernel(True),
-           "gemm_fp8_v4": make_kernel_v4()}
+           "gemm_fp8_v4": make_kernel_v4(), "gemm_fp8_v5": make_kernel_v5()}
 
 
 def geometry(T: int, N: int):
