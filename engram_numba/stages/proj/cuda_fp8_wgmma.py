@@ -741,25 +741,25 @@ def make_kernel_v5():
         K/16, one a pass), w's from wo, and (threads 0..131) the tile's scales from rows sxo / swo.
         Rows past T or N are clamped to the last row, not zero-filled: they only feed output rows or
         columns that are never stored. The k chunks past K are zero-filled (their scales are 0)."""
-        kq = kt * np.uint32(8) + (np.uint32(tid) & np.uint32(7))
+        kq = np.uint32(kt * np.uint32(8) + (np.uint32(tid) & np.uint32(7)))
         ks = U16 if kq < K16 else U0
-        kc = min(kq, K16 - np.uint32(1))
+        kc = np.uint32(min(kq, np.uint32(K16 - np.uint32(1))))
         if tid < BM:
-            cp_async_16(smem, so + np.uint32(A_BYTES + B_BYTES + 16 * tid), sx32, kt * T + sxo, U16)
+            cp_async_16(smem, so + np.uint32(A_BYTES + B_BYTES + 16 * tid), sx32, np.uint32(kt * T + sxo), U16)
         elif tid < BM + BN // BLOCK:
-            cp_async_16(smem, so + np.uint32(A_BYTES + B_BYTES + SX_BYTES + 16 * (tid - BM)), sw32, kt * NB + swo, U16)
+            cp_async_16(smem, so + np.uint32(A_BYTES + B_BYTES + SX_BYTES + 16 * (tid - BM)), sw32, np.uint32(kt * NB + swo), U16)
         xa, xb, xc, xd = xo
         wa, wb, wc, wd = wo
-        sa = so + off0
-        sb = sa + np.uint32(A_BYTES)
-        cp_async_16(smem, sa, x32, xa + kc, ks)
-        cp_async_16(smem, sa + np.uint32(PASS), x32, xb + kc, ks)
-        cp_async_16(smem, sa + np.uint32(2 * PASS), x32, xc + kc, ks)
-        cp_async_16(smem, sa + np.uint32(3 * PASS), x32, xd + kc, ks)
-        cp_async_16(smem, sb, w32, wa + kc, ks)
-        cp_async_16(smem, sb + np.uint32(PASS), w32, wb + kc, ks)
-        cp_async_16(smem, sb + np.uint32(2 * PASS), w32, wc + kc, ks)
-        cp_async_16(smem, sb + np.uint32(3 * PASS), w32, wd + kc, ks)
+        sa = np.uint32(so + off0)
+        sb = np.uint32(sa + np.uint32(A_BYTES))
+        cp_async_16(smem, sa, x32, np.uint32(xa + kc), ks)
+        cp_async_16(smem, sa + np.uint32(PASS), x32, np.uint32(xb + kc), ks)
+        cp_async_16(smem, sa + np.uint32(2 * PASS), x32, np.uint32(xc + kc), ks)
+        cp_async_16(smem, sa + np.uint32(3 * PASS), x32, np.uint32(xd + kc), ks)
+        cp_async_16(smem, sb, w32, np.uint32(wa + kc), ks)
+        cp_async_16(smem, sb + np.uint32(PASS), w32, np.uint32(wb + kc), ks)
+        cp_async_16(smem, sb + np.uint32(2 * PASS), w32, np.uint32(wc + kc), ks)
+        cp_async_16(smem, sb + np.uint32(3 * PASS), w32, np.uint32(wd + kc), ks)
 
     @cuda.jit(**bounds(THREADS, 1))
     def gemm_fp8_v5(x32, w32, sx32, sw32, out, T, K):
@@ -780,7 +780,9 @@ def make_kernel_v5():
         row0 = tid >> 3
         q = tid & 7
         off0 = np.uint32(row0 * ROW_BYTES + ((q ^ (row0 & 7)) << 4))
-        d_hi = wgmma_descriptor(0, 16, GROUP_BYTES, WGMMA_SWIZZLE_128B)
+        d_all = wgmma_descriptor(0, 16, GROUP_BYTES, WGMMA_SWIZZLE_128B)
+        d_hi = d_all & np.uint64(0xFFFFFFFF00000000)
+        d_lo = np.uint32(d_all & np.uint64(0xFFFFFFFF))
         a_wg = wg * (64 * ROW_BYTES)
         p = tid & 127
         r0 = wg * 64 + 16 * (p >> 5) + ((p & 31) >> 2)
@@ -813,23 +815,28 @@ def make_kernel_v5():
             st = s0 + so
             xw = ((padu + so) >> np.uint32(2)) + np.uint32(SCW) + xw0
             ww = ((padu + so) >> np.uint32(2)) + np.uint32(SWW)
-            da = d_hi | wgmma_descriptor(st + a_wg, 0, 0, 0)
-            db = d_hi | wgmma_descriptor(st + A_BYTES, 0, 0, 0)
+            # the descriptors' low words (start address, in 16-byte units, and the constant LBO; the
+            # address field never carries: st + a stage < 2^18) advance by 32-bit adds a block
+            da = np.uint32(d_lo | ((np.uint32(st + a_wg) & np.uint32(0x3FFFF)) >> np.uint32(4)))
+            db = np.uint32(d_lo | ((np.uint32(st + A_BYTES) & np.uint32(0x3FFFF)) >> np.uint32(4)))
             pa = wgmma_fence(pa)
-            pa = wgmma_e4m3(pa, da, db, smem)
+            pa = wgmma_e4m3(pa, d_hi | np.uint64(da), d_hi | np.uint64(db), smem)
             wgmma_commit()
             pb = wgmma_fence(pb)
-            pb = wgmma_e4m3(pb, da + np.uint64(K_STEP >> 4), db + np.uint64(K_STEP >> 4), smem)
+            pb = wgmma_e4m3(pb, d_hi | np.uint64(np.uint32(da + np.uint32(K_STEP >> 4))),
+                            d_hi | np.uint64(np.uint32(db + np.uint32(K_STEP >> 4))), smem)
             wgmma_commit()
             pa = mma_wait1(pa)
             acc = fp8_promote(acc, pa, _scales5(smem, xw, ww, 0))
             pa = wgmma_fence(pa)
-            pa = wgmma_e4m3(pa, da + np.uint64((2 * K_STEP) >> 4), db + np.uint64((2 * K_STEP) >> 4), smem)
+            pa = wgmma_e4m3(pa, d_hi | np.uint64(np.uint32(da + np.uint32(2 * K_STEP >> 4))),
+                            d_hi | np.uint64(np.uint32(db + np.uint32(2 * K_STEP >> 4))), smem)
             wgmma_commit()
             pb = mma_wait1(pb)
             acc = fp8_promote(acc, pb, _scales5(smem, xw, ww, 1))
             pb = wgmma_fence(pb)
-            pb = wgmma_e4m3(pb, da + np.uint64((3 * K_STEP) >> 4), db + np.uint64((3 * K_STEP) >> 4), smem)
+            pb = wgmma_e4m3(pb, d_hi | np.uint64(np.uint32(da + np.uint32(3 * K_STEP >> 4))),
+                            d_hi | np.uint64(np.uint32(db + np.uint32(3 * K_STEP >> 4))), smem)
             wgmma_commit()
             pa = mma_wait1(pa)
             acc = fp8_promote(acc, pa, _scales5(smem, xw, ww, 2))
