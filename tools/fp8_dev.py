@@ -1,4 +1,4 @@
-"""Development run of DeepSeek's FP8 projection on Hopper (gemm_fp8_v1 .. _v4): validated, then timed.
+"""Development run of DeepSeek's FP8 projection on Hopper (gemm_fp8_v1 .. _v5): validated, then timed.
 
     python tools/fp8_dev.py [--out DIR] [--tokens 1,3,...] [--versions gemm_fp8_v3,...] [--smoke]
 
@@ -38,7 +38,7 @@ import numpy as np  # noqa: E402
 
 K_REL, N_REL = 6144, 25600
 TOKENS = (1, 3, 17, 128, 130, 256, 512, 1024, 4096)
-VERSIONS = ("gemm_fp8_v1", "gemm_fp8_v2", "gemm_fp8_v3", "gemm_fp8_v4")
+VERSIONS = ("gemm_fp8_v1", "gemm_fp8_v2", "gemm_fp8_v3", "gemm_fp8_v4", "gemm_fp8_v5")
 # not a record: v4's schedule on v3's two warpgroups of m64n128 (256 threads, 225 registers), timed
 # beside v4 to separate what the deeper stream buys from what 4 warps a scheduler buy
 EXPERIMENTS = ("gemm_fp8_v4[n128]",)

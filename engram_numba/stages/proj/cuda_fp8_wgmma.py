@@ -41,7 +41,12 @@ Kernel versions (after act_quant; v2 and v3 from one factory, `make_kernel(doubl
   gemm_fp8_v4  the 128 x 128 tile over 4 math warpgroups of m64n64 (4 warps a scheduler), each
                with two partial tiles, on a deeper stream (`make_kernel_v4`): k tiles in pairs, 8
                blocks a barrier and a drain (v3: 4 blocks, two barriers), 6 tile slots; 128
-               registers, no spills, wgmma not serialized. Not yet timed on a GPU.
+               registers, no spills, wgmma not serialized. H200, T = 4096: 3.74 ms, slower than v3.
+  gemm_fp8_v5  v3's schedule and arithmetic on a third fewer instructions (`make_kernel_v5`): the K
+               loop is issue-bound (the promotion's 64 FFMA a warp a block take as many issue
+               cycles as the tensor core takes for the block), so every other instruction counts;
+               479 instructions a warp per 4 blocks (v3: 703), 232 registers, no spills, wgmma not
+               serialized. Not yet timed on a GPU.
 """
 from __future__ import annotations
 
@@ -687,25 +692,29 @@ def make_kernel_v4(wg_n: int = V4_WG_N):
 
 # ---- gemm_fp8_v5: v3's schedule on fewer instructions ----------------------------------------------
 #
-# The promotion puts one fp32 FMA a thread per accumulator after every k32 block: 64 FFMA a warp a
-# block, on the 4 warp schedulers that also issue everything else. In v3's SASS (compile tier,
-# sm_90a) the K loop is 703 instructions a warp for 4 blocks, of which 256 FFMA: the other 447 are
-# the loader's index arithmetic (64-bit, signed, with the clamps to the last row), the ring index
-# `kt % STAGES` (a 64-bit magic division), the per-block descriptor arithmetic and the shared-memory
-# indices of the scales, each wrapped for negative values. With two warps a scheduler, that is
-# ~350 issue slots a scheduler for every 128 cycles of tensor-core work of the two warpgroups'
-# blocks: the kernel is issue-bound, not latency-bound (v4's four warpgroups and v3's deeper
-# stream both measured slower or equal). v5 keeps v3's schedule and arithmetic (2 warpgroups of
-# m64n128k32 on a 128 x 128 tile, 5 cp.async stages, two partial tiles with block kb + 1's MMA in
-# flight while block kb is promoted) and removes the overhead:
-# - the ring slot is a running byte offset, advanced and wrapped by compare (no division);
-# - a stage's two descriptors are built once and advanced by constants a block (v4's);
-# - the scales are read at one per-thread word index set once a stage, unsigned (no wrap), at
-#   constant offsets a block;
-# - the loader works on 32-bit unsigned chunk indices from per-thread row offsets computed once
-#   before the loop (the clamped row times K/16), so a refill is an add, a compare and an LDGSTS a
-#   chunk.
-# The same partial sums promoted in the same order with the same fma: bit-identical to v3.
+# The promotion is one fp32 FMA a thread per accumulator after every k32 block: 64 FFMA a warp a
+# block. A scheduler issues one warp instruction a cycle and its FP32 pipe takes one FFMA a cycle,
+# while the SM's tensor cores take 64 cycles for a warpgroup's m64n128k32 e4m3 block (4096 FP8 MACs
+# a cycle): the FFMAs alone need as many issue cycles as the MMAs need tensor-core cycles. With two
+# math warpgroups (two warps a scheduler), a stage of 4 blocks costs each scheduler
+# 2 x (instructions a warp a stage) issue cycles against 2 x 4 x 64 = 512 tensor-core cycles, so
+# the instruction count bounds the kernel at 512 / (2 x count) of the FP8 peak. v3's K loop (SASS,
+# compile tier, sm_90a) is 703 instructions a warp a stage, 256 of them the FFMAs: at most 36 % of
+# the peak, and it measured ~22 %. The other 447 were the loader's 64-bit signed index arithmetic
+# (clamps, zero-fill predicates), the ring slot `kt % STAGES` (a 64-bit division by a constant),
+# descriptors rebuilt a block in 64-bit arithmetic and the scales' shared-memory indices, each
+# wrapped for negative values. v5 keeps v3's schedule and arithmetic (2 warpgroups of m64n128k32 on
+# a 128 x 128 tile, 5 cp.async stages, two partial tiles with block kb + 1's MMA in flight while
+# block kb is promoted) and strips the rest:
+# - the ring slots are running byte offsets, advanced and wrapped by a compare;
+# - the descriptors' low words (the start address field never carries inside a stage) advance by
+#   32-bit adds; the constant high word is or-ed in;
+# - the scales are read at one unsigned per-thread word index a stage, constant offsets a block;
+# - the loader's per-thread chunk offsets (row x K/16) are computed once before the loop, 32-bit:
+#   a refill is an add, a wide multiply-add and an LDGSTS a chunk. Rows past T or N are clamped to
+#   the last row instead of zero-filled: they feed only accumulators that are never stored.
+# Result (compile tier): 479 instructions a warp a stage (bound 53 % of the peak), 232 registers,
+# no spills, wgmma not serialized. The same partial sums promoted in the same order by the same fma.
 
 def make_kernel_v5():
     K_STEP = 32

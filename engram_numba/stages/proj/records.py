@@ -421,10 +421,11 @@ for _name, _log, _sim in (
       (70, 800, 136)]),         # 2 output tiles (the second 8 wide), 7 k tiles: 4 pairs through the 3-pair
                                 # ring (it wraps), the last pair's second tile past K (zero scales)
     ("gemm_fp8_v5",
-     "gemm_fp8_v3's schedule and arithmetic on a third fewer instructions: the K loop was issue-bound (703 "
-     "instructions a warp per 4 k32 blocks, 256 of them the promotion's FFMA; v5: 520), the ring slot a running "
-     "offset, a stage's descriptors built once, the scales read at unsigned per-thread indices, the loader on 32-bit "
-     "chunk offsets computed before the loop (rows past T/N clamped, not zero-filled); not yet timed on a GPU",
+     "gemm_fp8_v3's schedule and arithmetic on a third fewer instructions: the K loop is issue-bound (the "
+     "promotion's FFMA take as many issue cycles as the MMAs take tensor-core cycles), 479 instructions a warp per 4 "
+     "k32 blocks (v3: 703): ring slots as running offsets, 32-bit descriptor words, unsigned scale indices, 32-bit "
+     "loader offsets computed before the loop (rows past T/N clamped, not zero-filled); 232 registers, no spills; "
+     "not yet timed on a GPU",
      [(3, 160, 40),             # one tile: rows past T and N (clamped rows), a partial scale tile, K % 128 == 32
       (5, 672, 40)]),           # 6 k tiles: the 5-stage ring wraps, the last tile one k block (zero-filled tail)
 ):
