@@ -45,8 +45,8 @@ Kernel versions (after act_quant; v2 and v3 from one factory, `make_kernel(doubl
   gemm_fp8_v5  v3's schedule and arithmetic on a third fewer instructions (`make_kernel_v5`): the K
                loop is issue-bound (the promotion's 64 FFMA a warp a block take as many issue
                cycles as the tensor core takes for the block), so every other instruction counts;
-               479 instructions a warp per 4 blocks (v3: 703), 232 registers, no spills, wgmma not
-               serialized. Not yet timed on a GPU.
+               478 instructions a warp per 4 blocks (v3: 703), one barrier a stage (v3: two), 231
+               registers, no spills, wgmma not serialized. Not yet timed on a GPU.
 """
 from __future__ import annotations
 
@@ -712,8 +712,10 @@ def make_kernel_v4(wg_n: int = V4_WG_N):
 # - the scales are read at one unsigned per-thread word index a stage, constant offsets a block;
 # - the loader's per-thread chunk offsets (row x K/16) are computed once before the loop, 32-bit:
 #   a refill is an add, a wide multiply-add and an LDGSTS a chunk. Rows past T or N are clamped to
-#   the last row instead of zero-filled: they feed only accumulators that are never stored.
-# Result (compile tier): 479 instructions a warp a stage (bound 53 % of the peak), 232 registers,
+#   the last row instead of zero-filled: they feed only accumulators that are never stored;
+# - one barrier a stage (v3: two): the slot of stage kt - 1 is refilled right after the barrier that
+#   publishes stage kt, which every thread reaches only when done with kt - 1 (v4's order).
+# Result (compile tier): 478 instructions a warp a stage (bound 54 % of the peak), 231 registers,
 # no spills, wgmma not serialized. The same partial sums promoted in the same order by the same fma.
 
 def make_kernel_v5():
@@ -821,6 +823,12 @@ def make_kernel_v5():
             cp_wait()
             fence_proxy_async()
             cuda.syncthreads()
+            # refill the slot of stage kt - 1 with tile kt + STAGES - 1 (every thread is past this
+            # stage's barrier, so done with kt - 1: one barrier a stage)
+            nk = np.uint32(kt) + np.uint32(STAGES - 1)
+            if nk < n_k:
+                _load(smem, padu + lo, x32, w32, sx32, sw32, nk, K16, xo, wo, off0, tid, sxo, swo, Tu, NB)
+            cp_async_commit()
             st = s0 + so
             xw = ((padu + so) >> np.uint32(2)) + np.uint32(SCW) + xw0
             ww = ((padu + so) >> np.uint32(2)) + np.uint32(SWW)
@@ -851,11 +859,6 @@ def make_kernel_v5():
             acc = fp8_promote(acc, pa, _scales5(smem, xw, ww, 2))
             pb = mma_wait0(pb)
             acc = fp8_promote(acc, pb, _scales5(smem, xw, ww, 3))
-            cuda.syncthreads()                       # both warpgroups are done with stage kt
-            nk = np.uint32(kt) + np.uint32(STAGES - 1)
-            if nk < n_k:
-                _load(smem, padu + lo, x32, w32, sx32, sw32, nk, K16, xo, wo, off0, tid, sxo, swo, Tu, NB)
-            cp_async_commit()
             so = so + np.uint32(STAGE_BYTES)
             if so == np.uint32(RING):
                 so = np.uint32(0)
