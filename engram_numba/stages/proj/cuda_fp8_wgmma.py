@@ -45,7 +45,7 @@ Kernel versions (after act_quant; v2 and v3 from one factory, `make_kernel(doubl
   gemm_fp8_v5  v3's schedule and arithmetic on a third fewer instructions (`make_kernel_v5`): the K
                loop is issue-bound (the promotion's 64 FFMA a warp a block take as many issue
                cycles as the tensor core takes for the block), so every other instruction counts;
-               478 instructions a warp per 4 blocks (v3: 703), one barrier a stage (v3: two), 231
+               467 instructions a warp per 4 blocks (v3: 703), one barrier a stage (v3: two), 228
                registers, no spills, wgmma not serialized. Not yet timed on a GPU.
 """
 from __future__ import annotations
@@ -54,8 +54,8 @@ import numpy as np
 from numba import cuda, types
 
 from ...device.hopper import (WGMMA_SWIZZLE_128B, cp_async_16, cp_async_commit, cp_async_waiter, fence_proxy_async,
-                              shared_address, wgmma_commit, wgmma_descriptor, wgmma_fence, wgmma_store_bf16x2,
-                              wgmma_waiter)
+                              shared_address, warp_uniform, wgmma_commit, wgmma_descriptor, wgmma_fence,
+                              wgmma_store_bf16x2, wgmma_waiter)
 from ...device.intrinsics import (SIMULATOR, bf16_bits_to_f32, device_function, f32_as_u32, f32_to_bf16_bits,
                                   load_u32x4, store_u32x4, u32_as_f32)
 from ...device.launch import PreparedLaunch, allow_dynamic_shared
@@ -708,14 +708,15 @@ def make_kernel_v4(wg_n: int = V4_WG_N):
 # block kb is promoted) and strips the rest:
 # - the ring slots are running byte offsets, advanced and wrapped by a compare;
 # - the descriptors' low words (the start address field never carries inside a stage) advance by
-#   32-bit adds; the constant high word is or-ed in;
+#   32-bit adds; the constant high word is or-ed in; the warpgroup's offset into the A tile comes
+#   from `warp_uniform`, so ptxas keeps the descriptors in uniform registers (no R2UR a block);
 # - the scales are read at one unsigned per-thread word index a stage, constant offsets a block;
 # - the loader's per-thread chunk offsets (row x K/16) are computed once before the loop, 32-bit:
 #   a refill is an add, a wide multiply-add and an LDGSTS a chunk. Rows past T or N are clamped to
 #   the last row instead of zero-filled: they feed only accumulators that are never stored;
 # - one barrier a stage (v3: two): the slot of stage kt - 1 is refilled right after the barrier that
 #   publishes stage kt, which every thread reaches only when done with kt - 1 (v4's order).
-# Result (compile tier): 478 instructions a warp a stage (bound 54 % of the peak), 231 registers,
+# Result (compile tier): 467 instructions a warp a stage (bound 55 % of the peak), 228 registers,
 # no spills, wgmma not serialized. The same partial sums promoted in the same order by the same fma.
 
 def make_kernel_v5():
@@ -794,7 +795,7 @@ def make_kernel_v5():
         d_all = wgmma_descriptor(0, 16, GROUP_BYTES, WGMMA_SWIZZLE_128B)
         d_hi = d_all & np.uint64(0xFFFFFFFF00000000)
         d_lo = np.uint32(d_all & np.uint64(0xFFFFFFFF))
-        a_wg = wg * (64 * ROW_BYTES)
+        a_wg16 = np.uint32(warp_uniform(wg) * (64 * ROW_BYTES // 16))     # the warpgroup's A rows, 16-byte units
         p = tid & 127
         r0 = wg * 64 + 16 * (p >> 5) + ((p & 31) >> 2)
         # the loader's per-thread chunk offsets (rows clamped to the last) and the scale rows it copies
@@ -834,7 +835,7 @@ def make_kernel_v5():
             ww = ((padu + so) >> np.uint32(2)) + np.uint32(SWW)
             # the descriptors' low words (start address, in 16-byte units, and the constant LBO; the
             # address field never carries: st + a stage < 2^18) advance by 32-bit adds a block
-            da = np.uint32(d_lo | ((np.uint32(st + a_wg) & np.uint32(0x3FFFF)) >> np.uint32(4)))
+            da = np.uint32(np.uint32(d_lo | ((np.uint32(st) & np.uint32(0x3FFFF)) >> np.uint32(4))) + a_wg16)
             db = np.uint32(d_lo | ((np.uint32(st + A_BYTES) & np.uint32(0x3FFFF)) >> np.uint32(4)))
             pa = wgmma_fence(pa)
             pa = wgmma_e4m3(pa, d_hi | np.uint64(da), d_hi | np.uint64(db), smem)
