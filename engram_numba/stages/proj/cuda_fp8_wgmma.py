@@ -719,7 +719,11 @@ def make_kernel_v4(wg_n: int = V4_WG_N):
 # Result (compile tier): 467 instructions a warp a stage (bound 55 % of the peak), 228 registers,
 # no spills, wgmma not serialized. The same partial sums promoted in the same order by the same fma.
 
-def make_kernel_v5():
+def make_kernel_v5(refill_under_mma: bool = False):
+    """gemm_fp8_v5's kernel; refill_under_mma: the refill issued after the stage's first two MMAs
+    instead of before them (its instructions fill the wait for the first block, but under the
+    in-flight partial tiles ptxas recomputes more: 490 instructions a warp a stage against 467;
+    an experiment tools/fp8_dev.py times, not a record)."""
     K_STEP = 32
     ZERO = tuple(np.float32(0.0) for _ in range(NACC))
     cp_wait = cp_async_waiter(STAGES - 2)
@@ -826,10 +830,11 @@ def make_kernel_v5():
             cuda.syncthreads()
             # refill the slot of stage kt - 1 with tile kt + STAGES - 1 (every thread is past this
             # stage's barrier, so done with kt - 1: one barrier a stage)
-            nk = np.uint32(kt) + np.uint32(STAGES - 1)
-            if nk < n_k:
-                _load(smem, padu + lo, x32, w32, sx32, sw32, nk, K16, xo, wo, off0, tid, sxo, swo, Tu, NB)
-            cp_async_commit()
+            if not refill_under_mma:
+                nk = np.uint32(kt) + np.uint32(STAGES - 1)
+                if nk < n_k:
+                    _load(smem, padu + lo, x32, w32, sx32, sw32, nk, K16, xo, wo, off0, tid, sxo, swo, Tu, NB)
+                cp_async_commit()
             st = s0 + so
             xw = ((padu + so) >> np.uint32(2)) + np.uint32(SCW) + xw0
             ww = ((padu + so) >> np.uint32(2)) + np.uint32(SWW)
@@ -844,6 +849,11 @@ def make_kernel_v5():
             pb = wgmma_e4m3(pb, d_hi | np.uint64(np.uint32(da + np.uint32(K_STEP >> 4))),
                             d_hi | np.uint64(np.uint32(db + np.uint32(K_STEP >> 4))), smem)
             wgmma_commit()
+            if refill_under_mma:
+                nk = np.uint32(kt) + np.uint32(STAGES - 1)
+                if nk < n_k:
+                    _load(smem, padu + lo, x32, w32, sx32, sw32, nk, K16, xo, wo, off0, tid, sxo, swo, Tu, NB)
+                cp_async_commit()
             pa = mma_wait1(pa)
             acc = fp8_promote(acc, pa, _scales5(smem, xw, ww, 0))
             pa = wgmma_fence(pa)
