@@ -122,7 +122,7 @@ def test_fp8_gemm_v4_alone_stays_asynchronous_without_spills():
 def test_fp8_gemm_v5_alone_stays_asynchronous_without_spills():
     """gemm_fp8_v5 on its own: v3's 4 e4m3 wgmma a k tile stay asynchronous, and its accumulator and
     two m64n128 partial tiles (192 registers) plus the loader's offsets computed before the loop fit
-    without spilling, with room left (228 registers at the time of writing; the 255 limit would spill)."""
+    without spilling, with room left (232 registers at the time of writing; the 255 limit would spill)."""
     env = {k: v for k, v in os.environ.items() if k != "NUMBA_ENABLE_CUDASIM"}
     env["NUMBA_ENABLE_CUDASIM"] = "0"
     proc = subprocess.run([sys.executable, "-m", "engram_numba.stages.compile_check", "--json", "--only",

@@ -45,7 +45,7 @@ Kernel versions (after act_quant; v2 and v3 from one factory, `make_kernel(doubl
   gemm_fp8_v5  v3's schedule and arithmetic on a third fewer instructions (`make_kernel_v5`): the K
                loop is issue-bound (the promotion's 64 FFMA a warp a block take as many issue
                cycles as the tensor core takes for the block), so every other instruction counts;
-               467 instructions a warp per 4 blocks (v3: 703), one barrier a stage (v3: two), 228
+               467 instructions a warp per 4 blocks (v3: 703), one barrier a stage (v3: two), 232
                registers, no spills, wgmma not serialized. Not yet timed on a GPU.
 """
 from __future__ import annotations
@@ -715,8 +715,10 @@ def make_kernel_v4(wg_n: int = V4_WG_N):
 #   a refill is an add, a wide multiply-add and an LDGSTS a chunk. Rows past T or N are clamped to
 #   the last row instead of zero-filled: they feed only accumulators that are never stored;
 # - one barrier a stage (v3: two): the slot of stage kt - 1 is refilled right after the barrier that
-#   publishes stage kt, which every thread reaches only when done with kt - 1 (v4's order).
-# Result (compile tier): 467 instructions a warp a stage (bound 55 % of the peak), 228 registers,
+#   publishes stage kt, which every thread reaches only when done with kt - 1 (v4's order);
+# - a block's scales are read before the wait for its MMA (in v3 the wait's memory clobber put
+#   them after it, so each promotion began with a shared-memory load's latency).
+# Result (compile tier): 467 instructions a warp a stage (bound 55 % of the peak), 232 registers,
 # no spills, wgmma not serialized. The same partial sums promoted in the same order by the same fma.
 
 def make_kernel_v5(refill_under_mma: bool = False):
@@ -854,22 +856,26 @@ def make_kernel_v5(refill_under_mma: bool = False):
                 if nk < n_k:
                     _load(smem, padu + lo, x32, w32, sx32, sw32, nk, K16, xo, wo, off0, tid, sxo, swo, Tu, NB)
                 cp_async_commit()
+            sj = _scales5(smem, xw, ww, 0)
             pa = mma_wait1(pa)
-            acc = fp8_promote(acc, pa, _scales5(smem, xw, ww, 0))
+            acc = fp8_promote(acc, pa, sj)
             pa = wgmma_fence(pa)
             pa = wgmma_e4m3(pa, d_hi | np.uint64(np.uint32(da + np.uint32(2 * K_STEP >> 4))),
                             d_hi | np.uint64(np.uint32(db + np.uint32(2 * K_STEP >> 4))), smem)
             wgmma_commit()
+            sj = _scales5(smem, xw, ww, 1)
             pb = mma_wait1(pb)
-            acc = fp8_promote(acc, pb, _scales5(smem, xw, ww, 1))
+            acc = fp8_promote(acc, pb, sj)
             pb = wgmma_fence(pb)
             pb = wgmma_e4m3(pb, d_hi | np.uint64(np.uint32(da + np.uint32(3 * K_STEP >> 4))),
                             d_hi | np.uint64(np.uint32(db + np.uint32(3 * K_STEP >> 4))), smem)
             wgmma_commit()
+            sj = _scales5(smem, xw, ww, 2)
             pa = mma_wait1(pa)
-            acc = fp8_promote(acc, pa, _scales5(smem, xw, ww, 2))
+            acc = fp8_promote(acc, pa, sj)
+            sj = _scales5(smem, xw, ww, 3)
             pb = mma_wait0(pb)
-            acc = fp8_promote(acc, pb, _scales5(smem, xw, ww, 3))
+            acc = fp8_promote(acc, pb, sj)
             so = so + np.uint32(STAGE_BYTES)
             if so == np.uint32(RING):
                 so = np.uint32(0)
