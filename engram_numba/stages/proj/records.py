@@ -425,7 +425,7 @@ for _name, _log, _sim in (
      "promotion's FFMA take as many issue cycles as the MMAs take tensor-core cycles), 467 instructions a warp per 4 "
      "k32 blocks (v3: 703): ring slots as running offsets, 32-bit descriptor words, unsigned scale indices, 32-bit "
      "loader offsets computed before the loop (rows past T/N clamped, not zero-filled), one barrier a stage (v3: "
-     "two); 232 registers, no spills; not yet timed on a GPU",
+     "two), each block's scales read before the wait for its MMA; 232 registers, no spills; not yet timed on a GPU",
      [(3, 160, 40),             # one tile: rows past T and N (clamped rows), a partial scale tile, K % 128 == 32
       (5, 672, 40)]),           # 6 k tiles: the 5-stage ring wraps, the last tile one k block (zero-filled tail)
 ):
