@@ -1,4 +1,4 @@
-"""Development run of DeepSeek's FP8 projection on Hopper (gemm_fp8_v1 .. _v4): validated, then timed.
+"""Development run of DeepSeek's FP8 projection on Hopper (gemm_fp8_v1 .. _v5): validated, then timed.
 
     python tools/fp8_dev.py [--out DIR] [--tokens 1,3,...] [--versions gemm_fp8_v3,...] [--smoke]
 
@@ -38,10 +38,11 @@ import numpy as np  # noqa: E402
 
 K_REL, N_REL = 6144, 25600
 TOKENS = (1, 3, 17, 128, 130, 256, 512, 1024, 4096)
-VERSIONS = ("gemm_fp8_v1", "gemm_fp8_v2", "gemm_fp8_v3", "gemm_fp8_v4")
-# not a record: v4's schedule on v3's two warpgroups of m64n128 (256 threads, 225 registers), timed
-# beside v4 to separate what the deeper stream buys from what 4 warps a scheduler buy
-EXPERIMENTS = ("gemm_fp8_v4[n128]",)
+VERSIONS = ("gemm_fp8_v1", "gemm_fp8_v2", "gemm_fp8_v3", "gemm_fp8_v4", "gemm_fp8_v5")
+# not records: v4's schedule on v3's two warpgroups of m64n128 (256 threads, 225 registers), timed
+# beside v4 to separate what the deeper stream buys from what 4 warps a scheduler buy; and v5 with its
+# refill issued under the stage's first two MMAs (more instructions, less idle issue at a stage's start)
+EXPERIMENTS = ("gemm_fp8_v4[n128]", "gemm_fp8_v5[refill_under_mma]")
 SAMPLE_ROWS = 24
 MAX_REL_L2, MAX_SHARE_DIFFER = 2e-3, 0.10      # docs/numerics.md's bound against the twin (tensor-core versions)
 
@@ -82,6 +83,17 @@ def _valid(version: str, d: dict) -> bool:
     return d["rel_l2"] <= MAX_REL_L2 and d["share_differ"] <= MAX_SHARE_DIFFER and d["nan"] == 0
 
 
+_V5_RUM = []
+
+
+def _v5_refill_under_mma():
+    """One kernel object for every T (numba compiles once per kernel object)."""
+    if not _V5_RUM:
+        from engram_numba.stages.proj import cuda_fp8_wgmma as F
+        _V5_RUM.append(F.make_kernel_v5(True))
+    return _V5_RUM[0]
+
+
 def _prepare(version, x, codes, scales, out):
     """The launch of a record (act_quant + GEMM), or of an experiment: v4's launch with its GEMM kernel swapped."""
     from engram_numba.stages.proj.launch import prepare_project_q
@@ -89,11 +101,15 @@ def _prepare(version, x, codes, scales, out):
         return prepare_project_q(x, codes, scales, out, weight="fp8", version=version)
     from engram_numba.device.launch import PreparedLaunch, allow_dynamic_shared
     from engram_numba.stages.proj import cuda_fp8_wgmma as F
-    base = prepare_project_q(x, codes, scales, out, weight="fp8", version="gemm_fp8_v4")
-    kernel = F.make_kernel_v4(128)
+    record = version.split("[")[0]
+    base = prepare_project_q(x, codes, scales, out, weight="fp8", version=record)
+    if record == "gemm_fp8_v4":
+        kernel, smem = F.make_kernel_v4(128), F.V4_SMEM_BYTES
+    else:
+        kernel, smem = _v5_refill_under_mma(), F.SMEM_BYTES
     args = base.gemm.args
-    allow_dynamic_shared(kernel, args, F.V4_SMEM_BYTES)
-    gemm = PreparedLaunch(version, kernel, base.grid, 256, 0, args, out, sharedmem=F.V4_SMEM_BYTES)
+    allow_dynamic_shared(kernel, args, smem)
+    gemm = PreparedLaunch(version, kernel, base.grid, 256, 0, args, out, sharedmem=smem)
     return F.Fp8GemmLaunch(version, base.quant, gemm, out, base.x_codes, base.x_scales, base.w_scales)
 
 

@@ -41,6 +41,11 @@ Kernel versions (after act_quant; v2 and v3 from one factory, `make_kernel(doubl
   gemm_fp8_v4  the 128 x 128 tile over 4 math warpgroups of m64n64 (4 warps a scheduler), each
                with two partial tiles, on a deeper stream (`make_kernel_v4`): k tiles in pairs, 8
                blocks a barrier and a drain (v3: 4 blocks, two barriers), 6 tile slots; 128
+               registers, no spills, wgmma not serialized. H200, T = 4096: 3.74 ms, slower than v3.
+  gemm_fp8_v5  v3's schedule and arithmetic on a third fewer instructions (`make_kernel_v5`): the K
+               loop is issue-bound (the promotion's 64 FFMA a warp a block take as many issue
+               cycles as the tensor core takes for the block), so every other instruction counts;
+               467 instructions a warp per 4 blocks (v3: 703), one barrier a stage (v3: two), 232
                registers, no spills, wgmma not serialized. Not yet timed on a GPU.
 """
 from __future__ import annotations
@@ -49,8 +54,8 @@ import numpy as np
 from numba import cuda, types
 
 from ...device.hopper import (WGMMA_SWIZZLE_128B, cp_async_16, cp_async_commit, cp_async_waiter, fence_proxy_async,
-                              shared_address, wgmma_commit, wgmma_descriptor, wgmma_fence, wgmma_store_bf16x2,
-                              wgmma_waiter)
+                              shared_address, warp_uniform, wgmma_commit, wgmma_descriptor, wgmma_fence,
+                              wgmma_store_bf16x2, wgmma_waiter)
 from ...device.intrinsics import (SIMULATOR, bf16_bits_to_f32, device_function, f32_as_u32, f32_to_bf16_bits,
                                   load_u32x4, store_u32x4, u32_as_f32)
 from ...device.launch import PreparedLaunch, allow_dynamic_shared
@@ -685,6 +690,222 @@ def make_kernel_v4(wg_n: int = V4_WG_N):
     return gemm_fp8_v4
 
 
+# ---- gemm_fp8_v5: v3's schedule on fewer instructions ----------------------------------------------
+#
+# The promotion is one fp32 FMA a thread per accumulator after every k32 block: 64 FFMA a warp a
+# block. A scheduler issues one warp instruction a cycle and its FP32 pipe takes one FFMA a cycle,
+# while the SM's tensor cores take 64 cycles for a warpgroup's m64n128k32 e4m3 block (4096 FP8 MACs
+# a cycle): the FFMAs alone need as many issue cycles as the MMAs need tensor-core cycles. With two
+# math warpgroups (two warps a scheduler), a stage of 4 blocks costs each scheduler
+# 2 x (instructions a warp a stage) issue cycles against 2 x 4 x 64 = 512 tensor-core cycles, so
+# the instruction count bounds the kernel at 512 / (2 x count) of the FP8 peak. v3's K loop (SASS,
+# compile tier, sm_90a) is 703 instructions a warp a stage, 256 of them the FFMAs: at most 36 % of
+# the peak, and it measured ~22 %. The other 447 were the loader's 64-bit signed index arithmetic
+# (clamps, zero-fill predicates), the ring slot `kt % STAGES` (a 64-bit division by a constant),
+# descriptors rebuilt a block in 64-bit arithmetic and the scales' shared-memory indices, each
+# wrapped for negative values. v5 keeps v3's schedule and arithmetic (2 warpgroups of m64n128k32 on
+# a 128 x 128 tile, 5 cp.async stages, two partial tiles with block kb + 1's MMA in flight while
+# block kb is promoted) and strips the rest:
+# - the ring slots are running byte offsets, advanced and wrapped by a compare;
+# - the descriptors' low words (the start address field never carries inside a stage) advance by
+#   32-bit adds; the constant high word is or-ed in; the warpgroup's offset into the A tile comes
+#   from `warp_uniform`, so ptxas keeps the descriptors in uniform registers (no R2UR a block);
+# - the scales are read at one unsigned per-thread word index a stage, constant offsets a block;
+# - the loader's per-thread chunk offsets (row x K/16) are computed once before the loop, 32-bit:
+#   a refill is an add, a wide multiply-add and an LDGSTS a chunk. Rows past T or N are clamped to
+#   the last row instead of zero-filled: they feed only accumulators that are never stored;
+# - one barrier a stage (v3: two): the slot of stage kt - 1 is refilled right after the barrier that
+#   publishes stage kt, which every thread reaches only when done with kt - 1 (v4's order);
+# - a block's scales are read before the wait for its MMA (in v3 the wait's memory clobber put
+#   them after it, so each promotion began with a shared-memory load's latency).
+# Result (compile tier): 467 instructions a warp a stage (bound 55 % of the peak), 232 registers,
+# no spills, wgmma not serialized. The same partial sums promoted in the same order by the same fma.
+
+def make_kernel_v5(refill_under_mma: bool = False):
+    """gemm_fp8_v5's kernel; refill_under_mma: the refill issued after the stage's first two MMAs
+    instead of before them (its instructions fill the wait for the first block, but under the
+    in-flight partial tiles ptxas recomputes more: 490 instructions a warp a stage against 467;
+    an experiment tools/fp8_dev.py times, not a record)."""
+    K_STEP = 32
+    ZERO = tuple(np.float32(0.0) for _ in range(NACC))
+    cp_wait = cp_async_waiter(STAGES - 2)
+    cp_wait0 = cp_async_waiter(0)
+    mma_wait0 = wgmma_waiter(0)
+    mma_wait1 = wgmma_waiter(1)
+    assert BM * 8 // THREADS == 4 and BN * 8 // THREADS == 4       # the loader's 4 + 4 chunks a thread a stage
+    ROWS = THREADS // 8                      # operand rows a pass (32)
+    PASS = ROWS * ROW_BYTES
+    SCW = (A_BYTES + B_BYTES) // 4           # word of a stage's x scales within the stage
+    SWW = (A_BYTES + B_BYTES + SX_BYTES) // 4
+    RING = STAGES * STAGE_BYTES
+    U0 = np.uint32(0)
+    U16 = np.uint32(16)
+
+    @device_function(**INLINE)
+    def _scales5(smem, xw, ww, j):
+        """(s_x[r0] * s_w[tiles 0..3], s_x[r0 + 8] * s_w[tiles 0..3]) of block j: xw is the word of
+        this thread's row r0 in the stage's x scales, ww the stage's first w scale word."""
+        a0 = u32_as_f32(smem[xw + np.uint32(j)])
+        a1 = u32_as_f32(smem[xw + np.uint32(32 + j)])
+        w0 = u32_as_f32(smem[ww + np.uint32(j)])
+        w1 = u32_as_f32(smem[ww + np.uint32(4 + j)])
+        w2 = u32_as_f32(smem[ww + np.uint32(8 + j)])
+        w3 = u32_as_f32(smem[ww + np.uint32(12 + j)])
+        return (a0 * w0, a0 * w1, a0 * w2, a0 * w3, a1 * w0, a1 * w1, a1 * w2, a1 * w3)
+
+    @device_function(**INLINE)
+    def _load(smem, so, x32, w32, sx32, sw32, kt, K16, xo, wo, off0, tid, sxo, swo, T, NB):
+        """cp.async k tile kt into the stage at ring byte so: x's rows from chunk offsets xo (row x
+        K/16, one a pass), w's from wo, and (threads 0..131) the tile's scales from rows sxo / swo.
+        Rows past T or N are clamped to the last row, not zero-filled: they only feed output rows or
+        columns that are never stored. The k chunks past K are zero-filled (their scales are 0)."""
+        kq = np.uint32(kt * np.uint32(8) + (np.uint32(tid) & np.uint32(7)))
+        ks = U16 if kq < K16 else U0
+        kc = np.uint32(min(kq, np.uint32(K16 - np.uint32(1))))
+        if tid < BM:
+            cp_async_16(smem, so + np.uint32(A_BYTES + B_BYTES + 16 * tid), sx32, np.uint32(kt * T + sxo), U16)
+        elif tid < BM + BN // BLOCK:
+            cp_async_16(smem, so + np.uint32(A_BYTES + B_BYTES + SX_BYTES + 16 * (tid - BM)), sw32, np.uint32(kt * NB + swo), U16)
+        xa, xb, xc, xd = xo
+        wa, wb, wc, wd = wo
+        sa = np.uint32(so + off0)
+        sb = np.uint32(sa + np.uint32(A_BYTES))
+        cp_async_16(smem, sa, x32, np.uint32(xa + kc), ks)
+        cp_async_16(smem, sa + np.uint32(PASS), x32, np.uint32(xb + kc), ks)
+        cp_async_16(smem, sa + np.uint32(2 * PASS), x32, np.uint32(xc + kc), ks)
+        cp_async_16(smem, sa + np.uint32(3 * PASS), x32, np.uint32(xd + kc), ks)
+        cp_async_16(smem, sb, w32, np.uint32(wa + kc), ks)
+        cp_async_16(smem, sb + np.uint32(PASS), w32, np.uint32(wb + kc), ks)
+        cp_async_16(smem, sb + np.uint32(2 * PASS), w32, np.uint32(wc + kc), ks)
+        cp_async_16(smem, sb + np.uint32(3 * PASS), w32, np.uint32(wd + kc), ks)
+
+    @cuda.jit(**bounds(THREADS, 1))
+    def gemm_fp8_v5(x32, w32, sx32, sw32, out, T, K):
+        # the arguments of v2/v3's kernel
+        smem = cuda.shared.array(0, types.uint32)
+        tid = cuda.threadIdx.x
+        wg = tid >> 7
+        N = out.shape[1]
+        K16 = np.uint32(K >> 4)
+        NB = np.uint32((N + BLOCK - 1) // BLOCK)
+        n_k = (K16 + np.uint32(7)) >> np.uint32(3)
+        m0 = cuda.blockIdx.x * BM
+        n0 = cuda.blockIdx.y * BN
+        base = np.int64(shared_address(smem))
+        pad = (1024 - (base & 1023)) & 1023
+        s0 = base + pad
+        padu = np.uint32(pad)
+        row0 = tid >> 3
+        q = tid & 7
+        off0 = np.uint32(row0 * ROW_BYTES + ((q ^ (row0 & 7)) << 4))
+        d_all = wgmma_descriptor(0, 16, GROUP_BYTES, WGMMA_SWIZZLE_128B)
+        d_hi = d_all & np.uint64(0xFFFFFFFF00000000)
+        d_lo = np.uint32(d_all & np.uint64(0xFFFFFFFF))
+        a_wg16 = np.uint32(warp_uniform(wg) * (64 * ROW_BYTES // 16))     # the warpgroup's A rows, 16-byte units
+        p = tid & 127
+        r0 = wg * 64 + 16 * (p >> 5) + ((p & 31) >> 2)
+        # the loader's per-thread chunk offsets (rows clamped to the last) and the scale rows it copies
+        Tu = np.uint32(T)
+        xr = m0 + row0
+        wr = n0 + row0
+        xo = (np.uint32(min(xr, T - 1)) * K16, np.uint32(min(xr + ROWS, T - 1)) * K16,
+              np.uint32(min(xr + 2 * ROWS, T - 1)) * K16, np.uint32(min(xr + 3 * ROWS, T - 1)) * K16)
+        wo = (np.uint32(min(wr, N - 1)) * K16, np.uint32(min(wr + ROWS, N - 1)) * K16,
+              np.uint32(min(wr + 2 * ROWS, N - 1)) * K16, np.uint32(min(wr + 3 * ROWS, N - 1)) * K16)
+        sxo = np.uint32(min(m0 + tid, T - 1))
+        swo = np.uint32(max(0, min(n0 // BLOCK + tid - BM, (N + BLOCK - 1) // BLOCK - 1)))
+        for s in range(STAGES - 1):
+            if s < n_k:
+                _load(smem, padu + np.uint32(s * STAGE_BYTES), x32, w32, sx32, sw32, np.uint32(s), K16, xo, wo, off0,
+                      tid, sxo, swo, Tu, NB)
+            cp_async_commit()
+
+        xw0 = np.uint32(4 * r0)
+        acc = ZERO
+        pa = ZERO
+        pb = ZERO
+        so = np.uint32(0)                              # ring offset of stage kt
+        lo = np.uint32((STAGES - 1) * STAGE_BYTES)     # ring offset of stage kt + STAGES - 1
+        for kt in range(n_k):
+            cp_wait()
+            fence_proxy_async()
+            cuda.syncthreads()
+            # refill the slot of stage kt - 1 with tile kt + STAGES - 1 (every thread is past this
+            # stage's barrier, so done with kt - 1: one barrier a stage)
+            if not refill_under_mma:
+                nk = np.uint32(kt) + np.uint32(STAGES - 1)
+                if nk < n_k:
+                    _load(smem, padu + lo, x32, w32, sx32, sw32, nk, K16, xo, wo, off0, tid, sxo, swo, Tu, NB)
+                cp_async_commit()
+            st = s0 + so
+            xw = ((padu + so) >> np.uint32(2)) + np.uint32(SCW) + xw0
+            ww = ((padu + so) >> np.uint32(2)) + np.uint32(SWW)
+            # the descriptors' low words (start address, in 16-byte units, and the constant LBO; the
+            # address field never carries: st + a stage < 2^18) advance by 32-bit adds a block
+            da = np.uint32(np.uint32(d_lo | ((np.uint32(st) & np.uint32(0x3FFFF)) >> np.uint32(4))) + a_wg16)
+            db = np.uint32(d_lo | ((np.uint32(st + A_BYTES) & np.uint32(0x3FFFF)) >> np.uint32(4)))
+            pa = wgmma_fence(pa)
+            pa = wgmma_e4m3(pa, d_hi | np.uint64(da), d_hi | np.uint64(db), smem)
+            wgmma_commit()
+            pb = wgmma_fence(pb)
+            pb = wgmma_e4m3(pb, d_hi | np.uint64(np.uint32(da + np.uint32(K_STEP >> 4))),
+                            d_hi | np.uint64(np.uint32(db + np.uint32(K_STEP >> 4))), smem)
+            wgmma_commit()
+            if refill_under_mma:
+                nk = np.uint32(kt) + np.uint32(STAGES - 1)
+                if nk < n_k:
+                    _load(smem, padu + lo, x32, w32, sx32, sw32, nk, K16, xo, wo, off0, tid, sxo, swo, Tu, NB)
+                cp_async_commit()
+            sj = _scales5(smem, xw, ww, 0)
+            pa = mma_wait1(pa)
+            acc = fp8_promote(acc, pa, sj)
+            pa = wgmma_fence(pa)
+            pa = wgmma_e4m3(pa, d_hi | np.uint64(np.uint32(da + np.uint32(2 * K_STEP >> 4))),
+                            d_hi | np.uint64(np.uint32(db + np.uint32(2 * K_STEP >> 4))), smem)
+            wgmma_commit()
+            sj = _scales5(smem, xw, ww, 1)
+            pb = mma_wait1(pb)
+            acc = fp8_promote(acc, pb, sj)
+            pb = wgmma_fence(pb)
+            pb = wgmma_e4m3(pb, d_hi | np.uint64(np.uint32(da + np.uint32(3 * K_STEP >> 4))),
+                            d_hi | np.uint64(np.uint32(db + np.uint32(3 * K_STEP >> 4))), smem)
+            wgmma_commit()
+            sj = _scales5(smem, xw, ww, 2)
+            pa = mma_wait1(pa)
+            acc = fp8_promote(acc, pa, sj)
+            sj = _scales5(smem, xw, ww, 3)
+            pb = mma_wait0(pb)
+            acc = fp8_promote(acc, pb, sj)
+            so = so + np.uint32(STAGE_BYTES)
+            if so == np.uint32(RING):
+                so = np.uint32(0)
+            lo = lo + np.uint32(STAGE_BYTES)
+            if lo == np.uint32(RING):
+                lo = np.uint32(0)
+        cp_wait0()
+        cuda.syncthreads()
+
+        # epilogue (v3's)
+        w4 = p >> 5
+        lane = p & 31
+        wbase = (pad >> 2) + (16 * w4 + (lane >> 2)) * STASH_STRIDE + (lane & 3) + wg * 64 * STASH_STRIDE
+        wgmma_store_bf16x2(smem, wbase, STASH_STRIDE, acc)
+        cuda.syncthreads()
+        words = BN // 2
+        for i in range(tid, BM * words, THREADS):
+            r = i // words
+            c = i - r * words
+            t = m0 + r
+            n = n0 + 2 * c
+            if t < T and n < N:
+                word = smem[(pad >> 2) + r * STASH_STRIDE + c]
+                out[t, n] = np.uint16(word & np.uint32(0xFFFF))
+                if n + 1 < N:
+                    out[t, n + 1] = np.uint16(word >> np.uint32(16))
+
+    return gemm_fp8_v5
+
+
 @cuda.jit
 def gemm_fp8_naive(xq, codes, sx, sw, out):
     # xq: uint8 [T, K] e4m3 codes of x; codes: uint8 [N, K]; sx: float32 stage_scales_shape(T, K);
@@ -711,7 +932,7 @@ def geometry_naive(T: int, N: int):
 
 
 KERNELS = {"gemm_fp8_v1": gemm_fp8_naive, "gemm_fp8_v2": make_kernel(False), "gemm_fp8_v3": make_kernel(True),
-           "gemm_fp8_v4": make_kernel_v4()}
+           "gemm_fp8_v4": make_kernel_v4(), "gemm_fp8_v5": make_kernel_v5()}
 
 
 def geometry(T: int, N: int):

@@ -379,7 +379,7 @@ _proj("gemv_q2k_v8",
 # In the simulator bit-identical to `cpu.projection_deepseek_fp8_cpu`; on the GPU within the bound
 # docs/numerics.md states (the tensor core's order inside a k32 step is unspecified).
 
-DEEPSEEK_FP8_VERSIONS = ("gemm_fp8_v1", "gemm_fp8_v2", "gemm_fp8_v3", "gemm_fp8_v4")
+DEEPSEEK_FP8_VERSIONS = ("gemm_fp8_v1", "gemm_fp8_v2", "gemm_fp8_v3", "gemm_fp8_v4", "gemm_fp8_v5")
 _F32_3D = types.float32[:, :, ::1]
 _FP8_GEMM_ARGS = (_U32_1D, _U32_1D, _U32_1D, _U32_1D, _U16_2D, types.int64, types.int64)   # xq32, w32, sx32, sw32, out, T, K
 _FP8_GEMM_NAIVE_ARGS = (_U8_2D, _U8_2D, _F32_3D, _F32_3D, _U16_2D)                           # xq, codes, sx, sw, out
@@ -420,6 +420,14 @@ for _name, _log, _sim in (
                                 # one pair whose second k tile has one k block
       (70, 800, 136)]),         # 2 output tiles (the second 8 wide), 7 k tiles: 4 pairs through the 3-pair
                                 # ring (it wraps), the last pair's second tile past K (zero scales)
+    ("gemm_fp8_v5",
+     "gemm_fp8_v3's schedule and arithmetic on a third fewer instructions: the K loop is issue-bound (the "
+     "promotion's FFMA take as many issue cycles as the MMAs take tensor-core cycles), 467 instructions a warp per 4 "
+     "k32 blocks (v3: 703): ring slots as running offsets, 32-bit descriptor words, unsigned scale indices, 32-bit "
+     "loader offsets computed before the loop (rows past T/N clamped, not zero-filled), one barrier a stage (v3: "
+     "two), each block's scales read before the wait for its MMA; 232 registers, no spills; not yet timed on a GPU",
+     [(3, 160, 40),             # one tile: rows past T and N (clamped rows), a partial scale tile, K % 128 == 32
+      (5, 672, 40)]),           # 6 k tiles: the 5-stage ring wraps, the last tile one k block (zero-filled tail)
 ):
     naive = _name == "gemm_fp8_v1"
     _proj(_name, _log, kernel=cuda_fp8_wgmma.KERNELS[_name],
