@@ -218,6 +218,51 @@ def test_v8_teams_are_v4_bit_for_bit(rng, team, stages):
         np.testing.assert_array_equal(outs[i].copy_to_host(), want[i])
 
 
+
+def test_v9_is_v4_bit_for_bit(rng):
+    """v9 (one item a block of 2 warps, 3 shares each through a 2-slot cp.async ring, the shares
+    summed after one barrier) gives v4's kv bit for bit: K/256 = 3 (a zero pad block) is 2 units,
+    both in warp 0's shares (warp 1 has none); rows past N, tokens past T."""
+    N, K, T = 13, 768, 2
+    w = cuda.to_device(repack_q2k_r(random_q2k(rng, N, K), K))
+    x = cuda.to_device(random_x(rng, T, K))
+    outs = {}
+    for v in ("gemv_q2k_v4", "gemv_q2k_v9"):
+        outs[v] = cuda.to_device(np.full((T, N), POISON, np.uint16))
+        P.project_q(x, w, None, outs[v], weight="q2k_r", version=v)
+    np.testing.assert_array_equal(outs["gemv_q2k_v9"].copy_to_host(), outs["gemv_q2k_v4"].copy_to_host())
+
+
+def test_v9_two_layer_launch_equals_its_single_launches(rng):
+    """v9's two-layer launch (layer on grid z, layer b at its offset in the pair buffer) gives each
+    layer the bits of v9's launch on it alone (which are v4's: test_v9_is_v4_bit_for_bit)."""
+    N, K, T = 5, 256, 1
+    raws = [repack_q2k_r(random_q2k(rng, N, K), K) for _ in range(2)]
+    xs = [cuda.to_device(random_x(rng, T, K)) for _ in range(2)]
+    want = []
+    for i in range(2):
+        o = cuda.to_device(np.full((T, N), POISON, np.uint16))
+        P.project_q(xs[i], cuda.to_device(raws[i]), None, o, weight="q2k_r", version="gemv_q2k_v9")
+        want.append(o.copy_to_host())
+    assert not np.array_equal(want[0], want[1])
+    outs = [cuda.to_device(np.full((T, N), POISON, np.uint16)) for _ in range(2)]
+    launch = C.prepare_pair("gemv_q2k_v9", xs[0], xs[1], cuda.to_device(np.concatenate(raws)), outs[0], outs[1])
+    assert launch.grid == (1, 1, 2) and launch.block == C.V9_TEAM * 32
+    launch()
+    for i in range(2):
+        np.testing.assert_array_equal(outs[i].copy_to_host(), want[i])
+
+
+def test_v9_shape_is_checked():
+    """v9's factory refuses a team that does not split 6 shares, and more blocks an SM than the
+    shared memory holds; the registered shape fits."""
+    assert C.V9_BLOCKS_PER_SM * (C.v9_shared_bytes(C.V9_TEAM, C.V9_STAGES) + 1024) <= C.SM_SHARED_BYTES
+    assert C.launch_config("gemv_q2k_v9", 9, 40) == ((3, 2), C.V9_TEAM * 32)
+    with pytest.raises(ValueError, match="team of 1, 2, 3 or 6"):
+        C._make_gemv9(4, 2, 1)
+    with pytest.raises(ValueError, match="shared memory an SM"):
+        C._make_gemv9(2, 2, 17)
+
 @pytest.mark.slow
 def test_two_layer_launch_equals_the_single_launches(rng):
     """One launch over both layers' weights: layer b (found at an offset into the pair buffer) gets
