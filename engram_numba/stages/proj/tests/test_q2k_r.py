@@ -366,3 +366,32 @@ def test_gpu_v8_is_v4_bit_for_bit(rng, gpu_record, T, K, N):
     gpu_record(test="gemv_q2k_v8 vs gemv_q2k_v4 bits", shape=[T, K, N], outputs_differing=differ,
                pair_outputs_differing=pair_differ, grid=C.v8_grid(T, N), passed=differ == 0 and pair_differ == 0)
     assert differ == 0 and pair_differ == 0
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("T,K,N", [(1, 6144, 25600), (4, 6144, 25600), (8, 6144, 25600),
+                                   (16, 6144, 25600),   # 2 token groups
+                                   (9, 1536, 5),        # 3 units: warp 1 has none (GPU: skipped)
+                                   (3, 768, 13),        # a pad block (GPU: skipped), rows past N
+                                   (2, 6656, 40)])      # 13 units: 4-unit shares, some of them empty
+def test_gpu_v9_is_v4_bit_for_bit(rng, gpu_record, T, K, N):
+    """gemv_q2k_v9 (one item a block of 2 warps, static cp.async ring, warp-uniform skips) against
+    v4 on every output, alone and as the two-layer launch."""
+    raw, raw_b = (C.repack_on_device(cuda.to_device(random_q2k(rng, N, K)), N, K) for _ in range(2))
+    x, xb = (cuda.to_device(random_x(rng, T, K)) for _ in range(2))
+    want = []
+    for xi, wi in ((x, raw), (xb, raw_b)):
+        o = cuda.to_device(np.full((T, N), POISON, np.uint16))
+        P.project_q(xi, wi, None, o, weight="q2k_r", version="gemv_q2k_v4")
+        want.append(o.copy_to_host())
+    single = cuda.to_device(np.full((T, N), POISON, np.uint16))
+    P.project_q(x, raw, None, single, weight="q2k_r", version="gemv_q2k_v9")
+    got = single.copy_to_host()
+    pa, pb = (cuda.to_device(np.full((T, N), POISON, np.uint16)) for _ in range(2))
+    both = cuda.to_device(np.concatenate([raw.copy_to_host(), raw_b.copy_to_host()]))
+    C.prepare_pair("gemv_q2k_v9", x, xb, both, pa, pb)()
+    differ = int((got != want[0]).sum())
+    pair_differ = int((pa.copy_to_host() != want[0]).sum() + (pb.copy_to_host() != want[1]).sum())
+    gpu_record(test="gemv_q2k_v9 vs gemv_q2k_v4 bits", shape=[T, K, N], outputs_differing=differ,
+               pair_outputs_differing=pair_differ, passed=differ == 0 and pair_differ == 0)
+    assert differ == 0 and pair_differ == 0
