@@ -2,7 +2,7 @@
 
     prepare_repack(raw, packed, N, K)      Q2_K blocks uint8 [N, K/256*84] -> q2k_r, on the device
     prepare_decode_q2k_r(packed, out)      q2k_r -> bf16 words uint16 [N, K], through the GEMV's decode
-    gemv_q2k_v4 .. v8                      kv = bf16(x @ W^T) for a few tokens, W read as q2k_r
+    gemv_q2k_v4 .. v9                      kv = bf16(x @ W^T) for a few tokens, W read as q2k_r
 
 The math is gemv_q2k_v2's (bf16-rounded weights: each weight is the reference decoder's fp32 value
 `(d*sc)*q - dmin*m` rounded to bf16, picked from a byte_perm table of the sub-block's 4 values, fed
@@ -33,6 +33,13 @@ blockIdx.z picks the layer) giving each layer the bits of its own launch.
                v7's 691 (the ring's bookkeeping). Its two-layer launch has its own shape
                (V8_PAIR_SHAPE). The default at T = 1 on a GPU (44.4 us against v4's 45.5 on the
                H200; both layers 71.7 against 82.4).
+  gemv_q2k_v9  v4's shares and summation order (bit-identical to v4) on small blocks: one item a
+               block of 2 warps (3 shares each), each warp streaming its fixed list of units
+               through a 2-slot cp.async ring (no cursor across items), the 6 share fragments
+               added in order after one barrier, v7's decode with y3 as one fma: 72 registers,
+               no spills, 14 blocks (28 warps) an SM, so the 1,600 items at T <= 8 are resident
+               at once; 796 SASS instructions in its unit loop (v8's loop: 1003, v7: 691 a unit).
+               Picked by name (not timed yet).
 """
 from __future__ import annotations
 

@@ -30,7 +30,9 @@ speed, so the instruction count alone is not what bounds them. On a GPU at T = 1
 in two runs at f52d7f1 (bench/results/h200.json, h200_q2kr_v8_variants_f52d7f1.json), and its
 two-layer launch, with its own shape, projects both wkv of a decode step in 71.7 us against v4's
 82.4; at T = 4 and 8 v4 stays ahead (45.8 / 46.4 against 46.2 / 47.2). In the simulator v4 keeps
-T = 1 too (v8's persistent loop is the slower one to simulate).
+T = 1 too (v8's persistent loop is the slower one to simulate). gemv_q2k_v9 (one item a block
+of 2 warps, 72 registers: the same kv bits as v4) is picked by name until the H200 has timed it
+(tools/gpu_dev_q2kr_v9.sh); if it wins, `_v8_default` is the rule to hand over.
 """
 from __future__ import annotations
 
