@@ -134,6 +134,16 @@ def test_v7_tables_and_picks_equal_v4s(rng):
                 assert C.pick4p(p01, p23, word, shift, C.SEL_BIAS) == pick4(lo, hi, word, shift), (sc, d, dmin, shift)
 
 
+def test_v9_tables_equal_v7s(rng):
+    """gemv_q2k_v9's table (y3 as one fma of the exact 3*s) gives v7's pair words for every scale
+    byte, on d/dmin draws that include zeros of both signs, the fp16 extremes and subnormals."""
+    ds = [np.float32(v) for v in (0.0, -0.0, 1.0, -3.5e-3, 6.1e-5, -5.96e-8, 65504.0, -65504.0)]
+    ds += [np.float32(v) for v in rng.standard_normal(8) * 0.01]
+    for sc in range(256):
+        lo, hi = np.float32(sc & 15), np.float32(sc >> 4)
+        for d, dmin in list(zip(ds, ds[::-1])) + list(zip(ds, ds[3:] + ds[:3])):
+            assert C.lut_pairs9(lo, hi, d, dmin) == C.lut_pairs(lo, hi, d, dmin), (sc, d, dmin)
+
 @pytest.mark.slow
 def test_v7_is_v4_bit_for_bit(rng):
     """Same stream, values and summation order: v7's kv equals v4's bit for bit (a pad block,
