@@ -1141,23 +1141,32 @@ def _make_gemv9(team: int, stages: int, blocks_per_sm: int):
             wnext += UNIT_CHUNKS
         tok = grp * V4_TOKENS + g
         xk = np.int64(min(tok, T - 1)) * (K >> 3) + 16 * (t >> 1) + 2 * (t & 1) + 64 * u_first
-        pad = NU - 1 - u_first if KB & 1 else -1   # the warp's unit whose second block is the zero pad
+        # the loop's counters as 32-bit values (numba's ints are 64-bit: two instructions a step)
+        pad = np.int32(NU - 1 - u_first if KB & 1 else -1)   # the warp's unit whose second block is the pad
+        live = np.int32(live)
+        jobs = np.int32(jobs)
+        per = np.int32(per)
+        nu = np.int32(NU)
+        qs = np.int32(qs)
+        qlast = np.int32(qs + (stages - 1) * 192)
         z = float32(0.0)
         c0 = c1 = c2 = c3 = e0 = e1 = e2 = e3 = z
-        ku = 0
+        ku = np.int32(0)
         sh = warp * shares                         # the share being summed (v4's index)
         q = qs
-        for k in range(jobs):
+        k = np.int32(0)
+        while k < jobs:
             wait_oldest()                          # unit k has landed (stages-1 younger in flight)
-            if k < live or (SIMULATOR and k < NU):  # the simulator: block-uniform (its mma twin syncs)
+            if k < live or (SIMULATOR and k < nu):  # the simulator: block-uniform (its mma twin syncs)
                 c0, c1, c2, c3, e0, e1, e2, e3 = _unit9(c0, c1, c2, c3, e0, e1, e2, e3, sm, q, x32, xk,
                                                         tok < T and k < live, k != pad, bias, magic, scratch)
             # the slot is free: the unit `stages` on
-            _cp_job(sm, q * 16, w32, wnext, lane, g, k + stages < live)
+            _cp_job(sm, q * 16, w32, wnext, lane, g, np.int32(k + stages) < live)
             wnext += UNIT_CHUNKS
             xk += 64
-            q = qs if q == qs + (stages - 1) * 192 else q + 192
-            ku += 1
+            q = qs if q == qlast else np.int32(q + 192)
+            k = np.int32(k + 1)
+            ku = np.int32(ku + 1)
             if ku == per:                          # the end of a share: v4's fragment of its warp
                 base = sh * 128 + lane * 4
                 red[base] = c0 + e0
@@ -1165,7 +1174,7 @@ def _make_gemv9(team: int, stages: int, blocks_per_sm: int):
                 red[base + 2] = c2 + e2
                 red[base + 3] = c3 + e3
                 c0 = c1 = c2 = c3 = e0 = e1 = e2 = e3 = z
-                ku = 0
+                ku = np.int32(0)
                 sh += 1
         if team > 1:
             cuda.syncthreads()                     # every share's fragment is in red
