@@ -38,7 +38,8 @@ blockIdx.z picks the layer) giving each layer the bits of its own launch.
                through a 2-slot cp.async ring (no cursor across items), the 6 share fragments
                added in order after one barrier, v7's decode with y3 as one fma: 72 registers,
                no spills, 14 blocks (28 warps) an SM, so the 1,600 items at T <= 8 are resident
-               at once; 796 SASS instructions in its unit loop (v8's loop: 1003, v7: 691 a unit).
+               at once; 764 SASS instructions in its unit loop (v8's loop: 1003, 743 of them
+               every unit; v7: 691 a unit).
                Picked by name (not timed yet).
 """
 from __future__ import annotations
@@ -1013,7 +1014,7 @@ def _make_body8(two_layers: bool, team: int, stages: int, shares: int, threads: 
 #   - warp 0 sums its shares' fragments in registers from 0.0 in share order, the other warps store
 #     theirs in shared memory, and after one barrier warp 0 adds them in share order: v4's sum;
 #   - the table's y3 = 3*s - o is one fma (3*s is exact, as 2*s is for y2), one multiply fewer a
-#     table than v7's.
+#     table than v7's; the loop's counters are 32-bit values (a 64-bit step is two instructions).
 # Jobs past the warp's units or past K are empty commit groups on the GPU and skipped
 # warp-uniformly. The simulator's mma twin needs every thread of the block at every mma: there the
 # warps run the jobs below the first warp's count together, zero-filled where not their own, and
