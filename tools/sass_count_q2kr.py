@@ -5,9 +5,10 @@
 Compiles each kernel as the compile tier does (`engram_numba.stages.compile_check`: numba's PTX,
 assembled by nvJitLink for sm_90a), disassembles the cubin with nvdisasm (CUDA toolkit, or the
 `nvidia-cuda-nvdisasm` wheel) and counts the opcodes of the K loop's body: one trip of a warp is
-2 units = 4 Q2_K blocks of 16 rows = 64 mma = 16384 weights. Prints the total, the integer-pipe
-share (LOP3, PRMT, SHF, MOV, CS2R, IADD3, LEA, ISETP, SEL: half the FP32 pipe's rate on sm_90)
-and the top opcodes. The loop is found as the span between the label a backward branch jumps to
+2 units (v4..v7: 4 Q2_K blocks of 16 rows = 64 mma = 16384 weights) or 1 unit (v8, v9: 32 mma),
+told apart by its HMMA count (32 a unit). Prints the total, the count a unit (16 rows x 512 k =
+8192 weights a warp), the integer-pipe share (LOP3, PRMT, SHF, MOV, CS2R, IADD3, LEA, ISETP, SEL:
+half the FP32 pipe's rate on sm_90) and the top opcodes. The loop is found as the span between the label a backward branch jumps to
 and the last branch back to it.
 """
 from __future__ import annotations
@@ -23,7 +24,7 @@ import tempfile
 os.environ["NUMBA_ENABLE_CUDASIM"] = "0"
 
 INT_PIPE = ("LOP3", "PRMT", "SHF", "MOV", "CS2R", "IADD3", "LEA", "ISETP", "SEL")
-WEIGHTS_A_TRIP = 4 * 16 * 256
+MMA_A_UNIT = 32                   # 16 rows x 512 k: 32 mma.m16n8k16, 8192 weights
 
 
 def sass_of(name: str) -> str:
@@ -79,10 +80,12 @@ def main(names) -> None:
         ops = loop_counts(sass_of(name))
         total = sum(ops.values())
         integer = sum(v for k, v in ops.items() if k in INT_PIPE)
-        print(f"{name}: {total} instructions a trip ({total / WEIGHTS_A_TRIP:.3f} a weight), integer pipe "
-              f"{integer} ({integer / WEIGHTS_A_TRIP:.3f} a weight), HMMA {ops.get('HMMA', 0)}")
+        units = max(ops.get("HMMA", 0), MMA_A_UNIT) / MMA_A_UNIT
+        print(f"{name}: {total} instructions a trip of {units:g} unit(s): {total / units:.0f} a unit "
+              f"({total / units / (MMA_A_UNIT * 256):.3f} a weight), integer pipe {integer / units:.0f} a unit, "
+              f"HMMA {ops.get('HMMA', 0)}")
         print("   " + ", ".join(f"{k} {v}" for k, v in ops.most_common(12)))
 
 
 if __name__ == "__main__":
-    main(sys.argv[1:] or ["gemv_q2k_v4", "gemv_q2k_v7"])
+    main(sys.argv[1:] or ["gemv_q2k_v4", "gemv_q2k_v7", "gemv_q2k_v8", "gemv_q2k_v9"])

@@ -2,7 +2,7 @@
 
     prepare_repack(raw, packed, N, K)      Q2_K blocks uint8 [N, K/256*84] -> q2k_r, on the device
     prepare_decode_q2k_r(packed, out)      q2k_r -> bf16 words uint16 [N, K], through the GEMV's decode
-    gemv_q2k_v4 .. v8                      kv = bf16(x @ W^T) for a few tokens, W read as q2k_r
+    gemv_q2k_v4 .. v9                      kv = bf16(x @ W^T) for a few tokens, W read as q2k_r
 
 The math is gemv_q2k_v2's (bf16-rounded weights: each weight is the reference decoder's fp32 value
 `(d*sc)*q - dmin*m` rounded to bf16, picked from a byte_perm table of the sub-block's 4 values, fed
@@ -33,6 +33,14 @@ blockIdx.z picks the layer) giving each layer the bits of its own launch.
                v7's 691 (the ring's bookkeeping). Its two-layer launch has its own shape
                (V8_PAIR_SHAPE). The default at T = 1 on a GPU (44.4 us against v4's 45.5 on the
                H200; both layers 71.7 against 82.4).
+  gemv_q2k_v9  v4's shares and summation order (bit-identical to v4) on small blocks: one item a
+               block of 2 warps (3 shares each), each warp streaming its fixed list of units
+               through a 2-slot cp.async ring (no cursor across items), the 6 share fragments
+               added in order after one barrier, v7's decode with y3 as one fma: 72 registers,
+               no spills, 14 blocks (28 warps) an SM, so the 1,600 items at T <= 8 are resident
+               at once; 764 SASS instructions in its unit loop (v8's loop: 1003, 743 of them
+               every unit; v7: 691 a unit).
+               Picked by name (not timed yet).
 """
 from __future__ import annotations
 
@@ -993,6 +1001,228 @@ def _make_body8(two_layers: bool, team: int, stages: int, shares: int, threads: 
     return body
 
 
+# ---- gemv_q2k_v9: small blocks, one item each, a static cp.async ring, v7's decode -------------------
+# v8 is issue-bound at 11.6 warps an SM (123 registers) and spends ~70 instructions a unit on its
+# persistent ring's bookkeeping. v9 keeps v4's K shares and summation order (so its kv is v4's, bit
+# for bit) and v8's decode from shared memory, but gives each block one item (tile, token group,
+# layer) and a team of V9_TEAM warps that split its 6 shares (3 each: 6 units at K = 6144), so that
+# at T <= 8 the 1,600 items are 3,200 warps, ~24 an SM, in one round:
+#   - a warp's units are a fixed list (its shares, in order): the ring has no cursor to carry across
+#     items, only a slot index and a unit counter; unit k + stages is copied as soon as unit k is
+#     decoded, `cp.async.wait_group stages-1` waits for the oldest;
+#   - the launch bounds cap registers for V9_BLOCKS_PER_SM blocks an SM (72 a thread at 2 warps x 14);
+#   - warp 0 sums its shares' fragments in registers from 0.0 in share order, the other warps store
+#     theirs in shared memory, and after one barrier warp 0 adds them in share order: v4's sum;
+#   - the table's y3 = 3*s - o is one fma (3*s is exact, as 2*s is for y2), one multiply fewer a
+#     table than v7's; the loop's counters are 32-bit values (a 64-bit step is two instructions).
+# Jobs past the warp's units or past K are empty commit groups on the GPU and skipped
+# warp-uniformly. The simulator's mma twin needs every thread of the block at every mma: there the
+# warps run the jobs below the first warp's count together, zero-filled where not their own, and
+# skip the rest together (so a small K simulates only the units that exist).
+
+V9_TEAM = 2                  # warps a block: 3 of v4's 6 K shares each
+V9_STAGES = 2                # unit slots a warp: 1 unit in flight while it decodes one
+V9_BLOCKS_PER_SM = 14        # the register bound: 72 a thread; 12 KB of slots a block
+
+
+@device_function(**INLINE)
+def lut_pairs9(sc_lo, sc_hi, d, dmin):
+    """lut_pairs with y3 = fma(3, scale, -offset): scale = d * sc_lo is exact (11 x 4 bits), so is
+    3 * scale, and one rounding of 3*scale - offset is sub_rn(mul_rn(scale, 3), offset)."""
+    scale = mul_rn(d, sc_lo)
+    offset = mul_rn(dmin, sc_hi)
+    neg = -offset
+    y0 = fma_rn(np.float32(0.0), scale, neg)
+    y1 = sub_rn(scale, offset)
+    y2 = fma_rn(np.float32(2.0), scale, neg)
+    y3 = fma_rn(np.float32(3.0), scale, neg)
+    return cvt_pack_bf16x2(y0, y1), cvt_pack_bf16x2(y2, y3)
+
+
+@device_function(**INLINE)
+def _sub9(c0, c1, c2, c3, la, ha, lb, hb, j, da, dmina, db, dminb, qa0, qa1, qa2, qa3, qb0, qb1, qb2, qb3,
+          x32, xv, ok_x, bias, magic, scratch):
+    """_sub7 on lut_pairs9's tables."""
+    x0, x1, x2, x3, x4, x5, x6, x7 = _x16(x32, xv, ok_x)
+    pa01, pa23 = lut_pairs9(nibble_f32(la, j, magic), nibble_f32(ha, j, magic), da, dmina)
+    pb01, pb23 = lut_pairs9(nibble_f32(lb, j, magic), nibble_f32(hb, j, magic), db, dminb)
+    return _mma_sub7(c0, c1, c2, c3, pa01, pa23, pb01, pb23, qa0, qa1, qa2, qa3, qb0, qb1, qb2, qb3, 2 * j,
+                     x0, x1, x2, x3, x4, x5, x6, x7, bias, scratch)
+
+
+@device_function(**INLINE)
+def _block9(c0, c1, c2, c3, e0, e1, e2, e3, qa0, qa1, qa2, qa3, qb0, qb1, qb2, qb3, sa, sb, dda, ddb,
+            x32, xv, ok_x, bias, magic, scratch):
+    """_block7 on lut_pairs9's tables: sub-blocks 0, 2 into (c), 1, 3 into (e)."""
+    da, dmina = f16x2_to_f32x2(dda)
+    db, dminb = f16x2_to_f32x2(ddb)
+    m = np.uint32(0x0F0F0F0F)
+    la, ha = sa & m, (sa >> np.uint32(4)) & m
+    lb, hb = sb & m, (sb >> np.uint32(4)) & m
+    c0, c1, c2, c3 = _sub9(c0, c1, c2, c3, la, ha, lb, hb, 0, da, dmina, db, dminb, qa0, qa1, qa2, qa3,
+                           qb0, qb1, qb2, qb3, x32, xv, ok_x, bias, magic, scratch)
+    e0, e1, e2, e3 = _sub9(e0, e1, e2, e3, la, ha, lb, hb, 1, da, dmina, db, dminb, qa0, qa1, qa2, qa3,
+                           qb0, qb1, qb2, qb3, x32, xv + 4, ok_x, bias, magic, scratch)
+    c0, c1, c2, c3 = _sub9(c0, c1, c2, c3, la, ha, lb, hb, 2, da, dmina, db, dminb, qa0, qa1, qa2, qa3,
+                           qb0, qb1, qb2, qb3, x32, xv + 8, ok_x, bias, magic, scratch)
+    e0, e1, e2, e3 = _sub9(e0, e1, e2, e3, la, ha, lb, hb, 3, da, dmina, db, dminb, qa0, qa1, qa2, qa3,
+                           qb0, qb1, qb2, qb3, x32, xv + 12, ok_x, bias, magic, scratch)
+    return c0, c1, c2, c3, e0, e1, e2, e3
+
+
+@device_function(**INLINE)
+def _unit9(c0, c1, c2, c3, e0, e1, e2, e3, sm, q, x32, xv, ok_x, second, bias, magic, scratch):
+    """_unit8 with _block9: the unit in a shared-memory slot, one block's words at a time; its
+    second block only when `second` (not the zero pad block past K) on the GPU."""
+    s0, s1, _, _ = load_u32x4(sm, q + 128)
+    d0, d1, _, _ = load_u32x4(sm, q + 160)
+    a0, a1, a2, a3 = load_u32x4(sm, q)
+    b0, b1, b2, b3 = load_u32x4(sm, q + 32)
+    c0, c1, c2, c3, e0, e1, e2, e3 = _block9(c0, c1, c2, c3, e0, e1, e2, e3, a0, a1, a2, a3, b0, b1, b2, b3,
+                                             s0, s1, d0, d1, x32, xv, ok_x, bias, magic, scratch)
+    if SIMULATOR or second:
+        _, _, s2, s3 = load_u32x4(sm, q + 128)
+        _, _, d2, d3 = load_u32x4(sm, q + 160)
+        a0, a1, a2, a3 = load_u32x4(sm, q + 64)
+        b0, b1, b2, b3 = load_u32x4(sm, q + 96)
+        c0, c1, c2, c3, e0, e1, e2, e3 = _block9(c0, c1, c2, c3, e0, e1, e2, e3, a0, a1, a2, a3, b0, b1, b2, b3,
+                                                 s2, s3, d2, d3, x32, xv + 32, ok_x and second, bias, magic,
+                                                 scratch)
+    return c0, c1, c2, c3, e0, e1, e2, e3
+
+
+def v9_shared_bytes(team: int, stages: int) -> int:
+    """Shared memory of one gemv_q2k_v9 block: the warps' unit slots and the other warps' share
+    fragments."""
+    return stages * team * CP_SLOT_WORDS * 4 + 6 * 128 * 4
+
+
+def _make_gemv9(team: int, stages: int, blocks_per_sm: int):
+    """gemv_q2k_v9 and its two-layer launch (the section's comment): blocks of `team` warps (1, 2, 3
+    or 6) on one item, `stages` unit slots a warp, launch bounds for `blocks_per_sm` blocks an SM."""
+    if 6 % team or stages < 2:
+        raise ValueError(f"gemv_q2k_v9 needs a team of 1, 2, 3 or 6 warps and >= 2 stages, got {team}, {stages}")
+    if blocks_per_sm * (v9_shared_bytes(team, stages) + 1024) > SM_SHARED_BYTES:
+        raise ValueError(f"{blocks_per_sm} gemv_q2k_v9 blocks of {team} warps x {stages} slots need "
+                         f"{blocks_per_sm * (v9_shared_bytes(team, stages) + 1024)} bytes of shared memory an SM "
+                         f"(an SM has {SM_SHARED_BYTES})")
+    threads = team * 32
+    shares = 6 // team
+    slot_words = stages * team * CP_SLOT_WORDS
+    red_size = 6 * 128                             # [share][lane][c0..c3] fp32
+    scratch_size = 6 * threads if SIMULATOR else 1
+    wait_oldest = cp_async_waiter(stages - 1)
+
+    @device_function(**INLINE)
+    def body(x32, w32, w16, out, T, K, sm, red, scratch):
+        """The block's item: tile blockIdx.x, token group blockIdx.y of the weight whose units start
+        at 16-byte chunk w16 of w32."""
+        tid = cuda.threadIdx.x
+        lane = tid & 31
+        warp = 0 if team == 1 else tid >> 5
+        g = lane >> 2
+        t = lane & 3
+        N = out.shape[1]
+        KB = K // BLOCK_VALUES
+        NU = (K + UNIT_VALUES - 1) // UNIT_VALUES
+        tile = cuda.blockIdx.x
+        grp = cuda.blockIdx.y
+        per = (NU + 5) // 6
+        per = (per + 1) // 2 * 2                   # v4's share: units a warp of its 6
+        jobs = shares * per                        # this warp's units: shares warp*shares .. in order
+        u_first = warp * jobs
+        live = max(min(jobs, NU - u_first), 0)     # its units inside the weight (the rest: skipped)
+        wnext = w16 + (np.int64(tile) * NU + u_first) * UNIT_CHUNKS    # the next unit to copy
+        qs = warp * (stages * 192) + lane          # the lane's 16-byte index of slot 0's chunk 0
+        zero = opaque_zero(T)
+        bias = np.uint32(SEL_BIAS) + zero
+        magic = np.uint32(NIB_MAGIC) + zero
+        for s in range(stages):                    # the ring's first units
+            _cp_job(sm, (qs + s * 192) * 16, w32, wnext, lane, g, s < live)
+            wnext += UNIT_CHUNKS
+        tok = grp * V4_TOKENS + g
+        xk = np.int64(min(tok, T - 1)) * (K >> 3) + 16 * (t >> 1) + 2 * (t & 1) + 64 * u_first
+        # the loop's counters as 32-bit values (numba's ints are 64-bit: two instructions a step)
+        pad = np.int32(NU - 1 - u_first if KB & 1 else -1)   # the warp's unit whose second block is the pad
+        live = np.int32(live)
+        jobs = np.int32(jobs)
+        per = np.int32(per)
+        nu = np.int32(NU)
+        qs = np.int32(qs)
+        qlast = np.int32(qs + (stages - 1) * 192)
+        z = float32(0.0)
+        c0 = c1 = c2 = c3 = e0 = e1 = e2 = e3 = z
+        ku = np.int32(0)
+        sh = warp * shares                         # the share being summed (v4's index)
+        q = qs
+        k = np.int32(0)
+        while k < jobs:
+            wait_oldest()                          # unit k has landed (stages-1 younger in flight)
+            if k < live or (SIMULATOR and k < nu):  # the simulator: block-uniform (its mma twin syncs)
+                c0, c1, c2, c3, e0, e1, e2, e3 = _unit9(c0, c1, c2, c3, e0, e1, e2, e3, sm, q, x32, xk,
+                                                        tok < T and k < live, k != pad, bias, magic, scratch)
+            # the slot is free: the unit `stages` on
+            _cp_job(sm, q * 16, w32, wnext, lane, g, np.int32(k + stages) < live)
+            wnext += UNIT_CHUNKS
+            xk += 64
+            q = qs if q == qlast else np.int32(q + 192)
+            k = np.int32(k + 1)
+            ku = np.int32(ku + 1)
+            if ku == per:                          # the end of a share: v4's fragment of its warp
+                base = sh * 128 + lane * 4
+                red[base] = c0 + e0
+                red[base + 1] = c1 + e1
+                red[base + 2] = c2 + e2
+                red[base + 3] = c3 + e3
+                c0 = c1 = c2 = c3 = e0 = e1 = e2 = e3 = z
+                ku = np.int32(0)
+                sh += 1
+        if team > 1:
+            cuda.syncthreads()                     # every share's fragment is in red
+        if warp == 0:
+            f0 = f1 = f2 = f3 = z
+            for s in range(6):                     # v4's sum: from 0.0, shares in order
+                f0 += red[s * 128 + lane * 4]
+                f1 += red[s * 128 + lane * 4 + 1]
+                f2 += red[s * 128 + lane * 4 + 2]
+                f3 += red[s * 128 + lane * 4 + 3]
+            row = tile * TILE_ROWS + g
+            tk = grp * V4_TOKENS + 2 * t
+            if row < N and tk < T:
+                out[tk, row] = f32_to_bf16_bits(f0)
+            if row < N and tk + 1 < T:
+                out[tk + 1, row] = f32_to_bf16_bits(f1)
+            if row + 8 < N and tk < T:
+                out[tk, row + 8] = f32_to_bf16_bits(f2)
+            if row + 8 < N and tk + 1 < T:
+                out[tk + 1, row + 8] = f32_to_bf16_bits(f3)
+
+    @cuda.jit(**bounds(threads, blocks_per_sm))
+    def gemv(x32, w32, out, T, K):
+        # x32: uint32 [T*K/2] flat x; w32: uint32 flat q2k_r [ceil(N/16) * NU * 672]; out: uint16 [T, N]
+        sm = cuda.shared.array(slot_words, types.uint32, alignment=ALIGN) if ALIGN else \
+            cuda.shared.array(slot_words, types.uint32)
+        red = cuda.shared.array(red_size, float32)
+        scratch = cuda.shared.array(scratch_size, types.uint32)
+        body(x32, w32, np.int64(0), out, T, K, sm, red, scratch)
+
+    @cuda.jit(**bounds(threads, blocks_per_sm))
+    def gemv_pair(x32a, x32b, w32, outa, outb, T, K):
+        # two layers in one launch (blockIdx.z): w32 holds layer a's q2k_r then layer b's, same shape
+        sm = cuda.shared.array(slot_words, types.uint32, alignment=ALIGN) if ALIGN else \
+            cuda.shared.array(slot_words, types.uint32)
+        red = cuda.shared.array(red_size, float32)
+        scratch = cuda.shared.array(scratch_size, types.uint32)
+        if cuda.blockIdx.z == 0:
+            body(x32a, w32, np.int64(0), outa, T, K, sm, red, scratch)
+        else:
+            layer16 = np.int64((outb.shape[1] + TILE_ROWS - 1) // TILE_ROWS) * \
+                ((K + UNIT_VALUES - 1) // UNIT_VALUES) * UNIT_CHUNKS
+            body(x32b, w32, layer16, outb, T, K, sm, red, scratch)
+
+    return gemv, gemv_pair
+
+
 _SM_COUNT = []
 SM_SHARED_BYTES = 228 * 1024      # shared memory an sm_90 SM holds (1 KB of it reserved a block)
 
@@ -1032,6 +1262,8 @@ _BUILT["gemv_q2k_v7"] = _make_gemv7(*V7_SHAPE)
 PERSISTENT = {"gemv_q2k_v8": (V8_TEAM, V8_STAGES, V8_BLOCKS_PER_SM)}
 PERSISTENT_PAIR = {"gemv_q2k_v8": V8_PAIR_SHAPE}         # the two-layer launch's own shape
 _BUILT["gemv_q2k_v8"] = (_make_gemv8(*PERSISTENT["gemv_q2k_v8"])[0], _make_gemv8(*V8_PAIR_SHAPE)[1])
+SHAPES["gemv_q2k_v9"] = (V9_TEAM, V9_STAGES, V9_BLOCKS_PER_SM)   # per-item blocks: (warps, unit slots, blocks an SM)
+_BUILT["gemv_q2k_v9"] = _make_gemv9(*SHAPES["gemv_q2k_v9"])
 KERNELS = {name: built[0] for name, built in _BUILT.items()}
 PAIR_KERNELS = {name: built[1] for name, built in _BUILT.items()}
 

@@ -30,7 +30,9 @@ speed, so the instruction count alone is not what bounds them. On a GPU at T = 1
 in two runs at f52d7f1 (bench/results/h200.json, h200_q2kr_v8_variants_f52d7f1.json), and its
 two-layer launch, with its own shape, projects both wkv of a decode step in 71.7 us against v4's
 82.4; at T = 4 and 8 v4 stays ahead (45.8 / 46.4 against 46.2 / 47.2). In the simulator v4 keeps
-T = 1 too (v8's persistent loop is the slower one to simulate).
+T = 1 too (v8's persistent loop is the slower one to simulate). gemv_q2k_v9 (one item a block
+of 2 warps, 72 registers: the same kv bits as v4) is picked by name until the H200 has timed it
+(tools/gpu_dev_q2kr_v9.sh); if it wins, `_v8_default` is the rule to hand over.
 """
 from __future__ import annotations
 
@@ -371,6 +373,20 @@ _proj("gemv_q2k_v8",
                              (9, 256, 20)],     # 2 tiles x 2 token groups over 2 blocks: the ring across items
       sweep=QUANT_SWEEP, vector_io=True)
 
+
+# gemv_q2k_v9: one item a block of 2 warps, a static cp.async ring a warp (cuda_gemv_q2kr.py,
+# "gemv_q2k_v9"). Not timed yet: picked by name until the H200 says (tools/gpu_dev_q2kr_v9.sh).
+_proj("gemv_q2k_v9",
+      "v4's K shares and summation order (bit-identical kv) on blocks of 2 warps, one item (16-row tile, "
+      "8-token group, layer) a block, 3 shares a warp streamed through 2 shared-memory slots by cp.async "
+      "(a fixed unit list: no cursor across items), warp 1's fragments added by warp 0 after one barrier, "
+      "v7's decode with y3 as one fma; launch bounds for 14 blocks (28 warps) an SM",
+      kernel=cuda_gemv_q2kr.KERNELS["gemv_q2k_v9"], geometry=cuda_gemv_q2kr.geometry("gemv_q2k_v9"), args="fast",
+      specs=_q2kr_specs("gemv_q2k_v9", cuda_gemv_q2kr.KERNELS["gemv_q2k_v9"],
+                        cuda_gemv_q2kr.PAIR_KERNELS["gemv_q2k_v9"]),
+      encoding="q2k_r", sim=[(1, 512, 5),      # one unit: warp 1 has none, rows past N
+                             (9, 768, 20)],    # a pad block, 2 tiles x 2 token groups, tokens past T
+      sweep=QUANT_SWEEP, vector_io=True)
 
 # ---- DeepSeek's FP8 arithmetic on Hopper's FP8 tensor cores (cuda_fp8_wgmma.py) ---------------------
 # An FP8 wkv read as it is stored, with DeepSeek's arithmetic (`reference.projection_deepseek_fp8`),

@@ -134,6 +134,16 @@ def test_v7_tables_and_picks_equal_v4s(rng):
                 assert C.pick4p(p01, p23, word, shift, C.SEL_BIAS) == pick4(lo, hi, word, shift), (sc, d, dmin, shift)
 
 
+def test_v9_tables_equal_v7s(rng):
+    """gemv_q2k_v9's table (y3 as one fma of the exact 3*s) gives v7's pair words for every scale
+    byte, on d/dmin draws that include zeros of both signs, the fp16 extremes and subnormals."""
+    ds = [np.float32(v) for v in (0.0, -0.0, 1.0, -3.5e-3, 6.1e-5, -5.96e-8, 65504.0, -65504.0)]
+    ds += [np.float32(v) for v in rng.standard_normal(8) * 0.01]
+    for sc in range(256):
+        lo, hi = np.float32(sc & 15), np.float32(sc >> 4)
+        for d, dmin in list(zip(ds, ds[::-1])) + list(zip(ds, ds[3:] + ds[:3])):
+            assert C.lut_pairs9(lo, hi, d, dmin) == C.lut_pairs(lo, hi, d, dmin), (sc, d, dmin)
+
 @pytest.mark.slow
 def test_v7_is_v4_bit_for_bit(rng):
     """Same stream, values and summation order: v7's kv equals v4's bit for bit (a pad block,
@@ -217,6 +227,53 @@ def test_v8_teams_are_v4_bit_for_bit(rng, team, stages):
     for i in range(2):
         np.testing.assert_array_equal(outs[i].copy_to_host(), want[i])
 
+
+
+@pytest.mark.slow
+def test_v9_is_v4_bit_for_bit(rng):
+    """v9 (one item a block of 2 warps, 3 shares each through a 2-slot cp.async ring, the shares
+    summed after one barrier) gives v4's kv bit for bit: K/256 = 13 is 7 units in 2-unit shares,
+    so warp 0 sums shares 0..2 and warp 1 has unit 6 (with the zero pad block) in share 3 and two
+    empty shares; rows past N, tokens past T."""
+    N, K, T = 13, 3328, 2
+    w = cuda.to_device(repack_q2k_r(random_q2k(rng, N, K), K))
+    x = cuda.to_device(random_x(rng, T, K))
+    outs = {}
+    for v in ("gemv_q2k_v4", "gemv_q2k_v9"):
+        outs[v] = cuda.to_device(np.full((T, N), POISON, np.uint16))
+        P.project_q(x, w, None, outs[v], weight="q2k_r", version=v)
+    np.testing.assert_array_equal(outs["gemv_q2k_v9"].copy_to_host(), outs["gemv_q2k_v4"].copy_to_host())
+
+
+def test_v9_two_layer_launch_equals_its_single_launches(rng):
+    """v9's two-layer launch (layer on grid z, layer b at its offset in the pair buffer) gives each
+    layer the bits of v9's launch on it alone (which are v4's: test_v9_is_v4_bit_for_bit)."""
+    N, K, T = 5, 256, 1
+    raws = [repack_q2k_r(random_q2k(rng, N, K), K) for _ in range(2)]
+    xs = [cuda.to_device(random_x(rng, T, K)) for _ in range(2)]
+    want = []
+    for i in range(2):
+        o = cuda.to_device(np.full((T, N), POISON, np.uint16))
+        P.project_q(xs[i], cuda.to_device(raws[i]), None, o, weight="q2k_r", version="gemv_q2k_v9")
+        want.append(o.copy_to_host())
+    assert not np.array_equal(want[0], want[1])
+    outs = [cuda.to_device(np.full((T, N), POISON, np.uint16)) for _ in range(2)]
+    launch = C.prepare_pair("gemv_q2k_v9", xs[0], xs[1], cuda.to_device(np.concatenate(raws)), outs[0], outs[1])
+    assert launch.grid == (1, 1, 2) and launch.block == C.V9_TEAM * 32
+    launch()
+    for i in range(2):
+        np.testing.assert_array_equal(outs[i].copy_to_host(), want[i])
+
+
+def test_v9_shape_is_checked():
+    """v9's factory refuses a team that does not split 6 shares, and more blocks an SM than the
+    shared memory holds; the registered shape fits."""
+    assert C.V9_BLOCKS_PER_SM * (C.v9_shared_bytes(C.V9_TEAM, C.V9_STAGES) + 1024) <= C.SM_SHARED_BYTES
+    assert C.launch_config("gemv_q2k_v9", 9, 40) == ((3, 2), C.V9_TEAM * 32)
+    with pytest.raises(ValueError, match="team of 1, 2, 3 or 6"):
+        C._make_gemv9(4, 2, 1)
+    with pytest.raises(ValueError, match="shared memory an SM"):
+        C._make_gemv9(2, 2, 17)
 
 @pytest.mark.slow
 def test_two_layer_launch_equals_the_single_launches(rng):
@@ -320,4 +377,33 @@ def test_gpu_v8_is_v4_bit_for_bit(rng, gpu_record, T, K, N):
     pair_differ = int((pa.copy_to_host() != want[0]).sum() + (pb.copy_to_host() != want[1]).sum())
     gpu_record(test="gemv_q2k_v8 vs gemv_q2k_v4 bits", shape=[T, K, N], outputs_differing=differ,
                pair_outputs_differing=pair_differ, grid=C.v8_grid(T, N), passed=differ == 0 and pair_differ == 0)
+    assert differ == 0 and pair_differ == 0
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("T,K,N", [(1, 6144, 25600), (4, 6144, 25600), (8, 6144, 25600),
+                                   (16, 6144, 25600),   # 2 token groups
+                                   (9, 1536, 5),        # 3 units: warp 1 has none (GPU: skipped)
+                                   (3, 768, 13),        # a pad block (GPU: skipped), rows past N
+                                   (2, 6656, 40)])      # 13 units: 4-unit shares, some of them empty
+def test_gpu_v9_is_v4_bit_for_bit(rng, gpu_record, T, K, N):
+    """gemv_q2k_v9 (one item a block of 2 warps, static cp.async ring, warp-uniform skips) against
+    v4 on every output, alone and as the two-layer launch."""
+    raw, raw_b = (C.repack_on_device(cuda.to_device(random_q2k(rng, N, K)), N, K) for _ in range(2))
+    x, xb = (cuda.to_device(random_x(rng, T, K)) for _ in range(2))
+    want = []
+    for xi, wi in ((x, raw), (xb, raw_b)):
+        o = cuda.to_device(np.full((T, N), POISON, np.uint16))
+        P.project_q(xi, wi, None, o, weight="q2k_r", version="gemv_q2k_v4")
+        want.append(o.copy_to_host())
+    single = cuda.to_device(np.full((T, N), POISON, np.uint16))
+    P.project_q(x, raw, None, single, weight="q2k_r", version="gemv_q2k_v9")
+    got = single.copy_to_host()
+    pa, pb = (cuda.to_device(np.full((T, N), POISON, np.uint16)) for _ in range(2))
+    both = cuda.to_device(np.concatenate([raw.copy_to_host(), raw_b.copy_to_host()]))
+    C.prepare_pair("gemv_q2k_v9", x, xb, both, pa, pb)()
+    differ = int((got != want[0]).sum())
+    pair_differ = int((pa.copy_to_host() != want[0]).sum() + (pb.copy_to_host() != want[1]).sum())
+    gpu_record(test="gemv_q2k_v9 vs gemv_q2k_v4 bits", shape=[T, K, N], outputs_differing=differ,
+               pair_outputs_differing=pair_differ, passed=differ == 0 and pair_differ == 0)
     assert differ == 0 and pair_differ == 0
