@@ -27,9 +27,10 @@ from numba import cuda, float32, types
 
 from ...device.intrinsics import (SIMULATOR, bf16_bits_to_f32, bf16x2_hi, bf16x2_lo, cvt_pack_bf16x2, device_function,
                                   f32_to_bf16_bits, load_u32x4, mma_bf16_16816, round_to_bf16, u32_as_f32)
+from ...device.hopper import cp_async_16, cp_async_commit, cp_async_waiter
 from .gemv_common import e4m3x4_to_bf16x2x2, load_u32x2
 from ...device.launch import PreparedLaunch
-from .cuda_common import INLINE, bounds, cdiv
+from .cuda_common import ALIGN, INLINE, bounds, cdiv
 
 TILE = 32                   # scale tile: 32 rows x 32 k
 
@@ -195,6 +196,171 @@ def _gemv_fp8_v2(x32, w64, scales, out, T, K):
             out[tk, row] = f32_to_bf16_bits(s)
 
 
+# ---- gemv_fp8_v3: 16-byte codes through a cp.async ring, x as A, one wave ---------------------------
+#
+# v2 is latency-bound: 8-byte loads with nothing in flight behind them, and 1,600 blocks at 3 an SM
+# (4.04 waves). v3 swaps the mma's operands so that a lane's codes come from one weight row: B[16 x 8]
+# is 8 weight rows (lane (g, t) holds row g's codes for k slots 2t, 2t+1, 2t+8, 2t+9) and A[16 x 16]
+# is x. The 16 k of one mma are again any 16 values the lanes agree on: in a 64-wide step lane t
+# reads the 16 contiguous codes k = 16t .. 16t+15 of its row (one 16-byte chunk), and mma q of the
+# step takes codes 4q .. 4q+3 of every lane. Lanes t = 0, 1 then lie in scale tile 2s, lanes 2, 3 in
+# tile 2s+1; the two tiles are kept apart by A's two halves of rows: A row g is token g's x on the
+# k of lanes 0 and 1 (zero on lanes 2, 3), A row g+8 the same token's x on lanes 2 and 3. D[g][n] is
+# then token g's tile-2s sum of row n and D[g+8][n] its tile-(2s+1) sum, each scaled by its own
+# power of two into the fp32 accumulator (the 4 mma of a step chained from 0.0: each tile's sum is a
+# 32-term fp32 mma sum, as v2's, in another order, so v3 is not bit-identical to v2).
+#
+# A warp owns 32 rows (one scale-tile row: four such 8-row groups n0 + 8j + g sharing every x
+# fragment and both scales of a step) and one group of 8 tokens, the whole of K; a block is V3_WARPS
+# independent warps (no barrier, no shared reduction). Each lane copies its four 16-byte chunks of a
+# step into its own shared-memory slot by cp.async (zero-filled past N and K) and reads back only
+# what it copied, so the ring needs no barrier: V3_STAGES steps a warp, V3_STAGES-1 of them (10 KB)
+# in flight while it decodes one. At the released shape that is 800 warps in 400 blocks, all
+# resident at once (V3_BLOCKS_PER_SM bounds the registers), every warp streaming the same 96 steps:
+# one wave, no tail.
+
+V3_WARPS = 2
+V3_THREADS = 32 * V3_WARPS
+V3_GROUPS = 4                 # 8-row groups a warp
+V3_ROWS = 8 * V3_GROUPS       # weight rows a warp: one scale tile
+V3_TOKENS = 8
+V3_STEP = 64                  # k a step: 16 codes a lane and row, two scale tiles
+V3_STAGES = 6                 # ring slots a warp (2 KB each)
+V3_BLOCKS_PER_SM = 8          # the register bound: 128 a thread
+_V3_SLOT16 = 32 * V3_GROUPS   # 16-byte chunks a slot: 4 rows a lane x 32 lanes
+_V3_SM_WORDS = V3_WARPS * V3_STAGES * _V3_SLOT16 * 4
+_V3_SCRATCH = 6 * V3_THREADS if SIMULATOR else 1
+_v3_wait_oldest = cp_async_waiter(V3_STAGES - 1)
+
+
+@device_function(**INLINE)
+def _v3_copy(sm, q, w32, c, s, ok_k, ok_row):
+    """One 16-byte chunk (index c + 4s) into shared 16-byte slot q by cp.async; zeros when not ok."""
+    ok = ok_row and ok_k
+    cp_async_16(sm, 16 * q, w32, c + 4 * s if ok else np.int64(0), 16 if ok else 0)
+
+
+@device_function(**INLINE)
+def _v3_issue(sm, q, w32, c0, rows_ok, s, NS, K16, t):
+    """The lane's cp.async of step s (its chunk of each of its 4 rows, the first at chunk c0, the
+    next V3_ROWS/4 rows on each; zeros past K and N) into the slot whose 16-byte index is q, as one
+    commit group (empty past the last step). rows_ok: bit j set when row j is inside N."""
+    if s < NS:
+        ok_k = 4 * s + t < K16
+        step = (K16 << 3)                  # 8 rows on, in chunks
+        _v3_copy(sm, q, w32, c0, s, ok_k, rows_ok & 1 != 0)
+        _v3_copy(sm, q + 32, w32, c0 + step, s, ok_k, rows_ok & 2 != 0)
+        _v3_copy(sm, q + 64, w32, c0 + 2 * step, s, ok_k, rows_ok & 4 != 0)
+        _v3_copy(sm, q + 96, w32, c0 + 3 * step, s, ok_k, rows_ok & 8 != 0)
+    cp_async_commit()
+
+
+@device_function(**INLINE)
+def _v3_mma4(w0, w1, w2, w3, lo0, hi0, lo1, hi1, lo2, hi2, lo3, hi3, lo4, hi4, lo5, hi5, lo6, hi6, lo7, hi7,
+             scratch):
+    """One 8-row group's step: its lane's 16 codes (w0..w3) against the step's A fragments (lo: the
+    x words on rows g, hi: on rows g+8), 4 chained mma from 0.0 -> (tile 2s: d0, d1; 2s+1: d2, d3)."""
+    z = float32(0.0)
+    p0, p1 = e4m3x4_to_bf16x2x2(w0)
+    d0, d1, d2, d3 = mma_bf16_16816(lo0, hi0, lo1, hi1, p0, p1, z, z, z, z, scratch)
+    p0, p1 = e4m3x4_to_bf16x2x2(w1)
+    d0, d1, d2, d3 = mma_bf16_16816(lo2, hi2, lo3, hi3, p0, p1, d0, d1, d2, d3, scratch)
+    p0, p1 = e4m3x4_to_bf16x2x2(w2)
+    d0, d1, d2, d3 = mma_bf16_16816(lo4, hi4, lo5, hi5, p0, p1, d0, d1, d2, d3, scratch)
+    p0, p1 = e4m3x4_to_bf16x2x2(w3)
+    return mma_bf16_16816(lo6, hi6, lo7, hi7, p0, p1, d0, d1, d2, d3, scratch)
+
+
+@device_function(**INLINE)
+def _v3_store(out, tok, row, N, c0, c1):
+    if row < N:
+        out[tok, row] = f32_to_bf16_bits(c0)
+    if row + 1 < N:
+        out[tok, row + 1] = f32_to_bf16_bits(c1)
+
+
+@cuda.jit(**bounds(V3_THREADS, V3_BLOCKS_PER_SM))
+def _gemv_fp8_v3(x32, w32, scales, out, T, K):
+    # x32: uint32 [T*K/2] flat view of x; w32: uint32 [N*K/4] flat view of the codes (read as
+    # 16-byte chunks); scales: uint8 [ceil(N/32), K/32]; out: uint16 [T, N]
+    sm = cuda.shared.array(_V3_SM_WORDS, types.uint32, alignment=ALIGN) if ALIGN else \
+        cuda.shared.array(_V3_SM_WORDS, types.uint32)
+    scratch = cuda.shared.array(_V3_SCRATCH, types.uint32)
+    tid = cuda.threadIdx.x
+    lane = tid & 31
+    warp = tid >> 5
+    g = lane >> 2
+    t = lane & 3
+    N = out.shape[1]
+    n0 = (cuda.blockIdx.x * V3_WARPS + warp) * V3_ROWS
+    if not SIMULATOR and n0 >= N:         # (the simulator's mma needs every warp of the block)
+        return
+    K16 = K >> 4                                            # 16-byte chunks a codes row
+    NS = (K + V3_STEP - 1) // V3_STEP
+    NKT = K >> 5                                            # scale tiles a row
+    rows_ok = 0                                             # bit j: row n0 + 8j + g inside N
+    for j in range(V3_GROUPS):
+        if n0 + 8 * j + g < N:
+            rows_ok |= 1 << j
+    # the lane's chunk of step 0 in its first row (rows past N read nothing: the row is clamped)
+    c_first = np.int64(min(n0 + g, N - 1)) * K16 + t
+    tok = cuda.blockIdx.y * V3_TOKENS + g
+    ok_tok = tok < T
+    xr = np.int64(min(tok, T - 1)) * (K >> 3) + 2 * t       # x's 16-byte index of the lane's step-0 k
+    srow = min(n0, N - 1) // TILE
+    mlo = np.uint32(0xFFFFFFFF) if t < 2 else np.uint32(0)  # the lane's k are in tile 2s (else 2s+1)
+    mhi = ~mlo
+    q0 = warp * (V3_STAGES * _V3_SLOT16) + lane             # the lane's 16-byte index in the warp's slot 0
+    for st in range(V3_STAGES):                             # the ring's first steps
+        _v3_issue(sm, q0 + st * _V3_SLOT16, w32, c_first, rows_ok, st, NS, K16, t)
+    z = float32(0.0)
+    # token g; rows n0 + 8j + 2t (e_j) and + 1 (f_j)
+    e0 = f0 = e1 = f1 = e2 = f2 = e3 = f3 = z
+    stage = 0
+    for s in range(NS):
+        _v3_wait_oldest()                                   # step s has landed
+        q = q0 + stage * _V3_SLOT16
+        x0 = x1 = x2 = x3 = x4 = x5 = x6 = x7 = np.uint32(0)
+        if ok_tok and 4 * s + t < K16:
+            x0, x1, x2, x3 = load_u32x4(x32, xr + 8 * s)
+            x4, x5, x6, x7 = load_u32x4(x32, xr + 8 * s + 1)
+        kt = 2 * s
+        sa = e8m0_to_f32(scales[srow, kt])
+        sb = e8m0_to_f32(scales[srow, kt + 1] if kt + 1 < NKT else np.uint8(127))
+        l0, h0, l1, h1 = x0 & mlo, x0 & mhi, x1 & mlo, x1 & mhi
+        l2, h2, l3, h3 = x2 & mlo, x2 & mhi, x3 & mlo, x3 & mhi
+        l4, h4, l5, h5 = x4 & mlo, x4 & mhi, x5 & mlo, x5 & mhi
+        l6, h6, l7, h7 = x6 & mlo, x6 & mhi, x7 & mlo, x7 & mhi
+        a0, a1, a2, a3 = load_u32x4(sm, q)
+        d0, d1, d2, d3 = _v3_mma4(a0, a1, a2, a3, l0, h0, l1, h1, l2, h2, l3, h3, l4, h4, l5, h5, l6, h6, l7, h7,
+                                  scratch)
+        e0 = e0 + sa * d0 + sb * d2
+        f0 = f0 + sa * d1 + sb * d3
+        a0, a1, a2, a3 = load_u32x4(sm, q + 32)
+        d0, d1, d2, d3 = _v3_mma4(a0, a1, a2, a3, l0, h0, l1, h1, l2, h2, l3, h3, l4, h4, l5, h5, l6, h6, l7, h7,
+                                  scratch)
+        e1 = e1 + sa * d0 + sb * d2
+        f1 = f1 + sa * d1 + sb * d3
+        a0, a1, a2, a3 = load_u32x4(sm, q + 64)
+        d0, d1, d2, d3 = _v3_mma4(a0, a1, a2, a3, l0, h0, l1, h1, l2, h2, l3, h3, l4, h4, l5, h5, l6, h6, l7, h7,
+                                  scratch)
+        e2 = e2 + sa * d0 + sb * d2
+        f2 = f2 + sa * d1 + sb * d3
+        a0, a1, a2, a3 = load_u32x4(sm, q + 96)
+        d0, d1, d2, d3 = _v3_mma4(a0, a1, a2, a3, l0, h0, l1, h1, l2, h2, l3, h3, l4, h4, l5, h5, l6, h6, l7, h7,
+                                  scratch)
+        e3 = e3 + sa * d0 + sb * d2
+        f3 = f3 + sa * d1 + sb * d3
+        # the slot is read: the step V3_STAGES on
+        _v3_issue(sm, q, w32, c_first, rows_ok, s + V3_STAGES, NS, K16, t)
+        stage = 0 if stage == V3_STAGES - 1 else stage + 1
+    if ok_tok:
+        _v3_store(out, tok, n0 + 2 * t, N, e0, f0)
+        _v3_store(out, tok, n0 + 8 + 2 * t, N, e1, f1)
+        _v3_store(out, tok, n0 + 16 + 2 * t, N, e2, f2)
+        _v3_store(out, tok, n0 + 24 + 2 * t, N, e3, f3)
+
+
 # ---- the whole wkv to bf16 (the engine's many-token path) ----------------------------------------
 
 DEQUANT_THREADS = 256
@@ -233,3 +399,7 @@ def geometry_naive(T: int, N: int):
 
 def geometry_tc(T: int, N: int):
     return (cdiv(N, FP8_ROWS), cdiv(T, FP8_TOKENS)), FP8_THREADS
+
+
+def geometry_v3(T: int, N: int):
+    return (cdiv(N, V3_ROWS * V3_WARPS), cdiv(T, V3_TOKENS)), V3_THREADS
