@@ -210,48 +210,47 @@ def _gemv_fp8_v2(x32, w64, scales, out, T, K):
 # power of two into the fp32 accumulator (the 4 mma of a step chained from 0.0: each tile's sum is a
 # 32-term fp32 mma sum, as v2's, in another order, so v3 is not bit-identical to v2).
 #
-# A warp owns 32 rows (one scale-tile row: four such 8-row groups n0 + 8j + g sharing every x
-# fragment and both scales of a step) and one group of 8 tokens, the whole of K; a block is V3_WARPS
-# independent warps (no barrier, no shared reduction). Each lane copies its four 16-byte chunks of a
-# step into its own shared-memory slot by cp.async (zero-filled past N and K) and reads back only
-# what it copied, so the ring needs no barrier: V3_STAGES steps a warp, V3_STAGES-1 of them (10 KB)
-# in flight while it decodes one. At the released shape that is 800 warps in 400 blocks, all
-# resident at once (V3_BLOCKS_PER_SM bounds the registers), every warp streaming the same 96 steps:
-# one wave, no tail.
+# A block owns 32 rows (one scale-tile row: four such 8-row groups n0 + 8j + g sharing every x
+# fragment and both scales of a step) and one group of 8 tokens; its V3_SPLIT warps split K's steps
+# into equal runs (warp w the w-th), and their fp32 sums are added in warp order through shared
+# memory at the end (one barrier). Each lane copies its four 16-byte chunks of a step into its own
+# shared-memory slot by cp.async (zero-filled past N and K) and reads back only what it copied, so
+# the ring needs no barrier: V3_STAGES steps a warp, V3_STAGES-1 of them in flight while it decodes
+# one. At the released shape that is 800 blocks of 2 warps, all resident at once (V3_BLOCKS_PER_SM
+# bounds the registers; 132 SMs hold 1,056), every warp streaming the same 48 steps: one wave, no
+# tail.
 
-V3_WARPS = 2
-V3_THREADS = 32 * V3_WARPS
-V3_GROUPS = 4                 # 8-row groups a warp
-V3_ROWS = 8 * V3_GROUPS       # weight rows a warp: one scale tile
+V3_SPLIT = 2                  # warps a block, each a run of K's steps
+V3_THREADS = 32 * V3_SPLIT
+V3_GROUPS = 4                 # 8-row groups a block
+V3_ROWS = 8 * V3_GROUPS       # weight rows a block: one scale tile
 V3_TOKENS = 8
 V3_STEP = 64                  # k a step: 16 codes a lane and row, two scale tiles
-V3_STAGES = 6                 # ring slots a warp (2 KB each)
+V3_STAGES = 4                 # ring slots a warp (2 KB each)
 V3_BLOCKS_PER_SM = 8          # the register bound: 128 a thread
 _V3_SLOT16 = 32 * V3_GROUPS   # 16-byte chunks a slot: 4 rows a lane x 32 lanes
-_V3_SM_WORDS = V3_WARPS * V3_STAGES * _V3_SLOT16 * 4
+_V3_SM_WORDS = V3_SPLIT * V3_STAGES * _V3_SLOT16 * 4
+_V3_RED = (V3_SPLIT - 1) * 32 * 8
 _V3_SCRATCH = 6 * V3_THREADS if SIMULATOR else 1
 _v3_wait_oldest = cp_async_waiter(V3_STAGES - 1)
 
 
 @device_function(**INLINE)
-def _v3_copy(sm, q, w32, c, s, ok_k, ok_row):
-    """One 16-byte chunk (index c + 4s) into shared 16-byte slot q by cp.async; zeros when not ok."""
-    ok = ok_row and ok_k
-    cp_async_16(sm, 16 * q, w32, c + 4 * s if ok else np.int64(0), 16 if ok else 0)
-
-
-@device_function(**INLINE)
-def _v3_issue(sm, q, w32, c0, rows_ok, s, NS, K16, t):
-    """The lane's cp.async of step s (its chunk of each of its 4 rows, the first at chunk c0, the
-    next V3_ROWS/4 rows on each; zeros past K and N) into the slot whose 16-byte index is q, as one
-    commit group (empty past the last step). rows_ok: bit j set when row j is inside N."""
-    if s < NS:
+def _v3_issue(sm, q, w32, r0, r1, r2, r3, rows_ok, s, s_end, s_pad, K16, t):
+    """The lane's cp.async of step s (its chunk of each of its 4 rows: chunk index r_j + 4s; zeros
+    past N (rows_ok bit j clear) and K) into the slot whose 16-byte index is q, as one commit group:
+    empty past the warp's last step s_end, zeros up to s_pad in the simulator (whose mma needs
+    every warp of the block at every step)."""
+    if s < s_end:
         ok_k = 4 * s + t < K16
-        step = (K16 << 3)                  # 8 rows on, in chunks
-        _v3_copy(sm, q, w32, c0, s, ok_k, rows_ok & 1 != 0)
-        _v3_copy(sm, q + 32, w32, c0 + step, s, ok_k, rows_ok & 2 != 0)
-        _v3_copy(sm, q + 64, w32, c0 + 2 * step, s, ok_k, rows_ok & 4 != 0)
-        _v3_copy(sm, q + 96, w32, c0 + 3 * step, s, ok_k, rows_ok & 8 != 0)
+        kc = 4 * s if ok_k else 4 * s - 2           # past K only on lanes t = 2, 3: an in-row address
+        cp_async_16(sm, 16 * q, w32, r0 + kc, 16 if ok_k and rows_ok & 1 else 0)
+        cp_async_16(sm, 16 * (q + 32), w32, r1 + kc, 16 if ok_k and rows_ok & 2 else 0)
+        cp_async_16(sm, 16 * (q + 64), w32, r2 + kc, 16 if ok_k and rows_ok & 4 else 0)
+        cp_async_16(sm, 16 * (q + 96), w32, r3 + kc, 16 if ok_k and rows_ok & 8 else 0)
+    elif SIMULATOR and s < s_pad:
+        for j in range(V3_GROUPS):
+            cp_async_16(sm, 16 * (q + 32 * j), w32, r0, 0)
     cp_async_commit()
 
 
@@ -285,6 +284,7 @@ def _gemv_fp8_v3(x32, w32, scales, out, T, K):
     # 16-byte chunks); scales: uint8 [ceil(N/32), K/32]; out: uint16 [T, N]
     sm = cuda.shared.array(_V3_SM_WORDS, types.uint32, alignment=ALIGN) if ALIGN else \
         cuda.shared.array(_V3_SM_WORDS, types.uint32)
+    red = cuda.shared.array(_V3_RED, float32)
     scratch = cuda.shared.array(_V3_SCRATCH, types.uint32)
     tid = cuda.threadIdx.x
     lane = tid & 31
@@ -292,73 +292,105 @@ def _gemv_fp8_v3(x32, w32, scales, out, T, K):
     g = lane >> 2
     t = lane & 3
     N = out.shape[1]
-    n0 = (cuda.blockIdx.x * V3_WARPS + warp) * V3_ROWS
-    if not SIMULATOR and n0 >= N:         # (the simulator's mma needs every warp of the block)
-        return
+    n0 = cuda.blockIdx.x * V3_ROWS                          # < N: the grid has no block past N
     K16 = K >> 4                                            # 16-byte chunks a codes row
     NS = (K + V3_STEP - 1) // V3_STEP
+    per = (NS + V3_SPLIT - 1) // V3_SPLIT                   # steps a warp (the last one's run may be short)
+    s_begin = warp * per
+    s_end = min(s_begin + per, NS)
+    s_pad = s_begin + per
     NKT = K >> 5                                            # scale tiles a row
     rows_ok = 0                                             # bit j: row n0 + 8j + g inside N
     for j in range(V3_GROUPS):
         if n0 + 8 * j + g < N:
             rows_ok |= 1 << j
-    # the lane's chunk of step 0 in its first row (rows past N read nothing: the row is clamped)
-    c_first = np.int64(min(n0 + g, N - 1)) * K16 + t
+    # the lane's chunk of step 0 in each row (a row past N is clamped to N-1 and reads nothing)
+    r0 = np.int64(min(n0 + g, N - 1)) * K16 + t
+    r1 = np.int64(min(n0 + 8 + g, N - 1)) * K16 + t
+    r2 = np.int64(min(n0 + 16 + g, N - 1)) * K16 + t
+    r3 = np.int64(min(n0 + 24 + g, N - 1)) * K16 + t
     tok = cuda.blockIdx.y * V3_TOKENS + g
     ok_tok = tok < T
     xr = np.int64(min(tok, T - 1)) * (K >> 3) + 2 * t       # x's 16-byte index of the lane's step-0 k
-    srow = min(n0, N - 1) // TILE
+    srow_scales = scales[n0 // TILE]                        # the block's scale row [K/32]
     mlo = np.uint32(0xFFFFFFFF) if t < 2 else np.uint32(0)  # the lane's k are in tile 2s (else 2s+1)
     mhi = ~mlo
     q0 = warp * (V3_STAGES * _V3_SLOT16) + lane             # the lane's 16-byte index in the warp's slot 0
     for st in range(V3_STAGES):                             # the ring's first steps
-        _v3_issue(sm, q0 + st * _V3_SLOT16, w32, c_first, rows_ok, st, NS, K16, t)
+        _v3_issue(sm, q0 + st * _V3_SLOT16, w32, r0, r1, r2, r3, rows_ok, s_begin + st, s_end, s_pad, K16, t)
     z = float32(0.0)
     # token g; rows n0 + 8j + 2t (e_j) and + 1 (f_j)
     e0 = f0 = e1 = f1 = e2 = f2 = e3 = f3 = z
     stage = 0
-    for s in range(NS):
+    for s in range(s_begin, s_pad):
         _v3_wait_oldest()                                   # step s has landed
-        q = q0 + stage * _V3_SLOT16
-        x0 = x1 = x2 = x3 = x4 = x5 = x6 = x7 = np.uint32(0)
-        if ok_tok and 4 * s + t < K16:
-            x0, x1, x2, x3 = load_u32x4(x32, xr + 8 * s)
-            x4, x5, x6, x7 = load_u32x4(x32, xr + 8 * s + 1)
-        kt = 2 * s
-        sa = e8m0_to_f32(scales[srow, kt])
-        sb = e8m0_to_f32(scales[srow, kt + 1] if kt + 1 < NKT else np.uint8(127))
-        l0, h0, l1, h1 = x0 & mlo, x0 & mhi, x1 & mlo, x1 & mhi
-        l2, h2, l3, h3 = x2 & mlo, x2 & mhi, x3 & mlo, x3 & mhi
-        l4, h4, l5, h5 = x4 & mlo, x4 & mhi, x5 & mlo, x5 & mhi
-        l6, h6, l7, h7 = x6 & mlo, x6 & mhi, x7 & mlo, x7 & mhi
-        a0, a1, a2, a3 = load_u32x4(sm, q)
-        d0, d1, d2, d3 = _v3_mma4(a0, a1, a2, a3, l0, h0, l1, h1, l2, h2, l3, h3, l4, h4, l5, h5, l6, h6, l7, h7,
-                                  scratch)
-        e0 = e0 + sa * d0 + sb * d2
-        f0 = f0 + sa * d1 + sb * d3
-        a0, a1, a2, a3 = load_u32x4(sm, q + 32)
-        d0, d1, d2, d3 = _v3_mma4(a0, a1, a2, a3, l0, h0, l1, h1, l2, h2, l3, h3, l4, h4, l5, h5, l6, h6, l7, h7,
-                                  scratch)
-        e1 = e1 + sa * d0 + sb * d2
-        f1 = f1 + sa * d1 + sb * d3
-        a0, a1, a2, a3 = load_u32x4(sm, q + 64)
-        d0, d1, d2, d3 = _v3_mma4(a0, a1, a2, a3, l0, h0, l1, h1, l2, h2, l3, h3, l4, h4, l5, h5, l6, h6, l7, h7,
-                                  scratch)
-        e2 = e2 + sa * d0 + sb * d2
-        f2 = f2 + sa * d1 + sb * d3
-        a0, a1, a2, a3 = load_u32x4(sm, q + 96)
-        d0, d1, d2, d3 = _v3_mma4(a0, a1, a2, a3, l0, h0, l1, h1, l2, h2, l3, h3, l4, h4, l5, h5, l6, h6, l7, h7,
-                                  scratch)
-        e3 = e3 + sa * d0 + sb * d2
-        f3 = f3 + sa * d1 + sb * d3
-        # the slot is read: the step V3_STAGES on
-        _v3_issue(sm, q, w32, c_first, rows_ok, s + V3_STAGES, NS, K16, t)
+        if SIMULATOR or s < s_end:
+            q = q0 + stage * _V3_SLOT16
+            x0 = x1 = x2 = x3 = x4 = x5 = x6 = x7 = np.uint32(0)
+            if ok_tok and s < s_end and 4 * s + t < K16:
+                x0, x1, x2, x3 = load_u32x4(x32, xr + 8 * s)
+                x4, x5, x6, x7 = load_u32x4(x32, xr + 8 * s + 1)
+            kt = 2 * s
+            if SIMULATOR and kt >= NKT:                     # a padding step (simulator only)
+                sa = float32(1.0)
+            else:
+                sa = e8m0_to_f32(srow_scales[kt])
+            sb = e8m0_to_f32(srow_scales[kt + 1]) if kt + 1 < NKT else float32(1.0)
+            l0, h0, l1, h1 = x0 & mlo, x0 & mhi, x1 & mlo, x1 & mhi
+            l2, h2, l3, h3 = x2 & mlo, x2 & mhi, x3 & mlo, x3 & mhi
+            l4, h4, l5, h5 = x4 & mlo, x4 & mhi, x5 & mlo, x5 & mhi
+            l6, h6, l7, h7 = x6 & mlo, x6 & mhi, x7 & mlo, x7 & mhi
+            a0, a1, a2, a3 = load_u32x4(sm, q)
+            d0, d1, d2, d3 = _v3_mma4(a0, a1, a2, a3, l0, h0, l1, h1, l2, h2, l3, h3, l4, h4, l5, h5, l6, h6, l7,
+                                      h7, scratch)
+            e0 = e0 + sa * d0 + sb * d2
+            f0 = f0 + sa * d1 + sb * d3
+            a0, a1, a2, a3 = load_u32x4(sm, q + 32)
+            d0, d1, d2, d3 = _v3_mma4(a0, a1, a2, a3, l0, h0, l1, h1, l2, h2, l3, h3, l4, h4, l5, h5, l6, h6, l7,
+                                      h7, scratch)
+            e1 = e1 + sa * d0 + sb * d2
+            f1 = f1 + sa * d1 + sb * d3
+            a0, a1, a2, a3 = load_u32x4(sm, q + 64)
+            d0, d1, d2, d3 = _v3_mma4(a0, a1, a2, a3, l0, h0, l1, h1, l2, h2, l3, h3, l4, h4, l5, h5, l6, h6, l7,
+                                      h7, scratch)
+            e2 = e2 + sa * d0 + sb * d2
+            f2 = f2 + sa * d1 + sb * d3
+            a0, a1, a2, a3 = load_u32x4(sm, q + 96)
+            d0, d1, d2, d3 = _v3_mma4(a0, a1, a2, a3, l0, h0, l1, h1, l2, h2, l3, h3, l4, h4, l5, h5, l6, h6, l7,
+                                      h7, scratch)
+            e3 = e3 + sa * d0 + sb * d2
+            f3 = f3 + sa * d1 + sb * d3
+            # the slot is read: the step V3_STAGES on
+            _v3_issue(sm, q, w32, r0, r1, r2, r3, rows_ok, s + V3_STAGES, s_end, s_pad, K16, t)
         stage = 0 if stage == V3_STAGES - 1 else stage + 1
-    if ok_tok:
-        _v3_store(out, tok, n0 + 2 * t, N, e0, f0)
-        _v3_store(out, tok, n0 + 8 + 2 * t, N, e1, f1)
-        _v3_store(out, tok, n0 + 16 + 2 * t, N, e2, f2)
-        _v3_store(out, tok, n0 + 24 + 2 * t, N, e3, f3)
+    # the warps' runs added in K order: warp 0's sums + warp 1's + ...
+    if warp > 0:
+        base = ((warp - 1) * 32 + lane) * 8
+        red[base] = e0
+        red[base + 1] = f0
+        red[base + 2] = e1
+        red[base + 3] = f1
+        red[base + 4] = e2
+        red[base + 5] = f2
+        red[base + 6] = e3
+        red[base + 7] = f3
+    cuda.syncthreads()
+    if warp == 0:
+        for w in range(V3_SPLIT - 1):
+            base = (w * 32 + lane) * 8
+            e0 += red[base]
+            f0 += red[base + 1]
+            e1 += red[base + 2]
+            f1 += red[base + 3]
+            e2 += red[base + 4]
+            f2 += red[base + 5]
+            e3 += red[base + 6]
+            f3 += red[base + 7]
+        if ok_tok:
+            _v3_store(out, tok, n0 + 2 * t, N, e0, f0)
+            _v3_store(out, tok, n0 + 8 + 2 * t, N, e1, f1)
+            _v3_store(out, tok, n0 + 16 + 2 * t, N, e2, f2)
+            _v3_store(out, tok, n0 + 24 + 2 * t, N, e3, f3)
 
 
 # ---- the whole wkv to bf16 (the engine's many-token path) ----------------------------------------
@@ -402,4 +434,4 @@ def geometry_tc(T: int, N: int):
 
 
 def geometry_v3(T: int, N: int):
-    return (cdiv(N, V3_ROWS * V3_WARPS), cdiv(T, V3_TOKENS)), V3_THREADS
+    return (cdiv(N, V3_ROWS), cdiv(T, V3_TOKENS)), V3_THREADS

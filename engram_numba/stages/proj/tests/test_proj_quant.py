@@ -153,8 +153,9 @@ def test_every_quant_version_has_simulator_cases():
     assert max(k for _, k, _ in SIM_CASES["gemv_q2k_v2"]) // 256 > 8 * 3
     assert max(k for _, k, _ in SIM_CASES["gemv_fp8_v2"]) // 32 > 8 * 8
     assert max(k for _, k, _ in SIM_CASES["gemv_q2k_v6"]) // 512 > 4 * 3
-    # gemv_fp8_v3: more 64-wide steps than a warp's ring holds, and a last step of one scale tile
-    assert -(-max(k for _, k, _ in SIM_CASES["gemv_fp8_v3"]) // 64) > cuda_gemv_fp8.V3_STAGES
+    # gemv_fp8_v3: more 64-wide steps a warp than its ring holds, and a last step of one scale tile
+    steps = -(-max(k for _, k, _ in SIM_CASES["gemv_fp8_v3"]) // 64)
+    assert -(-steps // cuda_gemv_fp8.V3_SPLIT) > cuda_gemv_fp8.V3_STAGES
     assert any(k % 64 == 32 for _, k, _ in SIM_CASES["gemv_fp8_v3"])
 
 
@@ -361,8 +362,8 @@ def test_launch_configs():
     assert geo("gemv_q2k_v1", 1, 25600) == (200, 128)
     assert geo("gemv_fp8_v2", 8, 25600) == ((1600, 1), 256)
     assert geo("gemv_fp8_v1", 9, 40) == (1, 128)
-    assert geo("gemv_fp8_v3", 8, 25600) == ((400, 1), 64)          # 2 warps of 32 rows a block: one wave
-    assert geo("gemv_fp8_v3", 9, 25600 + 5) == ((401, 2), 64)
+    assert geo("gemv_fp8_v3", 8, 25600) == ((800, 1), 64)          # 32 rows a block, K over 2 warps: one wave
+    assert geo("gemv_fp8_v3", 9, 25600 + 5) == ((801, 2), 64)
 
 
 # ---- GPU tier: released shapes ------------------------------------------------------------------
