@@ -9,7 +9,7 @@
 #   3. the decode benchmark's projection records (every q2k_r version, v8 included, validated on
 #      sampled rows against the float64 yardstick before it is timed, L2 cold) and decode_step;
 #   4. Nsight Compute on one launch of each GEMV (tools/gpu_ncu_q2k.py: the file-layout default,
-#      every q2k_r version, the FP8 default), v8's registers, occupancy and DRAM throughput.
+#      every q2k_r version, the FP8 GEMVs), v8's registers, occupancy and DRAM throughput.
 # Run from the repository root with the wheels installed and PYTHONPATH set (docs/gpu.md):
 #   OUT=<folder> bash tools/gpu_dev_q2kr_v8.sh
 set -uo pipefail
@@ -24,7 +24,7 @@ timeout "${VARIANTS_TIMEOUT:-230}" python3 tools/q2kr_v8_variants.py --run --onl
 echo "variants exit status: $?"; grep -h '"us"' "$OUT/v8_variants.log" | cut -c1-160 | tail -n 40
 timeout "${BENCH_TIMEOUT:-150}" python3 tools/decode_records.py "$OUT" v8 --print-q2k
 echo "bench exit status: $?"
-timeout "${NCU_TIMEOUT:-60}" ncu --clock-control none --kernel-name regex:gemv --launch-skip 14 --launch-count 7 \
+timeout "${NCU_TIMEOUT:-60}" ncu --clock-control none --kernel-name regex:gemv --launch-skip 16 --launch-count 8 \
   --section SpeedOfLight --section Occupancy --section WarpStateStats --section LaunchStats \
   python3 tools/gpu_ncu_q2k.py > "$OUT/ncu_gemv_v8.txt" 2>&1
 echo "ncu exit status: $?"

@@ -5,10 +5,11 @@ and scales uint8 [ceil(N/32), K/32] (e8m0: 2^(s-127), 255 = NaN), 157 MB at the 
 against 315 MB as bf16. w[n, k] = e4m3(codes[n, k]) * e8m0(scales[n // 32, k // 32]).
 
 Numerics: an e4m3 value times a power of two is exact in bf16 (scale bytes 3..246, math 4.4), so
-there is no weight rounding to choose: both versions compute the projection of the exact weights,
+there is no weight rounding to choose: every version computes the projection of the exact weights,
 which is also today's bf16 projection of `wkv_bf16()`. gemv_fp8_v1 adds in k order and is
 bit-identical to `projection_reference(x, wkv_fp8_bf16(codes, scales))`; gemv_fp8_v2 sums in other
-orders (within 1 bf16 ulp of the float64 product where fp32 summation noise is under half an ulp).
+orders (within 1 bf16 ulp of the float64 product where fp32 summation noise is under half an ulp),
+and so does gemv_fp8_v3, in yet another order (not bit-identical to v2).
 
 Kernel versions
   gemv_fp8_v1  naive: one thread per output column n, 8 tokens at a time, each weight decoded in
@@ -18,6 +19,14 @@ Kernel versions
                g+8 (one 8-byte load each) and 8 x values of token g per tile, converts the codes
                with cvt.rn.f16x2.e4m3x2 (exact) to bf16, and runs 2 mma per tile; the tile's fp32
                result is scaled by its e8m0 scale (a power of two, exact) into the accumulator.
+  gemv_fp8_v3  tensor cores, x as the A operand and the codes as B: a block owns 32 rows (one
+               scale-tile row) and 8 tokens, its 2 warps each half of K; lane (g, t) reads 16
+               contiguous codes of each of its 4 rows a 64-wide step (one 16-byte chunk each,
+               lanes t = 0, 1 in one scale tile and 2, 3 in the next, kept apart by A's two row
+               halves), copied by cp.async into a 4-slot ring in shared memory (3 steps in flight);
+               4 mma a row group and step, each tile's fp32 sum scaled by its e8m0 scale into the
+               accumulator, the two warps' sums added in order at the end. One wave at the
+               released shape (800 blocks).
 `dequant_kernel` decodes the whole wkv to bf16 (the engine's path for many tokens, into a GEMM).
 """
 from __future__ import annotations
