@@ -225,9 +225,10 @@ def _gemv_fp8_v2(x32, w64, scales, out, T, K):
 # memory at the end (one barrier). Each lane copies its four 16-byte chunks of a step into its own
 # shared-memory slot by cp.async (zero-filled past N and K) and reads back only what it copied, so
 # the ring needs no barrier: V3_STAGES steps a warp, V3_STAGES-1 of them in flight while it decodes
-# one. At the released shape that is 800 blocks of 2 warps, all resident at once (V3_BLOCKS_PER_SM
-# bounds the registers; 132 SMs hold 1,056), every warp streaming the same 48 steps: one wave, no
-# tail.
+# one. At the released shape and T <= 8 that is 800 blocks of 2 warps, all resident at once (102
+# registers and 17 KB of shared memory a block leave room for 9 an SM: 1,188 on 132 SMs), every warp
+# streaming the same 48 steps: one wave, no tail. Each further group of 8 tokens is another pass
+# over the weight (as in v2), and from T = 9 the blocks no longer fit in one wave.
 
 V3_SPLIT = 2                  # warps a block, each a run of K's steps
 V3_THREADS = 32 * V3_SPLIT
