@@ -9,7 +9,9 @@
 #      yardstick before it is timed, L2 flushed between runs (`l2: "cold"`), cuBLAS and our bf16
 #      GEMV on the decoded weight beside them;
 #   3. Nsight Compute on one launch each of gemv_fp8_v2 and gemv_fp8_v3 at T = 1 (DRAM throughput,
-#      occupancy, registers, warp stalls).
+#      occupancy, registers, warp stalls);
+#   4. with SWEEP=1 only (about a minute more): tools/fp8_v3_variants.py --run, every (warps a block,
+#      ring slots a warp) shape of v3 checked against the yardstick and v2, and timed L2 cold.
 # Run from the repository root with the wheels installed and PYTHONPATH set (docs/gpu.md):
 #   OUT=<folder> bash tools/gpu_dev_fp8_v3.sh
 set -uo pipefail
@@ -25,3 +27,8 @@ timeout "${NCU_TIMEOUT:-40}" ncu --clock-control none --kernel-name regex:gemv_f
   --section SpeedOfLight --section Occupancy --section WarpStateStats --section LaunchStats \
   --section MemoryWorkloadAnalysis python3 tools/gpu_ncu_q2k.py fp8 > "$OUT/ncu_gemv_fp8_v3.txt" 2>&1
 echo "ncu exit status: $?"
+if [ "${SWEEP:-0}" = 1 ]; then
+  timeout "${SWEEP_TIMEOUT:-90}" python3 tools/fp8_v3_variants.py --run --out "$OUT/fp8_v3_variants.json" \
+    > "$OUT/fp8_v3_variants.log" 2>&1
+  echo "variants exit status: $?"; grep -h '"us"' "$OUT/fp8_v3_variants.log" | cut -c1-160 | tail -n 24
+fi

@@ -237,12 +237,8 @@ V3_ROWS = 8 * V3_GROUPS       # weight rows a block: one scale tile
 V3_TOKENS = 8
 V3_STEP = 64                  # k a step: 16 codes a lane and row, two scale tiles
 V3_STAGES = 4                 # ring slots a warp (2 KB each)
-V3_BLOCKS_PER_SM = 8          # the register bound: 128 a thread
+_V3_REGISTERS = 128           # the register bound a thread: 512 threads an SM
 _V3_SLOT16 = 32 * V3_GROUPS   # 16-byte chunks a slot: 4 rows a lane x 32 lanes
-_V3_SM_WORDS = V3_SPLIT * V3_STAGES * _V3_SLOT16 * 4
-_V3_RED = (V3_SPLIT - 1) * 32 * 8
-_V3_SCRATCH = 6 * V3_THREADS if SIMULATOR else 1
-_v3_wait_oldest = cp_async_waiter(V3_STAGES - 1)
 
 
 @device_function(**INLINE)
@@ -288,119 +284,140 @@ def _v3_store(out, tok, row, N, c0, c1):
         out[tok, row + 1] = f32_to_bf16_bits(c1)
 
 
-@cuda.jit(**bounds(V3_THREADS, V3_BLOCKS_PER_SM))
-def _gemv_fp8_v3(x32, w32, scales, out, T, K):
-    # x32: uint32 [T*K/2] flat view of x; w32: uint32 [N*K/4] flat view of the codes (read as
-    # 16-byte chunks); scales: uint8 [ceil(N/32), K/32]; out: uint16 [T, N]
-    sm = cuda.shared.array(_V3_SM_WORDS, types.uint32, alignment=ALIGN) if ALIGN else \
-        cuda.shared.array(_V3_SM_WORDS, types.uint32)
-    red = cuda.shared.array(_V3_RED, float32)
-    scratch = cuda.shared.array(_V3_SCRATCH, types.uint32)
-    tid = cuda.threadIdx.x
-    lane = tid & 31
-    warp = tid >> 5
-    g = lane >> 2
-    t = lane & 3
-    N = out.shape[1]
-    n0 = cuda.blockIdx.x * V3_ROWS                          # < N: the grid has no block past N
-    K16 = K >> 4                                            # 16-byte chunks a codes row
-    NS = (K + V3_STEP - 1) // V3_STEP
-    per = (NS + V3_SPLIT - 1) // V3_SPLIT                   # steps a warp (the last one's run may be short)
-    s_begin = warp * per
-    s_end = min(s_begin + per, NS)
-    s_pad = s_begin + per
-    NKT = K >> 5                                            # scale tiles a row
-    rows_ok = 0                                             # bit j: row n0 + 8j + g inside N
-    for j in range(V3_GROUPS):
-        if n0 + 8 * j + g < N:
-            rows_ok |= 1 << j
-    # the lane's chunk of step 0 in each row (a row past N is clamped to N-1 and reads nothing)
-    r0 = np.int64(min(n0 + g, N - 1)) * K16 + t
-    r1 = np.int64(min(n0 + 8 + g, N - 1)) * K16 + t
-    r2 = np.int64(min(n0 + 16 + g, N - 1)) * K16 + t
-    r3 = np.int64(min(n0 + 24 + g, N - 1)) * K16 + t
-    tok = cuda.blockIdx.y * V3_TOKENS + g
-    ok_tok = tok < T
-    xr = np.int64(min(tok, T - 1)) * (K >> 3) + 2 * t       # x's 16-byte index of the lane's step-0 k
-    srow_scales = scales[n0 // TILE]                        # the block's scale row [K/32]
-    mlo = np.uint32(0xFFFFFFFF) if t < 2 else np.uint32(0)  # the lane's k are in tile 2s (else 2s+1)
-    mhi = ~mlo
-    q0 = warp * (V3_STAGES * _V3_SLOT16) + lane             # the lane's 16-byte index in the warp's slot 0
-    for st in range(V3_STAGES):                             # the ring's first steps
-        _v3_issue(sm, q0 + st * _V3_SLOT16, w32, r0, r1, r2, r3, rows_ok, s_begin + st, s_end, s_pad, K16, t)
-    z = float32(0.0)
-    # token g; rows n0 + 8j + 2t (e_j) and + 1 (f_j)
-    e0 = f0 = e1 = f1 = e2 = f2 = e3 = f3 = z
-    stage = 0
-    for s in range(s_begin, s_pad):
-        _v3_wait_oldest()                                   # step s has landed
-        if SIMULATOR or s < s_end:
-            q = q0 + stage * _V3_SLOT16
-            x0 = x1 = x2 = x3 = x4 = x5 = x6 = x7 = np.uint32(0)
-            if ok_tok and s < s_end and 4 * s + t < K16:
-                x0, x1, x2, x3 = load_u32x4(x32, xr + 8 * s)
-                x4, x5, x6, x7 = load_u32x4(x32, xr + 8 * s + 1)
-            kt = 2 * s
-            if SIMULATOR and kt >= NKT:                     # a padding step (simulator only)
-                sa = float32(1.0)
-            else:
-                sa = e8m0_to_f32(srow_scales[kt])
-            sb = e8m0_to_f32(srow_scales[kt + 1]) if kt + 1 < NKT else float32(1.0)
-            l0, h0, l1, h1 = x0 & mlo, x0 & mhi, x1 & mlo, x1 & mhi
-            l2, h2, l3, h3 = x2 & mlo, x2 & mhi, x3 & mlo, x3 & mhi
-            l4, h4, l5, h5 = x4 & mlo, x4 & mhi, x5 & mlo, x5 & mhi
-            l6, h6, l7, h7 = x6 & mlo, x6 & mhi, x7 & mlo, x7 & mhi
-            a0, a1, a2, a3 = load_u32x4(sm, q)
-            d0, d1, d2, d3 = _v3_mma4(a0, a1, a2, a3, l0, h0, l1, h1, l2, h2, l3, h3, l4, h4, l5, h5, l6, h6, l7,
-                                      h7, scratch)
-            e0 = e0 + sa * d0 + sb * d2
-            f0 = f0 + sa * d1 + sb * d3
-            a0, a1, a2, a3 = load_u32x4(sm, q + 32)
-            d0, d1, d2, d3 = _v3_mma4(a0, a1, a2, a3, l0, h0, l1, h1, l2, h2, l3, h3, l4, h4, l5, h5, l6, h6, l7,
-                                      h7, scratch)
-            e1 = e1 + sa * d0 + sb * d2
-            f1 = f1 + sa * d1 + sb * d3
-            a0, a1, a2, a3 = load_u32x4(sm, q + 64)
-            d0, d1, d2, d3 = _v3_mma4(a0, a1, a2, a3, l0, h0, l1, h1, l2, h2, l3, h3, l4, h4, l5, h5, l6, h6, l7,
-                                      h7, scratch)
-            e2 = e2 + sa * d0 + sb * d2
-            f2 = f2 + sa * d1 + sb * d3
-            a0, a1, a2, a3 = load_u32x4(sm, q + 96)
-            d0, d1, d2, d3 = _v3_mma4(a0, a1, a2, a3, l0, h0, l1, h1, l2, h2, l3, h3, l4, h4, l5, h5, l6, h6, l7,
-                                      h7, scratch)
-            e3 = e3 + sa * d0 + sb * d2
-            f3 = f3 + sa * d1 + sb * d3
-            # the slot is read: the step V3_STAGES on
-            _v3_issue(sm, q, w32, r0, r1, r2, r3, rows_ok, s + V3_STAGES, s_end, s_pad, K16, t)
-        stage = 0 if stage == V3_STAGES - 1 else stage + 1
-    # the warps' runs added in K order: warp 0's sums + warp 1's + ...
-    if warp > 0:
-        base = ((warp - 1) * 32 + lane) * 8
-        red[base] = e0
-        red[base + 1] = f0
-        red[base + 2] = e1
-        red[base + 3] = f1
-        red[base + 4] = e2
-        red[base + 5] = f2
-        red[base + 6] = e3
-        red[base + 7] = f3
-    cuda.syncthreads()
-    if warp == 0:
-        for w in range(V3_SPLIT - 1):
-            base = (w * 32 + lane) * 8
-            e0 += red[base]
-            f0 += red[base + 1]
-            e1 += red[base + 2]
-            f1 += red[base + 3]
-            e2 += red[base + 4]
-            f2 += red[base + 5]
-            e3 += red[base + 6]
-            f3 += red[base + 7]
-        if ok_tok:
-            _v3_store(out, tok, n0 + 2 * t, N, e0, f0)
-            _v3_store(out, tok, n0 + 8 + 2 * t, N, e1, f1)
-            _v3_store(out, tok, n0 + 16 + 2 * t, N, e2, f2)
-            _v3_store(out, tok, n0 + 24 + 2 * t, N, e3, f3)
+def v3_shared_bytes(split: int, stages: int) -> int:
+    """Shared memory of one gemv_fp8_v3 block of `split` warps with `stages` slots a warp."""
+    return split * stages * _V3_SLOT16 * 16 + (split - 1) * 32 * 8 * 4
+
+
+def make_gemv_fp8_v3(split: int = V3_SPLIT, stages: int = V3_STAGES):
+    """gemv_fp8_v3's kernel with `split` warps a block (each a run of K's steps) and `stages` ring
+    slots a warp (the registered kernel: V3_SPLIT, V3_STAGES; tools/fp8_v3_variants.py times others)."""
+    if split < 1 or stages < 2:
+        raise ValueError(f"gemv_fp8_v3 needs >= 1 warp a block and >= 2 ring slots, got {split}, {stages}")
+    threads = 32 * split
+    sm_words = split * stages * _V3_SLOT16 * 4
+    red_size = max(1, (split - 1) * 32 * 8)
+    scratch_size = 6 * threads if SIMULATOR else 1
+    wait_oldest = cp_async_waiter(stages - 1)
+
+    @cuda.jit(**bounds(threads, max(1, 65536 // (_V3_REGISTERS * threads))))
+    def _gemv_fp8_v3(x32, w32, scales, out, T, K):
+        # x32: uint32 [T*K/2] flat view of x; w32: uint32 [N*K/4] flat view of the codes (read as
+        # 16-byte chunks); scales: uint8 [ceil(N/32), K/32]; out: uint16 [T, N]
+        sm = cuda.shared.array(sm_words, types.uint32, alignment=ALIGN) if ALIGN else \
+            cuda.shared.array(sm_words, types.uint32)
+        red = cuda.shared.array(red_size, float32)
+        scratch = cuda.shared.array(scratch_size, types.uint32)
+        tid = cuda.threadIdx.x
+        lane = tid & 31
+        warp = tid >> 5
+        g = lane >> 2
+        t = lane & 3
+        N = out.shape[1]
+        n0 = cuda.blockIdx.x * V3_ROWS                          # < N: the grid has no block past N
+        K16 = K >> 4                                            # 16-byte chunks a codes row
+        NS = (K + V3_STEP - 1) // V3_STEP
+        per = (NS + split - 1) // split                       # steps a warp (the last one's run may be short)
+        s_begin = warp * per
+        s_end = min(s_begin + per, NS)
+        s_pad = s_begin + per
+        NKT = K >> 5                                            # scale tiles a row
+        rows_ok = 0                                             # bit j: row n0 + 8j + g inside N
+        for j in range(V3_GROUPS):
+            if n0 + 8 * j + g < N:
+                rows_ok |= 1 << j
+        # the lane's chunk of step 0 in each row (a row past N is clamped to N-1 and reads nothing)
+        r0 = np.int64(min(n0 + g, N - 1)) * K16 + t
+        r1 = np.int64(min(n0 + 8 + g, N - 1)) * K16 + t
+        r2 = np.int64(min(n0 + 16 + g, N - 1)) * K16 + t
+        r3 = np.int64(min(n0 + 24 + g, N - 1)) * K16 + t
+        tok = cuda.blockIdx.y * V3_TOKENS + g
+        ok_tok = tok < T
+        xr = np.int64(min(tok, T - 1)) * (K >> 3) + 2 * t       # x's 16-byte index of the lane's step-0 k
+        srow_scales = scales[n0 // TILE]                        # the block's scale row [K/32]
+        mlo = np.uint32(0xFFFFFFFF) if t < 2 else np.uint32(0)  # the lane's k are in tile 2s (else 2s+1)
+        mhi = ~mlo
+        q0 = warp * (stages * _V3_SLOT16) + lane             # the lane's 16-byte index in the warp's slot 0
+        for st in range(stages):                             # the ring's first steps
+            _v3_issue(sm, q0 + st * _V3_SLOT16, w32, r0, r1, r2, r3, rows_ok, s_begin + st, s_end, s_pad, K16, t)
+        z = float32(0.0)
+        # token g; rows n0 + 8j + 2t (e_j) and + 1 (f_j)
+        e0 = f0 = e1 = f1 = e2 = f2 = e3 = f3 = z
+        stage = 0
+        for s in range(s_begin, s_pad):
+            wait_oldest()                                   # step s has landed
+            if SIMULATOR or s < s_end:
+                q = q0 + stage * _V3_SLOT16
+                x0 = x1 = x2 = x3 = x4 = x5 = x6 = x7 = np.uint32(0)
+                if ok_tok and s < s_end and 4 * s + t < K16:
+                    x0, x1, x2, x3 = load_u32x4(x32, xr + 8 * s)
+                    x4, x5, x6, x7 = load_u32x4(x32, xr + 8 * s + 1)
+                kt = 2 * s
+                if SIMULATOR and kt >= NKT:                     # a padding step (simulator only)
+                    sa = float32(1.0)
+                else:
+                    sa = e8m0_to_f32(srow_scales[kt])
+                sb = e8m0_to_f32(srow_scales[kt + 1]) if kt + 1 < NKT else float32(1.0)
+                l0, h0, l1, h1 = x0 & mlo, x0 & mhi, x1 & mlo, x1 & mhi
+                l2, h2, l3, h3 = x2 & mlo, x2 & mhi, x3 & mlo, x3 & mhi
+                l4, h4, l5, h5 = x4 & mlo, x4 & mhi, x5 & mlo, x5 & mhi
+                l6, h6, l7, h7 = x6 & mlo, x6 & mhi, x7 & mlo, x7 & mhi
+                a0, a1, a2, a3 = load_u32x4(sm, q)
+                d0, d1, d2, d3 = _v3_mma4(a0, a1, a2, a3, l0, h0, l1, h1, l2, h2, l3, h3, l4, h4, l5, h5, l6, h6, l7,
+                                          h7, scratch)
+                e0 = e0 + sa * d0 + sb * d2
+                f0 = f0 + sa * d1 + sb * d3
+                a0, a1, a2, a3 = load_u32x4(sm, q + 32)
+                d0, d1, d2, d3 = _v3_mma4(a0, a1, a2, a3, l0, h0, l1, h1, l2, h2, l3, h3, l4, h4, l5, h5, l6, h6, l7,
+                                          h7, scratch)
+                e1 = e1 + sa * d0 + sb * d2
+                f1 = f1 + sa * d1 + sb * d3
+                a0, a1, a2, a3 = load_u32x4(sm, q + 64)
+                d0, d1, d2, d3 = _v3_mma4(a0, a1, a2, a3, l0, h0, l1, h1, l2, h2, l3, h3, l4, h4, l5, h5, l6, h6, l7,
+                                          h7, scratch)
+                e2 = e2 + sa * d0 + sb * d2
+                f2 = f2 + sa * d1 + sb * d3
+                a0, a1, a2, a3 = load_u32x4(sm, q + 96)
+                d0, d1, d2, d3 = _v3_mma4(a0, a1, a2, a3, l0, h0, l1, h1, l2, h2, l3, h3, l4, h4, l5, h5, l6, h6, l7,
+                                          h7, scratch)
+                e3 = e3 + sa * d0 + sb * d2
+                f3 = f3 + sa * d1 + sb * d3
+                # the slot is read: the step `stages` on
+                _v3_issue(sm, q, w32, r0, r1, r2, r3, rows_ok, s + stages, s_end, s_pad, K16, t)
+            stage = 0 if stage == stages - 1 else stage + 1
+        # the warps' runs added in K order: warp 0's sums + warp 1's + ...
+        if warp > 0:
+            base = ((warp - 1) * 32 + lane) * 8
+            red[base] = e0
+            red[base + 1] = f0
+            red[base + 2] = e1
+            red[base + 3] = f1
+            red[base + 4] = e2
+            red[base + 5] = f2
+            red[base + 6] = e3
+            red[base + 7] = f3
+        cuda.syncthreads()
+        if warp == 0:
+            for w in range(split - 1):
+                base = (w * 32 + lane) * 8
+                e0 += red[base]
+                f0 += red[base + 1]
+                e1 += red[base + 2]
+                f1 += red[base + 3]
+                e2 += red[base + 4]
+                f2 += red[base + 5]
+                e3 += red[base + 6]
+                f3 += red[base + 7]
+            if ok_tok:
+                _v3_store(out, tok, n0 + 2 * t, N, e0, f0)
+                _v3_store(out, tok, n0 + 8 + 2 * t, N, e1, f1)
+                _v3_store(out, tok, n0 + 16 + 2 * t, N, e2, f2)
+                _v3_store(out, tok, n0 + 24 + 2 * t, N, e3, f3)
+
+    return _gemv_fp8_v3
+
+
+_gemv_fp8_v3 = make_gemv_fp8_v3()
 
 
 # ---- the whole wkv to bf16 (the engine's many-token path) ----------------------------------------
