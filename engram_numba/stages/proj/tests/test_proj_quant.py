@@ -483,16 +483,24 @@ def test_gpu_fp8_edge_codes_tensor_core(rng):
             assert np.isnan(bf16_to_f32(got)).all()          # every row holds a NaN code
 
 
+@pytest.fixture(scope="module")
+def released_fp8_weight():
+    """One random FP8 weight at the released shape and its bf16 words (without the Q2_K weight's
+    costly yardsticks: the FP8 GPU batch runs these tests alone)."""
+    codes, scales = random_fp8(np.random.default_rng(20261202), RELEASED_N, RELEASED_K)
+    return codes, scales, R.wkv_fp8_bf16(codes, scales)
+
+
 @pytest.mark.gpu
 @pytest.mark.parametrize("T", (1, 3, 8, 9))
 @pytest.mark.parametrize("cut", [(0, 0), (7, 32)], ids=["released", "odd"])
-def test_gpu_fp8_v3_against_v1_v2(rng, released_q_weights, T, cut):
+def test_gpu_fp8_v3_against_v1_v2(rng, released_fp8_weight, T, cut):
     """gemv_fp8_v3 at the released shape (and with 7 rows and one scale tile of K cut off: a last
     warp with rows past N, a last step of one tile) against the float64 yardstick on every element,
     and against v1 (the reference's order) and v2 on the same launch inputs: v3 sums each tile in
     another order, so it may differ from them by the fp32 noise, never more than 2 ulp where the
     yardstick is well conditioned (each is within 1 ulp of it there)."""
-    codes, scales, (wb, _, _) = released_q_weights["fp8"]
+    codes, scales, wb = released_fp8_weight
     N, K = RELEASED_N - cut[0], RELEASED_K - cut[1]
     codes = np.ascontiguousarray(codes[:N, :K])
     scales = np.ascontiguousarray(scales[:, :K // 32])
