@@ -117,7 +117,7 @@ class SyntheticModel:
 # ---- projection on quantised weights ------------------------------------------------------------
 
 def bench_projection_q(shape: BenchShape, quick: bool, log, timer, copy_gbps, smoke: bool,
-                       weights=("q2k", "fp8")) -> list[dict]:
+                       encodings=("q2k", "fp8")) -> list[dict]:
     from numba import cuda
 
     from ..bf16 import f32_to_bf16
@@ -132,7 +132,7 @@ def bench_projection_q(shape: BenchShape, quick: bool, log, timer, copy_gbps, sm
     iters = 3 if smoke else (10 if quick else 30)
     records = []
     sample = np.sort(rng.choice(N, min(N, 256), replace=False))          # output rows validated
-    for weight in weights:
+    for weight in encodings:
         if weight == "q2k":
             raw, scales = random_q2k_weight(rng, N, K), None
             wb_rows = R.wkv_q2k_bf16(raw[sample], K)
