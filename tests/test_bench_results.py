@@ -132,3 +132,11 @@ def test_decode_bench_refuses_an_unknown_part_before_any_device_work():
     from engram_numba.bench import decode
     with pytest.raises(ValueError, match=r"unknown part\(s\) \['projection'\].*'proj', 'decode_step'"):
         decode.run(parts=("projection", "decode_step"))
+
+
+def test_decode_bench_refuses_an_unknown_projection_weight_before_any_device_work():
+    """proj_weights picks the projection records' wkv encodings (the FP8 GPU batch runs fp8 alone); a
+    misspelt one is refused by name before any device work, not skipped into an empty record list."""
+    from engram_numba.bench import decode
+    with pytest.raises(ValueError, match=r"unknown projection weight\(s\) \['fp9'\].*'q2k', 'fp8'"):
+        decode.run(parts=("proj",), proj_weights=("fp8", "fp9"))

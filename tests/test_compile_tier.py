@@ -79,6 +79,15 @@ def test_vector_memory_ops_present_where_promised(report):
             assert i["ld.global.v4"] + i["st.global.v4"] > 0, r["name"]
 
 
+def test_fp8_gemv_v3_streams_16_byte_chunks(report):
+    """gemv_fp8_v3 reads its codes only as 16-byte cp.async copies (4 a step, plus the ring's
+    first steps) and x as 16-byte loads, with 16 mma a step and no local memory."""
+    r = next(r for r in report if r["name"] == "proj.gemv_fp8_v3")
+    assert r["ok"] and r["spill_stores"] == 0 and r["spill_loads"] == 0, r
+    i = r["instructions"]
+    assert i["cp.async"] >= 4 and i["ld.global.v4"] >= 2 and i["mma"] == 16 and i["local"] == 0, i
+
+
 def test_report_flags_match_the_records(report):
     """vector_io and spill_free in the report are what the records' CompileTargets say."""
     want = {t.name: t for stage in CUDA_STAGES for rec in registry.records(stage) for t in rec.compile_targets()}

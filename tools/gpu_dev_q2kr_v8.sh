@@ -9,7 +9,7 @@
 #   3. the decode benchmark's projection records (every q2k_r version, v8 included, validated on
 #      sampled rows against the float64 yardstick before it is timed, L2 cold) and decode_step;
 #   4. Nsight Compute on one launch of each GEMV (tools/gpu_ncu_q2k.py: the file-layout default,
-#      every q2k_r version, the FP8 default), v8's registers, occupancy and DRAM throughput.
+#      every q2k_r version, the FP8 GEMVs), v8's registers, occupancy and DRAM throughput.
 # Run from the repository root with the wheels installed and PYTHONPATH set (docs/gpu.md):
 #   OUT=<folder> bash tools/gpu_dev_q2kr_v8.sh
 set -uo pipefail

@@ -123,7 +123,8 @@ class SyntheticModel:
 
 # ---- projection on quantised weights ------------------------------------------------------------
 
-def bench_projection_q(shape: BenchShape, quick: bool, log, timer, copy_gbps, smoke: bool) -> list[dict]:
+def bench_projection_q(shape: BenchShape, quick: bool, log, timer, copy_gbps, smoke: bool,
+                       encodings=("q2k", "fp8")) -> list[dict]:
     from numba import cuda
 
     from ..bf16 import f32_to_bf16
@@ -138,7 +139,7 @@ def bench_projection_q(shape: BenchShape, quick: bool, log, timer, copy_gbps, sm
     iters = 3 if smoke else (10 if quick else 30)
     records = []
     sample = np.sort(rng.choice(N, min(N, 256), replace=False))          # output rows validated
-    for weight in ("q2k", "fp8"):
+    for weight in encodings:
         if weight == "q2k":
             raw, scales = random_q2k_weight(rng, N, K), None
             wb_rows = R.wkv_q2k_bf16(raw[sample], K)
@@ -604,14 +605,17 @@ PARTS = ("proj", "decode_step", "engine_build")
 
 def run(shape: BenchShape = RELEASED, quick: bool = False, log=print, *, decode_table_gb: float | None = None,
         build_table_gib: float | None = None, n_tokens: int | None = None,
-        parts=PARTS) -> dict:
+        parts=PARTS, proj_weights=("q2k", "fp8")) -> dict:
     """The decode-path records (module doc). decode_table_gb: random table per layer for decode_step
     (default 1.5 GB, tiny in the simulator); build_table_gib: per layer for engine_build (default the
     released 30 GiB, or $ENGRAM_BUILD_TABLE_GIB); n_tokens: decode_step's sequence (default 1024
-    with quick, else 2048)."""
+    with quick, else 2048); proj_weights: the wkv encodings of the projection records (q2k, fp8)."""
     unknown = sorted(set(parts) - set(PARTS))
     if unknown:       # before any device work: a misspelt part would otherwise give no records, silently
         raise ValueError(f"decode bench: unknown part(s) {unknown}; the parts are {list(PARTS)}")
+    unknown = sorted(set(proj_weights) - {"q2k", "fp8"})
+    if unknown:
+        raise ValueError(f"decode bench: unknown projection weight(s) {unknown}; they are ['q2k', 'fp8']")
     from numba.cuda import config
     smoke = bool(config.ENABLE_CUDASIM) or shape.name != RELEASED.name
     timer = DeviceTimer()
@@ -622,7 +626,7 @@ def run(shape: BenchShape = RELEASED, quick: bool = False, log=print, *, decode_
     if build_table_gib is None:
         build_table_gib = float(os.environ.get("ENGRAM_BUILD_TABLE_GIB", 0.0005 if smoke else RELEASED_TABLE_GIB))
     if "proj" in parts:
-        out["records"] += bench_projection_q(shape, quick, log, timer, copy_gbps, smoke)
+        out["records"] += bench_projection_q(shape, quick, log, timer, copy_gbps, smoke, proj_weights)
     if "decode_step" in parts:
         rec, info = bench_decode_step(shape, quick, log, timer, copy_gbps, smoke, decode_table_gb, n_tokens)
         out["records"].append(rec)

@@ -5,10 +5,11 @@ and scales uint8 [ceil(N/32), K/32] (e8m0: 2^(s-127), 255 = NaN), 157 MB at the 
 against 315 MB as bf16. w[n, k] = e4m3(codes[n, k]) * e8m0(scales[n // 32, k // 32]).
 
 Numerics: an e4m3 value times a power of two is exact in bf16 (scale bytes 3..246, math 4.4), so
-there is no weight rounding to choose: both versions compute the projection of the exact weights,
+there is no weight rounding to choose: every version computes the projection of the exact weights,
 which is also today's bf16 projection of `wkv_bf16()`. gemv_fp8_v1 adds in k order and is
 bit-identical to `projection_reference(x, wkv_fp8_bf16(codes, scales))`; gemv_fp8_v2 sums in other
-orders (within 1 bf16 ulp of the float64 product where fp32 summation noise is under half an ulp).
+orders (within 1 bf16 ulp of the float64 product where fp32 summation noise is under half an ulp),
+and so does gemv_fp8_v3, in yet another order (not bit-identical to v2).
 
 Kernel versions
   gemv_fp8_v1  naive: one thread per output column n, 8 tokens at a time, each weight decoded in
@@ -18,6 +19,14 @@ Kernel versions
                g+8 (one 8-byte load each) and 8 x values of token g per tile, converts the codes
                with cvt.rn.f16x2.e4m3x2 (exact) to bf16, and runs 2 mma per tile; the tile's fp32
                result is scaled by its e8m0 scale (a power of two, exact) into the accumulator.
+  gemv_fp8_v3  tensor cores, x as the A operand and the codes as B: a block owns 32 rows (one
+               scale-tile row) and 8 tokens, its 2 warps each half of K; lane (g, t) reads 16
+               contiguous codes of each of its 4 rows a 64-wide step (one 16-byte chunk each,
+               lanes t = 0, 1 in one scale tile and 2, 3 in the next, kept apart by A's two row
+               halves), copied by cp.async into a 4-slot ring in shared memory (3 steps in flight);
+               4 mma a row group and step, each tile's fp32 sum scaled by its e8m0 scale into the
+               accumulator, the two warps' sums added in order at the end. One wave at the
+               released shape (800 blocks).
 `dequant_kernel` decodes the whole wkv to bf16 (the engine's path for many tokens, into a GEMM).
 """
 from __future__ import annotations
@@ -27,9 +36,10 @@ from numba import cuda, float32, types
 
 from ...device.intrinsics import (SIMULATOR, bf16_bits_to_f32, bf16x2_hi, bf16x2_lo, cvt_pack_bf16x2, device_function,
                                   f32_to_bf16_bits, load_u32x4, mma_bf16_16816, round_to_bf16, u32_as_f32)
+from ...device.hopper import cp_async_16, cp_async_commit, cp_async_waiter
 from .gemv_common import e4m3x4_to_bf16x2x2, load_u32x2
 from ...device.launch import PreparedLaunch
-from .cuda_common import INLINE, bounds, cdiv
+from .cuda_common import ALIGN, INLINE, bounds, cdiv
 
 TILE = 32                   # scale tile: 32 rows x 32 k
 
@@ -195,6 +205,221 @@ def _gemv_fp8_v2(x32, w64, scales, out, T, K):
             out[tk, row] = f32_to_bf16_bits(s)
 
 
+# ---- gemv_fp8_v3: 16-byte codes through a cp.async ring, x as A, one wave ---------------------------
+#
+# v2 is latency-bound: 8-byte loads with nothing in flight behind them, and 1,600 blocks at 3 an SM
+# (4.04 waves). v3 swaps the mma's operands so that a lane's codes come from one weight row: B[16 x 8]
+# is 8 weight rows (lane (g, t) holds row g's codes for k slots 2t, 2t+1, 2t+8, 2t+9) and A[16 x 16]
+# is x. The 16 k of one mma are again any 16 values the lanes agree on: in a 64-wide step lane t
+# reads the 16 contiguous codes k = 16t .. 16t+15 of its row (one 16-byte chunk), and mma q of the
+# step takes codes 4q .. 4q+3 of every lane. Lanes t = 0, 1 then lie in scale tile 2s, lanes 2, 3 in
+# tile 2s+1; the two tiles are kept apart by A's two halves of rows: A row g is token g's x on the
+# k of lanes 0 and 1 (zero on lanes 2, 3), A row g+8 the same token's x on lanes 2 and 3. D[g][n] is
+# then token g's tile-2s sum of row n and D[g+8][n] its tile-(2s+1) sum, each scaled by its own
+# power of two into the fp32 accumulator (the 4 mma of a step chained from 0.0: each tile's sum is a
+# 32-term fp32 mma sum, as v2's, in another order, so v3 is not bit-identical to v2).
+#
+# A block owns 32 rows (one scale-tile row: four such 8-row groups n0 + 8j + g sharing every x
+# fragment and both scales of a step) and one group of 8 tokens; its V3_SPLIT warps split K's steps
+# into equal runs (warp w the w-th), and their fp32 sums are added in warp order through shared
+# memory at the end (one barrier). Each lane copies its four 16-byte chunks of a step into its own
+# shared-memory slot by cp.async (zero-filled past N and K) and reads back only what it copied, so
+# the ring needs no barrier: V3_STAGES steps a warp, V3_STAGES-1 of them in flight while it decodes
+# one. At the released shape and T <= 8 that is 800 blocks of 2 warps, all resident at once (102
+# registers and 17 KB of shared memory a block leave room for 9 an SM: 1,188 on 132 SMs), every warp
+# streaming the same 48 steps: one wave, no tail. Each further group of 8 tokens is another pass
+# over the weight (as in v2), and from T = 9 the blocks no longer fit in one wave.
+
+V3_SPLIT = 2                  # warps a block, each a run of K's steps
+V3_THREADS = 32 * V3_SPLIT
+V3_GROUPS = 4                 # 8-row groups a block
+V3_ROWS = 8 * V3_GROUPS       # weight rows a block: one scale tile
+V3_TOKENS = 8
+V3_STEP = 64                  # k a step: 16 codes a lane and row, two scale tiles
+V3_STAGES = 4                 # ring slots a warp (2 KB each)
+_V3_REGISTERS = 128           # the register bound a thread: 512 threads an SM
+_V3_SLOT16 = 32 * V3_GROUPS   # 16-byte chunks a slot: 4 rows a lane x 32 lanes
+
+
+@device_function(**INLINE)
+def _v3_issue(sm, q, w32, r0, r1, r2, r3, rows_ok, s, s_end, s_pad, K16, t):
+    """The lane's cp.async of step s (its chunk of each of its 4 rows: chunk index r_j + 4s; zeros
+    past N (rows_ok bit j clear) and K) into the slot whose 16-byte index is q, as one commit group:
+    empty past the warp's last step s_end, zeros up to s_pad in the simulator (whose mma needs
+    every warp of the block at every step)."""
+    if s < s_end:
+        ok_k = 4 * s + t < K16
+        kc = 4 * s if ok_k else 4 * s - 2           # past K only on lanes t = 2, 3: an in-row address
+        cp_async_16(sm, 16 * q, w32, r0 + kc, 16 if ok_k and rows_ok & 1 else 0)
+        cp_async_16(sm, 16 * (q + 32), w32, r1 + kc, 16 if ok_k and rows_ok & 2 else 0)
+        cp_async_16(sm, 16 * (q + 64), w32, r2 + kc, 16 if ok_k and rows_ok & 4 else 0)
+        cp_async_16(sm, 16 * (q + 96), w32, r3 + kc, 16 if ok_k and rows_ok & 8 else 0)
+    elif SIMULATOR and s < s_pad:
+        for j in range(V3_GROUPS):
+            cp_async_16(sm, 16 * (q + 32 * j), w32, r0, 0)
+    cp_async_commit()
+
+
+@device_function(**INLINE)
+def _v3_mma4(w0, w1, w2, w3, lo0, hi0, lo1, hi1, lo2, hi2, lo3, hi3, lo4, hi4, lo5, hi5, lo6, hi6, lo7, hi7,
+             scratch):
+    """One 8-row group's step: its lane's 16 codes (w0..w3) against the step's A fragments (lo: the
+    x words on rows g, hi: on rows g+8), 4 chained mma from 0.0 -> (tile 2s: d0, d1; 2s+1: d2, d3)."""
+    z = float32(0.0)
+    p0, p1 = e4m3x4_to_bf16x2x2(w0)
+    d0, d1, d2, d3 = mma_bf16_16816(lo0, hi0, lo1, hi1, p0, p1, z, z, z, z, scratch)
+    p0, p1 = e4m3x4_to_bf16x2x2(w1)
+    d0, d1, d2, d3 = mma_bf16_16816(lo2, hi2, lo3, hi3, p0, p1, d0, d1, d2, d3, scratch)
+    p0, p1 = e4m3x4_to_bf16x2x2(w2)
+    d0, d1, d2, d3 = mma_bf16_16816(lo4, hi4, lo5, hi5, p0, p1, d0, d1, d2, d3, scratch)
+    p0, p1 = e4m3x4_to_bf16x2x2(w3)
+    return mma_bf16_16816(lo6, hi6, lo7, hi7, p0, p1, d0, d1, d2, d3, scratch)
+
+
+@device_function(**INLINE)
+def _v3_store(out, tok, row, N, c0, c1):
+    if row < N:
+        out[tok, row] = f32_to_bf16_bits(c0)
+    if row + 1 < N:
+        out[tok, row + 1] = f32_to_bf16_bits(c1)
+
+
+def v3_shared_bytes(split: int, stages: int) -> int:
+    """Shared memory of one gemv_fp8_v3 block of `split` warps with `stages` slots a warp."""
+    return split * stages * _V3_SLOT16 * 16 + (split - 1) * 32 * 8 * 4
+
+
+def make_gemv_fp8_v3(split: int = V3_SPLIT, stages: int = V3_STAGES):
+    """gemv_fp8_v3's kernel with `split` warps a block (each a run of K's steps) and `stages` ring
+    slots a warp (the registered kernel: V3_SPLIT, V3_STAGES; tools/fp8_v3_variants.py times others)."""
+    if split < 1 or stages < 2:
+        raise ValueError(f"gemv_fp8_v3 needs >= 1 warp a block and >= 2 ring slots, got {split}, {stages}")
+    threads = 32 * split
+    sm_words = split * stages * _V3_SLOT16 * 4
+    red_size = max(1, (split - 1) * 32 * 8)
+    scratch_size = 6 * threads if SIMULATOR else 1
+    wait_oldest = cp_async_waiter(stages - 1)
+
+    @cuda.jit(**bounds(threads, max(1, 65536 // (_V3_REGISTERS * threads))))
+    def _gemv_fp8_v3(x32, w32, scales, out, T, K):
+        # x32: uint32 [T*K/2] flat view of x; w32: uint32 [N*K/4] flat view of the codes (read as
+        # 16-byte chunks); scales: uint8 [ceil(N/32), K/32]; out: uint16 [T, N]
+        sm = cuda.shared.array(sm_words, types.uint32, alignment=ALIGN) if ALIGN else \
+            cuda.shared.array(sm_words, types.uint32)
+        red = cuda.shared.array(red_size, float32)
+        scratch = cuda.shared.array(scratch_size, types.uint32)
+        tid = cuda.threadIdx.x
+        lane = tid & 31
+        warp = tid >> 5
+        g = lane >> 2
+        t = lane & 3
+        N = out.shape[1]
+        n0 = cuda.blockIdx.x * V3_ROWS                          # < N: the grid has no block past N
+        K16 = K >> 4                                            # 16-byte chunks a codes row
+        NS = (K + V3_STEP - 1) // V3_STEP
+        per = (NS + split - 1) // split                       # steps a warp (the last one's run may be short)
+        s_begin = warp * per
+        s_end = min(s_begin + per, NS)
+        s_pad = s_begin + per
+        NKT = K >> 5                                            # scale tiles a row
+        rows_ok = 0                                             # bit j: row n0 + 8j + g inside N
+        for j in range(V3_GROUPS):
+            if n0 + 8 * j + g < N:
+                rows_ok |= 1 << j
+        # the lane's chunk of step 0 in each row (a row past N is clamped to N-1 and reads nothing)
+        r0 = np.int64(min(n0 + g, N - 1)) * K16 + t
+        r1 = np.int64(min(n0 + 8 + g, N - 1)) * K16 + t
+        r2 = np.int64(min(n0 + 16 + g, N - 1)) * K16 + t
+        r3 = np.int64(min(n0 + 24 + g, N - 1)) * K16 + t
+        tok = cuda.blockIdx.y * V3_TOKENS + g
+        ok_tok = tok < T
+        xr = np.int64(min(tok, T - 1)) * (K >> 3) + 2 * t       # x's 16-byte index of the lane's step-0 k
+        srow_scales = scales[n0 // TILE]                        # the block's scale row [K/32]
+        mlo = np.uint32(0xFFFFFFFF) if t < 2 else np.uint32(0)  # the lane's k are in tile 2s (else 2s+1)
+        mhi = ~mlo
+        q0 = warp * (stages * _V3_SLOT16) + lane             # the lane's 16-byte index in the warp's slot 0
+        for st in range(stages):                             # the ring's first steps
+            _v3_issue(sm, q0 + st * _V3_SLOT16, w32, r0, r1, r2, r3, rows_ok, s_begin + st, s_end, s_pad, K16, t)
+        z = float32(0.0)
+        # token g; rows n0 + 8j + 2t (e_j) and + 1 (f_j)
+        e0 = f0 = e1 = f1 = e2 = f2 = e3 = f3 = z
+        stage = 0
+        for s in range(s_begin, s_pad):
+            wait_oldest()                                   # step s has landed
+            if SIMULATOR or s < s_end:
+                q = q0 + stage * _V3_SLOT16
+                x0 = x1 = x2 = x3 = x4 = x5 = x6 = x7 = np.uint32(0)
+                if ok_tok and s < s_end and 4 * s + t < K16:
+                    x0, x1, x2, x3 = load_u32x4(x32, xr + 8 * s)
+                    x4, x5, x6, x7 = load_u32x4(x32, xr + 8 * s + 1)
+                kt = 2 * s
+                if SIMULATOR and kt >= NKT:                     # a padding step (simulator only)
+                    sa = float32(1.0)
+                else:
+                    sa = e8m0_to_f32(srow_scales[kt])
+                sb = e8m0_to_f32(srow_scales[kt + 1]) if kt + 1 < NKT else float32(1.0)
+                l0, h0, l1, h1 = x0 & mlo, x0 & mhi, x1 & mlo, x1 & mhi
+                l2, h2, l3, h3 = x2 & mlo, x2 & mhi, x3 & mlo, x3 & mhi
+                l4, h4, l5, h5 = x4 & mlo, x4 & mhi, x5 & mlo, x5 & mhi
+                l6, h6, l7, h7 = x6 & mlo, x6 & mhi, x7 & mlo, x7 & mhi
+                a0, a1, a2, a3 = load_u32x4(sm, q)
+                d0, d1, d2, d3 = _v3_mma4(a0, a1, a2, a3, l0, h0, l1, h1, l2, h2, l3, h3, l4, h4, l5, h5, l6, h6, l7,
+                                          h7, scratch)
+                e0 = e0 + sa * d0 + sb * d2
+                f0 = f0 + sa * d1 + sb * d3
+                a0, a1, a2, a3 = load_u32x4(sm, q + 32)
+                d0, d1, d2, d3 = _v3_mma4(a0, a1, a2, a3, l0, h0, l1, h1, l2, h2, l3, h3, l4, h4, l5, h5, l6, h6, l7,
+                                          h7, scratch)
+                e1 = e1 + sa * d0 + sb * d2
+                f1 = f1 + sa * d1 + sb * d3
+                a0, a1, a2, a3 = load_u32x4(sm, q + 64)
+                d0, d1, d2, d3 = _v3_mma4(a0, a1, a2, a3, l0, h0, l1, h1, l2, h2, l3, h3, l4, h4, l5, h5, l6, h6, l7,
+                                          h7, scratch)
+                e2 = e2 + sa * d0 + sb * d2
+                f2 = f2 + sa * d1 + sb * d3
+                a0, a1, a2, a3 = load_u32x4(sm, q + 96)
+                d0, d1, d2, d3 = _v3_mma4(a0, a1, a2, a3, l0, h0, l1, h1, l2, h2, l3, h3, l4, h4, l5, h5, l6, h6, l7,
+                                          h7, scratch)
+                e3 = e3 + sa * d0 + sb * d2
+                f3 = f3 + sa * d1 + sb * d3
+                # the slot is read: the step `stages` on
+                _v3_issue(sm, q, w32, r0, r1, r2, r3, rows_ok, s + stages, s_end, s_pad, K16, t)
+            stage = 0 if stage == stages - 1 else stage + 1
+        # the warps' runs added in K order: warp 0's sums + warp 1's + ...
+        if warp > 0:
+            base = ((warp - 1) * 32 + lane) * 8
+            red[base] = e0
+            red[base + 1] = f0
+            red[base + 2] = e1
+            red[base + 3] = f1
+            red[base + 4] = e2
+            red[base + 5] = f2
+            red[base + 6] = e3
+            red[base + 7] = f3
+        cuda.syncthreads()
+        if warp == 0:
+            for w in range(split - 1):
+                base = (w * 32 + lane) * 8
+                e0 += red[base]
+                f0 += red[base + 1]
+                e1 += red[base + 2]
+                f1 += red[base + 3]
+                e2 += red[base + 4]
+                f2 += red[base + 5]
+                e3 += red[base + 6]
+                f3 += red[base + 7]
+            if ok_tok:
+                _v3_store(out, tok, n0 + 2 * t, N, e0, f0)
+                _v3_store(out, tok, n0 + 8 + 2 * t, N, e1, f1)
+                _v3_store(out, tok, n0 + 16 + 2 * t, N, e2, f2)
+                _v3_store(out, tok, n0 + 24 + 2 * t, N, e3, f3)
+
+    return _gemv_fp8_v3
+
+
+_gemv_fp8_v3 = make_gemv_fp8_v3()
+
+
 # ---- the whole wkv to bf16 (the engine's many-token path) ----------------------------------------
 
 DEQUANT_THREADS = 256
@@ -233,3 +458,7 @@ def geometry_naive(T: int, N: int):
 
 def geometry_tc(T: int, N: int):
     return (cdiv(N, FP8_ROWS), cdiv(T, FP8_TOKENS)), FP8_THREADS
+
+
+def geometry_v3(T: int, N: int):
+    return (cdiv(N, V3_ROWS), cdiv(T, V3_TOKENS)), V3_THREADS

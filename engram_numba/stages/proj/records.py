@@ -304,6 +304,18 @@ _proj("gemv_fp8_v2", "tensor cores: cvt.rn.f16x2.e4m3x2 codes (exact) as A, x's 
       specs=(Spec("", cuda_gemv_fp8._gemv_fp8_v2, _FP8_FAST_ARGS),), encoding="fp8",
       when="fp8 weights, GPU, aligned", rule=lambda c: c["weight"] == "fp8" and _fast(c),
       sim=[(1, 64, 16), (5, 96, 33), (9, 32, 8), (2, 2080, 16)], sweep=QUANT_SWEEP)
+# v3's cases: K % 64 = 32 (a last step of one scale tile), N past a block's 32 rows (rows past N), two
+# token groups, and more steps a warp than its ring holds (K = 544: 9 steps, runs of 5 and 4 > 4 slots:
+# the second warp's run one step short)
+_proj("gemv_fp8_v3", "v2's numerics (exact e4m3 x e8m0 weights, each 32x32 tile's fp32 mma sum scaled once by its "
+      "power of two) with x as the mma's A and the codes as B: a lane's codes for 4 mma are one 16-byte chunk of "
+      "its row (lanes 0-1 one scale tile, 2-3 the next, kept apart by A's two row halves), streamed through 4 "
+      "cp.async slots a warp (3 in flight, 6 KB); a block owns 32 rows x 8 tokens, its 2 warps halves of K added "
+      "in order at the end: one wave at the released shape (800 blocks); 102 registers, no spills, 313 SASS "
+      "instructions a 64-wide step of 32 rows (0.153 a weight; v2 0.150)",
+      kernel=cuda_gemv_fp8._gemv_fp8_v3, geometry=cuda_gemv_fp8.geometry_v3, args="fast", align=16,
+      specs=(Spec("", cuda_gemv_fp8._gemv_fp8_v3, _FP8_FAST_ARGS),), encoding="fp8",
+      sim=[(1, 96, 20), (3, 192, 40), (8, 64, 16), (9, 128, 20), (1, 544, 33)], sweep=QUANT_SWEEP)
 
 # q2k_r: the same Q2_K weight re-laid out on the device at build (q2k_r.py). Every simulated block
 # runs a whole unit trip of simulated mma (~12 s a block): K = 768 is an odd block count (a zero pad

@@ -153,6 +153,10 @@ def test_every_quant_version_has_simulator_cases():
     assert max(k for _, k, _ in SIM_CASES["gemv_q2k_v2"]) // 256 > 8 * 3
     assert max(k for _, k, _ in SIM_CASES["gemv_fp8_v2"]) // 32 > 8 * 8
     assert max(k for _, k, _ in SIM_CASES["gemv_q2k_v6"]) // 512 > 4 * 3
+    # gemv_fp8_v3: more 64-wide steps a warp than its ring holds, and a last step of one scale tile
+    steps = -(-max(k for _, k, _ in SIM_CASES["gemv_fp8_v3"]) // 64)
+    assert -(-steps // cuda_gemv_fp8.V3_SPLIT) > cuda_gemv_fp8.V3_STAGES
+    assert any(k % 64 == 32 for _, k, _ in SIM_CASES["gemv_fp8_v3"])
 
 
 def test_quant_records():
@@ -358,6 +362,8 @@ def test_launch_configs():
     assert geo("gemv_q2k_v1", 1, 25600) == (200, 128)
     assert geo("gemv_fp8_v2", 8, 25600) == ((1600, 1), 256)
     assert geo("gemv_fp8_v1", 9, 40) == (1, 128)
+    assert geo("gemv_fp8_v3", 8, 25600) == ((800, 1), 64)          # 32 rows a block, K over 2 warps: one wave
+    assert geo("gemv_fp8_v3", 9, 25600 + 5) == ((801, 2), 64)
 
 
 # ---- GPU tier: released shapes ------------------------------------------------------------------
@@ -468,9 +474,53 @@ def test_gpu_fp8_edge_codes_tensor_core(rng):
         codes[r] = np.roll(codes[r], r)
     finite = codes.copy()
     finite[(finite & 0x7F) == 0x7F] = 0
-    for s in (3, 246):
-        x = f32_to_bf16(bf16_to_f32(random_x(rng, 8, K)) * np.float32(2.0 ** (-24 if s == 246 else 0)))
-        scales = np.full((2, K // 32), s, np.uint8)
-        check_version("gemv_fp8_v2", "fp8", x, finite, scales, record=RESULTS)
-        got = run_q("gemv_fp8_v2", "fp8", x, codes, scales)
-        assert np.isnan(bf16_to_f32(got)).all()          # every row holds a NaN code
+    for version in ("gemv_fp8_v2", "gemv_fp8_v3"):
+        for s in (3, 246):
+            x = f32_to_bf16(bf16_to_f32(random_x(rng, 8, K)) * np.float32(2.0 ** (-24 if s == 246 else 0)))
+            scales = np.full((2, K // 32), s, np.uint8)
+            check_version(version, "fp8", x, finite, scales, record=RESULTS)
+            got = run_q(version, "fp8", x, codes, scales)
+            assert np.isnan(bf16_to_f32(got)).all()          # every row holds a NaN code
+
+
+@pytest.fixture(scope="module")
+def released_fp8_weight():
+    """One random FP8 weight at the released shape and its bf16 words (without the Q2_K weight's
+    costly yardsticks: the FP8 GPU batch runs these tests alone)."""
+    codes, scales = random_fp8(np.random.default_rng(20261202), RELEASED_N, RELEASED_K)
+    return codes, scales, R.wkv_fp8_bf16(codes, scales)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("T", (1, 3, 8, 9))
+@pytest.mark.parametrize("cut", [(0, 0), (7, 32)], ids=["released", "odd"])
+def test_gpu_fp8_v3_against_v1_v2(rng, released_fp8_weight, T, cut):
+    """gemv_fp8_v3 at the released shape (and with 7 rows and one scale tile of K cut off: a last
+    warp with rows past N, a last step of one tile) against the float64 yardstick on every element,
+    and against v1 (the reference's order) and v2 on the same launch inputs: v3 sums each tile in
+    another order, so it may differ from them by the fp32 noise, never more than 2 ulp where the
+    yardstick is well conditioned (each is within 1 ulp of it there)."""
+    codes, scales, wb = released_fp8_weight
+    N, K = RELEASED_N - cut[0], RELEASED_K - cut[1]
+    codes = np.ascontiguousarray(codes[:N, :K])
+    scales = np.ascontiguousarray(scales[:, :K // 32])
+    wb = np.ascontiguousarray(wb[:N, :K])
+    x = random_x(rng, T, K)
+    yard = Yardstick(x, wb)
+    xd, cd, sd = cuda.to_device(x), cuda.to_device(codes), cuda.to_device(scales)
+    got = {}
+    for version in ("gemv_fp8_v1", "gemv_fp8_v2", "gemv_fp8_v3"):
+        out = poisoned(T, N)
+        P.prepare_project_q(xd, cd, sd, out, weight="fp8", version=version)()
+        got[version] = out.copy_to_host()
+    stats = error_stats(got["gemv_fp8_v3"], yard)
+    for other in ("gemv_fp8_v1", "gemv_fp8_v2"):
+        d = bf16_ulp_distance(got["gemv_fp8_v3"], got[other])
+        stats[f"max_ulp_vs_{other}_well_conditioned"] = int(d[yard.well].max())
+        stats[f"frac_differs_from_{other}"] = float((d > 0).mean())
+    entry = dict(test="projection-fp8-v3", shape=[T, K, N], **stats)
+    print(json.dumps(entry))
+    RESULTS.append(entry)
+    assert_within_tolerance(stats)
+    assert stats["max_ulp_vs_gemv_fp8_v1_well_conditioned"] <= 2, stats
+    assert stats["max_ulp_vs_gemv_fp8_v2_well_conditioned"] <= 2, stats
