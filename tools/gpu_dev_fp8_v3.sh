@@ -23,7 +23,7 @@ ENGRAM_GPU_RESULTS="$OUT/gpu_tests_fp8_v3.json" timeout "${TEST_TIMEOUT:-100}" p
 echo "gpu tests exit status: $?"; tail -n 4 "$OUT/gpu_tests_fp8_v3.log"
 timeout "${BENCH_TIMEOUT:-70}" python3 tools/decode_records.py "$OUT" fp8_v3 --parts proj --weights fp8 --print-fp8
 echo "bench exit status: $?"
-timeout "${NCU_TIMEOUT:-40}" ncu --clock-control none --kernel-name regex:gemv_fp8 --launch-skip 4 --launch-count 2 \
+timeout "${NCU_TIMEOUT:-40}" ncu --clock-control none --kernel-name regex:gemv_fp8 --profile-from-start off \
   --section SpeedOfLight --section Occupancy --section WarpStateStats --section LaunchStats \
   --section MemoryWorkloadAnalysis python3 tools/gpu_ncu_q2k.py fp8 > "$OUT/ncu_gemv_fp8_v3.txt" 2>&1
 echo "ncu exit status: $?"

@@ -31,7 +31,7 @@ for part in ("proj", "decode_step"):
     save()
 PY
 echo "bench exit status: $?"
-timeout "${NCU_TIMEOUT:-60}" ncu --clock-control none --kernel-name regex:gemv --launch-skip 8 --launch-count 6 \
+timeout "${NCU_TIMEOUT:-60}" ncu --clock-control none --kernel-name regex:gemv --profile-from-start off \
   --section SpeedOfLight --section Occupancy --section WarpStateStats --section LaunchStats \
   python3 tools/gpu_ncu_q2k.py > "$OUT/ncu_gemv.txt" 2>&1
 echo "ncu exit status: $?"

@@ -16,7 +16,7 @@ ENGRAM_GPU_RESULTS="$OUT/gpu_tests_v7.json" timeout "${TEST_TIMEOUT:-100}" pytho
 echo "gpu tests exit status: $?"; tail -n 4 "$OUT/gpu_tests_v7.log"
 timeout "${BENCH_TIMEOUT:-150}" python3 tools/decode_records.py "$OUT" v7
 echo "bench exit status: $?"
-timeout "${NCU_TIMEOUT:-40}" ncu --clock-control none --kernel-name regex:gemv --launch-skip 10 --launch-count 4 \
+timeout "${NCU_TIMEOUT:-40}" ncu --clock-control none --kernel-name regex:gemv --profile-from-start off \
   --section SpeedOfLight --section Occupancy --section WarpStateStats --section LaunchStats \
   python3 tools/gpu_ncu_q2k.py > "$OUT/ncu_gemv_v7.txt" 2>&1
 echo "ncu exit status: $?"

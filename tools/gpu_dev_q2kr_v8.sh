@@ -24,7 +24,7 @@ timeout "${VARIANTS_TIMEOUT:-230}" python3 tools/q2kr_v8_variants.py --run --onl
 echo "variants exit status: $?"; grep -h '"us"' "$OUT/v8_variants.log" | cut -c1-160 | tail -n 40
 timeout "${BENCH_TIMEOUT:-150}" python3 tools/decode_records.py "$OUT" v8 --print-q2k
 echo "bench exit status: $?"
-timeout "${NCU_TIMEOUT:-60}" ncu --clock-control none --kernel-name regex:gemv --launch-skip 16 --launch-count 8 \
+timeout "${NCU_TIMEOUT:-60}" ncu --clock-control none --kernel-name regex:gemv --profile-from-start off \
   --section SpeedOfLight --section Occupancy --section WarpStateStats --section LaunchStats \
   python3 tools/gpu_ncu_q2k.py > "$OUT/ncu_gemv_v8.txt" 2>&1
 echo "ncu exit status: $?"

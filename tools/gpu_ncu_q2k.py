@@ -1,10 +1,10 @@
 """One launch of each weight-decoding GEMV at the released shape, for Nsight Compute (the evidence
 behind the decode figures): the Q2_K file-layout default, every q2k_r version (the same weight
 re-laid out on the device), the FP8 default and every other FP8 GEMV that reads the exact weights
-(gemv_fp8_v3, ...), T = 1. With the argument `fp8`, the FP8 GEMVs only (2 warm-up rounds, then the
-profiled one: skip 2 x their count).
+(gemv_fp8_v3, ...), T = 1. With the argument `fp8`, the FP8 GEMVs only. Two warm-up rounds, then one round between
+`cuda.profiling()`, so ncu needs no launch counts:
 
-    ncu --clock-control none --kernel-name regex:gemv --launch-skip 10 --launch-count 5 \
+    ncu --clock-control none --profile-from-start off --kernel-name regex:gemv \
         --section SpeedOfLight --section Occupancy --section WarpStateStats --section LaunchStats \
         python3 tools/gpu_ncu_q2k.py [fp8]
 """
@@ -46,7 +46,8 @@ for _ in range(2):                                         # warm-up rounds; the
     for launch in launches:
         launch()
 cuda.synchronize()
-for launch in launches:
-    launch()
-cuda.synchronize()
+with cuda.profiling():                                     # ncu --profile-from-start off sees this round only
+    for launch in launches:
+        launch()
+    cuda.synchronize()
 print("done", [launch.name for launch in launches])
