@@ -59,3 +59,17 @@ def test_bad_row_ids_are_refused_before_anything_is_queued(model):
     with pytest.raises(ValueError, match="highway must be a device array"):
         dc.submit(np.zeros((2, L, C), np.int64), np.zeros((2, cfg.hc, cfg.dim), np.float32), None)
     assert dc.counts["launches"] == 0
+
+
+@pytest.mark.gpu
+def test_gpu_queued_chunks_give_the_statistics_of_one_chunk_at_a_time(model):
+    """On a GPU: real streams, pinned buffers, events; many chunks, two queued ahead."""
+    from tests.test_corpus import assert_same_stats, make_corpus
+    from engram_numba.text import load_tokenizer
+    from engram_numba.fixtures import TINY_TOKENIZER_PATH
+    texts = make_corpus(400)
+    tok = load_tokenizer(TINY_TOKENIZER_PATH)
+    one = corpus_stats(model, texts=texts, tokenizer=tok, backend="cuda", chunk_tokens=64, pipelined=False)
+    ahead = corpus_stats(model, texts=texts, tokenizer=tok, backend="cuda", chunk_tokens=64)
+    assert ahead.meta["device_chunks"]["chunks"] > 8
+    assert_same_stats(one, ahead)

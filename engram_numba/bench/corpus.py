@@ -592,6 +592,20 @@ def run(shape: BenchShape = RELEASED, quick: bool = False, log=print, table_gb: 
         st = corpus_stats(model, documents=docs, backend="cuda", engine=eng, device_highway=source,
                           chunk_tokens=chunk, contexts=full, rows=full)
         mem.sample()
+        same = None
+        if name == "device":         # queued ahead vs one chunk at a time: the same statistics, bit for bit
+            from ..analysis.stats import state_equal
+            few = docs[: max(1, len(docs) // 8)] if not smoke else docs
+            a = corpus_stats(model, documents=few, backend="cuda", engine=eng, device_highway=source,
+                             chunk_tokens=chunk, contexts=full, rows=full)
+            b = corpus_stats(model, documents=few, backend="cuda", engine=eng, device_highway=source,
+                             chunk_tokens=chunk, contexts=full, rows=full, pipelined=False)
+            for x in (a, b):
+                x.finish()
+                for t in x.contexts.values():
+                    t._sorted()
+            same = bool(state_equal(a, b, skip=("tokenizer", "meta")) and isinstance(a.meta["device_chunks"], dict))
+            log(f"  queued-ahead chunks vs one chunk at a time over {a.n_tokens:,} tokens: same statistics {same}")
         wall = st.meta["timing"]["wall_s"]
         tps = st.n_tokens / wall
         dev_sum = base_sum + highway_us
@@ -606,7 +620,9 @@ def run(shape: BenchShape = RELEASED, quick: bool = False, log=print, table_gb: 
                "bytes": 0, "flops": 4 * chunk * cfg.proj_in * cfg.proj_out, "gbps": 0.0,
                "tflops": round(4 * chunk * cfg.proj_in * cfg.proj_out / (time_us * 1e-6) / 1e12, 2),
                "baselines": {}, "kernel": "+".join(f"{k}:{v}" for k, v in st.meta.get("cuda_kernels", {}).items()),
-               "validated": bool(np.isfinite(st[1, 0].mean) and st.n_tokens == sum(d.size for d in docs)),
+               "validated": bool(np.isfinite(st[1, 0].mean) and st.n_tokens == sum(d.size for d in docs)
+                                 and same is not False),
+               "same_statistics_one_chunk_at_a_time": same,
                "tables": "device", "cache_gb": 0.0, **encodings,
                "device_chunks": st.meta.get("device_chunks")}
         if name.startswith("host"):
