@@ -523,7 +523,8 @@ def run(shape: BenchShape = RELEASED, quick: bool = False, log=print, table_gb: 
                  "table_rows": int(model.layers[1].n_rows)}
     if kind == "fp8":
         from ..config import ENGRAM_VOCAB_SIZE
-        encodings["released_table_rows"] = int(ENGRAM_VOCAB_SIZE * shape.cols) if not smoke else None
+        encodings["rows_per_col"] = int(rows_per_col)              # the prime search's start, as the released
+        encodings["released_rows_per_col"] = None if smoke else int(ENGRAM_VOCAB_SIZE)   # tables' ENGRAM_VOCAB_SIZE
         encodings["tables_fit"] = ("tiny (simulator)" if smoke else fit_note or
                                    ("as given (--table-gb)" if table_gb is not None else "released size"))
     log(f"corpus bench: {model.path}; tables {table_gb_real:.1f} GB a layer on the device; {proj_how} "
