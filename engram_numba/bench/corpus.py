@@ -493,7 +493,7 @@ def run(shape: BenchShape = RELEASED, quick: bool = False, log=print, table_gb: 
     kind = model
     model = BenchModel(shape, rows_per_col, kind=kind)
     cfg = model.config
-    proj_kw, proj_how = {}, "bf16 wkv: gemm_v4 (the bf16 GEMM)"
+    proj_kw, proj_how = {}, "bf16 wkv: the bf16 projection (gemm_v4 at 4096 tokens)"
     if kind == "fp8":
         if fp8_proj == "decode":
             proj_how = ("fp8 wkv held as stored, decoded exactly to bf16 into a scratch before each layer's GEMM "
