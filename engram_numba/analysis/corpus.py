@@ -595,8 +595,7 @@ def corpus_stats(model, corpus=None, *, texts=None, documents=None, backend="cpu
         """Queue job's device work; returns a callable that waits for it and returns its Chunk."""
         dc = runner() if all(p[0] is None for p in job.pieces) else None
         if dc is None:
-            chunk = gates(job)
-            return lambda: chunk
+            return _Ready(gates(job))
         t0 = time.perf_counter()
         pos = job.positions
         if device_highway is not None:
@@ -679,6 +678,18 @@ def corpus_stats(model, corpus=None, *, texts=None, documents=None, backend="cpu
         "cuda_kernels": pipe.cuda_kernels,
         "device_chunks": ({"queued_ahead": dc.n_slots - 1, **dc.counts} if dc is not None else chunks_dev["why"])})
     return stats
+
+
+class _Ready:
+    """A chunk computed already (one chunk at a time), as a callable like a queued chunk's result."""
+
+    __slots__ = ("chunk",)
+
+    def __init__(self, chunk):
+        self.chunk = chunk
+
+    def __call__(self):
+        return self.chunk
 
 
 PREFETCH_DEPTH = 2      # chunks fetched ahead of the one computing (the fetcher holds depth + 1 buffers)
@@ -779,7 +790,12 @@ def _run_threaded(jobs: Iterator[_Job], gates, reduce, bar, timing: dict, prefet
             if stop.is_set():
                 break
             in_flight.append((job, gates(job)))
-            if len(in_flight) > depth and not hand_on():
+            stopped = False
+            while in_flight and (len(in_flight) > depth or isinstance(in_flight[0][1], _Ready)):
+                if not hand_on():          # a chunk already computed goes on at once
+                    stopped = True
+                    break
+            if stopped:
                 break
         while in_flight and not stop.is_set():
             if not hand_on():
