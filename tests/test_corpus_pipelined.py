@@ -73,3 +73,52 @@ def test_gpu_queued_chunks_give_the_statistics_of_one_chunk_at_a_time(model):
     ahead = corpus_stats(model, texts=texts, tokenizer=tok, backend="cuda", chunk_tokens=64)
     assert ahead.meta["device_chunks"]["chunks"] > 8
     assert_same_stats(one, ahead)
+
+
+@pytest.mark.slow
+def test_an_fp8_wkv_is_decoded_once_a_queued_chunk():
+    """FP8 table rows and an FP8 wkv (the HF checkpoint's encodings, tiny shapes) at more tokens
+    than the weight-decoding GEMVs take: each layer's projection decodes its wkv into the shared
+    bf16 scratch first. Queued chunks project first the layer the scratch holds, so they decode
+    one wkv a chunk instead of two, with the same statistics."""
+    from numba import cuda
+
+    from engram_numba import engine as engine_mod
+    from engram_numba.bench.corpus import BenchModel, _documents, _fill_device_table
+    from engram_numba.bench.timing import SMOKE
+    from engram_numba.engine import EngramV41
+    from engram_numba.stages.proj.records import QUANT_GEMV_MAX_TOKENS
+    from tests.test_corpus import assert_same_stats
+    T = QUANT_GEMV_MAX_TOKENS + 1
+    bm = BenchModel(SMOKE, 61, kind="fp8")
+    eng = EngramV41(bm, max_tokens=T, device_tables=False)
+    for lid in bm.config.layer_ids:
+        lay = bm.layers[lid]
+        eng.layers[lid].table = _fill_device_table(lay.n_rows, lay.table.block, cuda)
+        eng.layers[lid].table_scales = _fill_device_table(lay.n_rows, lay.table_scales.block, cuda)
+        eng.layers[lid].placement = "device"
+    docs = _documents(3 * T, bm.hash_tables.token_map.size, np.random.default_rng(4), lo=5, hi=30)
+    decodes = []
+    real = engine_mod._DecodedWeightProjection.__call__
+
+    def counted(self):
+        if self.engine._scratch_layer != self.layer_id:
+            decodes.append(self.layer_id)
+        return real(self)
+    engine_mod._DecodedWeightProjection.__call__ = counted
+    try:
+        runs = {}
+        for pipelined in (False, True):
+            decodes.clear()
+            eng._scratch_layer = None
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore", UserWarning)
+                runs[pipelined] = corpus_stats(bm, documents=docs, backend="cuda", engine=eng, chunk_tokens=T,
+                                               pipelined=pipelined)
+            runs[pipelined, "decodes"] = len(decodes)
+    finally:
+        engine_mod._DecodedWeightProjection.__call__ = real
+    assert runs[True].meta["device_chunks"]["chunks"] == 3 and runs[True].n_tokens == 3 * T
+    assert runs[False, "decodes"] == 2 * 3                   # one a layer a chunk
+    assert runs[True, "decodes"] == 2 + 1 + 1                # both in the first chunk, then one a chunk
+    assert_same_stats(runs[False], runs[True])

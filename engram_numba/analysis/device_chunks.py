@@ -20,6 +20,9 @@ and the host thread's time per chunk was its own work plus the device's. Here:
     they have landed;
   - each layer's gather, projection and gate are prepared launches made once per (layer, token
     count, highway buffer) and reused: a chunk is 2 copies + 3 launches + 2 copies a layer;
+  - with a q2k or fp8 wkv held as stored, a many-token projection decodes the weight into one
+    bf16 scratch the layers share: the layer whose weight the scratch holds projects first, so a
+    chunk decodes one wkv, not one a layer (the kv of a layer does not depend on the order);
   - waiting for a chunk polls its event with short sleeps, so the producer and reducer threads
     hold the GIL while the GPU works.
 The same kernels read the same inputs as `Pipeline.gates_from_ids` does, so the statistics are
@@ -153,7 +156,12 @@ class DeviceChunks:
             ws = eng._ws[lid]
             ws.ids[:n].copy_to_device(hid[li, :n], stream=s)
             self._layer_plan(lid, T)[0]()
-        for lid in self.layer_ids:                           # then the projections
+        order = list(self.layer_ids)                         # then the projections, the layer whose
+        held = eng._scratch_layer                            # wkv the shared bf16 scratch holds first
+        if held in order and order[0] != held:               # (a q2k/fp8 wkv decoded for many tokens:
+            order.remove(held)                               # one decode a chunk instead of one a layer;
+            order.insert(0, held)                            # each kv depends on its own layer only)
+        for lid in order:
             self._layer_plan(lid, T)[1]()
         out = self._out[slot]
         for li, lid in enumerate(self.layer_ids):            # the gates in model order, on the one highway
