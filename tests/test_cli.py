@@ -125,6 +125,9 @@ def test_bench_smoke_runs_the_suite_in_the_simulator(tmp_path, capsys):
     assert any(v.startswith("host tables, prefetch, clock cache") for v in variants)    # the dynamic cache too
     assert all(r.get("tables") in ("device", "host", "mixed") for r in corpus), corpus
     assert all(r["tokens_per_s"] > 0 and r["validated"] and r["device_sum_us"] > 0 for r in corpus)
+    # both models' device-table runs: the GGUF's encodings and the HF checkpoint's (FP8 rows and wkv)
+    assert {r.get("model") for r in corpus if r["variant"] == "device"} == {"q2k", "fp8"}
+    assert all(r["same_statistics_one_chunk_at_a_time"] for r in corpus if r["variant"] == "device")
     assert all(r["validated"] for r in res["variants"]) and res["variants"]
     assert (tmp_path / "smoke.png").stat().st_size > 1000
 

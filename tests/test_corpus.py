@@ -429,6 +429,19 @@ def test_gpu_corpus_bench_small_tables():
     assert res["memory"]["peak_device_gb"] > 1.0
 
 
+@pytest.mark.gpu
+def test_gpu_corpus_bench_fp8_model_small_tables():
+    """The HF checkpoint's encodings (FP8 rows with separate scales, FP8 wkv) through the
+    engine's default projection, queued-ahead chunks checked against one chunk at a time."""
+    from engram_numba.bench.corpus import run
+    from engram_numba.bench.timing import RELEASED
+    res = run(RELEASED, quick=True, table_gb=0.5, n_chunks=3, log=lambda *a: None, model="fp8")
+    (rec,) = [r for r in res["records"] if r["stage"] == "corpus_stats"]
+    assert rec["model"] == "fp8" and rec["wkv_on_device"] == {"1": "fp8", "14": "fp8"}
+    assert rec["validated"] and rec["same_statistics_one_chunk_at_a_time"] and rec["tokens_per_s"] > 0
+    assert rec["device_chunks"]["chunks"] == 3 and "fp8" in rec["kernel"]
+
+
 def test_corpus_stats_versions_keyword_and_its_deprecated_name(model):
     docs = [np.arange(1, 9), np.arange(20, 25)]
     new = corpus_stats(model, documents=docs, backend="cpu", versions={"proj": "gemv_v2"}, threads=False)

@@ -9,12 +9,15 @@ chunks by the corpus driver's producer (`_jobs`), and the full statistics (momen
 per-token sums, row bitmaps, n-gram context tables). The GPU's dot and gate are replaced by cheap
 deterministic arrays of the right shapes and dtypes (a function of the token id and position).
 
-Three passes over the same chunks:
+Four passes over the same chunks:
   1. breakdown: every part of `StreamingGateStats.update` timed on its own, serially (no pool);
   2. update: `update` as the reducer thread calls it (with the pool of --threads threads);
   3. pipeline: `corpus_stats` itself, threads as in a real run, with the device work replaced by a
      sleep of --device-ms a chunk (sleeping releases the GIL, as waiting on the GPU does): the wall
      per chunk against that floor.
+  4. drivers: `corpus_stats` with the producer live too, the device modelled (--device-ms of
+     device work, --host-ms of the driving thread's Python a chunk), one chunk at a time (the
+     synchronous driver) against chunks queued ahead (analysis/device_chunks.py).
 Per-chunk milliseconds are printed as averages over windows ending at chunks 32, 64, 128, 256 and
 the last, so what grows with the corpus shows.
 """
@@ -93,7 +96,10 @@ def main(argv=None):
     p.add_argument("--chunks", type=int, default=400)
     p.add_argument("--threads", type=int, default=5, help="the reducer's pool (corpus_stats: min(5, CPU count))")
     p.add_argument("--device-ms", type=float, default=4.87, help="the device work a chunk stands in for")
-    p.add_argument("--skip", default="", help="comma list of passes to skip: breakdown,update,pipeline")
+    p.add_argument("--skip", default="", help="comma list of passes to skip: breakdown,update,pipeline,drivers")
+    p.add_argument("--host-ms", type=float, default=1.5,
+                   help="drivers pass: the device-driving thread's own Python work a chunk, GIL held "
+                        "(tools/gates_profile.py measures it)")
     p.add_argument("--save", default=None, help="save the breakdown pass's statistics here (.npz), to compare "
                    "two versions of the code: StreamingGateStats.load(a) == StreamingGateStats.load(b)")
     args = p.parse_args(argv)
@@ -249,6 +255,107 @@ def main(argv=None):
               f"{st.n_tokens / wall:,.0f} tokens/s (floor {CHUNK / args.device_ms * 1e3:,.0f}); timing {tm_}")
         if "serial" in results:
             print(f"  same statistics as the serial pass: {same_state(st, results['serial'], skip_meta=True)}")
+
+    if "drivers" not in skip:
+        drivers_pass(args, model, docs, CHUNK, results.get("serial"))
+
+
+def _busy(ms: float) -> None:
+    """Python work holding the GIL for `ms` milliseconds."""
+    end = time.perf_counter() + ms / 1e3
+    x = 0
+    while time.perf_counter() < end:
+        x += 1
+
+
+class _ModelDeviceChunks:
+    """DeviceChunks with the GPU modelled: submit costs host_ms of Python (GIL held) and queues
+    device_ms on one timeline; a chunk's result waits (sleeping: no GIL) until its work is done."""
+
+    def __init__(self, model, host_ms: float, device_ms: float):
+        self.cfg, self.host_ms, self.device_ms = model.config, host_ms, device_ms
+        self.free_at = 0.0
+        self.n_slots = 3
+        self.counts = {"chunks": 0}
+        self.seconds = {"launch_s": 0.0, "wait_s": 0.0}
+        self._jobs = {}
+
+    def submit(self, row_ids, highway, live):
+        _busy(self.host_ms)
+        now = time.perf_counter()
+        self.free_at = end = max(self.free_at, now) + self.device_ms / 1e3
+        self.counts["chunks"] += 1
+        job = self._jobs.pop(id(row_ids))
+
+        def done():
+            t = time.perf_counter()
+            if end > t:
+                time.sleep(end - t)
+            self.seconds["wait_s"] += time.perf_counter() - t
+            return fake_gates(job, self.cfg.layer_ids, self.cfg.hc)
+        return done
+
+    def drain(self):
+        pass
+
+
+def drivers_pass(args, model, docs, chunk: int, serial) -> None:
+    """corpus_stats end to end with a live producer (hash + windows), the reducer, and the device
+    modelled, under the two drivers of the device work:
+      one at a time: host_ms of Python, then device_ms waited for (sleeping: the GIL released, the
+                     most the old synchronous copies could have given), before the next chunk;
+      queued ahead:  host_ms of Python a chunk, the device working through its queue meanwhile
+                     (analysis/device_chunks.py), results read two chunks later."""
+    from engram_numba import pipeline as pipeline_mod
+    from engram_numba.analysis import corpus, device_chunks
+    P = pipeline_mod.Pipeline
+    saved = (P.gates_from_ids, P.device_resident, P.cuda_engine_for, device_chunks.eligible,
+             device_chunks.DeviceChunks, corpus._jobs)
+    cfg = model.config
+    runners = []
+    by_ids = {}
+    real_jobs = corpus._jobs
+
+    def jobs_seen(*a, **k):              # the live producer; each job findable by its row ids
+        for job in real_jobs(*a, **k):
+            by_ids[id(job.row_ids)] = job
+            yield job
+
+    def one_at_a_time(self, row_ids, highway, token_mask=None):
+        _busy(args.host_ms)
+        time.sleep(args.device_ms / 1e3)
+        return fake_gates(by_ids.pop(id(row_ids)), cfg.layer_ids, cfg.hc)
+
+    def make_runner(*a, **k):
+        r = _ModelDeviceChunks(model, args.host_ms, args.device_ms)
+        r._jobs = by_ids
+        runners.append(r)
+        return r
+    try:
+        corpus._jobs = jobs_seen
+        P.gates_from_ids = one_at_a_time
+        P.device_resident = property(lambda self: True)
+        P.cuda_engine_for = lambda self, n: None
+        device_chunks.eligible = lambda pipe, eng: None
+        device_chunks.DeviceChunks = make_runner
+        n = None
+        for name, pipelined in (("one chunk at a time", False), ("queued ahead", True)):
+            st = corpus.corpus_stats(model, documents=docs, backend="cpu", chunk_tokens=chunk,
+                                     device_highway=lambda pos: None, reducer_threads=args.threads,
+                                     pipelined=pipelined)
+            tm_ = st.meta["timing"]
+            n = n or -(-st.n_tokens // chunk)
+            wall = tm_["wall_s"]
+            per = {k: round(1e3 * v / n, 2) for k, v in tm_.items()}
+            print(f"\ncorpus_stats, drivers pass [{name}]: live producer, host {args.host_ms} ms + device "
+                  f"{args.device_ms} ms a chunk (modelled), {args.threads} reducer threads, {n} chunks: "
+                  f"{1e3 * wall / n:.2f} ms a chunk, {st.n_tokens / wall:,.0f} tokens/s (device floor "
+                  f"{chunk / args.device_ms * 1e3:,.0f}); ms a chunk by thread {per}")
+            if serial is not None:
+                print(f"  same statistics as the serial pass: {same_state(st, serial, skip_meta=True)}")
+    finally:
+        (P.gates_from_ids, P.device_resident, P.cuda_engine_for, device_chunks.eligible,
+         device_chunks.DeviceChunks, corpus._jobs) = saved
 
 
 if __name__ == "__main__":

@@ -426,7 +426,8 @@ class DeviceSyntheticBlocks(SyntheticBlocks):
         self._dev: OrderedDict = OrderedDict()
         self.buffer = cuda.device_array((max_tokens, hc, dim), dtype=np.float32)     # [T, hc, dim]
 
-    def device(self, positions: np.ndarray):
+    def device(self, positions: np.ndarray, stream=0):
+        """The chunk's highway [T, hc, dim] in the device buffer; the copies go on `stream`."""
         out = self.buffer[: positions.size]
         for t0, t1, b, p0 in self.runs(positions):
             blk = self._dev.get(b)
@@ -437,7 +438,7 @@ class DeviceSyntheticBlocks(SyntheticBlocks):
                     self._dev.popitem(last=False)
             else:
                 self._dev.move_to_end(b)
-            out[t0:t1].copy_to_device(blk[p0:p0 + t1 - t0])
+            out[t0:t1].copy_to_device(blk[p0:p0 + t1 - t0], stream=stream)
         return out
 
 
@@ -466,7 +467,8 @@ def corpus_stats(model, corpus=None, *, texts=None, documents=None, backend="cpu
                  limit_tokens: int | None = None, progress: bool = False, residual: str = "fp32",
                  versions: dict | None = None, token_table=None, threads: bool = True,
                  reducer_threads: int | None = None, engine=None, device_highway=None,
-                 prefetch: bool = True, cuda_versions: dict | None = None) -> StreamingGateStats:
+                 prefetch: bool = True, cuda_versions: dict | None = None,
+                 pipelined: bool = True) -> StreamingGateStats:
     """Stream a corpus through the pipeline and keep only statistics (module doc).
 
     model:        an opened model (load_gguf / load_model).
@@ -492,6 +494,11 @@ def corpus_stats(model, corpus=None, *, texts=None, documents=None, backend="cpu
     prefetch:     False: no prefetch (host-table rows are read when their chunk computes).
     device_highway: for benchmarks, a callable (job positions [T]) -> device highway [T, hc, dim]
                   used instead of the synthetic one.
+    pipelined:    with every stage and table on the device, queue each chunk's copies and launches
+                  on one stream and read its dot and gate back only after the next chunks are
+                  queued (analysis/device_chunks.py; the same statistics bit for bit). False: each
+                  chunk through `Pipeline.gates_from_ids`, waited for before the next one.
+                  meta["device_chunks"] says which ran (its counts, or why not).
     Returns a StreamingGateStats; its meta holds the settings and timing (seconds per stage).
     """
     from ..pipeline import Pipeline
@@ -570,6 +577,45 @@ def corpus_stats(model, corpus=None, *, texts=None, documents=None, backend="cpu
         timing["gates_s"] += time.perf_counter() - t0
         return Chunk(job.token_ids, job.live, job.row_ids, job.windows, out, job.n_documents)
 
+    # Every table on the device and the highway made there: chunks are queued ahead on one stream
+    # (analysis/device_chunks.py), the same kernels on the same inputs as gates_from_ids.
+    chunks_dev = {"runner": None, "why": None if pipe.device_resident and pipelined else
+                  ("off (pipelined=False)" if pipe.device_resident else "not every stage on the cuda backend")}
+
+    def runner():
+        if chunks_dev["runner"] is None and chunks_dev["why"] is None:
+            from .device_chunks import DeviceChunks, eligible
+            eng = pipe.cuda_engine_for(int(chunk_tokens))
+            chunks_dev["why"] = eligible(pipe, eng)
+            if chunks_dev["why"] is None:
+                chunks_dev["runner"] = DeviceChunks(eng, pipe.residual, pipe.eps)
+        return chunks_dev["runner"]
+
+    def gates_async(job: _Job):
+        """Queue job's device work; returns a callable that waits for it and returns its Chunk."""
+        dc = runner() if all(p[0] is None for p in job.pieces) else None
+        if dc is None:
+            return _Ready(gates(job))
+        t0 = time.perf_counter()
+        pos = job.positions
+        if device_highway is not None:
+            hw = lambda stream: device_highway(pos)  # noqa: E731
+        else:
+            hw = lambda stream: dev_synth.device(pos, stream)  # noqa: E731
+        kinds_seen.add("synthetic")
+        if len(kinds_seen) > 1:
+            raise ValueError("the corpus mixes documents with highway files and documents without: run them "
+                             "separately (a statistic over both would mix real and synthetic hidden states)")
+        done = dc.submit(job.row_ids, hw, None if job.live.all() else job.live)
+        timing["gates_s"] += time.perf_counter() - t0
+
+        def result() -> Chunk:
+            t1 = time.perf_counter()
+            out = done()
+            timing["gates_s"] += time.perf_counter() - t1
+            return Chunk(job.token_ids, job.live, job.row_ids, job.windows, out, job.n_documents)
+        return result
+
     n_red = min(REDUCER_THREADS, os.cpu_count() or 1) if reducer_threads is None else int(reducer_threads)
     pool = None
     lanes = None
@@ -596,14 +642,16 @@ def corpus_stats(model, corpus=None, *, texts=None, documents=None, backend="cpu
     t_wall = time.perf_counter()
     try:
         if threads:
-            _run_threaded(jobs, gates, reduce, bar, timing, prefetch_job)
+            _run_threaded(jobs, gates_async, reduce, bar, timing, prefetch_job)
         else:
             for job in _ahead(jobs, prefetch_job):
                 timing["produce_s"] += job.seconds
-                reduce(job, gates(job))
+                reduce(job, gates_async(job)())
                 if bar is not None:
                     bar.update(job.token_ids.size)
     finally:
+        if chunks_dev["runner"] is not None:
+            chunks_dev["runner"].drain()   # nothing left in flight (also after an error)
         if bar is not None:
             bar.close()
         if writer is not None:
@@ -615,6 +663,9 @@ def corpus_stats(model, corpus=None, *, texts=None, documents=None, backend="cpu
     wall = time.perf_counter() - t_wall
     stats.finish()                         # raises what a context lane raised
     timing["wall_s"] = wall
+    dc = chunks_dev["runner"]
+    if dc is not None:
+        timing["gates_wait_s"] = dc.seconds["wait_s"]    # of gates_s: waiting for the device
     stats.meta.update({
         "model": str(getattr(model, "path", "")), "format": str(getattr(model, "format", "")),
         "backends": pipe.backends, "residual": residual, "chunk_tokens": int(chunk_tokens), "continuous": continuous,
@@ -624,8 +675,21 @@ def corpus_stats(model, corpus=None, *, texts=None, documents=None, backend="cpu
         "tokenizer": getattr(tok, "source", None), "timing": {k: round(v, 4) for k, v in timing.items()},
         "tokens_per_s": round(stats.n_tokens / wall, 1) if wall > 0 else None,
         "token_table": str(token_table) if token_table is not None else None,
-        "cuda_kernels": pipe.cuda_kernels})
+        "cuda_kernels": pipe.cuda_kernels,
+        "device_chunks": ({"queued_ahead": dc.n_slots - 1, **dc.counts} if dc is not None else chunks_dev["why"])})
     return stats
+
+
+class _Ready:
+    """A chunk computed already (one chunk at a time), as a callable like a queued chunk's result."""
+
+    __slots__ = ("chunk",)
+
+    def __init__(self, chunk):
+        self.chunk = chunk
+
+    def __call__(self):
+        return self.chunk
 
 
 PREFETCH_DEPTH = 2      # chunks fetched ahead of the one computing (the fetcher holds depth + 1 buffers)
@@ -648,10 +712,17 @@ def _ahead(jobs: Iterator, prefetch, depth: int = PREFETCH_DEPTH) -> Iterator:
         yield pending.popleft()
 
 
-def _run_threaded(jobs: Iterator[_Job], gates, reduce, bar, timing: dict, prefetch=None) -> None:
+def _run_threaded(jobs: Iterator[_Job], gates, reduce, bar, timing: dict, prefetch=None,
+                  depth: int | None = None) -> None:
     """producer (tokenize + hash) -> this thread (device work) -> reducer (statistics), in order.
-    prefetch(job), if given, is called on this thread for jobs k+1..k+PREFETCH_DEPTH before job k's
-    device work."""
+    gates(job) queues job's device work and returns a callable that waits for it (-> its Chunk);
+    up to `depth` (default: the device-chunk queue's) jobs are queued before the oldest is read
+    back. prefetch(job), if given, is called on this thread for jobs k+1..k+PREFETCH_DEPTH before
+    job k's device work."""
+    from collections import deque
+
+    from .device_chunks import DEPTH
+    depth = DEPTH if depth is None else int(depth)
     to_main: queue.Queue = queue.Queue(maxsize=2)
     to_reduce: queue.Queue = queue.Queue(maxsize=2)
     stop = threading.Event()
@@ -704,15 +775,31 @@ def _run_threaded(jobs: Iterator[_Job], gates, reduce, bar, timing: dict, prefet
 
     producer.start()
     reducer.start()
+    in_flight: deque = deque()
+
+    def hand_on() -> bool:
+        job, result = in_flight.popleft()
+        if not put(to_reduce, (job, result())):
+            return False
+        if bar is not None:
+            bar.update(job.token_ids.size)
+        return True
+
     try:
         for job in _ahead(received(), prefetch):
             if stop.is_set():
                 break
-            chunk = gates(job)
-            if not put(to_reduce, (job, chunk)):
+            in_flight.append((job, gates(job)))
+            stopped = False
+            while in_flight and (len(in_flight) > depth or isinstance(in_flight[0][1], _Ready)):
+                if not hand_on():          # a chunk already computed goes on at once
+                    stopped = True
+                    break
+            if stopped:
                 break
-            if bar is not None:
-                bar.update(job.token_ids.size)
+        while in_flight and not stop.is_set():
+            if not hand_on():
+                break
     except BaseException:
         stop.set()
         raise

@@ -82,11 +82,34 @@ class _NoReader:
         raise RuntimeError("the bench model has no host tables: rows are gathered from the device tables")
 
 
+MODELS = {
+    "q2k": {"table": "q2k: 84-byte Q2_K rows (the GGUF's)", "wkv": "bf16 [{N}, {K}]"},
+    "fp8": {"table": "fp8: e4m3 codes [rows, 256] + e8m0 scales [rows, 8] (264 B a row, DeepSeek's HF checkpoint)",
+            "wkv": "fp8: e4m3 codes [{N}, {K}] + e8m0 scales [{NS}, {KS}], one per 32x32 tile (the HF checkpoint's)"},
+}
+FP8_PROJ = ("decode", "bf16")    # besides these, a DeepSeek-arithmetic record name (gemm_fp8_v*)
+
+
+def fp8_wkv(N: int, K: int, rng) -> tuple[np.ndarray, np.ndarray]:
+    """A random FP8 wkv: e4m3 codes [N, K] with exponent fields 0..7 (|code| <= 1.875) and e8m0 tile
+    scales [ceil(N/32), K/32] of 2^-7..2^-5, so values stay near a trained projection's (|w| <= 0.06)."""
+    codes = rng.integers(0, 256, (N, K), dtype=np.uint8)
+    codes &= np.uint8(0xBF)                                  # exponent field 0..7 (bit 6 clear): never NaN
+    scales = rng.integers(120, 123, (-(-N // 32), K // 32), dtype=np.uint8)
+    return codes, scales
+
+
 class BenchModel:
     """The released shapes with random weights and no host tables (the protocol's fields that
-    the pipeline, the engine and corpus_stats use)."""
+    the pipeline, the engine and corpus_stats use). kind: "q2k" (Q2_K tables, bf16 wkv: the GGUF
+    model) or "fp8" (FP8 tables with separate scales, FP8 wkv: DeepSeek's HF checkpoint's
+    encodings); MODELS says what each holds."""
 
-    def __init__(self, shape: BenchShape, table_rows_per_col: int, seed: int = 0, block_rows: int = 1 << 20):
+    def __init__(self, shape: BenchShape, table_rows_per_col: int, seed: int = 0, block_rows: int = 1 << 20,
+                 kind: str = "q2k"):
+        if kind not in MODELS:
+            raise ValueError(f"bench model kind must be one of {list(MODELS)}, got {kind!r}")
+        self.kind = kind
         from ..config import COMPRESSED_VOCAB_SIZE, EngramConfig
         from ..stages.hash.tables import EngramHashTables
         from ..bf16 import f32_to_bf16
@@ -103,18 +126,27 @@ class BenchModel:
         cfg = self.config
         self.layers = {}
         from ..stages.rows.encodings import random_raw_rows
-        block = random_raw_rows("q2k", int(min(block_rows, self.hash_tables.table_rows.max())), rng)
+        block = random_raw_rows(kind, int(min(block_rows, self.hash_tables.table_rows.max())), rng)
+        scales = None
+        if kind == "fp8":             # codes and scales apart, as the checkpoint stores them; scales 2^-11..2^-9
+            block, scales = np.ascontiguousarray(block[:, :256]), rng.integers(116, 119, (block.shape[0], 8), dtype=np.uint8)
         for li, lid in enumerate(cfg.layer_ids):
             rows = int(self.hash_tables.table_rows[li])
-            wkv = f32_to_bf16((rng.standard_normal((cfg.proj_out, cfg.proj_in), dtype=np.float32) * 0.02))
+            if kind == "fp8":
+                wkv, wkv_scales = fp8_wkv(cfg.proj_out, cfg.proj_in, rng)
+            else:
+                wkv = f32_to_bf16((rng.standard_normal((cfg.proj_out, cfg.proj_in), dtype=np.float32) * 0.02))
+                wkv_scales = None
             # the table repeats one block of random rows (copied only by a host-table engine)
             self.layers[lid] = EngramLayer(
-                lid, li, table=TiledTable(rows, block), table_encoding="q2k",
-                wkv_raw=wkv, wkv_encoding="bf16",
+                lid, li, table=TiledTable(rows, block), table_encoding=kind,
+                table_scales=None if scales is None else TiledTable(rows, scales),
+                wkv_raw=wkv, wkv_encoding="fp8" if kind == "fp8" else "bf16", wkv_scales=wkv_scales,
                 q_weight=(1 + 0.1 * rng.standard_normal((cfg.hc, cfg.dim))).astype(np.float32),
                 k_weight=(1 + 0.1 * rng.standard_normal((cfg.hc, cfg.dim))).astype(np.float32))
-        self.path = f"bench model ({shape.name} shapes, random weights, {int(self.hash_tables.table_rows[0]):,} rows a table)"
-        self.format = "in memory (random q2k tables on the device)"
+        self.path = (f"bench model ({shape.name} shapes, {kind} encodings, random weights, "
+                     f"{int(self.hash_tables.table_rows[0]):,} rows a table)")
+        self.format = f"in memory (random {kind} tables on the device)"
         self.tokenizer_path = None
         self.problems: list[str] = []
 
@@ -123,10 +155,11 @@ class BenchModel:
 
 
 def _fill_device_table(n_rows: int, block_rows: np.ndarray, cuda):
-    """A device table [n_rows, 84] of random finite Q2_K rows: one random block uploaded, then
-    repeated by device-to-device copies (gathers read random rows all over it, as in use); the
-    same bytes as the model's TiledTable, so host and device tables give the same results."""
-    table = cuda.device_array((n_rows, 84), dtype=np.uint8)
+    """A device table [n_rows, width] of random finite rows (Q2_K rows, or FP8 codes or scales):
+    one random block uploaded, then repeated by device-to-device copies (gathers read random rows
+    all over it, as in use); the same bytes as the model's TiledTable, so host and device tables
+    give the same results."""
+    table = cuda.device_array((n_rows, int(block_rows.shape[1])), dtype=np.uint8)
     block = cuda.to_device(block_rows)
     for r0 in range(0, n_rows, block.shape[0]):
         n = min(block.shape[0], n_rows - r0)
@@ -393,11 +426,25 @@ def _h2d_gbps(timer: DeviceTimer, cuda, nbytes: int, pinned: bool) -> float:
 def run(shape: BenchShape = RELEASED, quick: bool = False, log=print, table_gb: float | None = None,
         n_chunks: int | None = None, distributed: int = 0, dist_chunks: int | None = None,
         host: bool = True, cache_gbs=(0.25, 1.0, 4.0), dist_shard_tokens: int = 1 << 21,
-        cache_policies=("static", "clock")) -> dict:
+        cache_policies=("static", "clock"), model: str = "q2k", fp8_proj: str = "decode") -> dict:
     """The corpus_stats records (module doc). table_gb: each layer's table size in GB (default:
     the released 32.3 GB; the smoke shape uses a tiny table). distributed: also the
     corpus_stats_distributed records with this many Dask workers sharing the GPU (then one), over
-    dist_chunks chunks (default n_chunks); needs the distributed extra."""
+    dist_chunks chunks (default n_chunks); needs the distributed extra.
+
+    model: "q2k" (the GGUF's encodings) or "fp8" (the HF checkpoint's: FP8 table rows, FP8 wkv;
+    device tables only, shrunk to what the device holds beside everything else unless table_gb
+    says otherwise: two released FP8 tables, 2 x 101 GB, do not fit one 141 GB H200).
+    fp8_proj: how the FP8 wkv is projected: "decode" (what the pipeline and the engine do by
+    default: the FP8 wkv held as it is, decoded exactly to bf16 into a scratch before each
+    layer's many-token GEMM, gemm_v4), "bf16" (decoded once at build, wkv_format="bf16"), or a
+    DeepSeek-arithmetic record (gemm_fp8_v3, gemm_fp8_v4: act_quant + FP8 tensor-core GEMM)."""
+    if model not in MODELS:
+        raise ValueError(f"model must be one of {list(MODELS)}, got {model!r}")
+    if model == "fp8":
+        host = False                         # host-table runs and Dask workers are the Q2_K model's
+        if distributed:
+            raise ValueError("--distributed runs the Q2_K model only (its workers build the q2k bench model)")
     from numba import cuda
 
     from ..analysis.corpus import corpus_stats
@@ -411,14 +458,28 @@ def run(shape: BenchShape = RELEASED, quick: bool = False, log=print, table_gb: 
     timer = DeviceTimer()
     mem = _Memory(cuda)
     rng = np.random.default_rng(11)
+    row_bytes = 264 if model == "fp8" else 84
+    fit_note = None
     if smoke:
         rows_per_col = 61
         cache_gbs = tuple(cache_gbs)[:1]     # the simulator checks the cached path once; budgets differ only in size
+    elif model == "fp8" and table_gb is None:
+        from ..config import ENGRAM_VOCAB_SIZE
+        free, _ = cuda.current_context().get_memory_info()
+        # beside the tables: both wkv (0.3 GB), workspaces (0.6 GB), the bf16 scratch or wkv (0.6 GB),
+        # the bench's two highways (0.7 GB), kernels, act_quant buffers and slack
+        fit = int((free - (8 << 30)) / 2 / row_bytes / shape.cols)
+        rows_per_col = min(ENGRAM_VOCAB_SIZE, max(fit, 1024))
+        if rows_per_col < ENGRAM_VOCAB_SIZE:
+            fit_note = (f"FP8 tables shrunk to {rows_per_col / ENGRAM_VOCAB_SIZE:.0%} of the released rows: two "
+                        f"released tables ({2 * ENGRAM_VOCAB_SIZE * shape.cols * row_bytes / 1e9:.0f} GB) do not fit "
+                        f"the {free / 1e9:.0f} GB free on the device beside the rest")
+            log(f"corpus bench: {fit_note}")
     elif table_gb is None:
         from ..config import ENGRAM_VOCAB_SIZE
         rows_per_col = ENGRAM_VOCAB_SIZE                     # the released tables: 384M rows, 32.3 GB each
     else:
-        rows_per_col = max(int(table_gb * 1e9 / 84 / shape.cols), 1024)
+        rows_per_col = max(int(table_gb * 1e9 / row_bytes / shape.cols), 1024)
     if host and not smoke:                 # both tables must fit in pinnable host memory: shrink if not
         from ..placement import HOST_RESERVE, host_available_bytes
         avail = host_available_bytes()
@@ -429,16 +490,44 @@ def run(shape: BenchShape = RELEASED, quick: bool = False, log=print, table_gb: 
                     f"{fit * shape.cols * 84 / 1e9:.1f} GB at most: both runs use that size")
                 rows_per_col = max(fit, 1024)
     t0 = time.perf_counter()
-    model = BenchModel(shape, rows_per_col)
+    kind = model
+    model = BenchModel(shape, rows_per_col, kind=kind)
     cfg = model.config
-    eng = EngramV41(model, max_tokens=chunk, device_tables=False)
+    proj_kw, proj_how = {}, "bf16 wkv: the bf16 projection (gemm_v4 at 4096 tokens)"
+    if kind == "fp8":
+        if fp8_proj == "decode":
+            proj_how = ("fp8 wkv held as stored, decoded exactly to bf16 into a scratch before each layer's GEMM "
+                        "(the pipeline's and engine's default for an FP8 wkv at many tokens), then the bf16 GEMM")
+        elif fp8_proj == "bf16":
+            proj_kw, proj_how = {"wkv_format": "bf16"}, "fp8 wkv decoded exactly to bf16 once at build, then the bf16 GEMM"
+        else:
+            from ..stages.proj.records import DEEPSEEK_FP8_VERSIONS
+            if fp8_proj not in DEEPSEEK_FP8_VERSIONS:
+                raise ValueError(f"fp8_proj must be one of {list(FP8_PROJ) + list(DEEPSEEK_FP8_VERSIONS)}, got {fp8_proj!r}")
+            proj_kw = {"versions": {"proj": fp8_proj}}
+            proj_how = f"DeepSeek's FP8 arithmetic: act_quant + {fp8_proj} (e4m3 tensor cores, fp32 promotion a K block)"
+    eng = EngramV41(model, max_tokens=chunk, device_tables=False, **proj_kw)
     for lid in cfg.layer_ids:
-        eng.layers[lid].table = _fill_device_table(model.layers[lid].n_rows, model.layers[lid].table.block, cuda)
+        lay = model.layers[lid]
+        eng.layers[lid].table = _fill_device_table(lay.n_rows, lay.table.block, cuda)
+        if lay.table_scales is not None:
+            eng.layers[lid].table_scales = _fill_device_table(lay.n_rows, lay.table_scales.block, cuda)
         eng.layers[lid].placement = "device"
     mem.sample()
     build_s = time.perf_counter() - t0
-    table_gb_real = model.layers[1].n_rows * 84 / 1e9
-    log(f"corpus bench: {model.path}; tables {table_gb_real:.1f} GB a layer on the device "
+    table_gb_real = model.layers[1].n_rows * row_bytes / 1e9
+    N, K = cfg.proj_out, cfg.proj_in
+    encodings = {"model": kind, "table_encoding": MODELS[kind]["table"],
+                 "wkv_encoding": MODELS[kind]["wkv"].format(N=N, K=K, NS=-(-N // 32), KS=K // 32),
+                 "wkv_on_device": dict((str(k), v) for k, v in eng.wkv_format.items()), "projection": proj_how,
+                 "table_rows": int(model.layers[1].n_rows)}
+    if kind == "fp8":
+        from ..config import ENGRAM_VOCAB_SIZE
+        encodings["rows_per_col"] = int(rows_per_col)              # the prime search's start, as the released
+        encodings["released_rows_per_col"] = None if smoke else int(ENGRAM_VOCAB_SIZE)   # tables' ENGRAM_VOCAB_SIZE
+        encodings["tables_fit"] = ("tiny (simulator)" if smoke else fit_note or
+                                   ("as given (--table-gb)" if table_gb is not None else "released size"))
+    log(f"corpus bench: {model.path}; tables {table_gb_real:.1f} GB a layer on the device; {proj_how} "
         f"(setup {time.perf_counter() - t0:.1f} s)")
     vocab = model.hash_tables.token_map.size
     docs = _documents(n_chunks * chunk, vocab, rng, lo=2 if smoke else 256, hi=6 if smoke else 4096)
@@ -464,8 +553,11 @@ def run(shape: BenchShape = RELEASED, quick: bool = False, log=print, table_gb: 
     for li, lid in enumerate(cfg.layer_ids):
         layer_ids = np.ascontiguousarray(ids[:, li, :])
         stage_us[f"L{lid}.rows"] = timer(lambda: eng.rows_from_ids(lid, layer_ids), iters=iters)
-        stage_us[f"L{lid}.proj"] = timer(lambda: eng.project(lid), iters=iters)
+        stage_us[f"L{lid}.proj"] = timer(lambda: eng.project(lid), iters=iters)   # (a scratch decode: once, below)
         stage_us[f"L{lid}.gate"] = timer(lambda: eng.gate(lid, work), iters=iters)
+    decoded = eng._plans.get(("proj", cfg.layer_ids[-1], T))
+    if hasattr(decoded, "decode"):       # a q2k/fp8 wkv decoded to the shared bf16 scratch for many tokens:
+        stage_us["wkv.decode"] = timer(decoded.decode, iters=iters)   # once a queued chunk (DeviceChunks)
     stage_us["highway.d2d"] = timer(lambda: work.copy_to_device(pristine), iters=iters)
     base_sum = sum(v for k, v in stage_us.items() if k != "highway.d2d")
     mem.sample()
@@ -503,6 +595,20 @@ def run(shape: BenchShape = RELEASED, quick: bool = False, log=print, table_gb: 
         st = corpus_stats(model, documents=docs, backend="cuda", engine=eng, device_highway=source,
                           chunk_tokens=chunk, contexts=full, rows=full)
         mem.sample()
+        same = None
+        if name == "device":         # queued ahead vs one chunk at a time: the same statistics, bit for bit
+            from ..analysis.stats import state_equal
+            few = docs[: max(1, len(docs) // 8)] if not smoke else docs
+            a = corpus_stats(model, documents=few, backend="cuda", engine=eng, device_highway=source,
+                             chunk_tokens=chunk, contexts=full, rows=full)
+            b = corpus_stats(model, documents=few, backend="cuda", engine=eng, device_highway=source,
+                             chunk_tokens=chunk, contexts=full, rows=full, pipelined=False)
+            for x in (a, b):
+                x.finish()
+                for t in x.contexts.values():
+                    t._sorted()
+            same = bool(state_equal(a, b, skip=("tokenizer", "meta")) and isinstance(a.meta["device_chunks"], dict))
+            log(f"  queued-ahead chunks vs one chunk at a time over {a.n_tokens:,} tokens: same statistics {same}")
         wall = st.meta["timing"]["wall_s"]
         tps = st.n_tokens / wall
         dev_sum = base_sum + highway_us
@@ -517,8 +623,11 @@ def run(shape: BenchShape = RELEASED, quick: bool = False, log=print, table_gb: 
                "bytes": 0, "flops": 4 * chunk * cfg.proj_in * cfg.proj_out, "gbps": 0.0,
                "tflops": round(4 * chunk * cfg.proj_in * cfg.proj_out / (time_us * 1e-6) / 1e12, 2),
                "baselines": {}, "kernel": "+".join(f"{k}:{v}" for k, v in st.meta.get("cuda_kernels", {}).items()),
-               "validated": bool(np.isfinite(st[1, 0].mean) and st.n_tokens == sum(d.size for d in docs)),
-               "tables": "device", "cache_gb": 0.0}
+               "validated": bool(np.isfinite(st[1, 0].mean) and st.n_tokens == sum(d.size for d in docs)
+                                 and same is not False),
+               "same_statistics_one_chunk_at_a_time": same,
+               "tables": "device", "cache_gb": 0.0, **encodings,
+               "device_chunks": st.meta.get("device_chunks")}
         if name.startswith("host"):
             kind = name.split()[1]
             rec["h2d_gbps"] = round(h2d[kind], 1)
@@ -530,7 +639,8 @@ def run(shape: BenchShape = RELEASED, quick: bool = False, log=print, table_gb: 
         records.append(rec)
         log(f"  corpus_stats [{name}]: {tps:,.0f} tokens/s end to end, {time_us:.0f} us a chunk vs device sum "
             f"{dev_sum:.0f} us (x{time_us / dev_sum:.2f}); producer {st.meta['timing']['produce_s']:.2f} s, "
-            f"gates {st.meta['timing']['gates_s']:.2f} s, reduce {st.meta['timing']['reduce_s']:.2f} s, "
+            f"gates {st.meta['timing']['gates_s']:.2f} s (waiting for the device "
+            f"{st.meta['timing'].get('gates_wait_s', float('nan')):.2f} s), reduce {st.meta['timing']['reduce_s']:.2f} s, "
             f"wall {wall:.2f} s" + (f"; {rec['bound']}" if "bound" in rec else ""))
     host_info = None
     if host:
@@ -549,7 +659,7 @@ def run(shape: BenchShape = RELEASED, quick: bool = False, log=print, table_gb: 
         r["table_gb_per_layer"] = round(table_gb_real, 2)
     log(f"  memory: {memory}")
     return {"records": records, "memory": memory, "h2d_gbps": {k: round(v, 1) for k, v in h2d.items()},
-            "table_gb_per_layer": round(table_gb_real, 2), "host_tables": host_info}
+            "table_gb_per_layer": round(table_gb_real, 2), "host_tables": host_info, "model": encodings}
 
 
 def token_ids_by_layer(model, docs) -> list:
@@ -756,6 +866,12 @@ def main(argv=None) -> int:
     p.add_argument("--dist-shard-tokens", type=int, default=1 << 21,
                    help="tokens per shard of the distributed runs (default 2,097,152: about 10 s of one GPU; a study's 32 MB text shards hold about 8M)")
     p.add_argument("--no-host", action="store_true", help="skip the host-table runs")
+    p.add_argument("--model", default=None, choices=("q2k", "fp8", "both"),
+                   help="q2k: Q2_K tables + bf16 wkv (the GGUF's encodings; default); fp8: FP8 table rows + FP8 wkv "
+                        "(the HF checkpoint's), device tables only; both: one after the other (default with --smoke)")
+    p.add_argument("--fp8-proj", default="decode",
+                   help="the FP8 wkv's projection: decode (the engine's default: decoded to bf16 before each GEMM), "
+                        "bf16 (decoded once at build), or gemm_fp8_v3 / gemm_fp8_v4 (DeepSeek's FP8 arithmetic)")
     p.add_argument("--cache-gb", default="0.25,1,4", help="cache budgets per layer for the host runs (GB, comma list)")
     p.add_argument("--cache-policy", default="static,clock",
                    help="hot-row cache policies the host runs measure at each budget (comma list of static, clock)")
@@ -775,9 +891,30 @@ def main(argv=None) -> int:
     if not policies or any(x not in ("static", "clock") for x in policies):
         print(f"error: --cache-policy takes static and/or clock (comma list), got {args.cache_policy!r}", file=sys.stderr)
         return 2
-    res = run(SMOKE if args.smoke else RELEASED, quick=args.quick, table_gb=args.table_gb, n_chunks=args.chunks,
-              distributed=args.distributed, dist_chunks=args.dist_chunks, host=not args.no_host,
-              cache_gbs=cache_gbs, dist_shard_tokens=args.dist_shard_tokens, cache_policies=policies)
+    from ..stages.proj.records import DEEPSEEK_FP8_VERSIONS
+    if args.fp8_proj not in FP8_PROJ + tuple(DEEPSEEK_FP8_VERSIONS):
+        print(f"error: --fp8-proj must be one of {', '.join(FP8_PROJ + tuple(DEEPSEEK_FP8_VERSIONS))}, got "
+              f"{args.fp8_proj!r}", file=sys.stderr)
+        return 2
+    which = args.model or ("both" if args.smoke else "q2k")
+    kinds = ("q2k", "fp8") if which == "both" else (which,)
+    if args.distributed and "fp8" in kinds:
+        print("error: --distributed runs the q2k model only (--model q2k)", file=sys.stderr)
+        return 2
+    res = {"records": [], "models": {}}
+    for kind in kinds:
+        part = run(SMOKE if args.smoke else RELEASED, quick=args.quick, table_gb=args.table_gb, n_chunks=args.chunks,
+                   distributed=args.distributed, dist_chunks=args.dist_chunks, host=not args.no_host,
+                   cache_gbs=cache_gbs, dist_shard_tokens=args.dist_shard_tokens, cache_policies=policies,
+                   model=kind, fp8_proj=args.fp8_proj)
+        res["records"] += part.pop("records")
+        res["models"][kind] = part
+        import gc
+        gc.collect()                       # the model's device tables go before the next model's are made
+        try:
+            cuda.current_context().deallocations.clear()
+        except AttributeError:             # the simulator
+            pass
     res.update({"commit": commit(), "device": device_name()})
     if args.out:
         with open(args.out, "w") as f:

@@ -629,6 +629,8 @@ def main(args=None) -> int:
         save()
     if "corpus" in sections:
         result["records"] += corpus_bench(shape, quick=quick, table_gb=getattr(args, "corpus_table_gb", None))["records"]
+        if shape.name == SMOKE.name:          # the FP8-encoded model's corpus run too (alone: bench.corpus --model fp8)
+            result["records"] += corpus_bench(shape, quick=quick, model="fp8")["records"]
         save()
     if "variants" in sections and not getattr(args, "no_variants", False):
         result["variants"] = bench_variants(shape, quick)
