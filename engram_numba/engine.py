@@ -185,6 +185,48 @@ class EngramV41:
         return prepare_gate(h, kv, lw.w_gate, token_mask=mask, residual=residual, eps=eps, dot_out=ws.dot[:T],
                             gate_out=ws.gate[:T], stream=stream, version=self.versions.get("gate"))
 
+    # -- a queued chunk: the public hooks of a driver that queues chunks ahead of their results
+    #    (analysis.device_chunks), so it never reaches into the engine's private state
+    def workspace(self, layer_id) -> LayerWorkspace:
+        """This layer's device workspace (ids, rows, kv, dot, gate buffers of max_tokens)."""
+        return self._layer(layer_id)[1]
+
+    def layer_launches(self, layer_id, n_tokens: int, stream):
+        """(gather, projection) launches of this layer for `n_tokens` tokens on `stream`: the gather
+        reads the ids in `workspace(layer_id).ids[:n_tokens * n_hash_cols]`; reusable while the
+        workspace and the stream stay the same."""
+        lw, ws = self._layer(layer_id)
+        self._check_tokens(int(n_tokens), "layer_launches")
+        n = int(n_tokens) * self.config.n_hash_cols
+        return self._gather_launch(lw, ws, ws.ids[:n], n, stream), self._prepare_projection(lw, ws, int(n_tokens), stream)
+
+    def gate_launch(self, layer_id, highway, n_tokens: int, token_mask, residual: str, eps: float, stream):
+        """The gate launch of this layer for `n_tokens` tokens of device `highway` (updated in place),
+        reading the layer's kv and writing its dot and gate buffers."""
+        lw, ws = self._layer(layer_id)
+        T = int(n_tokens)
+        self._check_tokens(T, "gate_launch")
+        return self._gate_launch(lw, ws, highway, ws.kv[:T], token_mask, residual, eps, T, stream)
+
+    @property
+    def scratch_layer(self):
+        """The layer whose wkv the shared bf16 scratch holds (a q2k/fp8 wkv decoded for many tokens),
+        or None: projecting that layer first saves one decode."""
+        return self._scratch_layer
+
+    def check_tokens(self, n_tokens: int, what: str) -> None:
+        """ValueError unless 1 <= n_tokens <= max_tokens (`what` names the caller in the message)."""
+        self._check_tokens(int(n_tokens), what)
+
+    def note_queued(self, layer_id, n_tokens: int, gather, proj, gate) -> None:
+        """Record launches a driver queued itself as this layer's last ones (what `last_kernels`,
+        `rows_bf16`, `kv` and `last_gate` then describe), as the engine's own calls would."""
+        lw, ws = self._layer(layer_id)
+        ws.rows_tokens = ws.kv_tokens = ws.gate_tokens = int(n_tokens)
+        self._last_launch[("rows", lw.layer_id)] = gather
+        self._last_launch[("proj", lw.layer_id)] = proj
+        self._last_launch[("gate", lw.layer_id)] = gate
+
     # -- checks ---------------------------------------------------------------------------------
     def _layer(self, layer_id) -> tuple[EngramLayerWeights, LayerWorkspace]:
         lid = check_layer_id(layer_id, "layer_id")

@@ -87,12 +87,7 @@ class DeviceChunks:
         key = ("layer", lid, T)
         plan = self._plans.get(key)
         if plan is None:
-            eng, s = self.engine, self.stream
-            lw, ws = eng.layers[lid], eng._ws[lid]
-            n = T * self.config.n_hash_cols
-            gather = eng._gather_launch(lw, ws, ws.ids[:n], n, s)
-            proj = eng._prepare_projection(lw, ws, T, s)
-            plan = self._plans[key] = (gather, proj)
+            plan = self._plans[key] = self.engine.layer_launches(lid, T, self.stream)
         return plan
 
     def _gate_plan(self, lid, T: int, h, masked: bool):
@@ -101,11 +96,8 @@ class DeviceChunks:
         if plan is None:
             if len(self._plans) >= 256:                 # many highway buffers: forget the oldest
                 self._plans.pop(next(iter(self._plans)))
-            eng = self.engine
-            lw, ws = eng.layers[lid], eng._ws[lid]
             mask = self._mask_dev[:T] if masked else None
-            plan = self._plans[key] = eng._gate_launch(lw, ws, h, ws.kv[:T], mask, self.residual, self.eps, T,
-                                                       self.stream)
+            plan = self._plans[key] = self.engine.gate_launch(lid, h, T, mask, self.residual, self.eps, self.stream)
         return plan
 
     # -- a chunk ----------------------------------------------------------------------------------
@@ -121,7 +113,7 @@ class DeviceChunks:
         if ids.ndim != 3 or ids.shape[1:] != (L, C) or not np.issubdtype(ids.dtype, np.integer):
             raise ValueError(f"row_ids must be integers [T, {L}, {C}], got {ids.dtype}{list(ids.shape)}")
         T = int(ids.shape[0])
-        eng._check_tokens(T, "corpus chunk")
+        eng.check_tokens(T, "corpus chunk")
         for li, lid in enumerate(self.layer_ids):            # every id checked before anything is queued
             lay = ids[:, li, :]
             n_rows = eng.layers[lid].n_rows
@@ -153,11 +145,10 @@ class DeviceChunks:
             self._mask_dev[:T].copy_to_device(self._mask[slot][:T], stream=s)
             self.counts["h2d"] += 1
         for li, lid in enumerate(self.layer_ids):            # every ids upload and gather first
-            ws = eng._ws[lid]
-            ws.ids[:n].copy_to_device(hid[li, :n], stream=s)
+            eng.workspace(lid).ids[:n].copy_to_device(hid[li, :n], stream=s)
             self._layer_plan(lid, T)[0]()
         order = list(self.layer_ids)                         # then the projections, the layer whose
-        held = eng._scratch_layer                            # wkv the shared bf16 scratch holds first
+        held = eng.scratch_layer                             # wkv the shared bf16 scratch holds first
         if held in order and order[0] != held:               # (a q2k/fp8 wkv decoded for many tokens:
             order.remove(held)                               # one decode a chunk instead of one a layer;
             order.insert(0, held)                            # each kv depends on its own layer only)
@@ -165,19 +156,14 @@ class DeviceChunks:
             self._layer_plan(lid, T)[1]()
         out = self._out[slot]
         for li, lid in enumerate(self.layer_ids):            # the gates in model order, on the one highway
-            ws = eng._ws[lid]
+            ws = eng.workspace(lid)
             self._gate_plan(lid, T, h, masked)()
             ws.dot[:T].copy_to_host(out[li, 0, :T], stream=s)
             ws.gate[:T].copy_to_host(out[li, 1, :T], stream=s)
         ev.record(s)
         self._unread[slot] = True
         for lid in self.layer_ids:                           # what the engine's own calls would leave
-            ws = eng._ws[lid]
-            ws.rows_tokens = ws.kv_tokens = ws.gate_tokens = T
-            gather, proj = self._layer_plan(lid, T)
-            eng._last_launch[("rows", lid)] = gather
-            eng._last_launch[("proj", lid)] = proj
-            eng._last_launch[("gate", lid)] = self._gate_plan(lid, T, h, masked)
+            eng.note_queued(lid, T, *self._layer_plan(lid, T), self._gate_plan(lid, T, h, masked))
         self.counts["chunks"] += 1
         self.counts["h2d"] += L
         self.counts["launches"] += 3 * L
