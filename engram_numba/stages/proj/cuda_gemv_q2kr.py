@@ -31,16 +31,20 @@ blockIdx.z picks the layer) giving each layer the bits of its own launch.
                (2 units in flight while it decodes one, across item boundaries) with v7's decode:
                123 registers, no spills, 16 blocks an SM; ~765 SASS instructions a unit against
                v7's 691 (the ring's bookkeeping). Its two-layer launch has its own shape
-               (V8_PAIR_SHAPE). The default at T = 1 on a GPU (44.4 us against v4's 45.5 on the
-               H200; both layers 71.7 against 82.4).
+               (V8_PAIR_SHAPE). 44.4 us at T = 1 on the H200 against v4's 45.5; both layers 71.7
+               against 82.4 (the T = 1 default until v9).
   gemv_q2k_v9  v4's shares and summation order (bit-identical to v4) on small blocks: one item a
                block of 2 warps (3 shares each), each warp streaming its fixed list of units
                through a 2-slot cp.async ring (no cursor across items), the 6 share fragments
                added in order after one barrier, v7's decode with y3 as one fma: 72 registers,
                no spills, 14 blocks (28 warps) an SM, so the 1,600 items at T <= 8 are resident
                at once; 764 SASS instructions in its unit loop (v8's loop: 1003, 743 of them
-               every unit; v7: 691 a unit).
-               Picked by name (not timed yet).
+               every unit; v7: 691 a unit). Its two-layer launch has its own shape
+               (V9_PAIR_SHAPE: 3 slots, 10 blocks an SM). The default at T = 1 on a GPU: 41.3 us
+               on the H200 against v8's 44.4, both layers 68.6 against 72.2. Nsight Compute:
+               21.8 warps an SM (v8 11.5) but an instruction every 10.7 cycles a warp (v8 5.7),
+               so ~2 instructions a cycle an SM for both: the integer pipe (half the FMA pipe's
+               rate), not occupancy, bounds the decode.
 """
 from __future__ import annotations
 
@@ -1263,7 +1267,8 @@ PERSISTENT = {"gemv_q2k_v8": (V8_TEAM, V8_STAGES, V8_BLOCKS_PER_SM)}
 PERSISTENT_PAIR = {"gemv_q2k_v8": V8_PAIR_SHAPE}         # the two-layer launch's own shape
 _BUILT["gemv_q2k_v8"] = (_make_gemv8(*PERSISTENT["gemv_q2k_v8"])[0], _make_gemv8(*V8_PAIR_SHAPE)[1])
 SHAPES["gemv_q2k_v9"] = (V9_TEAM, V9_STAGES, V9_BLOCKS_PER_SM)   # per-item blocks: (warps, unit slots, blocks an SM)
-_BUILT["gemv_q2k_v9"] = _make_gemv9(*SHAPES["gemv_q2k_v9"])
+V9_PAIR_SHAPE = (V9_TEAM, 3, 10)    # the two-layer launch: 3 slots, 10 blocks an SM (68.6 us on the H200 against 72.0)
+_BUILT["gemv_q2k_v9"] = (_make_gemv9(*SHAPES["gemv_q2k_v9"])[0], _make_gemv9(*V9_PAIR_SHAPE)[1])
 KERNELS = {name: built[0] for name, built in _BUILT.items()}
 PAIR_KERNELS = {name: built[1] for name, built in _BUILT.items()}
 

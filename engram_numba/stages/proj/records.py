@@ -25,14 +25,13 @@ v5 47.4-47.5, against v2's 58.9 on the file layout and cuBLAS's 91-93 on the bf1
 at ~26% of the copy floor with the SMs ~65% busy (Nsight Compute,
 bench/results/h200_ncu_gemv_q2kr_b4a1848.txt). v7 runs v4's kernel with 28% fewer instructions
 (56% fewer on the integer pipe, tools/sass_count_q2kr.py) and bit-identical output at the same
-speed, so the instruction count alone is not what bounds them. On a GPU at T = 1 gemv_q2k_v8
-(persistent, the same values and order: bit-identical kv) takes over: 44.4 us against v4's 45.5-46.1
-in two runs at f52d7f1 (bench/results/h200.json, h200_q2kr_v8_variants_f52d7f1.json), and its
-two-layer launch, with its own shape, projects both wkv of a decode step in 71.7 us against v4's
-82.4; at T = 4 and 8 v4 stays ahead (45.8 / 46.4 against 46.2 / 47.2). In the simulator v4 keeps
-T = 1 too (v8's persistent loop is the slower one to simulate). gemv_q2k_v9 (one item a block
-of 2 warps, 72 registers: the same kv bits as v4) is picked by name until the H200 has timed it
-(tools/gpu_dev_q2kr_v9.sh); if it wins, `_v8_default` is the rule to hand over.
+speed, so the instruction count alone is not what bounds them. On a GPU at T = 1 the persistent
+gemv_q2k_v8 took over first (44.4 us against v4's 45.5-46.1 at f52d7f1; both layers 71.7 against
+82.4), then gemv_q2k_v9 (one item a block of 2 warps, 72 registers, the same kv bits as v4): 41.3
+us, and 68.6 us for both layers with its pair shape, against v8's 44.4 / 72.2 in the same run at
+754c9b8 (bench/results/h200_q2kr_v9_variants_754c9b8.json). At T = 4 and 8 v4 stays (46.5 / 46.7,
+level with v8 and v9). In the simulator v4 keeps T = 1 too. `_t1_default` picks the one-token
+default.
 """
 from __future__ import annotations
 
@@ -64,8 +63,8 @@ def _bf16(ctx) -> bool:
     return ctx["weight"] == "bf16"
 
 
-def _v8_default(ctx) -> bool:
-    """gemv_q2k_v8's share of the q2k_r contexts: one token on a GPU (module doc)."""
+def _t1_default(ctx) -> bool:
+    """The q2k_r contexts of the one-token GEMV (gemv_q2k_v9 now): one token on a GPU (module doc)."""
     return ctx["weight"] == "q2k_r" and not ctx["simulator"] and ctx["T"] <= 1
 
 
@@ -337,7 +336,7 @@ for _name, _log, _when, _rule, _sim in (
      "16 rows x 512 k, each warp's loads for its whole K share issued into registers before any decode, "
      "6 warps a block (160 registers: 2 blocks an SM); 45.7 / 46.2 / 46.2 us at T = 1 / 4 / 8, L2 cold (v2: 58.9)",
      "q2k_r weights (on a GPU the engine holds a Q2_K wkv as q2k_r), but gemv_q2k_v8 at T = 1 on a GPU",
-     lambda c: c["weight"] == "q2k_r" and not _v8_default(c),
+     lambda c: c["weight"] == "q2k_r" and not _t1_default(c),
      [(1, 768, 13)]),
     ("gemv_q2k_v5",
      "v4 with 12 warps a block, each loading one unit (24 words a lane): 79 registers, 24 warps an SM "
@@ -377,7 +376,6 @@ _proj("gemv_q2k_v8",
       "registers). H200, L2 cold: 44.4 / 46.2 / 47.2 us at T = 1 / 4 / 8 (v4 45.5 / 45.8 / 46.4), both "
       "layers at T = 1 71.7 us (v4 82.4); issue-bound, not memory-bound: 27% of DRAM throughput, 11.6 warps "
       "an SM, an instruction every 5.9 cycles a warp (bench/results/h200_ncu_gemv_q2kr_v8_f52d7f1.txt)",
-      when="q2k_r weights, T = 1, on a GPU", rule=_v8_default,
       kernel=cuda_gemv_q2kr.KERNELS["gemv_q2k_v8"], geometry=cuda_gemv_q2kr.geometry("gemv_q2k_v8"), args="fast",
       specs=_q2kr_specs("gemv_q2k_v8", cuda_gemv_q2kr.KERNELS["gemv_q2k_v8"],
                         cuda_gemv_q2kr.PAIR_KERNELS["gemv_q2k_v8"]),
@@ -387,12 +385,18 @@ _proj("gemv_q2k_v8",
 
 
 # gemv_q2k_v9: one item a block of 2 warps, a static cp.async ring a warp (cuda_gemv_q2kr.py,
-# "gemv_q2k_v9"). Not timed yet: picked by name until the H200 says (tools/gpu_dev_q2kr_v9.sh).
+# "gemv_q2k_v9"). The default at T = 1 on a GPU: the fastest q2k_r GEMV measured there, alone and
+# as the two-layer launch (bench/results/h200_q2kr_v9_variants_754c9b8.json).
 _proj("gemv_q2k_v9",
       "v4's K shares and summation order (bit-identical kv) on blocks of 2 warps, one item (16-row tile, "
       "8-token group, layer) a block, 3 shares a warp streamed through 2 shared-memory slots by cp.async "
       "(a fixed unit list: no cursor across items), warp 1's fragments added by warp 0 after one barrier, "
-      "v7's decode with y3 as one fma; launch bounds for 14 blocks (28 warps) an SM",
+      "v7's decode with y3 as one fma; launch bounds for 14 blocks (28 warps) an SM: 72 registers, no spills; "
+      "the two-layer launch its own shape (3 slots, 10 blocks an SM). H200, L2 cold: 41.3 / 46.1 / 47.2 us "
+      "at T = 1 / 4 / 8 (v8 44.4 / 46.4 / 46.9), both layers at T = 1 68.6 us (v8 72.2); 21.8 warps an SM but "
+      "an instruction every 10.7 cycles a warp: ~2 a cycle an SM, as v8 with half the warps, so not occupancy "
+      "but the integer pipe bounds both (bench/results/h200_ncu_gemv_q2kr_v9_754c9b8.txt)",
+      when="q2k_r weights, T = 1, on a GPU", rule=_t1_default,
       kernel=cuda_gemv_q2kr.KERNELS["gemv_q2k_v9"], geometry=cuda_gemv_q2kr.geometry("gemv_q2k_v9"), args="fast",
       specs=_q2kr_specs("gemv_q2k_v9", cuda_gemv_q2kr.KERNELS["gemv_q2k_v9"],
                         cuda_gemv_q2kr.PAIR_KERNELS["gemv_q2k_v9"]),
