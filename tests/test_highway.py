@@ -189,12 +189,14 @@ def test_highway_name_and_save_errors(rng):
 def test_cuda_backend_device_resident_path(model, monkeypatch):
     """With a names filter that keeps only ids, dot and gate, nothing but the dot and gate comes
     back from the device: rows, kv and the highway between layers stay there. In the simulator
-    (naive kernels) the values equal the reference's. Two tokens: each simulated one is seconds of CPU."""
+    (naive kernels) the values equal the reference's. Two tokens: each simulated one is seconds of CPU.
+    The projection is gemv_v1 on a bf16-resident wkv, the cheapest to simulate: what stays on the
+    device does not depend on the kernel (the default Q2_K one is test_formats_fixtures.py's)."""
     from engram_numba import layer_step
     tokens, mask = TINY_TOKENS[:2], TINY_MASK[:2]
     ref = Pipeline(model, "reference").run(tokens, token_mask=mask)
     with pytest.warns(UserWarning, match="simulator"):
-        pipe = Pipeline(model, "cuda")
+        pipe = Pipeline(model, "cuda", versions={"proj": "gemv_v1"})
     fetched = []
     real_host = layer_step.Value.host
 

@@ -219,10 +219,16 @@ def test_what_quantisation_costs_at_the_gate():
 @pytest.mark.slow
 def test_pipeline_picks_deepseeks_fp8_gemm_by_name():
     """An FP8 wkv projected with DeepSeek's arithmetic on the tensor cores (gemm_fp8_v1, picked by
-    name): in the simulator, the captured kv is the CPU twin's, bit for bit, from the captured rows."""
+    name): in the simulator, the captured kv is the CPU twin's, bit for bit, from the captured rows.
+
+    One token (the naive kernel's simulated cost is one thread per output and token, ~20 s a layer
+    and token here): what this pins is the pick by name and the wkv codes and scales reaching the
+    kernel, in both layers. Several tokens through this kernel (partial token blocks, T = 3 and 17)
+    are test_proj_fp8_wgmma.py's cases through the same prepare_project_q, and the [T, K] rows the
+    pipeline hands any projection are test_reference_cpu_and_cuda_agree_on_every_encoding's."""
     from engram_numba.stages.proj.cpu import projection_deepseek_fp8_cpu
     model = build_model("fp8")
-    tokens, mask = TINY_TOKENS[:2], TINY_MASK[:2]
+    tokens, mask = TINY_TOKENS[:1], TINY_MASK[:1]
     with pytest.warns(UserWarning, match="simulator"):
         pipe = Pipeline(model, {"rows": "cpu", "proj": "cuda", "gate": "cpu"}, versions={"proj": "gemm_fp8_v1"})
     cap = pipe.run(tokens, token_mask=mask)

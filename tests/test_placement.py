@@ -95,36 +95,48 @@ def test_mixed_placement_rows_bit_identical_prefill_and_decode(model, device_eng
                                           device_engine.rows_bf16(lid).copy_to_host())
 
 
-@pytest.mark.slow
-def test_mixed_placement_decode_step_bit_identical(model, device_engine, rng):
-    mixed = EngramV41(model, max_tokens=4, tables={1: "device", 4: "host"})
-    h0 = rng.standard_normal((1, model.config.hc, model.config.dim)).astype(np.float32)
-    out = []
-    for e in (device_engine, mixed):                               # a decode step: one token, both layers
-        h = cuda.to_device(h0)
-        e.decode(int(TINY_TOKENS[4]), h, EngramHasher(model.hash_tables))
-        out.append(h.copy_to_host())
-    np.testing.assert_array_equal(out[0], out[1])
+DECODE_TOKENS = [int(t) for t in TINY_TOKENS[3:5]]         # decoded live, then dead
+# The whole-decode tests below are about where the rows come from: every engine of theirs holds
+# wkv as bf16, whose projection (gemv_v1 in the simulator) is the cheapest to simulate (the default
+# Q2_K one, 2-3x slower there, is test_engine_decode.py's); the rows path is the same for any wkv format.
+DECODE_WKV = "bf16"
+
+
+@pytest.fixture(scope="module")
+def device_decodes(model):
+    """The yardstick of the decode tests below, computed once (each simulated decode step is
+    seconds): a highway h0 and what device tables' decode makes of it after each of
+    DECODE_TOKENS, one hasher through both (the first live, the second dead)."""
+    engine = EngramV41(model, max_tokens=4, tables="device", wkv_format=DECODE_WKV)
+    h0 = np.random.default_rng(20261202).standard_normal((1, model.config.hc, model.config.dim)).astype(np.float32)
+    h, hs, after = cuda.to_device(h0), EngramHasher(model.hash_tables), []
+    for k, tok in enumerate(DECODE_TOKENS):
+        engine.decode(tok, h, hs, token_mask=k == 0)
+        after.append(h.copy_to_host())
+    return h0, after
 
 
 @pytest.mark.slow
-def test_decode_with_the_next_token_prefetched_is_bit_identical(model, device_engine, rng):
+def test_mixed_placement_decode_step_bit_identical(model, device_decodes):
+    mixed = EngramV41(model, max_tokens=4, tables={1: "device", 4: "host"}, wkv_format=DECODE_WKV)
+    h0, after = device_decodes
+    h = cuda.to_device(h0)                                         # a decode step: one token, both layers
+    mixed.decode(DECODE_TOKENS[0], h, EngramHasher(model.hash_tables))
+    np.testing.assert_array_equal(h.copy_to_host(), after[0])
+
+
+@pytest.mark.slow
+def test_decode_with_the_next_token_prefetched_is_bit_identical(model, device_decodes):
     """prefetch_decode hashes the next token and fetches its host rows ahead; the decode of that
     token then reads the staged rows and ends on device tables' bits (a live token, a dead one)."""
-    host = EngramV41(model, max_tokens=4, tables={1: "device", 4: "host"})
-    h0 = rng.standard_normal((1, model.config.hc, model.config.dim)).astype(np.float32)
-    toks = [int(t) for t in TINY_TOKENS[3:5]]
-    out = []
-    for e, ahead in ((device_engine, False), (host, True)):
-        h, hs = cuda.to_device(h0), EngramHasher(model.hash_tables)
-        for k, tok in enumerate(toks):
-            live = k == 0
-            if ahead:
-                assert e.prefetch_decode(tok, hs, token_mask=live)
-            e.decode(tok, h, hs, token_mask=live)
-        out.append(h.copy_to_host())
-    np.testing.assert_array_equal(out[0], out[1])
-    assert host._fetcher.taken == len(toks) and host._fetcher.missed == 0      # every token read ahead
+    host = EngramV41(model, max_tokens=4, tables={1: "device", 4: "host"}, wkv_format=DECODE_WKV)
+    h0, after = device_decodes
+    h, hs = cuda.to_device(h0), EngramHasher(model.hash_tables)
+    for k, tok in enumerate(DECODE_TOKENS):
+        assert host.prefetch_decode(tok, hs, token_mask=k == 0)
+        host.decode(tok, h, hs, token_mask=k == 0)
+    np.testing.assert_array_equal(h.copy_to_host(), after[-1])
+    assert host._fetcher.taken == len(DECODE_TOKENS) and host._fetcher.missed == 0      # every token read ahead
 
 
 def test_prefetch_decode_then_another_call_is_refused(model):
@@ -426,7 +438,7 @@ def test_corpus_stats_with_host_tables_prefetches_and_equals_device_tables(model
     docs = [np.array([48]), np.array([17])]                              # two one-token chunks
     runs = {}
     for where in ("device", "host"):
-        eng = EngramV41(model, max_tokens=1, tables=where)
+        eng = EngramV41(model, max_tokens=1, tables=where, wkv_format=DECODE_WKV)
         with pytest.warns(UserWarning, match="simulator"):
             runs[where] = corpus_stats(model, documents=docs, backend="cuda", chunk_tokens=1, engine=eng,
                                        contexts=False)

@@ -107,13 +107,19 @@ def compile_all(targets=None) -> list[CompileResult]:
         raise RuntimeError("compile_check needs the simulator off (NUMBA_ENABLE_CUDASIM=0)")
     _patch_current_device()
     results = []
+    # a kernel several records share (e.g. gemm_fp8_v1..v5's act_quant) with the same argument types
+    # and launch bounds is the same PTX: compiled and assembled once, reported under each name
+    built: dict = {}
     for t in targets if targets is not None else collect_targets():
         fn = getattr(t.kernel, "py_func", t.kernel)
         # compile as the kernel is built: with its launch bounds, which change register allocation
         bounds = getattr(t.kernel, "targetoptions", {}).get("launch_bounds")
+        key = (fn, tuple(t.argtypes), repr(bounds))
         try:
-            ptx, _ = cuda.compile_ptx(fn, tuple(t.argtypes), cc=CC, launch_bounds=bounds)
-            rep = ptxas_report(ptx)
+            if key not in built:
+                ptx, _ = cuda.compile_ptx(fn, tuple(t.argtypes), cc=CC, launch_bounds=bounds)
+                built[key] = (ptx, ptxas_report(ptx))
+            ptx, rep = built[key]
             res = CompileResult(
                 name=t.name, ok=True, registers=rep["registers"], stack_bytes=rep.get("stack_bytes", -1),
                 spill_stores=rep.get("spill_stores", -1), spill_loads=rep.get("spill_loads", -1),

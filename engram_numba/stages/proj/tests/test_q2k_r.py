@@ -192,13 +192,20 @@ def _two_layers_by_v4(rng, N, K, T):
     return raws, xs, want
 
 
+@pytest.fixture(scope="module")
+def two_layers_20x512():
+    """The two v8 tests' inputs and v4's kv on them (N = 20: 2 tiles, K = 512, T = 1), computed once:
+    a simulated v4 launch is seconds of the module's time."""
+    N, K, T = 20, 512, 1
+    return (N, K, T) + _two_layers_by_v4(np.random.default_rng(20261202), N, K, T)
+
+
 @pytest.mark.slow
-def test_v8_is_v4_bit_for_bit_single_and_paired(rng):
+def test_v8_is_v4_bit_for_bit_single_and_paired(two_layers_20x512):
     """v8 (persistent blocks, each taking several items; the cp.async ring across items) gives v4's
     kv bit for bit, alone and as one two-layer pool: 2 tiles x 2 layers over 2 blocks, a pad block,
     rows past N, shares with no unit."""
-    N, K, T = 20, 512, 1
-    raws, xs, want = _two_layers_by_v4(rng, N, K, T)
+    N, K, T, raws, xs, want = two_layers_20x512
     single = cuda.to_device(np.full((T, N), POISON, np.uint16))
     P.project_q(xs[0], cuda.to_device(raws[0]), None, single, weight="q2k_r", version="gemv_q2k_v8")
     np.testing.assert_array_equal(single.copy_to_host(), want[0])
@@ -212,14 +219,13 @@ def test_v8_is_v4_bit_for_bit_single_and_paired(rng):
 
 @pytest.mark.slow
 @pytest.mark.parametrize("team,stages", [(3, 2)])      # team 2 takes the same shared-memory path
-def test_v8_teams_are_v4_bit_for_bit(rng, team, stages):
+def test_v8_teams_are_v4_bit_for_bit(two_layers_20x512, team, stages):
     """The shapes the H200 sweep times (tools/q2kr_v8_variants.py): blocks of 2 or 3 warps that add
     their shares' fragments through shared memory (two buffers, one barrier an item) give v4's
     bits too: the two-layer pool, 2 tiles x 2 layers over 2 blocks (two items a block)."""
     from engram_numba.device.launch import PreparedLaunch
     from engram_numba.stages.proj.cuda_common import flat_u32
-    N, K, T = 20, 512, 1
-    raws, xs, want = _two_layers_by_v4(rng, N, K, T)
+    N, K, T, raws, xs, want = two_layers_20x512
     _, pair = C._make_gemv8(team, stages, 1)
     outs = [cuda.to_device(np.full((T, N), POISON, np.uint16)) for _ in range(2)]
     both = cuda.to_device(np.concatenate(raws))
