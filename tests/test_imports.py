@@ -175,6 +175,7 @@ def test_importing_numba_first_still_picks_the_simulator_or_says_why(numba_first
         assert "SIM False" in out.stdout and "NUMBA_ENABLE_CUDASIM=1 before numba is first imported" in out.stdout
 
 
+@pytest.mark.slow      # a fresh process compiling the cpu backend: make test runs it, make test-fast does not
 def test_forked_child_survives_the_cpu_backend(tmp_path):
     """After the cpu backend's parallel kernels ran, a child forked by multiprocessing (the default
     start method on Linux) runs them too: the package picks a fork-safe threading layer."""

@@ -452,6 +452,7 @@ def test_corpus_stats_with_host_tables_prefetches_and_equals_device_tables(model
         np.testing.assert_array_equal(x, y)
 
 
+@pytest.mark.slow      # compile-only, like the compile tier (which make test-fast leaves out too)
 def test_fetch_kernel_compiles_for_sm90():
     """Compile-only (the simulator does no type checking): the fetch kernel for 4-byte words and for
     bytes, in a subprocess with the simulator off (no GPU needed)."""
