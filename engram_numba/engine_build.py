@@ -194,7 +194,8 @@ def pair_buffer(cfg, wkv_formats: dict):
 
 def upload_layers(model, cfg, placement, wkv_formats: dict, wkv_pair, uploader: Uploader):
     """Every layer's weights where `placement` puts its table -> ({layer id: EngramLayerWeights},
-    {layer id: [HostTable]} of the host-resident tables)."""
+    {layer id: [HostTable]} of the host-resident tables). Call `check_layers` first: it refuses
+    bad shapes and short files before anything is allocated."""
     layers: dict[int, EngramLayerWeights] = {}
     host_tables: dict = {}
     for lid in cfg.layer_ids:
@@ -203,14 +204,7 @@ def upload_layers(model, cfg, placement, wkv_formats: dict, wkv_pair, uploader: 
         w_gate = (np.asarray(lf.q_weight, np.float32) * np.asarray(lf.k_weight, np.float32)).astype(np.float32)
         table = lf.table
         enc = get_encoding(lf.table_encoding)
-        scales = lf.table_scales
-        if scales is not None and (enc.name != "fp8" or tuple(scales.shape) != (table.shape[0], 8)):
-            raise ValueError(f"layer {lid}: table_scales {list(scales.shape)} needs an fp8 table of codes "
-                             f"[rows, 256] and scales [rows, 8] (encoding {enc.name}, table {list(table.shape)})")
-        width = enc.row_bytes if scales is None else 256
-        if table.shape[1] != width:
-            raise ValueError(f"layer {lid}: its {enc.name} table has {table.shape[1]} bytes a row, "
-                             f"expected {width}")
+        scales = lf.table_scales                  # shapes checked by check_layers before any allocation
         dest = None
         if wkv_pair is not None:
             half = wkv_pair.shape[0] // 2

@@ -36,7 +36,9 @@ def name_of(v) -> str:
     return "v8[team=%d,stages=%d,per_sm=%d]" % v
 
 
-def compile_report(variants) -> list[dict]:
+def compile_report(variants, family: str = "v8", label=None) -> list[dict]:
+    """Registers, spills and shared memory (sm_90a) of each variant's single and two-layer kernels,
+    built by the q2k_r factory of `family` (v8 or v9: `_make_gemv8` / `_make_gemv9`)."""
     os.environ["NUMBA_ENABLE_CUDASIM"] = "0"
     from numba import cuda
 
@@ -46,14 +48,14 @@ def compile_report(variants) -> list[dict]:
     cc._patch_current_device()
     rows = []
     for v in variants:
-        gemv, pair = C._make_gemv8(*v)
+        gemv, pair = getattr(C, f"_make_gemv{family[1:]}")(*v)
         for form, k, args in (("single", gemv, records._Q2K_FAST_ARGS), ("pair", pair, records._Q2KR_PAIR_ARGS)):
             ptx, _ = cuda.compile_ptx(k.py_func, tuple(args), cc=cc.CC,
                                       launch_bounds=k.targetoptions.get("launch_bounds"))
             rep = cc.ptxas_report(ptx)
-            row = dict(variant=name_of(v), form=form, registers=rep["registers"],
+            row = dict(variant=(label or name_of)(v), form=form, registers=rep["registers"],
                        spill_bytes=rep.get("spill_stores", -1) + rep.get("spill_loads", -1),
-                       shared_bytes=C.v8_shared_bytes(v[0], v[1]), warps_an_sm=v[0] * v[2])
+                       shared_bytes=getattr(C, f"{family}_shared_bytes")(v[0], v[1]), warps_an_sm=v[0] * v[2])
             print(json.dumps(row), flush=True)
             rows.append(row)
     return rows

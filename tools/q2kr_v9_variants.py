@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import sys
 import time
 from pathlib import Path
@@ -35,26 +34,10 @@ def name_of(v) -> str:
 
 
 def compile_report(variants) -> list[dict]:
-    os.environ["NUMBA_ENABLE_CUDASIM"] = "0"
-    from numba import cuda
-
-    from engram_numba.stages import compile_check as cc
-    from engram_numba.stages.proj import cuda_gemv_q2kr as C
-    from engram_numba.stages.proj import records
-    cc._patch_current_device()
-    rows = []
-    for v in variants:
-        gemv, pair = C._make_gemv9(*v)
-        for form, k, args in (("single", gemv, records._Q2K_FAST_ARGS), ("pair", pair, records._Q2KR_PAIR_ARGS)):
-            ptx, _ = cuda.compile_ptx(k.py_func, tuple(args), cc=cc.CC,
-                                      launch_bounds=k.targetoptions.get("launch_bounds"))
-            rep = cc.ptxas_report(ptx)
-            row = dict(variant=name_of(v), form=form, registers=rep["registers"],
-                       spill_bytes=rep.get("spill_stores", -1) + rep.get("spill_loads", -1),
-                       shared_bytes=C.v9_shared_bytes(v[0], v[1]), warps_an_sm=v[0] * v[2])
-            print(json.dumps(row), flush=True)
-            rows.append(row)
-    return rows
+    """v8's compile report (tools/q2kr_v8_variants.py) on v9's factory."""
+    sys.path.insert(0, str(Path(__file__).resolve().parent))
+    from q2kr_v8_variants import compile_report as report
+    return report(variants, family="v9", label=name_of)
 
 
 def run(variants, out_path: Path | None) -> dict:

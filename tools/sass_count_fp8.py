@@ -13,67 +13,21 @@ includes ptxas's never-executed `@!PT LDS` padding.
 """
 from __future__ import annotations
 
-import collections
 import os
-import re
-import shutil
-import subprocess
 import sys
-import tempfile
 from pathlib import Path
 
 os.environ["NUMBA_ENABLE_CUDASIM"] = "0"
 REPO = Path(__file__).resolve().parent.parent
 if str(REPO) not in sys.path:
     sys.path.insert(0, str(REPO))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from sass_count_q2kr import loop_counts, sass_of_kernel  # noqa: E402  (the same compile, nvdisasm and loop finder)
 
 
 def sass_of(name: str) -> str:
-    from cuda.bindings import nvjitlink as nj
-    from numba import cuda
-
-    from engram_numba.stages import compile_check as cc
     from engram_numba.stages.proj import cuda_fp8_wgmma as F, records
-    cc._patch_current_device()
-    k = F.KERNELS[name]
-    ptx, _ = cuda.compile_ptx(k.py_func, tuple(records._FP8_GEMM_ARGS), cc=cc.CC,
-                              launch_bounds=k.targetoptions.get("launch_bounds"))
-    h = nj.create(1, [f"-arch={cc.ARCH}"])
-    try:
-        data = ptx.encode()
-        nj.add_data(h, nj.InputType.PTX, data, len(data), name)
-        nj.complete(h)
-        cubin = bytearray(nj.get_linked_cubin_size(h))
-        nj.get_linked_cubin(h, cubin)
-    finally:
-        nj.destroy(h)
-    tool = os.environ.get("NVDISASM") or shutil.which("nvdisasm")
-    if not tool:
-        raise SystemExit("error: no nvdisasm (set NVDISASM, or pip install nvidia-cuda-nvdisasm)")
-    with tempfile.NamedTemporaryFile(suffix=".cubin") as f:
-        f.write(cubin)
-        f.flush()
-        return subprocess.run([tool, "-c", f.name], capture_output=True, text=True, check=True).stdout
-
-
-def loop_counts(sass: str) -> collections.Counter:
-    lines = sass.splitlines()
-    labels = {m.group(1): i for i, ln in enumerate(lines) if (m := re.match(r"^(\.L_x_\d+):", ln))}
-    best = None
-    for i, ln in enumerate(lines):
-        m = re.search(r"BRA `\((\.L_x_\d+)\)", ln)
-        if m and m.group(1) in labels and labels[m.group(1)] < i:
-            span = (labels[m.group(1)], i)
-            if best is None or span[1] - span[0] > best[1] - best[0]:
-                best = span
-    if best is None:
-        raise SystemExit("error: no backward branch (loop) found in the SASS")
-    ops = collections.Counter()
-    for ln in lines[best[0]:best[1] + 1]:
-        m = re.match(r"^\s+/\*[0-9a-f]+\*/\s+(?:@!?U?P\w+\s+)?([A-Z0-9_]+)", ln)
-        if m:
-            ops[m.group(1)] += 1
-    return ops
+    return sass_of_kernel(name, F.KERNELS[name], records._FP8_GEMM_ARGS)
 
 
 def main(names) -> None:

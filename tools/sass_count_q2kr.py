@@ -27,16 +27,16 @@ INT_PIPE = ("LOP3", "PRMT", "SHF", "MOV", "CS2R", "IADD3", "LEA", "ISETP", "SEL"
 MMA_A_UNIT = 32                   # 16 rows x 512 k: 32 mma.m16n8k16, 8192 weights
 
 
-def sass_of(name: str) -> str:
+def sass_of_kernel(name: str, kernel, argtypes) -> str:
+    """The SASS of `kernel` compiled for `argtypes` as the compile tier does (numba's PTX, linked by
+    nvJitLink for sm_90a), disassembled by nvdisasm."""
     from cuda.bindings import nvjitlink as nj
     from numba import cuda
 
     from engram_numba.stages import compile_check as cc
-    from engram_numba.stages.proj import cuda_gemv_q2kr as C, records
     cc._patch_current_device()
-    k = C.KERNELS[name]
-    ptx, _ = cuda.compile_ptx(k.py_func, tuple(records.FAST_ARGS), cc=cc.CC,
-                              launch_bounds=k.targetoptions.get("launch_bounds"))
+    ptx, _ = cuda.compile_ptx(kernel.py_func, tuple(argtypes), cc=cc.CC,
+                              launch_bounds=kernel.targetoptions.get("launch_bounds"))
     h = nj.create(1, [f"-arch={cc.ARCH}"])
     try:
         data = ptx.encode()
@@ -53,6 +53,11 @@ def sass_of(name: str) -> str:
         f.write(cubin)
         f.flush()
         return subprocess.run([tool, "-c", f.name], capture_output=True, text=True, check=True).stdout
+
+
+def sass_of(name: str) -> str:
+    from engram_numba.stages.proj import cuda_gemv_q2kr as C, records
+    return sass_of_kernel(name, C.KERNELS[name], records.FAST_ARGS)
 
 
 def loop_counts(sass: str) -> collections.Counter:
