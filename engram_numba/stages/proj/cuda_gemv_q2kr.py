@@ -42,9 +42,8 @@ blockIdx.z picks the layer) giving each layer the bits of its own launch.
                every unit; v7: 691 a unit). Its two-layer launch has its own shape
                (V9_PAIR_SHAPE: 3 slots, 10 blocks an SM). The default at T = 1 on a GPU: 41.3 us
                on the H200 against v8's 44.4, both layers 68.6 against 72.2. Nsight Compute:
-               21.8 warps an SM (v8 11.5) but an instruction every 10.7 cycles a warp (v8 5.7),
-               so ~2 instructions a cycle an SM for both: the integer pipe (half the FMA pipe's
-               rate), not occupancy, bounds the decode.
+               21.8 warps an SM (v8 11.5), ~2 instructions a cycle an SM as v8, no pipe past
+               42% and half the issue slots empty: dependency-bound (docs/design.md).
 """
 from __future__ import annotations
 

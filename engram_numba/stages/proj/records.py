@@ -397,8 +397,8 @@ _proj("gemv_q2k_v9",
       "v7's decode with y3 as one fma; launch bounds for 14 blocks (28 warps) an SM: 72 registers, no spills; "
       "the two-layer launch its own shape (3 slots, 10 blocks an SM). H200, L2 cold: 41.3 / 46.1 / 47.2 us "
       "at T = 1 / 4 / 8 (v8 44.4 / 46.4 / 46.9), both layers at T = 1 68.6 us (v8 72.2); 21.8 warps an SM but "
-      "an instruction every 10.7 cycles a warp: ~2 a cycle an SM, as v8 with half the warps, so not occupancy "
-      "but the integer pipe bounds both (bench/results/h200_ncu_gemv_q2kr_v9_754c9b8.txt)",
+      "~2 instructions a cycle an SM as v8, ALU pipe 42%, FMA pipe 31%, issue slots 52% busy: dependency-bound, "
+      "not occupancy- or pipe-bound (bench/results/h200_ncu_gemv_pipes_dca93e4.txt)",
       when="q2k_r weights, T = 1, on a GPU", rule=_t1_default,
       kernel=cuda_gemv_q2kr.KERNELS["gemv_q2k_v9"], geometry=cuda_gemv_q2kr.geometry("gemv_q2k_v9"), args="fast",
       specs=_q2kr_specs("gemv_q2k_v9", cuda_gemv_q2kr.KERNELS["gemv_q2k_v9"],
