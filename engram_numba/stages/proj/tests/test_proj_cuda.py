@@ -132,6 +132,7 @@ CANDIDATE_CASES = [("128x256/s4/noswz", (33, 264, 200)), ("64x64/s3/sw128", (70,
                    ("64x256/s4/sw128", (5, 72, 260)), ("128x128/s3/sw128", (130, 200, 130))]
 
 
+@pytest.mark.slow      # layouts no record uses: make test checks them, make test-fast does not
 @pytest.mark.parametrize("name,shape", CANDIDATE_CASES, ids=[n for n, _ in CANDIDATE_CASES])
 def test_wgmma_candidates_match_reference(rng, name, shape):
     T, K, N = shape
