@@ -557,12 +557,15 @@ def corpus_stats(model, corpus=None, *, texts=None, documents=None, backend="cpu
     kinds_seen: set[str] = set()
     timing = {"produce_s": 0.0, "gates_s": 0.0, "reduce_s": 0.0}
 
-    def highway_for(job: _Job):
-        from_file = [p[0] is not None for p in job.pieces]
-        kinds_seen.update("file" if f else "synthetic" for f in from_file)
+    def note_kinds(kinds) -> None:
+        kinds_seen.update(kinds)
         if len(kinds_seen) > 1:
             raise ValueError("the corpus mixes documents with highway files and documents without: run them "
                              "separately (a statistic over both would mix real and synthetic hidden states)")
+
+    def highway_for(job: _Job):
+        from_file = [p[0] is not None for p in job.pieces]
+        note_kinds("file" if f else "synthetic" for f in from_file)
         if all(from_file):
             return _file_highway(job, cfg.layer_ids)
         if device_highway is not None:
@@ -602,10 +605,7 @@ def corpus_stats(model, corpus=None, *, texts=None, documents=None, backend="cpu
             hw = lambda stream: device_highway(pos)  # noqa: E731
         else:
             hw = lambda stream: dev_synth.device(pos, stream)  # noqa: E731
-        kinds_seen.add("synthetic")
-        if len(kinds_seen) > 1:
-            raise ValueError("the corpus mixes documents with highway files and documents without: run them "
-                             "separately (a statistic over both would mix real and synthetic hidden states)")
+        note_kinds(("synthetic",))
         done = dc.submit(job.row_ids, hw, None if job.live.all() else job.live)
         timing["gates_s"] += time.perf_counter() - t0
 
