@@ -359,6 +359,29 @@ def test_gpu_v7_is_v4_bit_for_bit(rng, gpu_record, T, K, N):
     assert differ == 0 and pair_same
 
 
+def _gpu_against_v4(rng, gpu_record, version, T, K, N, **extra):
+    """`version` against gemv_q2k_v4 on every output at T x K x N, alone and as the two-layer launch
+    (each layer against v4 on that layer alone); the counts go to the gpu results."""
+    raw, raw_b = (C.repack_on_device(cuda.to_device(random_q2k(rng, N, K)), N, K) for _ in range(2))
+    x, xb = (cuda.to_device(random_x(rng, T, K)) for _ in range(2))
+    want = []
+    for xi, wi in ((x, raw), (xb, raw_b)):
+        o = cuda.to_device(np.full((T, N), POISON, np.uint16))
+        P.project_q(xi, wi, None, o, weight="q2k_r", version="gemv_q2k_v4")
+        want.append(o.copy_to_host())
+    single = cuda.to_device(np.full((T, N), POISON, np.uint16))
+    P.project_q(x, raw, None, single, weight="q2k_r", version=version)
+    got = single.copy_to_host()
+    pa, pb = (cuda.to_device(np.full((T, N), POISON, np.uint16)) for _ in range(2))
+    both = cuda.to_device(np.concatenate([raw.copy_to_host(), raw_b.copy_to_host()]))
+    C.prepare_pair(version, x, xb, both, pa, pb)()
+    differ = int((got != want[0]).sum())
+    pair_differ = int((pa.copy_to_host() != want[0]).sum() + (pb.copy_to_host() != want[1]).sum())
+    gpu_record(test=f"{version} vs gemv_q2k_v4 bits", shape=[T, K, N], outputs_differing=differ,
+               pair_outputs_differing=pair_differ, **extra, passed=differ == 0 and pair_differ == 0)
+    assert differ == 0 and pair_differ == 0
+
+
 @pytest.mark.gpu
 @pytest.mark.parametrize("T,K,N", [(1, 6144, 25600), (4, 6144, 25600), (8, 6144, 25600),
                                    (16, 6144, 25600),   # 2 token groups: 3200 items, a second round
@@ -368,24 +391,7 @@ def test_gpu_v7_is_v4_bit_for_bit(rng, gpu_record, T, K, N):
 def test_gpu_v8_is_v4_bit_for_bit(rng, gpu_record, T, K, N):
     """gemv_q2k_v8 (persistent grid, cp.async ring, v7's decode and skips) against v4 on every
     output, alone and in the two-layer pool (whose items interleave both layers in each block)."""
-    raw, raw_b = (C.repack_on_device(cuda.to_device(random_q2k(rng, N, K)), N, K) for _ in range(2))
-    x, xb = (cuda.to_device(random_x(rng, T, K)) for _ in range(2))
-    want = []
-    for xi, wi in ((x, raw), (xb, raw_b)):
-        o = cuda.to_device(np.full((T, N), POISON, np.uint16))
-        P.project_q(xi, wi, None, o, weight="q2k_r", version="gemv_q2k_v4")
-        want.append(o.copy_to_host())
-    single = cuda.to_device(np.full((T, N), POISON, np.uint16))
-    P.project_q(x, raw, None, single, weight="q2k_r", version="gemv_q2k_v8")
-    got = single.copy_to_host()
-    pa, pb = (cuda.to_device(np.full((T, N), POISON, np.uint16)) for _ in range(2))
-    both = cuda.to_device(np.concatenate([raw.copy_to_host(), raw_b.copy_to_host()]))
-    C.prepare_pair("gemv_q2k_v8", x, xb, both, pa, pb)()
-    differ = int((got != want[0]).sum())
-    pair_differ = int((pa.copy_to_host() != want[0]).sum() + (pb.copy_to_host() != want[1]).sum())
-    gpu_record(test="gemv_q2k_v8 vs gemv_q2k_v4 bits", shape=[T, K, N], outputs_differing=differ,
-               pair_outputs_differing=pair_differ, grid=C.v8_grid(T, N), passed=differ == 0 and pair_differ == 0)
-    assert differ == 0 and pair_differ == 0
+    _gpu_against_v4(rng, gpu_record, "gemv_q2k_v8", T, K, N, grid=C.v8_grid(T, N))
 
 
 @pytest.mark.gpu
@@ -397,21 +403,4 @@ def test_gpu_v8_is_v4_bit_for_bit(rng, gpu_record, T, K, N):
 def test_gpu_v9_is_v4_bit_for_bit(rng, gpu_record, T, K, N):
     """gemv_q2k_v9 (one item a block of 2 warps, static cp.async ring, warp-uniform skips) against
     v4 on every output, alone and as the two-layer launch."""
-    raw, raw_b = (C.repack_on_device(cuda.to_device(random_q2k(rng, N, K)), N, K) for _ in range(2))
-    x, xb = (cuda.to_device(random_x(rng, T, K)) for _ in range(2))
-    want = []
-    for xi, wi in ((x, raw), (xb, raw_b)):
-        o = cuda.to_device(np.full((T, N), POISON, np.uint16))
-        P.project_q(xi, wi, None, o, weight="q2k_r", version="gemv_q2k_v4")
-        want.append(o.copy_to_host())
-    single = cuda.to_device(np.full((T, N), POISON, np.uint16))
-    P.project_q(x, raw, None, single, weight="q2k_r", version="gemv_q2k_v9")
-    got = single.copy_to_host()
-    pa, pb = (cuda.to_device(np.full((T, N), POISON, np.uint16)) for _ in range(2))
-    both = cuda.to_device(np.concatenate([raw.copy_to_host(), raw_b.copy_to_host()]))
-    C.prepare_pair("gemv_q2k_v9", x, xb, both, pa, pb)()
-    differ = int((got != want[0]).sum())
-    pair_differ = int((pa.copy_to_host() != want[0]).sum() + (pb.copy_to_host() != want[1]).sum())
-    gpu_record(test="gemv_q2k_v9 vs gemv_q2k_v4 bits", shape=[T, K, N], outputs_differing=differ,
-               pair_outputs_differing=pair_differ, passed=differ == 0 and pair_differ == 0)
-    assert differ == 0 and pair_differ == 0
+    _gpu_against_v4(rng, gpu_record, "gemv_q2k_v9", T, K, N)
