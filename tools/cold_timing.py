@@ -100,7 +100,7 @@ def main():
         return [prepare_project(x, w, out=o, version=version) for w in wb]
 
     def dcopy():
-        dst = cuda.device_array(wr[0].size, wr[0].dtype)
+        dst = cuda.device_array_like(wr[0])
         return [(lambda w=w: dst.copy_to_device(w)) for w in wr]
 
     cases = {"gemv_q2k_v9": (q2k("gemv_q2k_v9"), 49.2e6), "gemv_q2k_v4": (q2k("gemv_q2k_v4"), 49.2e6),
