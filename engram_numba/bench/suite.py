@@ -43,7 +43,8 @@ from . import decode as bench_decode
 from .baselines import torch_gate, torch_or_none, torch_q2k_decode, torch_view
 from .report import markdown_table, plot_results, update_readme  # noqa: F401  (re-exported for scripts)
 from .results_io import load_results
-from .timing import RELEASED, SMOKE, BenchShape, DeviceTimer, commit, device_name, make_record, measure_copy_gbps
+from .timing import (RELEASED, SMOKE, TIMING_METHOD, BenchShape, DeviceTimer, commit, device_name, make_record,
+                     measure_copy_gbps)
 from .validate import gate_agrees, projection_agrees, projection_reference_rows
 from .corpus import run as corpus_bench
 
@@ -588,7 +589,7 @@ def main(args=None) -> int:
     default_out = "bench/results/smoke.json" if smoke else "bench/results/h200.json"
     out = Path(getattr(args, "out", None) or default_out)
     out.parent.mkdir(parents=True, exist_ok=True)
-    result = {"commit": commit()}
+    result = {"commit": commit(), "timing": TIMING_METHOD}
     quick = getattr(args, "quick", False) or smoke
     if getattr(args, "variants_only", False):
         result.update({"device": device_name(), "copy_gbps": 0.0, "records": [],

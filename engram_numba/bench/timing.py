@@ -1,9 +1,14 @@
 """How the benchmark measures: CUDA-event medians with L2 flushed, floors, and records.
 
 `DeviceTimer` times a callable on the device: before every run a spin kernel keeps the GPU busy
-while Python enqueues (so the events measure the device, not the launch latency), then a write
-over a buffer larger than L2 evicts the previous run's data; the median of `iters` runs after
-`warmup` calls is returned in microseconds. In numba's simulator (the smoke test) there are no
+while Python enqueues (so the events measure the device, not the launch latency), then a kernel
+*reading* a buffer larger than L2 evicts the previous run's data; the median of `iters` runs after
+`warmup` calls is returned in microseconds. The flush reads rather than writes so that the L2 it
+leaves holds clean lines: a written flush leaves it full of dirty lines, and the timed kernel's
+first ~60 MB of reads then also pay for writing them back. On the H200 (tools/cold_timing.py,
+bench/results/h200_cold_timing_*.json) the written flush added 3.4 us to a 49 MB one-token GEMV and
+8-9 us to the 157 / 315 MB ones; read-flushed times match one cold launch and, within 2 us, the
+same GEMVs launched back to back on rotating copies of their weights (a decode step's situation). In numba's simulator (the smoke test) there are no
 events and no L2: host time is returned instead, and every figure it gives is meaningless.
 """
 from __future__ import annotations
@@ -19,6 +24,9 @@ import numpy as np
 
 BF16_TFLOPS = 790.0          # H200 dense bf16 matrix throughput (floor of FLOP-bound stages)
 L2_FLUSH_BYTES = 256 << 20
+# what a results file says about its timings (bench/suite.py writes it beside the records)
+TIMING_METHOD = ("CUDA events around each run, after a spin kernel (device time, not launch latency) and "
+                 "a kernel reading 256 MiB (L2 flushed, its lines left clean); median of the runs")
 
 
 @dataclass(frozen=True)
@@ -76,7 +84,6 @@ class DeviceTimer:
         self.cuda = cuda
         self.stream = stream
         self.simulated = bool(config.ENABLE_CUDASIM)
-        self._k = 0
         if self.simulated:
             return
 
@@ -90,15 +97,29 @@ class DeviceTimer:
 
         @cuda.jit
         def flush(buf, value):
+            # read every word (clean L2 lines, see the module doc); `fill` makes every word < 2^16,
+            # so a thread's xor never equals the 0xFFFFFFFF passed and the store never happens,
+            # but it keeps the loads from being optimised away
             i = cuda.grid(1)
             stride = cuda.gridsize(1)
+            acc = np.uint32(0)
             while i < buf.size:
-                buf[i] = value
+                acc ^= buf[i]
                 i += stride
+            if acc == value:
+                buf[0] = acc
+
+        @cuda.jit
+        def fill(buf):
+            i = cuda.grid(1)
+            while i < buf.size:
+                buf[i] = np.uint32(i & 0xFFFF)
+                i += cuda.gridsize(1)
 
         self._spin, self._flush = spin, flush
         self._flag = cuda.device_array(1, dtype=np.int32)
         self._buf = cuda.device_array(flush_bytes // 4, dtype=np.uint32)
+        fill[264, 512](self._buf)
 
     def __call__(self, fn, iters: int = 50, warmup: int = 3, spin_us: int = 1000, flush: bool = True) -> float:
         cuda = self.cuda
@@ -112,10 +133,9 @@ class DeviceTimer:
         cuda.synchronize()
         pairs = []
         for _ in range(iters):
-            self._k += 1
             self._spin[1, 32, self.stream](spin_us * 1000, self._flag)
             if flush:
-                self._flush[264, 512, self.stream](self._buf, np.uint32(self._k))
+                self._flush[264, 512, self.stream](self._buf, np.uint32(0xFFFFFFFF))
             e0, e1 = cuda.event(), cuda.event()
             e0.record(self.stream)
             fn()
