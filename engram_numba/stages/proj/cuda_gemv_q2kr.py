@@ -1333,10 +1333,13 @@ def _make_unit10(pairj: bool):
 v10_shared_bytes = v9_shared_bytes     # the same slots and share fragments
 
 
-def _make_gemv10(team: int, stages: int, blocks_per_sm: int, pairj: bool = True):
+def _make_gemv10(team: int, stages: int, blocks_per_sm: int, pairj: bool = True, early: bool = False):
     """gemv_q2k_v10 and its two-layer launch (the section's comment): v9's blocks of `team` warps (1,
     2, 3 or 6) on one item, `stages` unit slots a warp, launch bounds for `blocks_per_sm` blocks an
-    SM; `pairj`: sub-blocks decoded in pairs, their mma alternating between the two chains."""
+    SM; `pairj`: sub-blocks decoded in pairs, their mma alternating between the two chains; `early`:
+    the copy of unit k + stages - 1 is issued before unit k is decoded (into the slot unit k - 1
+    freed), not after: as many units in flight during a decode as v9's ring with one slot more,
+    and a start burst of stages - 1 units a warp instead of stages."""
     if 6 % team or stages < 2:
         raise ValueError(f"gemv_q2k_v10 needs a team of 1, 2, 3 or 6 warps and >= 2 stages, got {team}, {stages}")
     if blocks_per_sm * (v9_shared_bytes(team, stages) + 1024) > SM_SHARED_BYTES:
@@ -1348,7 +1351,8 @@ def _make_gemv10(team: int, stages: int, blocks_per_sm: int, pairj: bool = True)
     slot_words = stages * team * CP_SLOT_WORDS
     red_size = 6 * 128                             # [share][lane][c0..c3] fp32: one 16-byte slot a lane
     scratch_size = 6 * threads if SIMULATOR else 1
-    wait_oldest = cp_async_waiter(stages - 1)
+    wait_oldest = cp_async_waiter(stages - 2 if early else stages - 1)
+    ahead = stages - 1 if early else stages        # units copied before the first decode
     unit10 = _make_unit10(pairj)
 
     @device_function(**INLINE)
@@ -1374,7 +1378,7 @@ def _make_gemv10(team: int, stages: int, blocks_per_sm: int, pairj: bool = True)
         zero = opaque_zero(T)
         bias = np.uint32(SEL_BIAS) + zero
         magic = np.uint32(NIB_MAGIC) + zero
-        for s in range(stages):
+        for s in range(ahead):
             _cp_job(sm, (qs + s * 192) * 16, w32, wnext, lane, g, s < live)
             wnext += UNIT_CHUNKS
         tok = grp * V4_TOKENS + g
@@ -1391,15 +1395,21 @@ def _make_gemv10(team: int, stages: int, blocks_per_sm: int, pairj: bool = True)
         ku = np.int32(0)
         sh = warp * shares
         q = qs
+        qfree = qlast                              # early: the slot unit k - 1 freed (none yet: the last)
         k = np.int32(0)
         while k < jobs:
-            wait_oldest()
+            wait_oldest()                          # unit k has landed
+            if early:                              # unit k + stages - 1 into the free slot, then decode k
+                _cp_job(sm, qfree * 16, w32, wnext, lane, g, np.int32(k + stages - 1) < live)
+                wnext += UNIT_CHUNKS
             if k < live or (SIMULATOR and k < nu):
                 c0, c1, c2, c3, e0, e1, e2, e3 = unit10(c0, c1, c2, c3, e0, e1, e2, e3, sm, q, x32, xk,
                                                         tok < T and k < live, k != pad, bias, magic, scratch)
-            _cp_job(sm, q * 16, w32, wnext, lane, g, np.int32(k + stages) < live)
-            wnext += UNIT_CHUNKS
+            if not early:                          # v9: unit k + stages into the slot just decoded
+                _cp_job(sm, q * 16, w32, wnext, lane, g, np.int32(k + stages) < live)
+                wnext += UNIT_CHUNKS
             xk += 64
+            qfree = q
             q = qs if q == qlast else np.int32(q + 192)
             k = np.int32(k + 1)
             ku = np.int32(ku + 1)
