@@ -1,5 +1,5 @@
 """gemv_q2k_v10's variants on the H200: each (warps a block, unit slots a warp, blocks an SM, pairj,
-early) shape built from the registered kernel's factory (`cuda_gemv_q2kr._make_gemv10`), checked bit
+early, split) shape built from the registered kernel's factory (`cuda_gemv_q2kr._make_gemv10`), checked bit
 for bit against gemv_q2k_v4 on every output, and only then timed beside v9 (the T = 1 default) and v4.
 
     # no GPU: registers, spills and shared memory of each variant for sm_90a (the compile tier's way)
@@ -12,7 +12,8 @@ for bit against gemv_q2k_v4 on every output, and only then timed beside v9 (the 
 
 The variants separate v10's changes: pairj (sub-blocks decoded in pairs, the mma alternating between
 the two accumulator chains) against v9's decode order with v10's 16-byte fragment stores; early (the
-ring issues the next copy before decoding, halving the start burst) on v9's 2 and 3 slots. A variant
+ring issues the next copy before decoding, halving the start burst); split (a unit copied as two
+groups, the first block decoded once its 2 KB have landed). A variant
 that differs from v4 in any output, or fails, is reported (with the error) and not timed; the rest go
 on. Figures are kernel times (no launch overhead); the floor is the weight bytes over the measured
 device copy rate.
@@ -28,13 +29,13 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))   # the package beside tools/
 
-# (warps a block, unit slots a warp, blocks an SM, pairj, early); the first is the registered
+# (warps a block, unit slots a warp, blocks an SM, pairj, early, split); the first is the registered
 # gemv_q2k_v10 (its two-layer launch has its own shape, V10_PAIR_SHAPE, timed as "gemv_q2k_v10").
-VARIANTS = [(2, 2, 14, True, False),       # v10 as registered
-            (2, 2, 14, False, False),      # v9's decode order, v10's epilogue: what pairj alone gives
-            (2, 2, 14, True, True),        # early issue on 2 slots: same overlap, half the start burst
-            (2, 3, 10, True, False),       # v9's pair shape (93 registers): more room for the scheduler
-            (2, 3, 10, True, True)]        # 3 slots, early: 2 units in flight while decoding
+VARIANTS = [(2, 2, 14, True, True, True),      # v10 as registered: pairj, early ring, split copies
+            (2, 2, 14, True, False, False),    # pairj alone (v9's ring)
+            (2, 2, 14, False, False, False),   # v9's decode order and ring, v10's 16-byte epilogue only
+            (2, 2, 14, True, True, False),     # early without split
+            (2, 3, 10, True, True, True)]      # the registered pair shape as a single launch (95 registers)
 CHECK_TOKENS = (1, 4, 8)
 ODD_SHAPES = [(3, 3328, 13),               # a pad block, rows past N, warp 1 with one unit and empty shares
               (9, 1536, 40),               # 2 token groups, 3 units: warp 1 has none
@@ -43,7 +44,7 @@ N, K = 25600, 6144
 
 
 def name_of(v) -> str:
-    return "v10[team=%d,stages=%d,per_sm=%d,pairj=%d,early=%d]" % v
+    return "v10[team=%d,stages=%d,per_sm=%d,pairj=%d,early=%d,split=%d]" % tuple(v)
 
 
 def compile_report(variants) -> list[dict]:

@@ -2,7 +2,7 @@
 
     prepare_repack(raw, packed, N, K)      Q2_K blocks uint8 [N, K/256*84] -> q2k_r, on the device
     prepare_decode_q2k_r(packed, out)      q2k_r -> bf16 words uint16 [N, K], through the GEMV's decode
-    gemv_q2k_v4 .. v9                      kv = bf16(x @ W^T) for a few tokens, W read as q2k_r
+    gemv_q2k_v4 .. v10                     kv = bf16(x @ W^T) for a few tokens, W read as q2k_r
 
 The math is gemv_q2k_v2's (bf16-rounded weights: each weight is the reference decoder's fp32 value
 `(d*sc)*q - dmin*m` rounded to bf16, picked from a byte_perm table of the sub-block's 4 values, fed
@@ -44,6 +44,12 @@ blockIdx.z picks the layer) giving each layer the bits of its own launch.
                on the H200 against v8's 44.4, both layers 68.6 against 72.2. Nsight Compute:
                21.8 warps an SM (v8 11.5), ~2 instructions a cycle an SM as v8, no pipe past
                42% and half the issue slots empty: dependency-bound (docs/design.md).
+  gemv_q2k_v10 v9 (bit-identical to v4) with sub-blocks decoded in pairs, their mma alternating
+               between the two chains; the ring's next copy issued before the decode (half the
+               grid's start burst) and split in two groups (a warp starts on its first 2 KB); the
+               share fragments as one 16-byte shared access a lane: 72 registers, no spills, 764
+               SASS instructions a unit. Its two-layer launch: 3 slots, 10 blocks an SM
+               (V10_PAIR_SHAPE). Not yet timed on the H200 (tools/q2kr_v10_variants.py).
 """
 from __future__ import annotations
 
@@ -1241,12 +1247,20 @@ def _make_gemv9(team: int, stages: int, blocks_per_sm: int):
 #     independent pick chains are in flight at every step (the q words are the same for both: only
 #     the shift of the codes differs);
 #   - the share fragments go through shared memory as one 16-byte store / load a lane (v9: four
-#     4-byte accesses at a 16-byte stride, a 4-way bank conflict each).
-# The factory takes v9's (team, stages, blocks an SM) and `pairj` (False: v9's decode order, to
-# separate the two changes on the GPU).
+#     4-byte accesses at a 16-byte stride, a 4-way bank conflict each);
+#   - the ring issues the copy of unit k + stages - 1 before decoding unit k, into the slot unit
+#     k - 1 freed (`early`; v9 issues unit k + stages after the decode, into unit k's slot): as many
+#     units in flight while a warp decodes, but the grid's start burst (every warp's first copies
+#     at once, 17 MB for v9's 2 slots: ~4 us of DRAM before the last warp can start) is halved;
+#   - each unit is copied as two commit groups (`split`): the first block's quant chunks with the
+#     scale and d/dmin chunks, then the second block's, so a warp starts on its first 2 KB.
+# All the waits stay per lane (each lane waits for the copies it issued and reads only those).
+# The factory takes v9's (team, stages, blocks an SM) and the three switches, so that the H200 can
+# time each change apart (tools/q2kr_v10_variants.py); ptxas keeps the freedom to reorder the
+# independent mma: at 72 registers it still runs most of a chain's 4 mma back to back.
 
-V10_SHAPE = (2, 2, 14, True)        # (warps a block, unit slots a warp, blocks an SM, pairj)
-V10_PAIR_SHAPE = (2, 3, 10, True)   # the two-layer launch: v9's pair shape with v10's decode
+V10_SHAPE = (2, 2, 14, True, True, True)        # (warps a block, unit slots a warp, blocks an SM, pairj, early, split)
+V10_PAIR_SHAPE = (2, 3, 10, True, True, True)   # the two-layer launch: v9's pair shape (3 slots, 10 blocks an SM)
 
 
 @device_function(**INLINE)
@@ -1305,9 +1319,41 @@ def _block10(c0, c1, c2, c3, e0, e1, e2, e3, qa0, qa1, qa2, qa3, qb0, qb1, qb2, 
                    qa0, qa1, qa2, qa3, qb0, qb1, qb2, qb3, x32, xv + 8, ok_x, bias, magic, scratch)
 
 
-def _make_unit10(pairj: bool):
-    """_unit9 with `_block10` (pairj) or v9's `_block9`."""
+@device_function(**INLINE)
+def _cp_job_split(sm, off, w32, base16, lane, g, ok):
+    """`_cp_job` as two commit groups: the first block's quant chunks with the scale and d/dmin
+    chunks, then the second block's quant chunks (so the first block can be decoded before the
+    second has landed)."""
+    if SIMULATOR:
+        n = 16 if ok else 0
+        src = base16 if ok else np.int64(0)
+        cp_async_16(sm, off, w32, src + lane, n)
+        cp_async_16(sm, off + 512, w32, src + 32 + lane, n)
+        cp_async_16(sm, off + 2048, w32, src + SC_CHUNK + lane, n)
+        cp_async_16(sm, off + 2560, w32, src + DD_CHUNK + g, n)
+        cp_async_commit()
+        cp_async_16(sm, off + 1024, w32, src + 64 + lane, n)
+        cp_async_16(sm, off + 1536, w32, src + 96 + lane, n)
+    else:
+        if ok:
+            cp_async_16(sm, off, w32, base16 + lane, 16)
+            cp_async_16(sm, off + 512, w32, base16 + 32 + lane, 16)
+            cp_async_16(sm, off + 2048, w32, base16 + SC_CHUNK + lane, 16)
+            cp_async_16(sm, off + 2560, w32, base16 + DD_CHUNK + g, 16)
+        cp_async_commit()
+        if ok:
+            cp_async_16(sm, off + 1024, w32, base16 + 64 + lane, 16)
+            cp_async_16(sm, off + 1536, w32, base16 + 96 + lane, 16)
+    cp_async_commit()
+
+
+def _make_unit10(pairj: bool, mid_wait=None):
+    """_unit9 with `_block10` (pairj) or v9's `_block9`; `mid_wait` (split copies): the wait for
+    the second block's group, before its words are read."""
     block = _block10 if pairj else _block9
+    split = mid_wait is not None
+    if not split:
+        mid_wait = cp_async_waiter(0)      # never called (numba needs a function to close over)
 
     @device_function(**INLINE)
     def unit(c0, c1, c2, c3, e0, e1, e2, e3, sm, q, x32, xv, ok_x, second, bias, magic, scratch):
@@ -1317,6 +1363,8 @@ def _make_unit10(pairj: bool):
         b0, b1, b2, b3 = load_u32x4(sm, q + 32)
         c0, c1, c2, c3, e0, e1, e2, e3 = block(c0, c1, c2, c3, e0, e1, e2, e3, a0, a1, a2, a3, b0, b1, b2, b3,
                                                s0, s1, d0, d1, x32, xv, ok_x, bias, magic, scratch)
+        if split:
+            mid_wait()
         if SIMULATOR or second:
             _, _, s2, s3 = load_u32x4(sm, q + 128)
             _, _, d2, d3 = load_u32x4(sm, q + 160)
@@ -1333,13 +1381,18 @@ def _make_unit10(pairj: bool):
 v10_shared_bytes = v9_shared_bytes     # the same slots and share fragments
 
 
-def _make_gemv10(team: int, stages: int, blocks_per_sm: int, pairj: bool = True, early: bool = False):
+def _make_gemv10(team: int, stages: int, blocks_per_sm: int, pairj: bool = True, early: bool = False,
+                 split: bool = False):
     """gemv_q2k_v10 and its two-layer launch (the section's comment): v9's blocks of `team` warps (1,
     2, 3 or 6) on one item, `stages` unit slots a warp, launch bounds for `blocks_per_sm` blocks an
     SM; `pairj`: sub-blocks decoded in pairs, their mma alternating between the two chains; `early`:
     the copy of unit k + stages - 1 is issued before unit k is decoded (into the slot unit k - 1
     freed), not after: as many units in flight during a decode as v9's ring with one slot more,
-    and a start burst of stages - 1 units a warp instead of stages."""
+    and a start burst of stages - 1 units a warp instead of stages; `split` (with early): each unit
+    copied as two commit groups (`_cp_job_split`), its first block decoded once the first has
+    landed: a warp's first wait is for 2 KB, not 2.6."""
+    if split and not early:
+        raise ValueError("gemv_q2k_v10's split copies need the early ring (early=True)")
     if 6 % team or stages < 2:
         raise ValueError(f"gemv_q2k_v10 needs a team of 1, 2, 3 or 6 warps and >= 2 stages, got {team}, {stages}")
     if blocks_per_sm * (v9_shared_bytes(team, stages) + 1024) > SM_SHARED_BYTES:
@@ -1351,9 +1404,15 @@ def _make_gemv10(team: int, stages: int, blocks_per_sm: int, pairj: bool = True,
     slot_words = stages * team * CP_SLOT_WORDS
     red_size = 6 * 128                             # [share][lane][c0..c3] fp32: one 16-byte slot a lane
     scratch_size = 6 * threads if SIMULATOR else 1
-    wait_oldest = cp_async_waiter(stages - 2 if early else stages - 1)
+    if split:                                      # two groups a unit: units k .. k+stages-2 pending at the top
+        wait_oldest = cp_async_waiter(2 * stages - 3)            # the first group of unit k has landed
+        unit10 = _make_unit10(pairj, cp_async_waiter(2 * stages - 2))   # ... its second (k + stages - 1 issued)
+        job = _cp_job_split
+    else:
+        wait_oldest = cp_async_waiter(stages - 2 if early else stages - 1)
+        unit10 = _make_unit10(pairj)
+        job = _cp_job
     ahead = stages - 1 if early else stages        # units copied before the first decode
-    unit10 = _make_unit10(pairj)
 
     @device_function(**INLINE)
     def body(x32, w32, w16, out, T, K, sm, red, scratch):
@@ -1379,7 +1438,7 @@ def _make_gemv10(team: int, stages: int, blocks_per_sm: int, pairj: bool = True,
         bias = np.uint32(SEL_BIAS) + zero
         magic = np.uint32(NIB_MAGIC) + zero
         for s in range(ahead):
-            _cp_job(sm, (qs + s * 192) * 16, w32, wnext, lane, g, s < live)
+            job(sm, (qs + s * 192) * 16, w32, wnext, lane, g, s < live)
             wnext += UNIT_CHUNKS
         tok = grp * V4_TOKENS + g
         xk = np.int64(min(tok, T - 1)) * (K >> 3) + 16 * (t >> 1) + 2 * (t & 1) + 64 * u_first
@@ -1400,7 +1459,7 @@ def _make_gemv10(team: int, stages: int, blocks_per_sm: int, pairj: bool = True,
         while k < jobs:
             wait_oldest()                          # unit k has landed
             if early:                              # unit k + stages - 1 into the free slot, then decode k
-                _cp_job(sm, qfree * 16, w32, wnext, lane, g, np.int32(k + stages - 1) < live)
+                job(sm, qfree * 16, w32, wnext, lane, g, np.int32(k + stages - 1) < live)
                 wnext += UNIT_CHUNKS
             if k < live or (SIMULATOR and k < nu):
                 c0, c1, c2, c3, e0, e1, e2, e3 = unit10(c0, c1, c2, c3, e0, e1, e2, e3, sm, q, x32, xk,
@@ -1509,7 +1568,7 @@ _BUILT["gemv_q2k_v8"] = (_make_gemv8(*PERSISTENT["gemv_q2k_v8"])[0], _make_gemv8
 SHAPES["gemv_q2k_v9"] = (V9_TEAM, V9_STAGES, V9_BLOCKS_PER_SM)   # per-item blocks: (warps, unit slots, blocks an SM)
 V9_PAIR_SHAPE = (V9_TEAM, 3, 10)    # the two-layer launch: 3 slots, 10 blocks an SM (68.6 us on the H200 against 72.0)
 _BUILT["gemv_q2k_v9"] = (_make_gemv9(*SHAPES["gemv_q2k_v9"])[0], _make_gemv9(*V9_PAIR_SHAPE)[1])
-SHAPES["gemv_q2k_v10"] = V10_SHAPE  # (warps, unit slots, blocks an SM, pairj); V10_PAIR_SHAPE for two layers
+SHAPES["gemv_q2k_v10"] = V10_SHAPE  # (warps, unit slots, blocks an SM, pairj, early, split); two layers: V10_PAIR_SHAPE
 _BUILT["gemv_q2k_v10"] = (_make_gemv10(*V10_SHAPE)[0], _make_gemv10(*V10_PAIR_SHAPE)[1])
 KERNELS = {name: built[0] for name, built in _BUILT.items()}
 PAIR_KERNELS = {name: built[1] for name, built in _BUILT.items()}

@@ -284,12 +284,14 @@ def test_v9_shape_is_checked():
         C._make_gemv9(2, 2, 17)
 
 @pytest.mark.slow
-@pytest.mark.parametrize("pairj", [True, False])
-def test_v10_is_v4_bit_for_bit(rng, pairj):
-    """v10 (v9's blocks with sub-blocks decoded in pairs, their mma alternating between the two
-    chains; pairj=False: v9's decode order with v10's 16-byte fragment stores) gives v4's kv bit for
-    bit: K/256 = 13 (a pad block, warp 1 with one unit and two empty shares), rows past N, tokens
-    past T."""
+@pytest.mark.parametrize("shape", [None,                              # the registered gemv_q2k_v10
+                                   (2, 2, 14, False, False, False),   # v9's decode order and ring
+                                   (2, 3, 10, True, True, True)])     # 3 slots, early, split
+def test_v10_is_v4_bit_for_bit(rng, shape):
+    """v10 (v9's blocks; sub-blocks decoded in pairs, their mma alternating between the two chains;
+    the early ring; split copies, each lane waiting for its own groups) gives v4's kv bit for bit:
+    K/256 = 13 (a pad block, warp 1 with one unit and two empty shares), rows past N, tokens past T.
+    The simulator lands a copy only at its wait, so a missing or short wait reads a stale slot."""
     from engram_numba.device.launch import PreparedLaunch
     from engram_numba.stages.proj.cuda_common import flat_u32
     N, K, T = 13, 3328, 2
@@ -298,16 +300,16 @@ def test_v10_is_v4_bit_for_bit(rng, pairj):
     want = cuda.to_device(np.full((T, N), POISON, np.uint16))
     P.project_q(x, w, None, want, weight="q2k_r", version="gemv_q2k_v4")
     got = cuda.to_device(np.full((T, N), POISON, np.uint16))
-    if pairj:
+    if shape is None:
         P.project_q(x, w, None, got, weight="q2k_r", version="gemv_q2k_v10")
     else:
-        gemv, _ = C._make_gemv10(2, 2, 14, pairj=False)
-        PreparedLaunch("v10[pairj=False]", gemv, (1, 1), 64, 0, (flat_u32(x), flat_u32(w), got, T, K), got)()
+        gemv, _ = C._make_gemv10(*shape)
+        PreparedLaunch(f"v10{shape}", gemv, (1, 1), 64, 0, (flat_u32(x), flat_u32(w), got, T, K), got)()
     np.testing.assert_array_equal(got.copy_to_host(), want.copy_to_host())
 
 
 def test_v10_two_layer_launch_equals_its_single_launches(rng):
-    """v10's two-layer launch (its own shape: 3 slots) gives each layer the bits of v10's launch on
+    """v10's two-layer launch (its own shape: 3 slots, early, split) gives each layer the bits of v10's launch on
     it alone (which are v4's: test_v10_is_v4_bit_for_bit)."""
     N, K, T = 5, 256, 1
     raws = [repack_q2k_r(random_q2k(rng, N, K), K) for _ in range(2)]
@@ -329,7 +331,7 @@ def test_v10_two_layer_launch_equals_its_single_launches(rng):
 def test_v10_shape_is_checked():
     """v10's factory refuses what v9's does; both registered shapes fit an SM's shared memory and
     share one block size (launch_config serves both launches)."""
-    for team, stages, per_sm, _ in (C.V10_SHAPE, C.V10_PAIR_SHAPE):
+    for team, stages, per_sm, *_ in (C.V10_SHAPE, C.V10_PAIR_SHAPE):
         assert per_sm * (C.v10_shared_bytes(team, stages) + 1024) <= C.SM_SHARED_BYTES
     assert C.V10_PAIR_SHAPE[0] == C.V10_SHAPE[0]
     assert C.launch_config("gemv_q2k_v10", 9, 40) == ((3, 2), C.V10_SHAPE[0] * 32)
@@ -338,6 +340,8 @@ def test_v10_shape_is_checked():
         C._make_gemv10(4, 2, 1)
     with pytest.raises(ValueError, match="shared memory an SM"):
         C._make_gemv10(2, 2, 17)
+    with pytest.raises(ValueError, match="need the early ring"):
+        C._make_gemv10(2, 2, 14, True, False, True)
 
 
 @pytest.mark.slow
