@@ -154,7 +154,7 @@ def run(variants, out_dir: Path | None) -> dict:
     xs = [cuda.to_device(random_x(rng, T, K)) for _ in range(2)]
     floor = res["floor_us_one_layer"]
 
-    def timed(name, form, launch, nl, extra=None):
+    def timed(name, form, launch, nl, extra=None, T=1):
         row = dict(kernel=name, form=form, T=T, **(extra or {}))
         try:
             us = timer(launch, iters=30)
@@ -188,6 +188,20 @@ def run(variants, out_dir: Path | None) -> dict:
         pair_shape = C.V10_PAIR_SHAPE if name == "gemv_q2k_v10" else v
         timed(name, "pair", two, 2, dict(pair_shape=list(pair_shape)))
         save()
+    # 3. the registered single launches at T = 4, 8 (where v4 is the default), same weights
+    for T2 in (4, 8):
+        x2 = cuda.to_device(random_x(rng, T2, K))
+        for ref in ("gemv_q2k_v10", "gemv_q2k_v9", "gemv_q2k_v4"):
+            if ref in bad:
+                continue
+            try:
+                o = cuda.device_array((T2, N), np.uint16)
+                launch = prepare_project_q(x2, w[0], None, o, weight="q2k_r", version=ref)
+            except Exception as e:
+                res["errors"].append(dict(kernel=ref, stage=f"time T={T2}", error=repr(e)))
+                continue
+            timed(ref, "single", launch, 1, T=T2)
+        save()
     res["not_timed_differ_or_failed"] = sorted(bad)
     save()
     if out_dir:
@@ -200,15 +214,22 @@ def table(res: dict) -> str:
     """The timings at T = 1 as text, fastest single launch first, and the bit checks in one line each."""
     lines = [f"gemv_q2k_v10 variants, {res['device']} at {res['commit']}: K x N = {res['shape']}, T = 1, L2 flushed, "
              f"one-layer floor {res['floor_us_one_layer']} us (copy {res['copy_gbps']} GB/s)", ""]
-    by = {}
+    by, more = {}, {}
     for r in res["timings"]:
-        by.setdefault(r["kernel"], {})[r["form"]] = r
+        if r["T"] == 1:
+            by.setdefault(r["kernel"], {})[r["form"]] = r
+        else:
+            more.setdefault(r["kernel"], {})[r["T"]] = r
     order = sorted(by, key=lambda k: by[k].get("single", {}).get("us", 1e9))
     lines.append(f"{'kernel':58s} {'single us':>10s} {'pair us':>9s} {'regs':>5s}")
     for k in order:
         s, p = by[k].get("single", {}), by[k].get("pair", {})
         lines.append(f"{k:58s} {s.get('us', s.get('error', '-'))!s:>10.10s} {p.get('us', p.get('error', '-'))!s:>9.9s} "
                      f"{s.get('registers', '')!s:>5s}")
+    if more:
+        lines += ["", "registered kernels, single launch, T = 4 / 8 (us):"]
+        for k, rows in more.items():
+            lines.append(f"  {k:20s} " + "  ".join(f"T={t}: {r.get('us', r.get('error', '-'))}" for t, r in sorted(rows.items())))
     lines += ["", "bits against gemv_q2k_v4 (outputs differing single / two-layer; all must be 0):"]
     for r in res["checks"]:
         lines.append(f"  {r['kernel']:58s} {'x'.join(map(str, r['shape'])):>14s} "
