@@ -35,7 +35,8 @@ VARIANTS = [(2, 2, 14, True, True, True),      # v10 as registered: pairj, early
             (2, 2, 14, True, False, False),    # pairj alone (v9's ring)
             (2, 2, 14, False, False, False),   # v9's decode order and ring, v10's 16-byte epilogue only
             (2, 2, 14, True, True, False),     # early without split
-            (2, 3, 10, True, True, True)]      # the registered pair shape as a single launch (95 registers)
+            (2, 3, 10, True, True, True),      # the registered pair shape as a single launch (95 registers)
+            (2, 2, 14, False, True, True)]     # the ring changes without pairj
 CHECK_TOKENS = (1, 4, 8)
 ODD_SHAPES = [(3, 3328, 13),               # a pad block, rows past N, warp 1 with one unit and empty shares
               (9, 1536, 40),               # 2 token groups, 3 units: warp 1 has none
