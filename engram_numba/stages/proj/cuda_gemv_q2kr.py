@@ -2,7 +2,7 @@
 
     prepare_repack(raw, packed, N, K)      Q2_K blocks uint8 [N, K/256*84] -> q2k_r, on the device
     prepare_decode_q2k_r(packed, out)      q2k_r -> bf16 words uint16 [N, K], through the GEMV's decode
-    gemv_q2k_v4 .. v9                      kv = bf16(x @ W^T) for a few tokens, W read as q2k_r
+    gemv_q2k_v4 .. v10                     kv = bf16(x @ W^T) for a few tokens, W read as q2k_r
 
 The math is gemv_q2k_v2's (bf16-rounded weights: each weight is the reference decoder's fp32 value
 `(d*sc)*q - dmin*m` rounded to bf16, picked from a byte_perm table of the sub-block's 4 values, fed
@@ -44,6 +44,12 @@ blockIdx.z picks the layer) giving each layer the bits of its own launch.
                on the H200 against v8's 44.4, both layers 68.6 against 72.2. Nsight Compute:
                21.8 warps an SM (v8 11.5), ~2 instructions a cycle an SM as v8, no pipe past
                42% and half the issue slots empty: dependency-bound (docs/design.md).
+  gemv_q2k_v10 v9 (bit-identical to v4) with sub-blocks decoded in pairs, their mma alternating
+               between the two chains; the ring's next copy issued before the decode (half the
+               grid's start burst) and split in two groups (a warp starts on its first 2 KB); the
+               share fragments as one 16-byte shared access a lane: 72 registers, no spills, 764
+               SASS instructions a unit. Its two-layer launch: 3 slots, 10 blocks an SM
+               (V10_PAIR_SHAPE). Not yet timed on the H200 (tools/q2kr_v10_variants.py).
 """
 from __future__ import annotations
 
@@ -53,7 +59,8 @@ from numba import cuda, float32, types
 from ...device.devarray import data_address
 from ...device.hopper import cp_async_16, cp_async_commit, cp_async_waiter
 from ...device.intrinsics import (SIMULATOR, byte_perm, cvt_pack_bf16x2, device_function, f32_to_bf16_bits,
-                                  load_u32x4, mma_bf16_16816, mul_rn, store_u32x4, sub_rn, u32_as_f32)
+                                  load_f32x4, load_u32x4, mma_bf16_16816, mul_rn, store_f32x4, store_u32x4, sub_rn,
+                                  u32_as_f32)
 from ...device.launch import PreparedLaunch
 from .cuda_bits import fma_rn, prmt, umulhi
 from .cuda_common import ALIGN, INLINE, bounds, cdiv, check_bf16_matrix, flat_u32
@@ -1226,6 +1233,299 @@ def _make_gemv9(team: int, stages: int, blocks_per_sm: int):
     return gemv, gemv_pair
 
 
+# ---- gemv_q2k_v10: v9 with the two mma chains interleaved mma by mma -------------------------------
+# Nsight Compute on v9 at T = 1 (10.6 warp-cycles an issued instruction, 5.5 warps a scheduler): the
+# stalls are spread over long scoreboard (2.0: x's global loads), wait (1.7: fixed-latency
+# dependencies), dispatch (1.6) and math-pipe throttle (1.5); no single pipe or memory bound. v9's
+# warp decodes a block as 4 sub-blocks, each 4 mma in one accumulator chain (c for j = 0, 2; e for
+# 1, 3) fed by picks computed just before each mma: every instruction depends on the one before it
+# and each mma on the last. v10 keeps v9's blocks, ring, shares and summation order (so its kv is
+# v4's, bit for bit: each chain still adds the same mma in the same order) and changes the decode
+# and the epilogue:
+#   - sub-blocks j and j + 1 are decoded together (`pairj`): their four tables and both x rows are
+#     built first, then the mma alternate c, e, c, e, ... so that two independent mma and two
+#     independent pick chains are in flight at every step (the q words are the same for both: only
+#     the shift of the codes differs);
+#   - the share fragments go through shared memory as one 16-byte store / load a lane (v9: four
+#     4-byte accesses at a 16-byte stride, a 4-way bank conflict each);
+#   - the ring issues the copy of unit k + stages - 1 before decoding unit k, into the slot unit
+#     k - 1 freed (`early`; v9 issues unit k + stages after the decode, into unit k's slot): as many
+#     units in flight while a warp decodes, but the grid's start burst (every warp's first copies
+#     at once, 17 MB for v9's 2 slots: ~4 us of DRAM before the last warp can start) is halved;
+#   - each unit is copied as two commit groups (`split`): the first block's quant chunks with the
+#     scale and d/dmin chunks, then the second block's, so a warp starts on its first 2 KB.
+# All the waits stay per lane (each lane waits for the copies it issued and reads only those).
+# The factory takes v9's (team, stages, blocks an SM) and the three switches, so that the H200 can
+# time each change apart (tools/q2kr_v10_variants.py); ptxas keeps the freedom to reorder the
+# independent mma: at 72 registers it still runs most of a chain's 4 mma back to back.
+
+V10_SHAPE = (2, 2, 14, True, True, True)        # (warps a block, unit slots a warp, blocks an SM, pairj, early, split)
+V10_PAIR_SHAPE = (2, 3, 10, True, True, True)   # the two-layer launch: v9's pair shape (3 slots, 10 blocks an SM)
+
+
+@device_function(**INLINE)
+def _pair10(c0, c1, c2, c3, e0, e1, e2, e3, la, ha, lb, hb, j, da, dmina, db, dminb,
+            qa0, qa1, qa2, qa3, qb0, qb1, qb2, qb3, x32, xv, ok_x, bias, magic, scratch):
+    """Sub-blocks j (into c) and j + 1 (into e) of the lane's quarter of one block, rows g and g+8,
+    their mma alternating: each chain gets v9's mma in v9's order."""
+    x0, x1, x2, x3, x4, x5, x6, x7 = _x16(x32, xv, ok_x)
+    y0, y1, y2, y3, y4, y5, y6, y7 = _x16(x32, xv + 4, ok_x)
+    ca01, ca23 = lut_pairs9(nibble_f32(la, j, magic), nibble_f32(ha, j, magic), da, dmina)
+    cb01, cb23 = lut_pairs9(nibble_f32(lb, j, magic), nibble_f32(hb, j, magic), db, dminb)
+    ea01, ea23 = lut_pairs9(nibble_f32(la, j + 1, magic), nibble_f32(ha, j + 1, magic), da, dmina)
+    eb01, eb23 = lut_pairs9(nibble_f32(lb, j + 1, magic), nibble_f32(hb, j + 1, magic), db, dminb)
+    sc = 2 * j
+    se = 2 * j + 2
+    a0, a1 = pick4p(ca01, ca23, qa0, sc, bias)
+    b0, b1 = pick4p(cb01, cb23, qb0, sc, bias)
+    c0, c1, c2, c3 = mma_bf16_16816(a0, b0, a1, b1, x0, x1, c0, c1, c2, c3, scratch)
+    a0, a1 = pick4p(ea01, ea23, qa0, se, bias)
+    b0, b1 = pick4p(eb01, eb23, qb0, se, bias)
+    e0, e1, e2, e3 = mma_bf16_16816(a0, b0, a1, b1, y0, y1, e0, e1, e2, e3, scratch)
+    a0, a1 = pick4p(ca01, ca23, qa1, sc, bias)
+    b0, b1 = pick4p(cb01, cb23, qb1, sc, bias)
+    c0, c1, c2, c3 = mma_bf16_16816(a0, b0, a1, b1, x2, x3, c0, c1, c2, c3, scratch)
+    a0, a1 = pick4p(ea01, ea23, qa1, se, bias)
+    b0, b1 = pick4p(eb01, eb23, qb1, se, bias)
+    e0, e1, e2, e3 = mma_bf16_16816(a0, b0, a1, b1, y2, y3, e0, e1, e2, e3, scratch)
+    a0, a1 = pick4p(ca01, ca23, qa2, sc, bias)
+    b0, b1 = pick4p(cb01, cb23, qb2, sc, bias)
+    c0, c1, c2, c3 = mma_bf16_16816(a0, b0, a1, b1, x4, x5, c0, c1, c2, c3, scratch)
+    a0, a1 = pick4p(ea01, ea23, qa2, se, bias)
+    b0, b1 = pick4p(eb01, eb23, qb2, se, bias)
+    e0, e1, e2, e3 = mma_bf16_16816(a0, b0, a1, b1, y4, y5, e0, e1, e2, e3, scratch)
+    a0, a1 = pick4p(ca01, ca23, qa3, sc, bias)
+    b0, b1 = pick4p(cb01, cb23, qb3, sc, bias)
+    c0, c1, c2, c3 = mma_bf16_16816(a0, b0, a1, b1, x6, x7, c0, c1, c2, c3, scratch)
+    a0, a1 = pick4p(ea01, ea23, qa3, se, bias)
+    b0, b1 = pick4p(eb01, eb23, qb3, se, bias)
+    e0, e1, e2, e3 = mma_bf16_16816(a0, b0, a1, b1, y6, y7, e0, e1, e2, e3, scratch)
+    return c0, c1, c2, c3, e0, e1, e2, e3
+
+
+@device_function(**INLINE)
+def _block10(c0, c1, c2, c3, e0, e1, e2, e3, qa0, qa1, qa2, qa3, qb0, qb1, qb2, qb3, sa, sb, dda, ddb,
+             x32, xv, ok_x, bias, magic, scratch):
+    """_block9 with sub-blocks (0, 1) and then (2, 3) decoded as pairs (`_pair10`)."""
+    da, dmina = f16x2_to_f32x2(dda)
+    db, dminb = f16x2_to_f32x2(ddb)
+    m = np.uint32(0x0F0F0F0F)
+    la, ha = sa & m, (sa >> np.uint32(4)) & m
+    lb, hb = sb & m, (sb >> np.uint32(4)) & m
+    c0, c1, c2, c3, e0, e1, e2, e3 = _pair10(c0, c1, c2, c3, e0, e1, e2, e3, la, ha, lb, hb, 0, da, dmina, db,
+                                             dminb, qa0, qa1, qa2, qa3, qb0, qb1, qb2, qb3, x32, xv, ok_x, bias,
+                                             magic, scratch)
+    return _pair10(c0, c1, c2, c3, e0, e1, e2, e3, la, ha, lb, hb, 2, da, dmina, db, dminb,
+                   qa0, qa1, qa2, qa3, qb0, qb1, qb2, qb3, x32, xv + 8, ok_x, bias, magic, scratch)
+
+
+@device_function(**INLINE)
+def _cp_job_split(sm, off, w32, base16, lane, g, ok):
+    """`_cp_job` as two commit groups: the first block's quant chunks with the scale and d/dmin
+    chunks, then the second block's quant chunks (so the first block can be decoded before the
+    second has landed)."""
+    if SIMULATOR:
+        n = 16 if ok else 0
+        src = base16 if ok else np.int64(0)
+        cp_async_16(sm, off, w32, src + lane, n)
+        cp_async_16(sm, off + 512, w32, src + 32 + lane, n)
+        cp_async_16(sm, off + 2048, w32, src + SC_CHUNK + lane, n)
+        cp_async_16(sm, off + 2560, w32, src + DD_CHUNK + g, n)
+        cp_async_commit()
+        cp_async_16(sm, off + 1024, w32, src + 64 + lane, n)
+        cp_async_16(sm, off + 1536, w32, src + 96 + lane, n)
+    else:
+        if ok:
+            cp_async_16(sm, off, w32, base16 + lane, 16)
+            cp_async_16(sm, off + 512, w32, base16 + 32 + lane, 16)
+            cp_async_16(sm, off + 2048, w32, base16 + SC_CHUNK + lane, 16)
+            cp_async_16(sm, off + 2560, w32, base16 + DD_CHUNK + g, 16)
+        cp_async_commit()
+        if ok:
+            cp_async_16(sm, off + 1024, w32, base16 + 64 + lane, 16)
+            cp_async_16(sm, off + 1536, w32, base16 + 96 + lane, 16)
+    cp_async_commit()
+
+
+def _make_unit10(pairj: bool, mid_wait=None):
+    """_unit9 with `_block10` (pairj) or v9's `_block9`; `mid_wait` (split copies): the wait for
+    the second block's group, before its words are read."""
+    block = _block10 if pairj else _block9
+    split = mid_wait is not None
+    if not split:
+        mid_wait = cp_async_waiter(0)      # never called (numba needs a function to close over)
+
+    @device_function(**INLINE)
+    def unit(c0, c1, c2, c3, e0, e1, e2, e3, sm, q, x32, xv, ok_x, second, bias, magic, scratch):
+        s0, s1, _, _ = load_u32x4(sm, q + 128)
+        d0, d1, _, _ = load_u32x4(sm, q + 160)
+        a0, a1, a2, a3 = load_u32x4(sm, q)
+        b0, b1, b2, b3 = load_u32x4(sm, q + 32)
+        c0, c1, c2, c3, e0, e1, e2, e3 = block(c0, c1, c2, c3, e0, e1, e2, e3, a0, a1, a2, a3, b0, b1, b2, b3,
+                                               s0, s1, d0, d1, x32, xv, ok_x, bias, magic, scratch)
+        if split:
+            mid_wait()
+        if SIMULATOR or second:
+            _, _, s2, s3 = load_u32x4(sm, q + 128)
+            _, _, d2, d3 = load_u32x4(sm, q + 160)
+            a0, a1, a2, a3 = load_u32x4(sm, q + 64)
+            b0, b1, b2, b3 = load_u32x4(sm, q + 96)
+            c0, c1, c2, c3, e0, e1, e2, e3 = block(c0, c1, c2, c3, e0, e1, e2, e3, a0, a1, a2, a3, b0, b1, b2, b3,
+                                                   s2, s3, d2, d3, x32, xv + 32, ok_x and second, bias, magic,
+                                                   scratch)
+        return c0, c1, c2, c3, e0, e1, e2, e3
+
+    return unit
+
+
+v10_shared_bytes = v9_shared_bytes     # the same slots and share fragments
+
+
+def _make_gemv10(team: int, stages: int, blocks_per_sm: int, pairj: bool = True, early: bool = False,
+                 split: bool = False):
+    """gemv_q2k_v10 and its two-layer launch (the section's comment): v9's blocks of `team` warps (1,
+    2, 3 or 6) on one item, `stages` unit slots a warp, launch bounds for `blocks_per_sm` blocks an
+    SM; `pairj`: sub-blocks decoded in pairs, their mma alternating between the two chains; `early`:
+    the copy of unit k + stages - 1 is issued before unit k is decoded (into the slot unit k - 1
+    freed), not after: as many units in flight during a decode as v9's ring with one slot more,
+    and a start burst of stages - 1 units a warp instead of stages; `split` (with early): each unit
+    copied as two commit groups (`_cp_job_split`), its first block decoded once the first has
+    landed: a warp's first wait is for 2 KB, not 2.6."""
+    if split and not early:
+        raise ValueError("gemv_q2k_v10's split copies need the early ring (early=True)")
+    if 6 % team or stages < 2:
+        raise ValueError(f"gemv_q2k_v10 needs a team of 1, 2, 3 or 6 warps and >= 2 stages, got {team}, {stages}")
+    if blocks_per_sm * (v9_shared_bytes(team, stages) + 1024) > SM_SHARED_BYTES:
+        raise ValueError(f"{blocks_per_sm} gemv_q2k_v10 blocks of {team} warps x {stages} slots need "
+                         f"{blocks_per_sm * (v9_shared_bytes(team, stages) + 1024)} bytes of shared memory an SM "
+                         f"(an SM has {SM_SHARED_BYTES})")
+    threads = team * 32
+    shares = 6 // team
+    slot_words = stages * team * CP_SLOT_WORDS
+    red_size = 6 * 128                             # [share][lane][c0..c3] fp32: one 16-byte slot a lane
+    scratch_size = 6 * threads if SIMULATOR else 1
+    if split:                                      # two groups a unit: units k .. k+stages-2 pending at the top
+        wait_oldest = cp_async_waiter(2 * stages - 3)            # the first group of unit k has landed
+        unit10 = _make_unit10(pairj, cp_async_waiter(2 * stages - 2))   # ... its second (k + stages - 1 issued)
+        job = _cp_job_split
+    else:
+        wait_oldest = cp_async_waiter(stages - 2 if early else stages - 1)
+        unit10 = _make_unit10(pairj)
+        job = _cp_job
+    ahead = stages - 1 if early else stages        # units copied before the first decode
+
+    @device_function(**INLINE)
+    def body(x32, w32, w16, out, T, K, sm, red, scratch):
+        """v9's body (its comments there) with unit10 and 16-byte fragment stores."""
+        tid = cuda.threadIdx.x
+        lane = tid & 31
+        warp = 0 if team == 1 else tid >> 5
+        g = lane >> 2
+        t = lane & 3
+        N = out.shape[1]
+        KB = K // BLOCK_VALUES
+        NU = (K + UNIT_VALUES - 1) // UNIT_VALUES
+        tile = cuda.blockIdx.x
+        grp = cuda.blockIdx.y
+        per = (NU + 5) // 6
+        per = (per + 1) // 2 * 2                   # v4's share: units a warp of its 6
+        jobs = shares * per
+        u_first = warp * jobs
+        live = max(min(jobs, NU - u_first), 0)
+        wnext = w16 + (np.int64(tile) * NU + u_first) * UNIT_CHUNKS
+        qs = warp * (stages * 192) + lane
+        zero = opaque_zero(T)
+        bias = np.uint32(SEL_BIAS) + zero
+        magic = np.uint32(NIB_MAGIC) + zero
+        for s in range(ahead):
+            job(sm, (qs + s * 192) * 16, w32, wnext, lane, g, s < live)
+            wnext += UNIT_CHUNKS
+        tok = grp * V4_TOKENS + g
+        xk = np.int64(min(tok, T - 1)) * (K >> 3) + 16 * (t >> 1) + 2 * (t & 1) + 64 * u_first
+        pad = np.int32(NU - 1 - u_first if KB & 1 else -1)
+        live = np.int32(live)
+        jobs = np.int32(jobs)
+        per = np.int32(per)
+        nu = np.int32(NU)
+        qs = np.int32(qs)
+        qlast = np.int32(qs + (stages - 1) * 192)
+        z = float32(0.0)
+        c0 = c1 = c2 = c3 = e0 = e1 = e2 = e3 = z
+        ku = np.int32(0)
+        sh = warp * shares
+        q = qs
+        qfree = qlast                              # early: the slot unit k - 1 freed (none yet: the last)
+        k = np.int32(0)
+        while k < jobs:
+            wait_oldest()                          # unit k has landed
+            if early:                              # unit k + stages - 1 into the free slot, then decode k
+                job(sm, qfree * 16, w32, wnext, lane, g, np.int32(k + stages - 1) < live)
+                wnext += UNIT_CHUNKS
+            if k < live or (SIMULATOR and k < nu):
+                c0, c1, c2, c3, e0, e1, e2, e3 = unit10(c0, c1, c2, c3, e0, e1, e2, e3, sm, q, x32, xk,
+                                                        tok < T and k < live, k != pad, bias, magic, scratch)
+            if not early:                          # v9: unit k + stages into the slot just decoded
+                _cp_job(sm, q * 16, w32, wnext, lane, g, np.int32(k + stages) < live)
+                wnext += UNIT_CHUNKS
+            xk += 64
+            qfree = q
+            q = qs if q == qlast else np.int32(q + 192)
+            k = np.int32(k + 1)
+            ku = np.int32(ku + 1)
+            if ku == per:                          # the end of a share: v4's fragment of its warp
+                store_f32x4(red, sh * 32 + lane, c0 + e0, c1 + e1, c2 + e2, c3 + e3)
+                c0 = c1 = c2 = c3 = e0 = e1 = e2 = e3 = z
+                ku = np.int32(0)
+                sh += 1
+        if team > 1:
+            cuda.syncthreads()
+        if warp == 0:
+            f0 = f1 = f2 = f3 = z
+            for s in range(6):                     # v4's sum: from 0.0, shares in order
+                r0, r1, r2, r3 = load_f32x4(red, s * 32 + lane)
+                f0 += r0
+                f1 += r1
+                f2 += r2
+                f3 += r3
+            row = tile * TILE_ROWS + g
+            tk = grp * V4_TOKENS + 2 * t
+            if row < N and tk < T:
+                out[tk, row] = f32_to_bf16_bits(f0)
+            if row < N and tk + 1 < T:
+                out[tk + 1, row] = f32_to_bf16_bits(f1)
+            if row + 8 < N and tk < T:
+                out[tk, row + 8] = f32_to_bf16_bits(f2)
+            if row + 8 < N and tk + 1 < T:
+                out[tk + 1, row + 8] = f32_to_bf16_bits(f3)
+
+    @cuda.jit(**bounds(threads, blocks_per_sm))
+    def gemv(x32, w32, out, T, K):
+        # x32: uint32 [T*K/2] flat x; w32: uint32 flat q2k_r [ceil(N/16) * NU * 672]; out: uint16 [T, N]
+        sm = cuda.shared.array(slot_words, types.uint32, alignment=ALIGN) if ALIGN else \
+            cuda.shared.array(slot_words, types.uint32)
+        red = cuda.shared.array(red_size, float32, alignment=ALIGN) if ALIGN else \
+            cuda.shared.array(red_size, float32)
+        scratch = cuda.shared.array(scratch_size, types.uint32)
+        body(x32, w32, np.int64(0), out, T, K, sm, red, scratch)
+
+    @cuda.jit(**bounds(threads, blocks_per_sm))
+    def gemv_pair(x32a, x32b, w32, outa, outb, T, K):
+        # two layers in one launch (blockIdx.z): w32 holds layer a's q2k_r then layer b's, same shape
+        sm = cuda.shared.array(slot_words, types.uint32, alignment=ALIGN) if ALIGN else \
+            cuda.shared.array(slot_words, types.uint32)
+        red = cuda.shared.array(red_size, float32, alignment=ALIGN) if ALIGN else \
+            cuda.shared.array(red_size, float32)
+        scratch = cuda.shared.array(scratch_size, types.uint32)
+        if cuda.blockIdx.z == 0:
+            body(x32a, w32, np.int64(0), outa, T, K, sm, red, scratch)
+        else:
+            layer16 = np.int64((outb.shape[1] + TILE_ROWS - 1) // TILE_ROWS) * \
+                ((K + UNIT_VALUES - 1) // UNIT_VALUES) * UNIT_CHUNKS
+            body(x32b, w32, layer16, outb, T, K, sm, red, scratch)
+
+    return gemv, gemv_pair
+
+
 _SM_COUNT = []
 SM_SHARED_BYTES = 228 * 1024      # shared memory an sm_90 SM holds (1 KB of it reserved a block)
 
@@ -1268,6 +1568,8 @@ _BUILT["gemv_q2k_v8"] = (_make_gemv8(*PERSISTENT["gemv_q2k_v8"])[0], _make_gemv8
 SHAPES["gemv_q2k_v9"] = (V9_TEAM, V9_STAGES, V9_BLOCKS_PER_SM)   # per-item blocks: (warps, unit slots, blocks an SM)
 V9_PAIR_SHAPE = (V9_TEAM, 3, 10)    # the two-layer launch: 3 slots, 10 blocks an SM (68.6 us on the H200 against 72.0)
 _BUILT["gemv_q2k_v9"] = (_make_gemv9(*SHAPES["gemv_q2k_v9"])[0], _make_gemv9(*V9_PAIR_SHAPE)[1])
+SHAPES["gemv_q2k_v10"] = V10_SHAPE  # (warps, unit slots, blocks an SM, pairj, early, split); two layers: V10_PAIR_SHAPE
+_BUILT["gemv_q2k_v10"] = (_make_gemv10(*V10_SHAPE)[0], _make_gemv10(*V10_PAIR_SHAPE)[1])
 KERNELS = {name: built[0] for name, built in _BUILT.items()}
 PAIR_KERNELS = {name: built[1] for name, built in _BUILT.items()}
 

@@ -407,6 +407,25 @@ _proj("gemv_q2k_v9",
                              (9, 768, 20)],    # a pad block, 2 tiles x 2 token groups, tokens past T
       sweep=QUANT_SWEEP, vector_io=True)
 
+# gemv_q2k_v10: v9 with the two mma chains interleaved mma by mma (cuda_gemv_q2kr.py, "gemv_q2k_v10").
+# Picked by name until the H200 has timed it (tools/q2kr_v10_variants.py).
+_proj("gemv_q2k_v10",
+      "v9's blocks, K shares and summation order (bit-identical kv to v4) with sub-blocks decoded in pairs "
+      "(the four tables and both x rows of sub-blocks j, j+1 first, then their mma alternating between the c "
+      "and e chains), the cp.async ring's next copy issued before the decode into the slot the previous unit "
+      "freed (the same units in flight, half the one-round grid's start burst) and split in two commit groups "
+      "(a warp decodes its first block once its 2 KB have landed), the share fragments as one 16-byte shared "
+      "access a lane (v9: 4-way bank conflicts); 72 registers, no spills, 14 blocks (28 warps) an SM, 764 SASS "
+      "instructions a unit (v9: 764); the two-layer launch its own shape (3 slots, 10 blocks an SM, 95 "
+      "registers). Not yet timed on the H200 (tools/q2kr_v10_variants.py times each change apart)",
+      kernel=cuda_gemv_q2kr.KERNELS["gemv_q2k_v10"], geometry=cuda_gemv_q2kr.geometry("gemv_q2k_v10"),
+      args="fast",
+      specs=_q2kr_specs("gemv_q2k_v10", cuda_gemv_q2kr.KERNELS["gemv_q2k_v10"],
+                        cuda_gemv_q2kr.PAIR_KERNELS["gemv_q2k_v10"]),
+      encoding="q2k_r", sim=[(1, 512, 5),      # one unit: warp 1 has none, rows past N
+                             (9, 768, 20)],    # a pad block, 2 tiles x 2 token groups, tokens past T
+      sweep=QUANT_SWEEP, vector_io=True)
+
 # ---- DeepSeek's FP8 arithmetic on Hopper's FP8 tensor cores (cuda_fp8_wgmma.py) ---------------------
 # An FP8 wkv read as it is stored, with DeepSeek's arithmetic (`reference.projection_deepseek_fp8`),
 # not the bf16 projection of the exact weights the other fp8 records compute: picked by name

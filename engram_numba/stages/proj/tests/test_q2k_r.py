@@ -284,6 +284,67 @@ def test_v9_shape_is_checked():
         C._make_gemv9(2, 2, 17)
 
 @pytest.mark.slow
+@pytest.mark.parametrize("shape", [None,                              # the registered gemv_q2k_v10
+                                   (2, 2, 14, False, False, False),   # v9's decode order and ring
+                                   (2, 3, 10, True, True, True)])     # 3 slots, early, split
+def test_v10_is_v4_bit_for_bit(rng, shape):
+    """v10 (v9's blocks; sub-blocks decoded in pairs, their mma alternating between the two chains;
+    the early ring; split copies, each lane waiting for its own groups) gives v4's kv bit for bit:
+    K/256 = 13 (a pad block, warp 1 with one unit and two empty shares), rows past N, tokens past T.
+    The simulator lands a copy only at its wait, so a missing or short wait reads a stale slot."""
+    from engram_numba.device.launch import PreparedLaunch
+    from engram_numba.stages.proj.cuda_common import flat_u32
+    N, K, T = 13, 3328, 2
+    w = cuda.to_device(repack_q2k_r(random_q2k(rng, N, K), K))
+    x = cuda.to_device(random_x(rng, T, K))
+    want = cuda.to_device(np.full((T, N), POISON, np.uint16))
+    P.project_q(x, w, None, want, weight="q2k_r", version="gemv_q2k_v4")
+    got = cuda.to_device(np.full((T, N), POISON, np.uint16))
+    if shape is None:
+        P.project_q(x, w, None, got, weight="q2k_r", version="gemv_q2k_v10")
+    else:
+        gemv, _ = C._make_gemv10(*shape)
+        PreparedLaunch(f"v10{shape}", gemv, (1, 1), 64, 0, (flat_u32(x), flat_u32(w), got, T, K), got)()
+    np.testing.assert_array_equal(got.copy_to_host(), want.copy_to_host())
+
+
+def test_v10_two_layer_launch_equals_its_single_launches(rng):
+    """v10's two-layer launch (its own shape: 3 slots, early, split) gives each layer the bits of v10's launch on
+    it alone (which are v4's: test_v10_is_v4_bit_for_bit)."""
+    N, K, T = 5, 256, 1
+    raws = [repack_q2k_r(random_q2k(rng, N, K), K) for _ in range(2)]
+    xs = [cuda.to_device(random_x(rng, T, K)) for _ in range(2)]
+    want = []
+    for i in range(2):
+        o = cuda.to_device(np.full((T, N), POISON, np.uint16))
+        P.project_q(xs[i], cuda.to_device(raws[i]), None, o, weight="q2k_r", version="gemv_q2k_v10")
+        want.append(o.copy_to_host())
+    assert not np.array_equal(want[0], want[1])
+    outs = [cuda.to_device(np.full((T, N), POISON, np.uint16)) for _ in range(2)]
+    launch = C.prepare_pair("gemv_q2k_v10", xs[0], xs[1], cuda.to_device(np.concatenate(raws)), outs[0], outs[1])
+    assert launch.grid == (1, 1, 2) and launch.block == C.V10_SHAPE[0] * 32
+    launch()
+    for i in range(2):
+        np.testing.assert_array_equal(outs[i].copy_to_host(), want[i])
+
+
+def test_v10_shape_is_checked():
+    """v10's factory refuses what v9's does; both registered shapes fit an SM's shared memory and
+    share one block size (launch_config serves both launches)."""
+    for team, stages, per_sm, *_ in (C.V10_SHAPE, C.V10_PAIR_SHAPE):
+        assert per_sm * (C.v10_shared_bytes(team, stages) + 1024) <= C.SM_SHARED_BYTES
+    assert C.V10_PAIR_SHAPE[0] == C.V10_SHAPE[0]
+    assert C.launch_config("gemv_q2k_v10", 9, 40) == ((3, 2), C.V10_SHAPE[0] * 32)
+    assert C.PAIR_KERNELS["gemv_q2k_v10"] is not C.KERNELS["gemv_q2k_v10"]
+    with pytest.raises(ValueError, match="team of 1, 2, 3 or 6"):
+        C._make_gemv10(4, 2, 1)
+    with pytest.raises(ValueError, match="shared memory an SM"):
+        C._make_gemv10(2, 2, 17)
+    with pytest.raises(ValueError, match="need the early ring"):
+        C._make_gemv10(2, 2, 14, True, False, True)
+
+
+@pytest.mark.slow
 def test_two_layer_launch_equals_the_single_launches(rng):
     """One launch over both layers' weights: layer b (found at an offset into the pair buffer) gets
     the bits its own launch gives, layer a (offset 0, the single launch's code) its yardstick."""
@@ -404,3 +465,15 @@ def test_gpu_v9_is_v4_bit_for_bit(rng, gpu_record, T, K, N):
     """gemv_q2k_v9 (one item a block of 2 warps, static cp.async ring, warp-uniform skips) against
     v4 on every output, alone and as the two-layer launch."""
     _gpu_against_v4(rng, gpu_record, "gemv_q2k_v9", T, K, N)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("T,K,N", [(1, 6144, 25600), (4, 6144, 25600), (8, 6144, 25600),
+                                   (16, 6144, 25600),   # 2 token groups
+                                   (9, 1536, 5),        # 3 units: warp 1 has none (GPU: skipped)
+                                   (3, 768, 13),        # a pad block (GPU: skipped), rows past N
+                                   (2, 6656, 40)])      # 13 units: 4-unit shares, some of them empty
+def test_gpu_v10_is_v4_bit_for_bit(rng, gpu_record, T, K, N):
+    """gemv_q2k_v10 (v9 with paired sub-blocks, alternating mma chains) against v4 on every output,
+    alone and as the two-layer launch."""
+    _gpu_against_v4(rng, gpu_record, "gemv_q2k_v10", T, K, N)
