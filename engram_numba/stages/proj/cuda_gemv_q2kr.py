@@ -49,7 +49,9 @@ blockIdx.z picks the layer) giving each layer the bits of its own launch.
                grid's start burst) and split in two groups (a warp starts on its first 2 KB); the
                share fragments as one 16-byte shared access a lane: 72 registers, no spills, 764
                SASS instructions a unit. Its two-layer launch: 3 slots, 10 blocks an SM
-               (V10_PAIR_SHAPE). Not yet timed on the H200 (tools/q2kr_v10_variants.py).
+               (V10_PAIR_SHAPE). On the H200 level with v9: 38.9 us against 39.2 at T = 1
+               (L2 flushed by reading), both layers 65.7 against 66.1, every switch alone within
+               1 us (bench/results/h200_q2kr_v10_variants_813426d.txt). Kept for comparison.
 """
 from __future__ import annotations
 

@@ -408,7 +408,7 @@ _proj("gemv_q2k_v9",
       sweep=QUANT_SWEEP, vector_io=True)
 
 # gemv_q2k_v10: v9 with the two mma chains interleaved mma by mma (cuda_gemv_q2kr.py, "gemv_q2k_v10").
-# Picked by name until the H200 has timed it (tools/q2kr_v10_variants.py).
+# Picked by name: on the H200 it is level with v9 (bench/results/h200_q2kr_v10_variants_813426d.txt).
 _proj("gemv_q2k_v10",
       "v9's blocks, K shares and summation order (bit-identical kv to v4) with sub-blocks decoded in pairs "
       "(the four tables and both x rows of sub-blocks j, j+1 first, then their mma alternating between the c "
@@ -417,7 +417,9 @@ _proj("gemv_q2k_v10",
       "(a warp decodes its first block once its 2 KB have landed), the share fragments as one 16-byte shared "
       "access a lane (v9: 4-way bank conflicts); 72 registers, no spills, 14 blocks (28 warps) an SM, 764 SASS "
       "instructions a unit (v9: 764); the two-layer launch its own shape (3 slots, 10 blocks an SM, 95 "
-      "registers). Not yet timed on the H200 (tools/q2kr_v10_variants.py times each change apart)",
+      "registers). H200, L2 flushed (read): 38.9 us at T = 1 against v9's 39.2 and v4's 45.5, both layers 65.7 against "
+      "66.1; T = 4 / 8 40.2 / 41.2 (v4 45.8 / 45.9); no switch alone or combined moves it by more than 1 us "
+      "(38.3-39.1, tools/q2kr_v10_variants.py): the chains' interleaving is not what holds v9 back",
       kernel=cuda_gemv_q2kr.KERNELS["gemv_q2k_v10"], geometry=cuda_gemv_q2kr.geometry("gemv_q2k_v10"),
       args="fast",
       specs=_q2kr_specs("gemv_q2k_v10", cuda_gemv_q2kr.KERNELS["gemv_q2k_v10"],
