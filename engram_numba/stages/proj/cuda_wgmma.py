@@ -19,8 +19,10 @@ Kernel versions
            T <= 128 runs one wave on 128 of the 132 SMs (gemm_v4: 100) and T <= 256 two full waves
            (gemm_v4: 200 tiles, the second wave half empty). records.py says where each wins.
 
-One kernel factory (`make_kernel(BM, BN, STAGES, swizzle)`) builds both; `VARIANTS` names the
-specialisations the records and the development script use.
+One kernel factory (`make_kernel(Variant)`) builds them all from one set of device functions
+(`parts_for(Variant)`: copy assignment, pipelined k loop, epilogue), which gemm_v8 (`cuda_wgmma_sk`,
+persistent CTAs with a stream-K tail) reuses unchanged; `VARIANTS` names the specialisations the
+records and the development script use.
 
 The pipeline, per k tile kt (buffer kt % STAGES):
     cp.async.wait_group STAGES-2    this thread's copies of tile kt have landed
@@ -74,7 +76,17 @@ class Variant:
         self.name = f"{bm}x{bn}x{BK}/s{stages}/{'sw128' if swizzle else 'noswz'}"
 
 
-def make_kernel(v: Variant):
+class Parts:
+    """The device functions of one specialisation's CTA tile, shared by gemm_v4..v6's kernel
+    (`make_kernel`: one tile a CTA) and gemm_v8's (`cuda_wgmma_sk`: persistent CTAs walking a list
+    of (tile, k range) units): the copy assignment, the pipelined k loop and the epilogue."""
+
+    def __init__(self, v: Variant):
+        self.variant = v
+        self.copy_slot, self.operand_offsets, self.k_tiles, self.store_tile = _make_parts(v)
+
+
+def _make_parts(v: Variant):
     BM, BN, STAGES = v.bm, v.bn, v.stages
     WG_N = v.wg_n
     NACC = WG_N // 2
@@ -115,30 +127,15 @@ def make_kernel(v: Variant):
             cp_async_16(smem, stage_off + A_BYTES + off0 + 4096 * i, w32, np.int64(min(r, N - 1)) * K8 + kc,
                         16 if ok else 0)
 
-    @cuda.jit(**bounds(THREADS, v.blocks_per_sm))
-    def gemm_wgmma(x32, w32, out, T, K):
-        # x32: uint32 [T*K/2] flat view of x; w32: uint32 [N*K/2] of wkv; out: uint16 [T, N]
-        smem = cuda.shared.array(0, types.uint32)        # dynamic: STAGES x ([BM][64] x, [BN][64] w) bf16
-        tid = cuda.threadIdx.x
-        wg = tid >> 7
-        N = out.shape[1]
-        K8 = K >> 3
-        n_k = (K8 + 7) >> 3
-        # grid (token tiles, output tiles): CTAs start in token-tile-fastest order, so those in flight
-        # share weight tiles in L2 (a 2-D grid also keeps 64-bit divisions out: ptxas makes them
-        # calls, and any call in the kernel serializes its wgmma)
-        m0 = cuda.blockIdx.x * BM
-        n0 = cuda.blockIdx.y * BN
-        # shared addresses as int64 (numba types uint64 op int64 as float64)
-        base = np.int64(shared_address(smem))
-        pad = (1024 - (base & 1023)) & 1023
-        s0 = base + pad                                  # shared address of stage 0, 1024-aligned
+    @device_function(**INLINE)
+    def _copy_slot(tid):
+        """(row0, q, off0): this thread copies rows row0 + 32 i, 16-byte chunk q of each row, to byte
+        off0 + 4096 i of the operand's tile.
 
-        # Copy assignment: this thread's chunks are rows row0 + 32 i, 16-byte chunk q of the row,
-        # at byte off0 + 4096 i of the operand's tile. Unswizzled, a warp copies 8 rows x 4 chunks
-        # (64 contiguous bytes of each row) and stores 512 contiguous bytes (core matrices are
-        # 8 rows x 16 bytes); swizzled, 4 whole rows, each quarter-warp's 8 chunks on 8 distinct
-        # bank groups. Rows past T (N) and chunks past K are zero-filled from a clamped address.
+        Unswizzled, a warp copies 8 rows x 4 chunks (64 contiguous bytes of each row) and stores
+        512 contiguous bytes (core matrices are 8 rows x 16 bytes); swizzled, 4 whole rows, each
+        quarter-warp's 8 chunks on 8 distinct bank groups. Rows past T (N) and chunks past K are
+        zero-filled from a clamped address."""
         if SW:
             row0 = tid >> 3
             q = tid & 7
@@ -147,25 +144,31 @@ def make_kernel(v: Variant):
             row0 = ((tid >> 6) << 3) + (tid & 7)
             q = (tid >> 3) & 7
             off0 = tid << 4
+        return row0, q, off0
 
-        # descriptor constants; the address part is added per k step
-        d_hi = wgmma_descriptor(0, LBO, GROUP_BYTES, MODE)
+    @device_function(**INLINE)
+    def _operand_offsets(wg):
+        """(a_wg, b_wg): bytes from a stage's x (w) tile to warpgroup wg's operand rows."""
         if SPLIT_M:
-            a_wg = wg * (64 * ROW_BYTES)                 # this warpgroup's 64 token rows
-            b_wg = 0
-        else:
-            a_wg = 0
-            b_wg = wg * (WG_N * ROW_BYTES)               # this warpgroup's WG_N outputs
+            return wg * (64 * ROW_BYTES), 0              # this warpgroup's 64 token rows
+        return 0, wg * (WG_N * ROW_BYTES)                # this warpgroup's WG_N outputs
 
-        # prologue: tiles 0 .. STAGES-2
+    @device_function(**INLINE)
+    def _k_tiles(smem, base, s0, x32, w32, m0, n0, T, N, K8, kb, ke, row0, q, off0, a_wg, b_wg):
+        """This warpgroup's accumulators of the tile at (m0, n0) over k tiles kb .. ke-1, through the
+        STAGES-deep cp.async pipeline (module docstring); returns once every copy and MMA has
+        retired and all threads have passed a barrier, so shared memory is free again."""
+        n = ke - kb
+        d_hi = wgmma_descriptor(0, LBO, GROUP_BYTES, MODE)   # descriptor constants; addresses per k step
+        # prologue: tiles kb .. kb+STAGES-2
         for s in range(STAGES - 1):
-            if s < n_k:
-                _issue_stage(smem, s0 - base + s * STAGE_BYTES, x32, w32, m0, n0, T, N, K8, s, row0, q, off0)
+            if s < n:
+                _issue_stage(smem, s0 - base + s * STAGE_BYTES, x32, w32, m0, n0, T, N, K8, kb + s, row0, q, off0)
             cp_async_commit()
 
         acc = ZERO
-        for kt in range(n_k):
-            st = s0 + (kt % STAGES) * STAGE_BYTES
+        for j in range(n):
+            st = s0 + (j % STAGES) * STAGE_BYTES
             cp_wait()
             fence_proxy_async()
             cuda.syncthreads()
@@ -177,16 +180,21 @@ def make_kernel(v: Variant):
             wgmma_commit()
             acc = mma_wait1(acc)
             cuda.syncthreads()
-            nk = kt + STAGES - 1
-            if nk < n_k:
-                _issue_stage(smem, s0 - base + (nk % STAGES) * STAGE_BYTES, x32, w32, m0, n0, T, N, K8, nk,
+            nj = j + STAGES - 1
+            if nj < n:
+                _issue_stage(smem, s0 - base + (nj % STAGES) * STAGE_BYTES, x32, w32, m0, n0, T, N, K8, kb + nj,
                              row0, q, off0)
             cp_async_commit()
         acc = mma_wait0(acc)
         cp_wait0()
         cuda.syncthreads()                               # every MMA has read its last stage
+        return acc
 
-        # epilogue: bf16 pairs into a [BM][STRIDE] word tile, then row-contiguous global stores
+    @device_function(**INLINE)
+    def _store_tile(smem, pad, out, acc, m0, n0, T, N, tid, wg):
+        """Epilogue: bf16 pairs into a [BM][STRIDE] word tile at the start of the (free) stages, then
+        row-contiguous global stores; ends before the tile is read again (callers that reuse shared
+        memory put a barrier after it)."""
         p = tid & 127
         w4 = p >> 5
         lane = p & 31
@@ -208,6 +216,49 @@ def make_kernel(v: Variant):
                 out[t, n] = np.uint16(word & np.uint32(0xFFFF))
                 if n + 1 < N:
                     out[t, n + 1] = np.uint16(word >> np.uint32(16))
+
+    return _copy_slot, _operand_offsets, _k_tiles, _store_tile
+
+
+_PARTS: dict = {}
+
+
+def parts_for(v: Variant) -> Parts:
+    """The device functions of specialisation v (made once per Variant name)."""
+    if v.name not in _PARTS:
+        _PARTS[v.name] = Parts(v)
+    return _PARTS[v.name]
+
+
+def make_kernel(v: Variant):
+    """gemm_v4..v6's kernel: one CTA a (token tile, output tile), all of K."""
+    BM, BN = v.bm, v.bn
+    parts = parts_for(v)
+    copy_slot, operand_offsets, k_tiles, store_tile = parts.copy_slot, parts.operand_offsets, parts.k_tiles, \
+        parts.store_tile
+
+    @cuda.jit(**bounds(THREADS, v.blocks_per_sm))
+    def gemm_wgmma(x32, w32, out, T, K):
+        # x32: uint32 [T*K/2] flat view of x; w32: uint32 [N*K/2] of wkv; out: uint16 [T, N]
+        smem = cuda.shared.array(0, types.uint32)        # dynamic: STAGES x ([BM][64] x, [BN][64] w) bf16
+        tid = cuda.threadIdx.x
+        wg = tid >> 7
+        N = out.shape[1]
+        K8 = K >> 3
+        n_k = (K8 + 7) >> 3
+        # grid (token tiles, output tiles): CTAs start in token-tile-fastest order, so those in flight
+        # share weight tiles in L2 (a 2-D grid also keeps 64-bit divisions out: ptxas makes them
+        # calls, and any call in the kernel serializes its wgmma)
+        m0 = cuda.blockIdx.x * BM
+        n0 = cuda.blockIdx.y * BN
+        # shared addresses as int64 (numba types uint64 op int64 as float64)
+        base = np.int64(shared_address(smem))
+        pad = (1024 - (base & 1023)) & 1023
+        s0 = base + pad                                  # shared address of stage 0, 1024-aligned
+        row0, q, off0 = copy_slot(tid)
+        a_wg, b_wg = operand_offsets(wg)
+        acc = k_tiles(smem, base, s0, x32, w32, m0, n0, T, N, K8, 0, n_k, row0, q, off0, a_wg, b_wg)
+        store_tile(smem, pad, out, acc, m0, n0, T, N, tid, wg)
 
     return gemm_wgmma
 
