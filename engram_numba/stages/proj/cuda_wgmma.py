@@ -40,12 +40,16 @@ from __future__ import annotations
 import numpy as np
 from numba import cuda, types
 
+from ...device.devarray import data_address
 from ...device.intrinsics import device_function
-from ...device.hopper import (WGMMA_NO_SWIZZLE, WGMMA_SWIZZLE_128B, cp_async_16, cp_async_commit, cp_async_waiter,
-                              fence_proxy_async, shared_address, wgmma_bf16, wgmma_commit, wgmma_descriptor,
-                              wgmma_fence, wgmma_store_bf16x2, wgmma_waiter)
+from ...device.hopper import (WGMMA_NO_SWIZZLE, WGMMA_SWIZZLE_128B, acc_add_f32, acc_store_f32, cp_async_16,
+                              cp_async_commit, cp_async_waiter, fence_proxy_async, flag_wait, shared_address,
+                              wgmma_bf16, wgmma_commit, wgmma_descriptor, wgmma_fence, wgmma_store_bf16x2,
+                              wgmma_waiter)
 from ...device.launch import PreparedLaunch, allow_dynamic_shared
-from .cuda_common import INLINE, bounds, cdiv, fast_launch
+from . import cuda_wgmma_ws as WS
+from .cuda_common import INLINE, bounds, cdiv, fast_launch, flat_u32
+from .cuda_wgmma_ws import F_HI, F_KB, F_KE, F_LO, F_M0, F_N0, F_ROLE, F_SLOT, FINISH, PARTIAL
 
 THREADS = 256                   # 2 warpgroups
 BK = 64                         # k values a stage: one 128-byte row per operand row
@@ -308,3 +312,199 @@ def prepare_variant(name: str, v: Variant, x, wkv, out, *, stream=0) -> Prepared
     launch = fast_launch(name, kernel, grid_for(v, T, N), THREADS, x, wkv, out, stream)
     allow_dynamic_shared(kernel, launch.args, v.smem_bytes)
     return PreparedLaunch(name, kernel, launch.grid, launch.block, stream, launch.args, out, sharedmem=v.smem_bytes)
+
+
+# ---- gemm_v8: gemm_v4's CTA tile on persistent CTAs, the ragged tail stream-K -------------------
+#
+# What changes against gemm_v4: the grid. gemm_v4 launches one CTA a tile, so N = 25600 (100 output
+# tiles) runs T = 256 as 200 tiles on 132 SMs (1.52 waves of work in 2 waves of time), T = 512 as
+# 3.03 waves in 4 and T = 1024 as 6.06 in 7. gemm_v8 launches one CTA an SM; each walks a host-made
+# list of units (a tile and a range of its k tiles, `cuda_wgmma_ws.schedule`, shared with gemm_v7):
+# whole waves of tiles data-parallel, and the last `sk_waves` full waves with the ragged one cut into
+# equal ranges of k tiles, one a CTA (stream-K), so every SM gets the same number of k tiles to
+# within one. Each unit runs gemm_v4's device functions unchanged (`parts_for`: prologue, pipelined
+# k loop over the unit's k range, drain); a tile cut between CTAs is finished by the CTA that holds
+# its last k tiles: the others store their fp32 accumulators to a workspace slot (coalesced: thread
+# c's accumulator i at slot * 256 * NACC + 256 i + c), `threadfence`, barrier, and raise the slot's
+# flag; the finisher's thread 0 waits for the flags (lower CTAs only: the schedule's order, which
+# cannot deadlock), fences, and after a barrier every thread adds the partials to its own
+# accumulators in a fixed order (the nearest k range first), then the usual bf16 epilogue. The
+# finisher clears the flags it consumed, so a prepared launch can be replayed.
+# Numerics: inside a k range as gemm_v4; a cut tile adds its ranges' fp32 sums in the fixed order,
+# so results are the same bits run to run for one (T, N, K, CTA count), not bit-identical to
+# gemm_v4 (docs/numerics.md).
+# The split is chosen per launch on the host (`choose_split`) from T, N, K and the SM count.
+
+# cost guess of moving one 128 x 256 fp32 partial through L2, in k tiles (~0.8 us each on an H200
+# SM); 0 in the simulator, whose cases have a few k tiles and should be cut wherever it balances
+SK_FIXUP_K_TILES = 0 if WS.SIMULATOR else 3
+
+
+class SkVariant:
+    """gemm_v8's specialisation: a CTA tile (a `Variant` with 128 token rows) and its split over
+    persistent CTAs: "auto" (`choose_split` per shape), "dp" (data-parallel only: tiles dealt
+    round-robin, nothing cut) or "sk1" / "sk2" (the last 1 / 2 full waves and the ragged one
+    stream-K)."""
+
+    def __init__(self, tile: Variant, split: str = "auto"):
+        assert tile.bm == 128 and split in ("auto", "dp", "sk1", "sk2"), (tile.name, split)
+        self.tile, self.split = tile, split
+        self.bn = tile.bn
+        self.group_m = 0              # token tiles fastest (the schedule's tile order)
+        self.smem_bytes = tile.smem_bytes
+        self.name = f"sk/{tile.bm}x{tile.bn}/{split}"
+
+    def plan(self, T: int, N: int, K: int, ctas: int) -> "_Split":
+        split = choose_split(T, N, K, self.bn, ctas) if self.split == "auto" else self.split
+        return _Split(self.bn, split)
+
+
+class _Split:
+    """What `cuda_wgmma_ws.schedule` reads of a variant: bn, group_m, stream_k (and sk_waves)."""
+
+    def __init__(self, bn: int, split: str):
+        self.bn, self.group_m, self.split = bn, 0, split
+        self.stream_k = split != "dp"
+        self.sk_waves = {"dp": 0, "sk1": 1, "sk2": 2}[split]
+
+
+def choose_split(T: int, N: int, K: int, bn: int, ctas: int) -> str:
+    """"dp" or "sk1" for a launch of cdiv(T, 128) x cdiv(N, bn) tiles of cdiv(K, 64) k tiles on `ctas`
+    persistent CTAs, from a cost model in k tiles a CTA: data-parallel takes ceil(tiles / ctas)
+    tiles; stream-K takes the mean plus SK_FIXUP_K_TILES for each partial a finisher adds and its
+    own store (a tile is cut into about n_k / (k tiles a CTA) pieces). A whole number of waves is
+    never cut."""
+    n_tiles, n_k = cdiv(T, 128) * cdiv(N, bn), cdiv(K, BK)
+    full, rem = divmod(n_tiles, ctas)
+    if rem == 0:
+        return "dp"
+    dp_cost = (full + 1) * n_k
+    sk_tiles = rem + min(full, 1) * ctas
+    per_cta = sk_tiles * n_k / ctas
+    pieces = cdiv(n_k, max(1, int(per_cta)))
+    sk_cost = max(full - 1, 0) * n_k + per_cta + SK_FIXUP_K_TILES * (pieces if per_cta < n_k else 2)
+    return "sk1" if sk_cost < dp_cost else "dp"
+
+
+def make_persistent_kernel(v: Variant):
+    """gemm_v8's kernel on CTA tile v: persistent CTAs over a unit list (see above)."""
+    assert v.bm == 128
+    NACC = v.wg_n // 2
+    SLOT_WORDS = THREADS * NACC
+    parts = parts_for(v)
+    copy_slot, operand_offsets, k_tiles, store_tile = parts.copy_slot, parts.operand_offsets, parts.k_tiles, \
+        parts.store_tile
+
+    @cuda.jit(**bounds(THREADS, 1))
+    def gemm_wgmma_sk(x32, w32, out, units, counts, ws, flags, T, K):
+        # x32 uint32 [T*K/2], w32 uint32 [N*K/2], out uint16 [T, N]; units int32 [G, U, 8] and
+        # counts int32 [G] (`cuda_wgmma_ws.schedule`); ws fp32 [slots * 256 * NACC], flags int32 [slots]
+        smem = cuda.shared.array(0, types.uint32)        # dynamic: STAGES x ([128][64] x, [BN][64] w) bf16
+        tid = cuda.threadIdx.x
+        wg = tid >> 7
+        cta = cuda.blockIdx.x
+        N = out.shape[1]
+        K8 = K >> 3
+        base = np.int64(shared_address(smem))
+        pad = (1024 - (base & 1023)) & 1023
+        s0 = base + pad
+        row0, q, off0 = copy_slot(tid)
+        a_wg, b_wg = operand_offsets(wg)
+        for u in range(counts[cta]):
+            m0 = np.int64(units[cta, u, F_M0])
+            n0 = np.int64(units[cta, u, F_N0])
+            acc = k_tiles(smem, base, s0, x32, w32, m0, n0, T, N, K8, np.int64(units[cta, u, F_KB]),
+                          np.int64(units[cta, u, F_KE]), row0, q, off0, a_wg, b_wg)
+            role = units[cta, u, F_ROLE]
+            if role == PARTIAL:
+                slot = np.int64(units[cta, u, F_SLOT])
+                acc_store_f32(ws, slot * SLOT_WORDS + tid, THREADS, acc)
+                cuda.threadfence()
+                cuda.syncthreads()                       # every thread's partial is out
+                if tid == 0:
+                    cuda.atomic.exch(flags, slot, np.int32(1))
+            else:
+                if role == FINISH:
+                    lo = units[cta, u, F_LO]
+                    hi = units[cta, u, F_HI]
+                    if tid == 0:
+                        for s in range(lo, hi):
+                            flag_wait(flags, s)
+                        cuda.threadfence()
+                    cuda.syncthreads()
+                    for s in range(hi - 1, lo - 1, -1):  # the nearest k range first: a fixed order
+                        acc = acc_add_f32(acc, ws, np.int64(s) * SLOT_WORDS + tid, THREADS)
+                    cuda.syncthreads()
+                    if tid == 0:                         # every partial is read: ready for the next launch
+                        for s in range(lo, hi):
+                            cuda.atomic.exch(flags, s, np.int32(0))
+                store_tile(smem, pad, out, acc, m0, n0, T, N, tid, wg)
+                cuda.syncthreads()                       # the stash is read before the next unit's copies
+
+    return gemm_wgmma_sk
+
+
+SK_VARIANTS = {"gemm_v8": SkVariant(VARIANTS["gemm_v4"])}   # gemm_v4's tile, split chosen per shape
+# the development script's split and tile choices beside the record's "auto"
+SK_CANDIDATES = {v.name: v for v in (
+    SkVariant(VARIANTS["gemm_v4"], "dp"),
+    SkVariant(VARIANTS["gemm_v4"], "sk1"),
+    SkVariant(VARIANTS["gemm_v4"], "sk2"),
+    SkVariant(VARIANTS["gemm_v6"], "auto"),     # gemm_v6's 128 x 200 tile: 128 output tiles at N = 25600
+)}
+_SK_KERNELS: dict = {}
+_SCHEDULES: dict = {}
+
+
+def sk_kernel_for(v: Variant):
+    """The persistent kernel of CTA tile v (one per tile: the split is host-side data)."""
+    if v.name not in _SK_KERNELS:
+        _SK_KERNELS[v.name] = make_persistent_kernel(v)
+    return _SK_KERNELS[v.name]
+
+
+def sk_schedule(T: int, N: int, K: int, sv: SkVariant, ctas: int):
+    """(units, counts, slots, split) of gemm_v8 variant sv on `ctas` CTAs (cached: pure host data)."""
+    key = (T, N, K, sv.name, ctas)
+    if key not in _SCHEDULES:
+        plan = sv.plan(T, N, K, ctas)
+        table, counts, slots = WS.schedule(T, N, K, plan, ctas, min_k_tiles=WS.MIN_UNIT_K_TILES,
+                                           sk_waves=max(plan.sk_waves, 1))
+        if len(_SCHEDULES) > 256:
+            _SCHEDULES.clear()
+        _SCHEDULES[key] = (table, counts, slots, plan.split)
+    return _SCHEDULES[key]
+
+
+def sk_geometry(sv: SkVariant):
+    """(T, N) -> (grid, block, dynamic shared bytes) at K = 6144 on this device (the launcher builds
+    the real grid from the schedule)."""
+    def geo(T: int, N: int, K: int = 6144):
+        table = sk_schedule(T, N, K, sv, WS.device_ctas())[0]
+        return table.shape[0], THREADS, sv.smem_bytes
+    return geo
+
+
+def prepare_sk(name: str, sv: SkVariant, x, wkv, out, *, stream=0, ctas: int | None = None) -> PreparedLaunch:
+    """A launch of gemm_v8 variant sv on x [T, K], wkv [N, K] -> out [T, N] (the record's launcher
+    and the development script's). `ctas`: persistent CTAs to schedule for (default: the SMs; in
+    the simulator cuda_wgmma_ws.SIM_CTAS)."""
+    T, K = x.shape
+    N = wkv.shape[0]
+    if data_address(x) % 16 or data_address(wkv) % 16:
+        raise ValueError(f"{name} reads x and wkv as 16-byte chunks; their data must be 16-byte aligned "
+                         "(use a naive version or an aligned copy)")
+    table, counts, n_slots, _ = sk_schedule(T, N, K, sv, ctas or WS.device_ctas())
+    d_units = cuda.to_device(table, stream=stream)
+    d_counts = cuda.to_device(counts, stream=stream)
+    ws = cuda.device_array(max(n_slots, 1) * THREADS * (sv.tile.wg_n // 2), dtype=np.float32, stream=stream)
+    flags = cuda.to_device(np.zeros(max(n_slots, 1), dtype=np.int32), stream=stream)
+    kernel = sk_kernel_for(sv.tile)
+    args = (flat_u32(x), flat_u32(wkv), out, d_units, d_counts, ws, flags, T, K)
+    allow_dynamic_shared(kernel, args, sv.smem_bytes)
+    return PreparedLaunch(name, kernel, table.shape[0], THREADS, stream, args, out, sharedmem=sv.smem_bytes)
+
+
+def sk_launcher(rec, x, wkv, out, *, stream=0) -> PreparedLaunch:
+    """gemm_v8's record launcher (`prepare_project(..., version="gemm_v8")` has checked the shapes)."""
+    return prepare_sk(rec.name, SK_VARIANTS[rec.name], x, wkv, out, stream=stream)
