@@ -87,7 +87,8 @@ class Parts:
 
     def __init__(self, v: Variant):
         self.variant = v
-        self.copy_slot, self.operand_offsets, self.k_tiles, self.store_tile = _make_parts(v)
+        (self.copy_slot, self.operand_offsets, self.prologue, self.k_loop, self.k_tiles,
+         self.store_tile) = _make_parts(v)
 
 
 def _make_parts(v: Variant):
@@ -158,18 +159,22 @@ def _make_parts(v: Variant):
         return 0, wg * (WG_N * ROW_BYTES)                # this warpgroup's WG_N outputs
 
     @device_function(**INLINE)
-    def _k_tiles(smem, base, s0, x32, w32, m0, n0, T, N, K8, kb, ke, row0, q, off0, a_wg, b_wg):
-        """This warpgroup's accumulators of the tile at (m0, n0) over k tiles kb .. ke-1, through the
-        STAGES-deep cp.async pipeline (module docstring); returns once every copy and MMA has
-        retired and all threads have passed a barrier, so shared memory is free again."""
+    def _prologue(smem, base, s0, x32, w32, m0, n0, T, N, K8, kb, ke, row0, q, off0):
+        """The pipeline's first STAGES-1 commit groups: k tiles kb .. kb+STAGES-2 (those before ke)
+        into stages 0 .. STAGES-2."""
         n = ke - kb
-        d_hi = wgmma_descriptor(0, LBO, GROUP_BYTES, MODE)   # descriptor constants; addresses per k step
-        # prologue: tiles kb .. kb+STAGES-2
         for s in range(STAGES - 1):
             if s < n:
                 _issue_stage(smem, s0 - base + s * STAGE_BYTES, x32, w32, m0, n0, T, N, K8, kb + s, row0, q, off0)
             cp_async_commit()
 
+    @device_function(**INLINE)
+    def _k_loop(smem, base, s0, x32, w32, m0, n0, T, N, K8, kb, ke, row0, q, off0, a_wg, b_wg):
+        """After `_prologue` of the same unit: this warpgroup's accumulators of the tile at (m0, n0)
+        over k tiles kb .. ke-1 (module docstring's pipeline); returns once every copy and MMA has
+        retired and all threads have passed a barrier, so shared memory is free again."""
+        n = ke - kb
+        d_hi = wgmma_descriptor(0, LBO, GROUP_BYTES, MODE)   # descriptor constants; addresses per k step
         acc = ZERO
         for j in range(n):
             st = s0 + (j % STAGES) * STAGE_BYTES
@@ -195,14 +200,20 @@ def _make_parts(v: Variant):
         return acc
 
     @device_function(**INLINE)
-    def _store_tile(smem, pad, out, acc, m0, n0, T, N, tid, wg):
-        """Epilogue: bf16 pairs into a [BM][STRIDE] word tile at the start of the (free) stages, then
-        row-contiguous global stores; ends before the tile is read again (callers that reuse shared
-        memory put a barrier after it)."""
+    def _k_tiles(smem, base, s0, x32, w32, m0, n0, T, N, K8, kb, ke, row0, q, off0, a_wg, b_wg):
+        """`_prologue` then `_k_loop`: the tile's accumulators over k tiles kb .. ke-1."""
+        _prologue(smem, base, s0, x32, w32, m0, n0, T, N, K8, kb, ke, row0, q, off0)
+        return _k_loop(smem, base, s0, x32, w32, m0, n0, T, N, K8, kb, ke, row0, q, off0, a_wg, b_wg)
+
+    @device_function(**INLINE)
+    def _store_tile(smem, word0, out, acc, m0, n0, T, N, tid, wg):
+        """Epilogue: bf16 pairs into a [BM][STRIDE] word tile at word word0 of smem (the start of the
+        free stages in gemm_v4), then row-contiguous global stores; ends before the tile is read
+        again (callers that reuse its shared memory put a barrier after it)."""
         p = tid & 127
         w4 = p >> 5
         lane = p & 31
-        wbase = (pad >> 2) + (16 * w4 + (lane >> 2)) * STRIDE + (lane & 3)
+        wbase = word0 + (16 * w4 + (lane >> 2)) * STRIDE + (lane & 3)
         if SPLIT_M:
             wbase += wg * 64 * STRIDE
         else:
@@ -216,12 +227,12 @@ def _make_parts(v: Variant):
             t = m0 + r
             n = n0 + 2 * c
             if t < T and n < N:
-                word = smem[(pad >> 2) + r * STRIDE + c]
+                word = smem[word0 + r * STRIDE + c]
                 out[t, n] = np.uint16(word & np.uint32(0xFFFF))
                 if n + 1 < N:
                     out[t, n + 1] = np.uint16(word >> np.uint32(16))
 
-    return _copy_slot, _operand_offsets, _k_tiles, _store_tile
+    return _copy_slot, _operand_offsets, _prologue, _k_loop, _k_tiles, _store_tile
 
 
 _PARTS: dict = {}
@@ -262,7 +273,7 @@ def make_kernel(v: Variant):
         row0, q, off0 = copy_slot(tid)
         a_wg, b_wg = operand_offsets(wg)
         acc = k_tiles(smem, base, s0, x32, w32, m0, n0, T, N, K8, 0, n_k, row0, q, off0, a_wg, b_wg)
-        store_tile(smem, pad, out, acc, m0, n0, T, N, tid, wg)
+        store_tile(smem, pad >> 2, out, acc, m0, n0, T, N, tid, wg)
 
     return gemm_wgmma
 
@@ -341,18 +352,18 @@ SK_FIXUP_K_TILES = 0 if WS.SIMULATOR else 3
 
 
 class SkVariant:
-    """gemm_v8's specialisation: a CTA tile (a `Variant` with 128 token rows) and its split over
+    """gemm_v8's specialisation: a CTA tile (a `Variant` with 128 token rows), its split over
     persistent CTAs: "auto" (`choose_split` per shape), "dp" (data-parallel only: tiles dealt
     round-robin, nothing cut) or "sk1" / "sk2" (the last 1 / 2 full waves and the ragged one
-    stream-K)."""
+    stream-K), and whether the next unit's copies start before a unit's epilogue (`overlap`)."""
 
-    def __init__(self, tile: Variant, split: str = "auto"):
+    def __init__(self, tile: Variant, split: str = "auto", overlap: bool = True):
         assert tile.bm == 128 and split in ("auto", "dp", "sk1", "sk2"), (tile.name, split)
-        self.tile, self.split = tile, split
+        self.tile, self.split, self.overlap = tile, split, overlap
         self.bn = tile.bn
         self.group_m = 0              # token tiles fastest (the schedule's tile order)
-        self.smem_bytes = tile.smem_bytes
-        self.name = f"sk/{tile.bm}x{tile.bn}/{split}"
+        self.smem_bytes = sk_smem_bytes(tile, overlap)
+        self.name = f"sk/{tile.bm}x{tile.bn}/{split}" + ("" if overlap else "/nolap")
 
     def plan(self, T: int, N: int, K: int, ctas: int) -> "_Split":
         split = choose_split(T, N, K, self.bn, ctas) if self.split == "auto" else self.split
@@ -386,14 +397,30 @@ def choose_split(T: int, N: int, K: int, bn: int, ctas: int) -> str:
     return "sk1" if sk_cost < dp_cost else "dp"
 
 
-def make_persistent_kernel(v: Variant):
-    """gemm_v8's kernel on CTA tile v: persistent CTAs over a unit list (see above)."""
+def sk_smem_bytes(v: Variant, overlap: bool) -> int:
+    """Dynamic shared memory of gemm_v8's kernel on tile v: gemm_v4's, or with `overlap` the
+    epilogue's bf16 tile placed after the first STAGES-1 stages (where the next unit's prologue
+    lands meanwhile)."""
+    if not overlap:
+        return v.smem_bytes
+    b = max(v.stages * v.stage_bytes, (v.stages - 1) * v.stage_bytes + v.bm * v.stash_stride * 4) + ALIGN_SLACK
+    assert b <= 227 * 1024, b
+    return b
+
+
+def make_persistent_kernel(v: Variant, overlap: bool):
+    """gemm_v8's kernel on CTA tile v: persistent CTAs over a unit list (see above). With `overlap`,
+    the next unit's first STAGES-1 k tiles are issued (cp.async) as soon as a unit's MMAs are done,
+    before its fix-up and epilogue, so their latency hides behind them; the epilogue's bf16 tile
+    then sits after stage STAGES-2 (`sk_smem_bytes`)."""
     assert v.bm == 128
     NACC = v.wg_n // 2
     SLOT_WORDS = THREADS * NACC
+    OVERLAP = overlap
+    STASH_WORD = (v.stages - 1) * v.stage_bytes // 4 if overlap else 0
     parts = parts_for(v)
-    copy_slot, operand_offsets, k_tiles, store_tile = parts.copy_slot, parts.operand_offsets, parts.k_tiles, \
-        parts.store_tile
+    copy_slot, operand_offsets, store_tile = parts.copy_slot, parts.operand_offsets, parts.store_tile
+    prologue, k_loop, k_tiles = parts.prologue, parts.k_loop, parts.k_tiles
 
     @cuda.jit(**bounds(THREADS, 1))
     def gemm_wgmma_sk(x32, w32, out, units, counts, ws, flags, T, K):
@@ -410,11 +437,23 @@ def make_persistent_kernel(v: Variant):
         s0 = base + pad
         row0, q, off0 = copy_slot(tid)
         a_wg, b_wg = operand_offsets(wg)
-        for u in range(counts[cta]):
+        n_units = counts[cta]
+        if OVERLAP and n_units > 0:
+            prologue(smem, base, s0, x32, w32, np.int64(units[cta, 0, F_M0]), np.int64(units[cta, 0, F_N0]), T, N,
+                     K8, np.int64(units[cta, 0, F_KB]), np.int64(units[cta, 0, F_KE]), row0, q, off0)
+        for u in range(n_units):
             m0 = np.int64(units[cta, u, F_M0])
             n0 = np.int64(units[cta, u, F_N0])
-            acc = k_tiles(smem, base, s0, x32, w32, m0, n0, T, N, K8, np.int64(units[cta, u, F_KB]),
-                          np.int64(units[cta, u, F_KE]), row0, q, off0, a_wg, b_wg)
+            kb = np.int64(units[cta, u, F_KB])
+            ke = np.int64(units[cta, u, F_KE])
+            if OVERLAP:
+                acc = k_loop(smem, base, s0, x32, w32, m0, n0, T, N, K8, kb, ke, row0, q, off0, a_wg, b_wg)
+                if u + 1 < n_units:                      # the next unit's first stages, in flight from now
+                    prologue(smem, base, s0, x32, w32, np.int64(units[cta, u + 1, F_M0]),
+                             np.int64(units[cta, u + 1, F_N0]), T, N, K8, np.int64(units[cta, u + 1, F_KB]),
+                             np.int64(units[cta, u + 1, F_KE]), row0, q, off0)
+            else:
+                acc = k_tiles(smem, base, s0, x32, w32, m0, n0, T, N, K8, kb, ke, row0, q, off0, a_wg, b_wg)
             role = units[cta, u, F_ROLE]
             if role == PARTIAL:
                 slot = np.int64(units[cta, u, F_SLOT])
@@ -438,8 +477,10 @@ def make_persistent_kernel(v: Variant):
                     if tid == 0:                         # every partial is read: ready for the next launch
                         for s in range(lo, hi):
                             cuda.atomic.exch(flags, s, np.int32(0))
-                store_tile(smem, pad, out, acc, m0, n0, T, N, tid, wg)
-                cuda.syncthreads()                       # the stash is read before the next unit's copies
+                store_tile(smem, (pad >> 2) + STASH_WORD, out, acc, m0, n0, T, N, tid, wg)
+                if not OVERLAP:
+                    cuda.syncthreads()                   # the stash is read before the next unit's copies
+                # (overlapped: the next unit's copies into the stash's stage come after its first barrier)
 
     return gemm_wgmma_sk
 
@@ -447,6 +488,7 @@ def make_persistent_kernel(v: Variant):
 SK_VARIANTS = {"gemm_v8": SkVariant(VARIANTS["gemm_v4"])}   # gemm_v4's tile, split chosen per shape
 # the development script's split and tile choices beside the record's "auto"
 SK_CANDIDATES = {v.name: v for v in (
+    SkVariant(VARIANTS["gemm_v4"], "auto", overlap=False),     # each unit's prologue after the last epilogue
     SkVariant(VARIANTS["gemm_v4"], "dp"),
     SkVariant(VARIANTS["gemm_v4"], "sk1"),
     SkVariant(VARIANTS["gemm_v4"], "sk2"),
@@ -456,11 +498,11 @@ _SK_KERNELS: dict = {}
 _SCHEDULES: dict = {}
 
 
-def sk_kernel_for(v: Variant):
-    """The persistent kernel of CTA tile v (one per tile: the split is host-side data)."""
-    if v.name not in _SK_KERNELS:
-        _SK_KERNELS[v.name] = make_persistent_kernel(v)
-    return _SK_KERNELS[v.name]
+def sk_kernel_for(v: Variant, overlap: bool = True):
+    """The persistent kernel of CTA tile v (one per tile and overlap: the split is host-side data)."""
+    if (v.name, overlap) not in _SK_KERNELS:
+        _SK_KERNELS[v.name, overlap] = make_persistent_kernel(v, overlap)
+    return _SK_KERNELS[v.name, overlap]
 
 
 def sk_schedule(T: int, N: int, K: int, sv: SkVariant, ctas: int):
@@ -499,7 +541,7 @@ def prepare_sk(name: str, sv: SkVariant, x, wkv, out, *, stream=0, ctas: int | N
     d_counts = cuda.to_device(counts, stream=stream)
     ws = cuda.device_array(max(n_slots, 1) * THREADS * (sv.tile.wg_n // 2), dtype=np.float32, stream=stream)
     flags = cuda.to_device(np.zeros(max(n_slots, 1), dtype=np.int32), stream=stream)
-    kernel = sk_kernel_for(sv.tile)
+    kernel = sk_kernel_for(sv.tile, sv.overlap)
     args = (flat_u32(x), flat_u32(wkv), out, d_units, d_counts, ws, flags, T, K)
     allow_dynamic_shared(kernel, args, sv.smem_bytes)
     return PreparedLaunch(name, kernel, table.shape[0], THREADS, stream, args, out, sharedmem=sv.smem_bytes)

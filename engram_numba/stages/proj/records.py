@@ -258,9 +258,10 @@ _proj("gemm_v8", "gemm_v4's CTA tile, mainloop and epilogue (the same device fun
       "cut into equal k ranges (stream-K) with an fp32 fix-up through a workspace and per-slot flags, added in a "
       "fixed order (reproducible bits); the split chosen per shape from T, N, K and the SM count (choose_split), "
       "so T = 256 / 512 / 1024 run 1.52 / 3.03 / 6.06 waves of work in as much time instead of 2 / 4 / 7 waves",
-      kernel=Factory(lambda T: cuda_wgmma.sk_kernel_for(_V8.tile)), geometry=cuda_wgmma.sk_geometry(_V8), args="fast",
-      specs=lambda: [Spec(f"[sk/{t.name}]", cuda_wgmma.sk_kernel_for(t), _SK_ARGS)
-                     for t in (_V8.tile, cuda_wgmma.VARIANTS["gemm_v6"])],
+      kernel=Factory(lambda T: cuda_wgmma.sk_kernel_for(_V8.tile, _V8.overlap)), geometry=cuda_wgmma.sk_geometry(_V8),
+      args="fast",
+      specs=lambda: [Spec(f"[sk/{t.name}{'' if ov else '/nolap'}]", cuda_wgmma.sk_kernel_for(t, ov), _SK_ARGS)
+                     for t, ov in ((_V8.tile, True), (_V8.tile, False), (cuda_wgmma.VARIANTS["gemm_v6"], True))],
       launcher=cuda_wgmma.sk_launcher, vector_io=False,
       # 3 simulated CTAs (cuda_wgmma_ws.SIM_CTAS); the schedules themselves are tested on many shapes
       # without the simulator (test_proj_wgmma_sk.py)
