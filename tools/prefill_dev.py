@@ -359,7 +359,8 @@ def ncu_target(name: str):
     ww = cuda.to_device(f32_to_bf16(rng.standard_normal((N_REL, K_REL), dtype=np.float32) * np.float32(0.05)))
     out = cuda.device_array((4096, N_REL), dtype=np.uint16)
     if name in sk_variants:
-        launch, kernel = W.prepare_sk(name, sk_variants[name], xw, ww, out), W.sk_kernel_for(sk_variants[name].tile, sk_variants[name].overlap)
+        sv = sk_variants[name]
+        launch, kernel = W.prepare_sk(name, sv, xw, ww, out), W.sk_kernel_for(sv.tile, sv.overlap)
     elif name in ws_variants:
         launch, kernel = W7.prepare_variant(name, ws_variants[name], xw, ww, out), W7.kernel_for(ws_variants[name])
     else:
@@ -410,7 +411,8 @@ def _table(records: list) -> str:
                 f"{r['variant']}{'*' if r['variant'] == best else ''} {r['time_us']:.1f}{'' if r['ok'] else ' BAD'}"
                 for r in rs) + "".join(f"  {r['variant']} ERROR" for r in sweep if r["T"] == T and "time_us" not in r))
     if any(r["variant"] == "gemm_v8" for r in rel):
-        lines.append(_v8_summary(rel, blas))
+        lines.append(_v8_summary(rel, {r["T"]: r["time_us"] for r in rel
+                                       if r["variant"] == "cublas_v1" and "time_us" in r}))
     bad = [r for r in records if r.get("phase") in ("odd", "odd_released", "sweep") and not r.get("ok")]
     good = [r for r in records if r.get("phase") in ("odd", "odd_released", "sweep") and r.get("ok")]
     lines.append(f"odd-shape and sweep checks: {len(good)} passed, {len(bad)} failed"
@@ -458,6 +460,8 @@ def main(argv=None) -> int:
     ap.add_argument("--sweep", default=None, help="sweep token counts ('' for none)")
     ap.add_argument("--ncu-target", default="")
     ap.add_argument("--v7", action="store_true", help="gemm_v7 and its candidates at T = 1 .. 4096 against v4-v6 and cuBLAS")
+    ap.add_argument("--worker-timeout", type=float, default=240.0,
+                    help="seconds before a worker is killed as hung (0: never); the rest rerun without the variant")
     ap.add_argument("--v8", action="store_true", help="gemm_v8 and its split choices at T = 128 .. 4096 against "
                     "gemm_v4, gemm_v6 and cuBLAS")
     args = ap.parse_args(argv)
@@ -483,8 +487,14 @@ def main(argv=None) -> int:
                "--skip", ",".join(sorted(failed))] + (["--quick"] if args.quick else []) \
             + (["--smoke"] if args.smoke else []) + (["--variants", args.variants] if args.variants else []) \
             + (["--tokens", args.tokens] if args.tokens else []) \
-            + (["--sweep", args.sweep] if args.sweep is not None else []) + (["--v7"] if args.v7 else []) + (["--v8"] if args.v8 else [])
-        proc = subprocess.run(cmd, capture_output=True, text=True)
+            + (["--sweep", args.sweep] if args.sweep is not None else []) + (["--v7"] if args.v7 else []) \
+            + (["--v8"] if args.v8 else [])
+        try:        # a kernel that never returns (a persistent CTA waiting for a flag nobody raises) is a death too
+            proc = subprocess.run(cmd, capture_output=True, text=True, timeout=args.worker_timeout or None)
+        except subprocess.TimeoutExpired as exc:
+            text = lambda b: b.decode(errors="replace") if isinstance(b, bytes) else (b or "")   # noqa: E731
+            proc = subprocess.CompletedProcess(cmd, -9, text(exc.stdout),
+                                               text(exc.stderr) + f"\nworker killed after {args.worker_timeout} s")
         (out_dir / f"worker{attempt}.log").write_text(proc.stdout[-200000:] + "\n--- stderr ---\n" + proc.stderr[-50000:])
         if "WORKER DONE" in proc.stdout:
             break

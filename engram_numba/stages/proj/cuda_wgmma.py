@@ -18,11 +18,17 @@ Kernel versions
   gemm_v6  gemm_v4 with 128 x 200 tiles (m64n200k16): the released N = 25600 is 128 tiles, so
            T <= 128 runs one wave on 128 of the 132 SMs (gemm_v4: 100) and T <= 256 two full waves
            (gemm_v4: 200 tiles, the second wave half empty). records.py says where each wins.
+  gemm_v8  gemm_v4's tile, pipeline and epilogue (the same device functions) on persistent CTAs, one
+           an SM, over a host-made list of (tile, k range) units: whole waves data-parallel, the
+           last full wave and the ragged one stream-K (equal k ranges a CTA, cut tiles fixed up
+           through a global workspace in a fixed order), the next unit's first stages in flight
+           during a unit's epilogue. Section "gemm_v8" below.
 
-One kernel factory (`make_kernel(Variant)`) builds them all from one set of device functions
-(`parts_for(Variant)`: copy assignment, pipelined k loop, epilogue), which gemm_v8 (`cuda_wgmma_sk`,
-persistent CTAs with a stream-K tail) reuses unchanged; `VARIANTS` names the specialisations the
-records and the development script use.
+gemm_v4..v6 come from one kernel factory (`make_kernel(Variant)`), gemm_v8 from another
+(`make_persistent_kernel`), both built on one set of device functions per tile (`parts_for(Variant)`:
+copy assignment, prologue, pipelined k loop, epilogue); `VARIANTS` / `SK_VARIANTS` name the
+specialisations the records use, `CANDIDATES` / `SK_CANDIDATES` what the development script times
+besides them.
 
 The pipeline, per k tile kt (buffer kt % STAGES):
     cp.async.wait_group STAGES-2    this thread's copies of tile kt have landed
@@ -340,7 +346,11 @@ def prepare_variant(name: str, v: Variant, x, wkv, out, *, stream=0) -> Prepared
 # flag; the finisher's thread 0 waits for the flags (lower CTAs only: the schedule's order, which
 # cannot deadlock), fences, and after a barrier every thread adds the partials to its own
 # accumulators in a fixed order (the nearest k range first), then the usual bf16 epilogue. The
-# finisher clears the flags it consumed, so a prepared launch can be replayed.
+# finisher clears the flags it consumed, so a prepared launch can be replayed. The one change inside
+# a CTA (`overlap`, on in the record): the next unit's prologue is issued as soon as a unit's MMAs
+# have retired, before its fix-up and epilogue, whose bf16 tile moves past the first STAGES-1
+# stages to make room (211 KiB of shared memory with gemm_v4's tile); gemm_v4 pays the pipeline
+# fill on every tile, gemm_v8 only on a CTA's first unit.
 # Numerics: inside a k range as gemm_v4; a cut tile adds its ranges' fp32 sums in the fixed order,
 # so results are the same bits run to run for one (T, N, K, CTA count), not bit-identical to
 # gemm_v4 (docs/numerics.md).
@@ -505,13 +515,52 @@ def sk_kernel_for(v: Variant, overlap: bool = True):
     return _SK_KERNELS[v.name, overlap]
 
 
+MAX_BAND = 8              # token tiles a band of CTAs walks in lockstep (gemm_v8's schedule)
+
+
+def band_height(T: int, ctas: int) -> int:
+    """Token tiles in a band: the largest h <= MAX_BAND dividing both the token tiles and the CTAs."""
+    mt = cdiv(T, 128)
+    return max(h for h in range(1, MAX_BAND + 1) if mt % h == 0 and ctas % h == 0)
+
+
+def banded_schedule(T: int, N: int, K: int, plan, ctas: int, min_k_tiles: int):
+    """`cuda_wgmma_ws.schedule` over bands of h = band_height(T, ctas) token tiles: (units, counts,
+    slots) as that function's.
+
+    The schedule is made for a problem of cdiv(T, 128) / h token tiles on ctas / h CTAs, then each
+    CTA's unit list is given to h CTAs, the j-th taking token tile j of the band: they read the same
+    weight k tiles at the same time, as gemm_v4's neighbouring CTAs do, so a weight tile comes from
+    DRAM once however the stream-K ranges fall (ranges of CTAs on different token tiles of one
+    output tile drift apart by tens of k tiles, and the weight read between is several times the
+    L2). Slot s of the band schedule is slot j * S + s for its j-th CTA (S its slot count), so a
+    finisher's slots stay a contiguous range, and CTA c of it is CTAs c * h + j: a finisher still
+    waits only for lower CTAs."""
+    h = band_height(T, ctas)
+    bands = cdiv(T, 128) // h
+    table, counts, slots = WS.schedule(bands * 128, N, K, plan, ctas // h, min_k_tiles=min_k_tiles,
+                                       sk_waves=max(plan.sk_waves, 1))
+    if h == 1:
+        return table, counts, slots
+    G, U, F = table.shape
+    out = np.zeros((G * h, U, F), dtype=np.int32)
+    for j in range(h):
+        t = table.copy()
+        t[:, :, F_M0] = t[:, :, F_M0] * h + 128 * j
+        t[:, :, F_SLOT] = np.where(t[:, :, F_ROLE] == PARTIAL, t[:, :, F_SLOT] + j * slots, 0)
+        cut = t[:, :, F_ROLE] == FINISH
+        t[:, :, F_LO] = np.where(cut, t[:, :, F_LO] + j * slots, t[:, :, F_LO])
+        t[:, :, F_HI] = np.where(cut, t[:, :, F_HI] + j * slots, t[:, :, F_HI])
+        out[j::h] = t
+    return out, np.repeat(counts, h), slots * h
+
+
 def sk_schedule(T: int, N: int, K: int, sv: SkVariant, ctas: int):
     """(units, counts, slots, split) of gemm_v8 variant sv on `ctas` CTAs (cached: pure host data)."""
     key = (T, N, K, sv.name, ctas)
     if key not in _SCHEDULES:
         plan = sv.plan(T, N, K, ctas)
-        table, counts, slots = WS.schedule(T, N, K, plan, ctas, min_k_tiles=WS.MIN_UNIT_K_TILES,
-                                           sk_waves=max(plan.sk_waves, 1))
+        table, counts, slots = banded_schedule(T, N, K, plan, ctas, WS.MIN_UNIT_K_TILES)
         if len(_SCHEDULES) > 256:
             _SCHEDULES.clear()
         _SCHEDULES[key] = (table, counts, slots, plan.split)

@@ -39,7 +39,7 @@ def check(T, N, K, sv, ctas, min_k_tiles):
     promised balance: stream-K splits give every CTA the same k tiles to within one, data-parallel
     the same tiles to within one."""
     plan = W._Split(sv.bn, sv.split) if sv.split != "auto" else sv.plan(T, N, K, ctas)
-    table, counts, slots = WS.schedule(T, N, K, plan, ctas, min_k_tiles=min_k_tiles, sk_waves=max(plan.sk_waves, 1))
+    table, counts, slots = W.banded_schedule(T, N, K, plan, ctas, min_k_tiles)
     WS.check_schedule(table, counts, slots, T, N, K, plan)
     assert table.shape[0] <= ctas and counts.min() >= 1
     per = k_tiles_per_cta(table, counts)
@@ -97,6 +97,21 @@ def test_released_split_choice_and_balance(monkeypatch):
     assert W.choose_split(128, N_REL, K_REL, 256, H200_SMS) == "sk1"      # 100 tiles: 73 k tiles a CTA, not 96
 
 
+@pytest.mark.parametrize("T,h", [(256, 2), (384, 3), (512, 4), (768, 6), (1024, 4), (4096, 4), (640, 1), (129, 2)])
+def test_bands_walk_in_lockstep(T, h):
+    """The CTAs of a band take the same output tiles and k ranges at the same steps, one token tile
+    each (so each weight k tile is read by all of them at once, as gemm_v4's neighbouring CTAs do)."""
+    assert W.band_height(T, H200_SMS) == h
+    table, counts, _, per = check(T, N_REL, K_REL, V8, H200_SMS, 4)
+    same = [WS.F_N0, WS.F_KB, WS.F_KE, WS.F_ROLE]
+    for c in range(0, table.shape[0], h):
+        band = table[c:c + h]
+        assert (counts[c:c + h] == counts[c]).all()
+        assert (band[:, :, same] == band[:1, :, same]).all()
+        m = band[:, :counts[c], WS.F_M0]
+        assert (np.diff(m, axis=0) == 128).all()          # token tiles j = 0 .. h-1 of the band
+
+
 def test_bad_variants_are_refused():
     with pytest.raises(AssertionError):
         W.SkVariant(W.VARIANTS["gemm_v5"])          # 64 token rows: the schedule's tiles are 128 rows
@@ -128,6 +143,25 @@ def test_prepared_launch_replays_with_the_same_bits(rng):
     launch()
     np.testing.assert_array_equal(out.copy_to_host(), first)
     assert_within_tolerance(error_stats(first, Yardstick(x, w)))
+
+
+def test_bands_with_stream_k_match_reference(rng):
+    """Bands of 2 token tiles on 4 CTAs (2 bands of CTAs), 3 output tiles of 2 k tiles each cut
+    between the bands: the first band's CTAs run a partial then a whole tile (the next unit's stages
+    in flight across the fix-up), the second's a whole tile then the finisher, and the partial
+    slots are remapped per token tile of the band (slot j * S + s)."""
+    T, K, N = 130, 72, 600
+    x, w = make_inputs(rng, T, K, N)
+    out = poisoned(T, N)
+    launch = W.prepare_sk("gemm_v8", V8, cuda.to_device(x), cuda.to_device(w), out, ctas=4)
+    table, counts, slots, split = W.sk_schedule(T, N, K, V8, 4)
+    assert W.band_height(T, 4) == 2 and launch.grid == 4 and slots == 2 and split == "sk1"
+    assert [list(table[c, :counts[c], WS.F_ROLE]) for c in range(4)] == [[WS.PARTIAL, WS.WHOLE]] * 2 \
+        + [[WS.WHOLE, WS.FINISH]] * 2
+    launch()
+    stats = error_stats(out.copy_to_host(), Yardstick(x, w), projection_reference(x, w))
+    print(json.dumps(dict(shape=[T, K, N], **stats)))
+    assert_within_tolerance(stats)
 
 
 # The split choices beside the record's "auto" in the simulator: (variant, (T, K, N), CTAs). ~1.5 s a
