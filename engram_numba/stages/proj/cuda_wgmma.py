@@ -365,15 +365,16 @@ class SkVariant:
     """gemm_v8's specialisation: a CTA tile (a `Variant` with 128 token rows), its split over
     persistent CTAs: "auto" (`choose_split` per shape), "dp" (data-parallel only: tiles dealt
     round-robin, nothing cut) or "sk1" / "sk2" (the last 1 / 2 full waves and the ragged one
-    stream-K), and whether the next unit's copies start before a unit's epilogue (`overlap`)."""
+    stream-K), whether the next unit's copies start before a unit's epilogue (`overlap`) and
+    whether CTAs walk in bands (`banded_schedule`; `banded=False`: bands of one token tile)."""
 
-    def __init__(self, tile: Variant, split: str = "auto", overlap: bool = True):
+    def __init__(self, tile: Variant, split: str = "auto", overlap: bool = True, banded: bool = True):
         assert tile.bm == 128 and split in ("auto", "dp", "sk1", "sk2"), (tile.name, split)
-        self.tile, self.split, self.overlap = tile, split, overlap
+        self.tile, self.split, self.overlap, self.banded = tile, split, overlap, banded
         self.bn = tile.bn
         self.group_m = 0              # token tiles fastest (the schedule's tile order)
         self.smem_bytes = sk_smem_bytes(tile, overlap)
-        self.name = f"sk/{tile.bm}x{tile.bn}/{split}" + ("" if overlap else "/nolap")
+        self.name = f"sk/{tile.bm}x{tile.bn}/{split}" + ("" if overlap else "/nolap") + ("" if banded else "/noband")
 
     def plan(self, T: int, N: int, K: int, ctas: int) -> "_Split":
         split = choose_split(T, N, K, self.bn, ctas) if self.split == "auto" else self.split
@@ -499,6 +500,7 @@ SK_VARIANTS = {"gemm_v8": SkVariant(VARIANTS["gemm_v4"])}   # gemm_v4's tile, sp
 # the development script's split and tile choices beside the record's "auto"
 SK_CANDIDATES = {v.name: v for v in (
     SkVariant(VARIANTS["gemm_v4"], "auto", overlap=False),     # each unit's prologue after the last epilogue
+    SkVariant(VARIANTS["gemm_v4"], "auto", banded=False),      # plain stream-K ranges, no bands
     SkVariant(VARIANTS["gemm_v4"], "dp"),
     SkVariant(VARIANTS["gemm_v4"], "sk1"),
     SkVariant(VARIANTS["gemm_v4"], "sk2"),
@@ -518,13 +520,13 @@ def sk_kernel_for(v: Variant, overlap: bool = True):
 MAX_BAND = 8              # token tiles a band of CTAs walks in lockstep (gemm_v8's schedule)
 
 
-def band_height(T: int, ctas: int) -> int:
-    """Token tiles in a band: the largest h <= MAX_BAND dividing both the token tiles and the CTAs."""
+def band_height(T: int, ctas: int, max_band: int = MAX_BAND) -> int:
+    """Token tiles in a band: the largest h <= max_band dividing both the token tiles and the CTAs."""
     mt = cdiv(T, 128)
-    return max(h for h in range(1, MAX_BAND + 1) if mt % h == 0 and ctas % h == 0)
+    return max(h for h in range(1, max_band + 1) if mt % h == 0 and ctas % h == 0)
 
 
-def banded_schedule(T: int, N: int, K: int, plan, ctas: int, min_k_tiles: int):
+def banded_schedule(T: int, N: int, K: int, plan, ctas: int, min_k_tiles: int, max_band: int = MAX_BAND):
     """`cuda_wgmma_ws.schedule` over bands of h = band_height(T, ctas) token tiles: (units, counts,
     slots) as that function's.
 
@@ -536,7 +538,7 @@ def banded_schedule(T: int, N: int, K: int, plan, ctas: int, min_k_tiles: int):
     L2). Slot s of the band schedule is slot j * S + s for its j-th CTA (S its slot count), so a
     finisher's slots stay a contiguous range, and CTA c of it is CTAs c * h + j: a finisher still
     waits only for lower CTAs."""
-    h = band_height(T, ctas)
+    h = band_height(T, ctas, max_band)
     bands = cdiv(T, 128) // h
     table, counts, slots = WS.schedule(bands * 128, N, K, plan, ctas // h, min_k_tiles=min_k_tiles,
                                        sk_waves=max(plan.sk_waves, 1))
@@ -560,7 +562,8 @@ def sk_schedule(T: int, N: int, K: int, sv: SkVariant, ctas: int):
     key = (T, N, K, sv.name, ctas)
     if key not in _SCHEDULES:
         plan = sv.plan(T, N, K, ctas)
-        table, counts, slots = banded_schedule(T, N, K, plan, ctas, WS.MIN_UNIT_K_TILES)
+        table, counts, slots = banded_schedule(T, N, K, plan, ctas, WS.MIN_UNIT_K_TILES,
+                                               MAX_BAND if sv.banded else 1)
         if len(_SCHEDULES) > 256:
             _SCHEDULES.clear()
         _SCHEDULES[key] = (table, counts, slots, plan.split)

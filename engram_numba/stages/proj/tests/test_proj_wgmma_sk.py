@@ -39,7 +39,7 @@ def check(T, N, K, sv, ctas, min_k_tiles):
     promised balance: stream-K splits give every CTA the same k tiles to within one, data-parallel
     the same tiles to within one."""
     plan = W._Split(sv.bn, sv.split) if sv.split != "auto" else sv.plan(T, N, K, ctas)
-    table, counts, slots = W.banded_schedule(T, N, K, plan, ctas, min_k_tiles)
+    table, counts, slots = W.banded_schedule(T, N, K, plan, ctas, min_k_tiles, W.MAX_BAND if sv.banded else 1)
     WS.check_schedule(table, counts, slots, T, N, K, plan)
     assert table.shape[0] <= ctas and counts.min() >= 1
     per = k_tiles_per_cta(table, counts)
