@@ -10,7 +10,8 @@ One command does the whole batch (docs/gpu.md): a worker process checks every va
 (K = 6144, N = 25600) for T in {16, 128, 4096} and at odd released-size shapes, and times each
 with CUDA events and L2 flushed (`timing.DeviceTimer`) next to gemm_v3 / gemv_v4 and cuBLAS
 (torch's `x @ w.T`) measured in the same process; then `apply` at T = 4096 (our projection + our
-gate against cuBLAS + our gate). Results stream to DIR/prefill_dev.jsonl as they come; if a
+gate against cuBLAS + our gate). Results stream to DIR/prefill_dev.jsonl as they come (all of them
+in DIR/prefill_dev.json at the end, the table in DIR/prefill_dev_table.txt); if a
 variant kills the CUDA context (a bad descriptor can), the driver restarts the worker without it
 and says so. With --ncu, one launch of the fastest T = 4096 variant runs under Nsight Compute
 (SpeedOfLight, WarpStateStats, ComputeWorkloadAnalysis, MemoryWorkloadAnalysis) and its SASS is
@@ -537,7 +538,9 @@ def main(argv=None) -> int:
                 "Bank", "Tensor", "Registers", "Achieved Occupancy", "SM Busy", "Shared")
         print("\n".join(ln for ln in proc.stdout.splitlines() if any(k in ln for k in keep))[:6000], flush=True)
     (out_dir / "prefill_dev.json").write_text(json.dumps(records, indent=1))
-    print(_table(records), flush=True)
+    table = _table(records)
+    (out_dir / "prefill_dev_table.txt").write_text(table + "\n")
+    print(table, flush=True)
     return 0
 
 

@@ -339,7 +339,9 @@ def prepare_variant(name: str, v: Variant, x, wkv, out, *, stream=0) -> Prepared
 # list of units (a tile and a range of its k tiles, `cuda_wgmma_ws.schedule`, shared with gemm_v7):
 # whole waves of tiles data-parallel, and the last `sk_waves` full waves with the ragged one cut into
 # equal ranges of k tiles, one a CTA (stream-K), so every SM gets the same number of k tiles to
-# within one. Each unit runs gemm_v4's device functions unchanged (`parts_for`: prologue, pipelined
+# within one. CTAs walk in bands (`banded_schedule`): h CTAs run one unit list, each on its own token
+# tile, so the CTAs reading a weight k tile read it together, as gemm_v4's neighbouring CTAs do.
+# Each unit runs gemm_v4's device functions unchanged (`parts_for`: prologue, pipelined
 # k loop over the unit's k range, drain); a tile cut between CTAs is finished by the CTA that holds
 # its last k tiles: the others store their fp32 accumulators to a workspace slot (coalesced: thread
 # c's accumulator i at slot * 256 * NACC + 256 i + c), `threadfence`, barrier, and raise the slot's

@@ -258,6 +258,7 @@ _proj("gemm_v8", "gemm_v4's CTA tile, mainloop and epilogue (the same device fun
       "cut into equal k ranges (stream-K) with an fp32 fix-up through a workspace and per-slot flags, added in a "
       "fixed order (reproducible bits); the split chosen per shape from T, N, K and the SM count (choose_split), "
       "so T = 256 / 512 / 1024 run 1.52 / 3.03 / 6.06 waves of work in as much time instead of 2 / 4 / 7 waves; "
+      "bands of CTAs (up to 8, one token tile each) walk the same units, so a weight tile is read by all at once; "
       "the next unit's first 3 stages issued before a unit's fix-up and epilogue (211 KiB of shared memory); "
       "253 registers, no spills, wgmma asynchronous, k loop 246 SASS instructions (gemm_v4 212); not yet timed",
       kernel=Factory(lambda T: cuda_wgmma.sk_kernel_for(_V8.tile, _V8.overlap)), geometry=cuda_wgmma.sk_geometry(_V8),
