@@ -2,6 +2,7 @@
 
     python tools/prefill_dev.py [--out DIR] [--ncu] [--quick]     (from the repository root)
     python tools/prefill_dev.py --v7 [--out DIR] [--ncu]            gemm_v7 and its candidates
+    python tools/prefill_dev.py --v8 [--out DIR]                    gemm_v8 and its split choices
 
 One command does the whole batch (docs/gpu.md): a worker process checks every variant of
 `stages/proj/cuda_wgmma.py` (the records gemm_v4 / gemm_v5 and the other tiles and layouts in
@@ -9,7 +10,8 @@ One command does the whole batch (docs/gpu.md): a worker process checks every va
 (K = 6144, N = 25600) for T in {16, 128, 4096} and at odd released-size shapes, and times each
 with CUDA events and L2 flushed (`timing.DeviceTimer`) next to gemm_v3 / gemv_v4 and cuBLAS
 (torch's `x @ w.T`) measured in the same process; then `apply` at T = 4096 (our projection + our
-gate against cuBLAS + our gate). Results stream to DIR/prefill_dev.jsonl as they come; if a
+gate against cuBLAS + our gate). Results stream to DIR/prefill_dev.jsonl as they come (all of them
+in DIR/prefill_dev.json at the end, the table in DIR/prefill_dev_table.txt); if a
 variant kills the CUDA context (a bad descriptor can), the driver restarts the worker without it
 and says so. With --ncu, one launch of the fastest T = 4096 variant runs under Nsight Compute
 (SpeedOfLight, WarpStateStats, ComputeWorkloadAnalysis, MemoryWorkloadAnalysis) and its SASS is
@@ -20,6 +22,15 @@ and its candidates are checked at the tiny odd shapes, then at the released shap
 V7_TOKENS (1, 16, 128, 256, 512, 1024, 4096), each checked and timed beside gemm_v4 / gemm_v5 /
 gemm_v6, the default the records pick and cuBLAS, then at the odd released-size shapes; the
 table's "x cuBLAS" column is what the records' default rules are decided on.
+
+With --v8: gemm_v8 (`stages/proj/cuda_wgmma.py`: gemm_v4's mainloop on persistent CTAs, stream-K
+tail) and its split choices (`SK_CANDIDATES`: data-parallel only, stream-K over 1 or 2 waves, gemm_v6's
+128x200 tile) are checked at the tiny odd shapes and at odd released-size shapes (including ones where
+many CTAs cut one tile: N = 512 puts ~24 CTAs on each tile), then at the released shape for T in
+V8_TOKENS (128 .. 4096), each checked, checked for the same bits over 3 launches, and timed beside
+gemm_v4, gemm_v6 and cuBLAS; a candidate whose schedule is gemm_v8's own at that T is not timed
+twice. The last lines are a summary against the targets (<= 1.05x cuBLAS at T = 256..1024, <= 1.0x
+at T = 4096).
 
 Numerics: a check passes when every well-conditioned element (fp32 summation noise under half a
 bf16 ulp) is within 1 bf16 ulp of the float64 product rounded once, and the rest within the noise
@@ -47,6 +58,10 @@ ODD = [(33, 264, 200), (130, 136, 260), (5, 520, 9)]            # tiny: every va
 ODD_RELEASED = [(257, K_REL + 8, N_REL + 8), (33, K_REL, N_REL)]  # released-size odd shapes
 SWEEP_TOKENS = (2, 8, 32, 48, 64, 80, 96, 192, 256, 512, 1024)      # where the defaults change hands
 V7_TOKENS = (1, 16, 128, 256, 512, 1024, 4096)                      # --v7: the prefill-chunk sizes
+V8_TOKENS = (128, 256, 384, 512, 768, 1024, 2048, 4096)             # --v8: around the wave boundaries
+V8_ODD_RELEASED = [(257, K_REL + 8, N_REL + 8), (33, K_REL, N_REL),   # --v8: N % 256 == 8, a lone token tile
+                   (33, K_REL, 512), (300, K_REL + 8, 1000)]        # ~24 / ~8 CTAs cut each tile
+V8_TARGETS = {256: 1.05, 512: 1.05, 1024: 1.05, 4096: 1.0}          # x cuBLAS the brief asks for
 NOISE_SIGMAS, U = 8.0, 2.0 ** -24
 
 
@@ -92,7 +107,7 @@ def _emit(fh, rec):
 
 
 def worker(out_dir: Path, skip: set, quick: bool, smoke: bool, only=None, tokens_arg=None, sweep_arg=None,
-           v7: bool = False):
+           v7: bool = False, v8: bool = False):
     from numba import cuda
 
     from engram_numba.bf16 import bf16_to_f32, f32_to_bf16
@@ -104,6 +119,10 @@ def worker(out_dir: Path, skip: set, quick: bool, smoke: bool, only=None, tokens
 
     variants = {**W.VARIANTS, **W.CANDIDATES}
     ws_variants = {**W7.VARIANTS, **W7.CANDIDATES}
+    sk_variants = {**W.SK_VARIANTS, **W.SK_CANDIDATES}
+    if v8:         # gemm_v8 and its split choices against the records' tiles
+        variants = {**W.VARIANTS, **sk_variants}
+        ws_variants = {}
     if v7:         # gemm_v7 and its candidates against the records' tiles (the other candidates left out)
         variants = {**W.VARIANTS, **ws_variants}
     if only:       # --variants: these (and cuBLAS) in every phase
@@ -117,6 +136,8 @@ def worker(out_dir: Path, skip: set, quick: bool, smoke: bool, only=None, tokens
         k_rel, n_rel, tokens, odd, odd_rel, HC, DIM = 136, 320, (16, 130), ODD[:1], [(33, 72, 200)], 4, 64
     if v7 and not smoke:
         tokens = V7_TOKENS
+    if v8 and not smoke:
+        tokens, odd_rel = V8_TOKENS, V8_ODD_RELEASED
     tokens = tuple(tokens_arg) if tokens_arg else tokens
 
     def rand_bf16(shape, scale, seed):       # host bf16 words (fresh normal draws, never zeros)
@@ -130,6 +151,8 @@ def worker(out_dir: Path, skip: set, quick: bool, smoke: bool, only=None, tokens
         return h
 
     def launch_of(name, x, w, out):
+        if name in sk_variants:
+            return W.prepare_sk(name, sk_variants[name], x, w, out)
         if name in ws_variants:
             return W7.prepare_variant(name, ws_variants[name], x, w, out)
         if name in variants:
@@ -153,7 +176,7 @@ def worker(out_dir: Path, skip: set, quick: bool, smoke: bool, only=None, tokens
         yard = Yard(host_words(x_t), wf, wf * wf)
         x, w = as_words(x_t), as_words(w_t)
         for name in list(variants) + ["cublas_v1"]:
-            if name in skip or (smoke and name not in W.VARIANTS):
+            if name in skip or (smoke and name not in W.VARIANTS and name not in sk_variants):
                 continue
             start(name)
             try:
@@ -183,9 +206,26 @@ def worker(out_dir: Path, skip: set, quick: bool, smoke: bool, only=None, tokens
         per_T = {T: list(dict.fromkeys(
             [pick(T, k_rel, n_rel).name] + (["gemm_v5"] if T <= 64 else [])
             + ["gemm_v4", "gemm_v6", *ws_variants, "cublas_v1"])) for T in tokens}
+    if v8:         # every T: gemm_v8, its split choices, the tiles it competes with and cuBLAS
+        per_T = {T: ["gemm_v8", *W.SK_CANDIDATES, "gemm_v4", "gemm_v6", "cublas_v1"] for T in tokens}
+    if only and v8:
+        per_T = {T: [n for n in names if n in only or n == "cublas_v1"] for T, names in per_T.items()}
     if smoke:
-        per_T = {T: [n for n in names if n in ("gemm_v4", "gemm_v5", "gemm_v3", "cublas_v1")]
+        per_T = {T: [n for n in names if n in ("gemm_v4", "gemm_v5", "gemm_v3", "cublas_v1", *sk_variants)]
                  for T, names in per_T.items()}
+
+    def sk_plan(name, T, N, K):
+        """(split, CTAs, cut slots) of a gemm_v8 variant's schedule at this shape."""
+        _, counts, slots, split = W.sk_schedule(T, N, K, sk_variants[name], W.WS.device_ctas())
+        return split, int(counts.size), int(slots)
+
+    def same_as_v8(name, T, N, K):
+        """A split choice that would launch gemm_v8's own kernel on gemm_v8's own schedule."""
+        a, b = sk_variants[name], sk_variants["gemm_v8"]
+        if name == "gemm_v8" or a.tile is not b.tile or a.overlap != b.overlap:
+            return False
+        sa, sb = (W.sk_schedule(T, N, K, v, W.WS.device_ctas()) for v in (a, b))
+        return bool(np.array_equal(sa[0], sb[0]) and np.array_equal(sa[1], sb[1]))
     for T in tokens:
         x_t = rand_bf16((T, k_rel), 1.0, 100 + T)
         x_h = host_words(x_t)
@@ -196,14 +236,31 @@ def worker(out_dir: Path, skip: set, quick: bool, smoke: bool, only=None, tokens
         for name in per_T[T]:
             if name in skip:
                 continue
+            extra = {}
+            if name in sk_variants:
+                split, ctas, slots = sk_plan(name, T, n_rel, k_rel)
+                extra = {"split": split, "ctas": ctas, "cut_slots": slots}
+                if same_as_v8(name, T, n_rel, k_rel):
+                    _emit(fh, {"phase": "released", "variant": name, "T": T, "same_as": "gemm_v8", **extra})
+                    continue
             start(name)
             try:
                 launch, out, chk = run_check(name, x, w, T, n_rel, rows, yard)
+                if name in sk_variants:     # the same bits launch after launch (the fix-up order is fixed)
+                    first = out.copy_to_host()
+                    same = True
+                    for _ in range(2):
+                        out.copy_to_device(np.full((T, n_rel), 0xFFFF, np.uint16))
+                        launch()
+                        cuda.synchronize()
+                        same = same and bool(np.array_equal(out.copy_to_host(), first))
+                    extra["reproducible"] = same
+                    chk["ok"] = bool(chk["ok"] and same)
                 iters = 10 if T == tokens[-1] or quick else 30
                 us = timer(launch, iters=iters)
                 rec = {"phase": "released", "variant": name, "T": T, "time_us": round(us, 2),
                        "tflops": round(2.0 * T * k_rel * n_rel / us / 1e6, 1),
-                       "weight_gbps": round(2.0 * n_rel * k_rel / us / 1e3, 1), **chk}
+                       "weight_gbps": round(2.0 * n_rel * k_rel / us / 1e3, 1), **extra, **chk}
                 _emit(fh, rec)
                 if T == tokens[-1] and name != "cublas_v1" and chk["ok"] and (best4096 is None or us < best4096[1]):
                     best4096 = (name, us)
@@ -212,7 +269,8 @@ def worker(out_dir: Path, skip: set, quick: bool, smoke: bool, only=None, tokens
                            "error": f"{type(exc).__name__}: {exc}"[:400]})
 
     # 2b. where the defaults change hands: every candidate at the token counts between
-    sweep = (2, 48) if smoke else tuple(sweep_arg) if sweep_arg is not None else () if v7 else SWEEP_TOKENS
+    sweep = (2, 48) if smoke and not v8 else tuple(sweep_arg) if sweep_arg is not None else () if v7 or v8 \
+        else SWEEP_TOKENS
     for T in sweep:
         x_t = rand_bf16((T, k_rel), 1.0, 200 + T)
         rows = np.arange(T) if T <= 64 else np.unique(np.concatenate([[0, T - 1], rng.choice(T, 62, replace=False)]))
@@ -273,13 +331,18 @@ def worker(out_dir: Path, skip: set, quick: bool, smoke: bool, only=None, tokens
         names = ["gemm_v4", "gemm_v5", "gemm_v6", "128x256/s4/noswz", "cublas_v1"]
         if v7:
             names = ["gemm_v4", *ws_variants, "cublas_v1"]
+        if v8:
+            names = [n for n in ["gemm_v4", *sk_variants, "cublas_v1"] if not only or n in only or n == "cublas_v1"]
+        if smoke and v8:
+            names = [n for n in names if n != "cublas_v1"]
         for name in names:
             if name in skip:
                 continue
             start(name)
             try:
                 _, _, chk = run_check(name, as_words(x_t), as_words(w2_t), T, N, slice(None), yard)
-                _emit(fh, {"phase": "odd_released", "variant": name, "shape": [T, K, N], **chk})
+                extra = dict(zip(("split", "ctas", "cut_slots"), sk_plan(name, T, N, K))) if name in sk_variants else {}
+                _emit(fh, {"phase": "odd_released", "variant": name, "shape": [T, K, N], **extra, **chk})
             except Exception as exc:
                 _emit(fh, {"phase": "odd_released", "variant": name, "shape": [T, K, N], "ok": False,
                            "error": f"{type(exc).__name__}: {exc}"[:400]})
@@ -297,11 +360,15 @@ def ncu_target(name: str):
     from engram_numba.stages.proj import cuda_wgmma_ws as W7
     ws_variants = {**W7.VARIANTS, **W7.CANDIDATES}
     variants = {**W.VARIANTS, **W.CANDIDATES}
+    sk_variants = {**W.SK_VARIANTS, **W.SK_CANDIDATES}
     rng = np.random.default_rng(0)
     xw = cuda.to_device(f32_to_bf16(rng.standard_normal((4096, K_REL), dtype=np.float32)))
     ww = cuda.to_device(f32_to_bf16(rng.standard_normal((N_REL, K_REL), dtype=np.float32) * np.float32(0.05)))
     out = cuda.device_array((4096, N_REL), dtype=np.uint16)
-    if name in ws_variants:
+    if name in sk_variants:
+        sv = sk_variants[name]
+        launch, kernel = W.prepare_sk(name, sv, xw, ww, out), W.sk_kernel_for(sv.tile, sv.overlap)
+    elif name in ws_variants:
         launch, kernel = W7.prepare_variant(name, ws_variants[name], xw, ww, out), W7.kernel_for(ws_variants[name])
     else:
         launch, kernel = W.prepare_variant(name, variants[name], xw, ww, out), W.kernel_for(variants[name])
@@ -323,12 +390,17 @@ def _table(records: list) -> str:
     blas = {r["T"]: r["time_us"] for r in rel if r["variant"] == "cublas_v1" and "time_us" in r}
     lines.append(f"{'T':>5} {'variant':20} {'us':>9} {'TFLOP/s':>8} {'x cuBLAS':>8}  ok (max ulp well / all)")
     for r in rel:
+        plan = (f"  [{r['split']}, {r['ctas']} CTAs, {r['cut_slots']} cut]" if "split" in r else "") \
+            + ("" if r.get("reproducible", True) else "  NOT REPRODUCIBLE")
+        if "same_as" in r:
+            lines.append(f"{r['T']:5d} {r['variant']:20} {'= ' + r['same_as']:>9}{plan}")
+            continue
         if "time_us" not in r:
             lines.append(f"{r['T']:5d} {r['variant']:20} {'ERROR':>9}  {r.get('error', '')[:80]}")
             continue
         ratio = r["time_us"] / blas[r["T"]] if r["T"] in blas else float("nan")
         lines.append(f"{r['T']:5d} {r['variant']:20} {r['time_us']:9.1f} {r['tflops']:8.1f} {ratio:8.2f}  "
-                     f"{r['ok']} ({r['max_ulp_well']}/{r['max_ulp']})")
+                     f"{r['ok']} ({r['max_ulp_well']}/{r['max_ulp']}){plan}")
     for r in records:
         if r.get("phase") == "apply":
             blas = (f"cuBLAS+gate {r['apply_cublas_us']:.1f} us, ratio {r['ratio']}" if "ratio" in r
@@ -345,11 +417,40 @@ def _table(records: list) -> str:
             lines.append(f"  T={T:5d} " + "  ".join(
                 f"{r['variant']}{'*' if r['variant'] == best else ''} {r['time_us']:.1f}{'' if r['ok'] else ' BAD'}"
                 for r in rs) + "".join(f"  {r['variant']} ERROR" for r in sweep if r["T"] == T and "time_us" not in r))
+    if any(r["variant"] == "gemm_v8" for r in rel):
+        lines.append(_v8_summary(rel, {r["T"]: r["time_us"] for r in rel
+                                       if r["variant"] == "cublas_v1" and "time_us" in r}))
     bad = [r for r in records if r.get("phase") in ("odd", "odd_released", "sweep") and not r.get("ok")]
     good = [r for r in records if r.get("phase") in ("odd", "odd_released", "sweep") and r.get("ok")]
     lines.append(f"odd-shape and sweep checks: {len(good)} passed, {len(bad)} failed"
                  + "".join(f"\n  FAIL {r['variant']} {r.get('shape', r.get('T'))}: {r.get('error') or r}"
                            for r in bad))
+    return "\n".join(lines)
+
+
+def _v8_summary(rel: list, blas: dict) -> str:
+    """Per T: cuBLAS, gemm_v4, gemm_v6, gemm_v8 (auto) and the fastest valid split choice, with
+    gemm_v8's ratio to cuBLAS against the target where there is one."""
+    lines = ["gemm_v8 summary (us; x = time / cuBLAS; target from the brief where set):",
+             f"{'T':>5} {'cuBLAS':>8} {'gemm_v4':>8} {'gemm_v6':>8} {'gemm_v8':>8} {'x':>5} {'v8/v4':>6}  "
+             f"{'best split choice':28} {'x':>5}  target"]
+    for T in sorted({r["T"] for r in rel}):
+        rs = {r["variant"]: r for r in rel if r["T"] == T and "time_us" in r}
+        us = {k: r["time_us"] for k, r in rs.items() if r.get("ok")}
+        b = blas.get(T)
+
+        def f(v):
+            return f"{us[v]:8.1f}" if v in us else f"{'-' if v not in rs else 'BAD':>8}"
+        sk = {k: t for k, t in us.items() if k == "gemm_v8" or k.startswith("sk/")}
+        best = min(sk, key=sk.get) if sk else None
+        x8 = us["gemm_v8"] / b if b and "gemm_v8" in us else float("nan")
+        v8v4 = us["gemm_v8"] / us["gemm_v4"] if "gemm_v8" in us and "gemm_v4" in us else float("nan")
+        xb = sk[best] / b if best and b else float("nan")
+        tgt = V8_TARGETS.get(T)
+        verdict = "" if tgt is None else f"<= {tgt:.2f}: " + ("MET" if x8 <= tgt else "met by best" if xb <= tgt
+                                                             else "missed")
+        lines.append(f"{T:5d} {b or float('nan'):8.1f} {f('gemm_v4')} {f('gemm_v6')} {f('gemm_v8')} {x8:5.2f} "
+                     f"{v8v4:6.2f}  {(best or '-'):28} {xb:5.2f}  {verdict}")
     return "\n".join(lines)
 
 
@@ -366,6 +467,10 @@ def main(argv=None) -> int:
     ap.add_argument("--sweep", default=None, help="sweep token counts ('' for none)")
     ap.add_argument("--ncu-target", default="")
     ap.add_argument("--v7", action="store_true", help="gemm_v7 and its candidates at T = 1 .. 4096 against v4-v6 and cuBLAS")
+    ap.add_argument("--worker-timeout", type=float, default=240.0,
+                    help="seconds before a worker is killed as hung (0: never); the rest rerun without the variant")
+    ap.add_argument("--v8", action="store_true", help="gemm_v8 and its split choices at T = 128 .. 4096 against "
+                    "gemm_v4, gemm_v6 and cuBLAS")
     args = ap.parse_args(argv)
     out_dir = Path(args.out)
     out_dir.mkdir(parents=True, exist_ok=True)
@@ -376,7 +481,8 @@ def main(argv=None) -> int:
     if args.worker:
         ints = lambda a: [int(t) for t in a.split(",") if t]   # noqa: E731
         worker(out_dir, skip, args.quick, args.smoke, only={s for s in args.variants.split(",") if s},
-               tokens_arg=ints(args.tokens), sweep_arg=None if args.sweep is None else ints(args.sweep), v7=args.v7)
+               tokens_arg=ints(args.tokens), sweep_arg=None if args.sweep is None else ints(args.sweep), v7=args.v7,
+               v8=args.v8)
         return 0
 
     log = out_dir / "prefill_dev.jsonl"
@@ -388,8 +494,14 @@ def main(argv=None) -> int:
                "--skip", ",".join(sorted(failed))] + (["--quick"] if args.quick else []) \
             + (["--smoke"] if args.smoke else []) + (["--variants", args.variants] if args.variants else []) \
             + (["--tokens", args.tokens] if args.tokens else []) \
-            + (["--sweep", args.sweep] if args.sweep is not None else []) + (["--v7"] if args.v7 else [])
-        proc = subprocess.run(cmd, capture_output=True, text=True)
+            + (["--sweep", args.sweep] if args.sweep is not None else []) + (["--v7"] if args.v7 else []) \
+            + (["--v8"] if args.v8 else [])
+        try:        # a kernel that never returns (a persistent CTA waiting for a flag nobody raises) is a death too
+            proc = subprocess.run(cmd, capture_output=True, text=True, timeout=args.worker_timeout or None)
+        except subprocess.TimeoutExpired as exc:
+            text = lambda b: b.decode(errors="replace") if isinstance(b, bytes) else (b or "")   # noqa: E731
+            proc = subprocess.CompletedProcess(cmd, -9, text(exc.stdout),
+                                               text(exc.stderr) + f"\nworker killed after {args.worker_timeout} s")
         (out_dir / f"worker{attempt}.log").write_text(proc.stdout[-200000:] + "\n--- stderr ---\n" + proc.stderr[-50000:])
         if "WORKER DONE" in proc.stdout:
             break
@@ -426,7 +538,9 @@ def main(argv=None) -> int:
                 "Bank", "Tensor", "Registers", "Achieved Occupancy", "SM Busy", "Shared")
         print("\n".join(ln for ln in proc.stdout.splitlines() if any(k in ln for k in keep))[:6000], flush=True)
     (out_dir / "prefill_dev.json").write_text(json.dumps(records, indent=1))
-    print(_table(records), flush=True)
+    table = _table(records)
+    (out_dir / "prefill_dev_table.txt").write_text(table + "\n")
+    print(table, flush=True)
     return 0
 
 

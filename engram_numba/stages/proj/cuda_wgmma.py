@@ -18,9 +18,17 @@ Kernel versions
   gemm_v6  gemm_v4 with 128 x 200 tiles (m64n200k16): the released N = 25600 is 128 tiles, so
            T <= 128 runs one wave on 128 of the 132 SMs (gemm_v4: 100) and T <= 256 two full waves
            (gemm_v4: 200 tiles, the second wave half empty). records.py says where each wins.
+  gemm_v8  gemm_v4's tile, pipeline and epilogue (the same device functions) on persistent CTAs, one
+           an SM, over a host-made list of (tile, k range) units: whole waves data-parallel, the
+           last full wave and the ragged one stream-K (equal k ranges a CTA, cut tiles fixed up
+           through a global workspace in a fixed order), the next unit's first stages in flight
+           during a unit's epilogue. Section "gemm_v8" below.
 
-One kernel factory (`make_kernel(BM, BN, STAGES, swizzle)`) builds both; `VARIANTS` names the
-specialisations the records and the development script use.
+gemm_v4..v6 come from one kernel factory (`make_kernel(Variant)`), gemm_v8 from another
+(`make_persistent_kernel`), both built on one set of device functions per tile (`parts_for(Variant)`:
+copy assignment, prologue, pipelined k loop, epilogue); `VARIANTS` / `SK_VARIANTS` name the
+specialisations the records use, `CANDIDATES` / `SK_CANDIDATES` what the development script times
+besides them.
 
 The pipeline, per k tile kt (buffer kt % STAGES):
     cp.async.wait_group STAGES-2    this thread's copies of tile kt have landed
@@ -38,12 +46,16 @@ from __future__ import annotations
 import numpy as np
 from numba import cuda, types
 
+from ...device.devarray import data_address
 from ...device.intrinsics import device_function
-from ...device.hopper import (WGMMA_NO_SWIZZLE, WGMMA_SWIZZLE_128B, cp_async_16, cp_async_commit, cp_async_waiter,
-                              fence_proxy_async, shared_address, wgmma_bf16, wgmma_commit, wgmma_descriptor,
-                              wgmma_fence, wgmma_store_bf16x2, wgmma_waiter)
+from ...device.hopper import (WGMMA_NO_SWIZZLE, WGMMA_SWIZZLE_128B, acc_add_f32, acc_store_f32, cp_async_16,
+                              cp_async_commit, cp_async_waiter, fence_proxy_async, flag_wait, shared_address,
+                              wgmma_bf16, wgmma_commit, wgmma_descriptor, wgmma_fence, wgmma_store_bf16x2,
+                              wgmma_waiter)
 from ...device.launch import PreparedLaunch, allow_dynamic_shared
-from .cuda_common import INLINE, bounds, cdiv, fast_launch
+from . import cuda_wgmma_ws as WS
+from .cuda_common import INLINE, bounds, cdiv, fast_launch, flat_u32
+from .cuda_wgmma_ws import F_HI, F_KB, F_KE, F_LO, F_M0, F_N0, F_ROLE, F_SLOT, FINISH, PARTIAL
 
 THREADS = 256                   # 2 warpgroups
 BK = 64                         # k values a stage: one 128-byte row per operand row
@@ -74,7 +86,18 @@ class Variant:
         self.name = f"{bm}x{bn}x{BK}/s{stages}/{'sw128' if swizzle else 'noswz'}"
 
 
-def make_kernel(v: Variant):
+class Parts:
+    """The device functions of one specialisation's CTA tile, shared by gemm_v4..v6's kernel
+    (`make_kernel`: one tile a CTA) and gemm_v8's (`cuda_wgmma_sk`: persistent CTAs walking a list
+    of (tile, k range) units): the copy assignment, the pipelined k loop and the epilogue."""
+
+    def __init__(self, v: Variant):
+        self.variant = v
+        (self.copy_slot, self.operand_offsets, self.prologue, self.k_loop, self.k_tiles,
+         self.store_tile) = _make_parts(v)
+
+
+def _make_parts(v: Variant):
     BM, BN, STAGES = v.bm, v.bn, v.stages
     WG_N = v.wg_n
     NACC = WG_N // 2
@@ -115,6 +138,126 @@ def make_kernel(v: Variant):
             cp_async_16(smem, stage_off + A_BYTES + off0 + 4096 * i, w32, np.int64(min(r, N - 1)) * K8 + kc,
                         16 if ok else 0)
 
+    @device_function(**INLINE)
+    def _copy_slot(tid):
+        """(row0, q, off0): this thread copies rows row0 + 32 i, 16-byte chunk q of each row, to byte
+        off0 + 4096 i of the operand's tile.
+
+        Unswizzled, a warp copies 8 rows x 4 chunks (64 contiguous bytes of each row) and stores
+        512 contiguous bytes (core matrices are 8 rows x 16 bytes); swizzled, 4 whole rows, each
+        quarter-warp's 8 chunks on 8 distinct bank groups. Rows past T (N) and chunks past K are
+        zero-filled from a clamped address."""
+        if SW:
+            row0 = tid >> 3
+            q = tid & 7
+            off0 = row0 * ROW_BYTES + ((q ^ (row0 & 7)) << 4)
+        else:
+            row0 = ((tid >> 6) << 3) + (tid & 7)
+            q = (tid >> 3) & 7
+            off0 = tid << 4
+        return row0, q, off0
+
+    @device_function(**INLINE)
+    def _operand_offsets(wg):
+        """(a_wg, b_wg): bytes from a stage's x (w) tile to warpgroup wg's operand rows."""
+        if SPLIT_M:
+            return wg * (64 * ROW_BYTES), 0              # this warpgroup's 64 token rows
+        return 0, wg * (WG_N * ROW_BYTES)                # this warpgroup's WG_N outputs
+
+    @device_function(**INLINE)
+    def _prologue(smem, base, s0, x32, w32, m0, n0, T, N, K8, kb, ke, row0, q, off0):
+        """The pipeline's first STAGES-1 commit groups: k tiles kb .. kb+STAGES-2 (those before ke)
+        into stages 0 .. STAGES-2."""
+        n = ke - kb
+        for s in range(STAGES - 1):
+            if s < n:
+                _issue_stage(smem, s0 - base + s * STAGE_BYTES, x32, w32, m0, n0, T, N, K8, kb + s, row0, q, off0)
+            cp_async_commit()
+
+    @device_function(**INLINE)
+    def _k_loop(smem, base, s0, x32, w32, m0, n0, T, N, K8, kb, ke, row0, q, off0, a_wg, b_wg):
+        """After `_prologue` of the same unit: this warpgroup's accumulators of the tile at (m0, n0)
+        over k tiles kb .. ke-1 (module docstring's pipeline); returns once every copy and MMA has
+        retired and all threads have passed a barrier, so shared memory is free again."""
+        n = ke - kb
+        d_hi = wgmma_descriptor(0, LBO, GROUP_BYTES, MODE)   # descriptor constants; addresses per k step
+        acc = ZERO
+        for j in range(n):
+            st = s0 + (j % STAGES) * STAGE_BYTES
+            cp_wait()
+            fence_proxy_async()
+            cuda.syncthreads()
+            acc = wgmma_fence(acc)
+            for ks in range(BK // 16):
+                da = d_hi | wgmma_descriptor(st + a_wg + ks * K_STEP, 0, 0, 0)
+                db = d_hi | wgmma_descriptor(st + A_BYTES + b_wg + ks * K_STEP, 0, 0, 0)
+                acc = wgmma_bf16(acc, da, db, smem)
+            wgmma_commit()
+            acc = mma_wait1(acc)
+            cuda.syncthreads()
+            nj = j + STAGES - 1
+            if nj < n:
+                _issue_stage(smem, s0 - base + (nj % STAGES) * STAGE_BYTES, x32, w32, m0, n0, T, N, K8, kb + nj,
+                             row0, q, off0)
+            cp_async_commit()
+        acc = mma_wait0(acc)
+        cp_wait0()
+        cuda.syncthreads()                               # every MMA has read its last stage
+        return acc
+
+    @device_function(**INLINE)
+    def _k_tiles(smem, base, s0, x32, w32, m0, n0, T, N, K8, kb, ke, row0, q, off0, a_wg, b_wg):
+        """`_prologue` then `_k_loop`: the tile's accumulators over k tiles kb .. ke-1."""
+        _prologue(smem, base, s0, x32, w32, m0, n0, T, N, K8, kb, ke, row0, q, off0)
+        return _k_loop(smem, base, s0, x32, w32, m0, n0, T, N, K8, kb, ke, row0, q, off0, a_wg, b_wg)
+
+    @device_function(**INLINE)
+    def _store_tile(smem, word0, out, acc, m0, n0, T, N, tid, wg):
+        """Epilogue: bf16 pairs into a [BM][STRIDE] word tile at word word0 of smem (the start of the
+        free stages in gemm_v4), then row-contiguous global stores; ends before the tile is read
+        again (callers that reuse its shared memory put a barrier after it)."""
+        p = tid & 127
+        w4 = p >> 5
+        lane = p & 31
+        wbase = word0 + (16 * w4 + (lane >> 2)) * STRIDE + (lane & 3)
+        if SPLIT_M:
+            wbase += wg * 64 * STRIDE
+        else:
+            wbase += wg * (WG_N // 2)
+        wgmma_store_bf16x2(smem, wbase, STRIDE, acc)
+        cuda.syncthreads()
+        words = BN // 2
+        for i in range(tid, BM * words, THREADS):
+            r = i // words
+            c = i - r * words
+            t = m0 + r
+            n = n0 + 2 * c
+            if t < T and n < N:
+                word = smem[word0 + r * STRIDE + c]
+                out[t, n] = np.uint16(word & np.uint32(0xFFFF))
+                if n + 1 < N:
+                    out[t, n + 1] = np.uint16(word >> np.uint32(16))
+
+    return _copy_slot, _operand_offsets, _prologue, _k_loop, _k_tiles, _store_tile
+
+
+_PARTS: dict = {}
+
+
+def parts_for(v: Variant) -> Parts:
+    """The device functions of specialisation v (made once per Variant name)."""
+    if v.name not in _PARTS:
+        _PARTS[v.name] = Parts(v)
+    return _PARTS[v.name]
+
+
+def make_kernel(v: Variant):
+    """gemm_v4..v6's kernel: one CTA a (token tile, output tile), all of K."""
+    BM, BN = v.bm, v.bn
+    parts = parts_for(v)
+    copy_slot, operand_offsets, k_tiles, store_tile = parts.copy_slot, parts.operand_offsets, parts.k_tiles, \
+        parts.store_tile
+
     @cuda.jit(**bounds(THREADS, v.blocks_per_sm))
     def gemm_wgmma(x32, w32, out, T, K):
         # x32: uint32 [T*K/2] flat view of x; w32: uint32 [N*K/2] of wkv; out: uint16 [T, N]
@@ -133,81 +276,10 @@ def make_kernel(v: Variant):
         base = np.int64(shared_address(smem))
         pad = (1024 - (base & 1023)) & 1023
         s0 = base + pad                                  # shared address of stage 0, 1024-aligned
-
-        # Copy assignment: this thread's chunks are rows row0 + 32 i, 16-byte chunk q of the row,
-        # at byte off0 + 4096 i of the operand's tile. Unswizzled, a warp copies 8 rows x 4 chunks
-        # (64 contiguous bytes of each row) and stores 512 contiguous bytes (core matrices are
-        # 8 rows x 16 bytes); swizzled, 4 whole rows, each quarter-warp's 8 chunks on 8 distinct
-        # bank groups. Rows past T (N) and chunks past K are zero-filled from a clamped address.
-        if SW:
-            row0 = tid >> 3
-            q = tid & 7
-            off0 = row0 * ROW_BYTES + ((q ^ (row0 & 7)) << 4)
-        else:
-            row0 = ((tid >> 6) << 3) + (tid & 7)
-            q = (tid >> 3) & 7
-            off0 = tid << 4
-
-        # descriptor constants; the address part is added per k step
-        d_hi = wgmma_descriptor(0, LBO, GROUP_BYTES, MODE)
-        if SPLIT_M:
-            a_wg = wg * (64 * ROW_BYTES)                 # this warpgroup's 64 token rows
-            b_wg = 0
-        else:
-            a_wg = 0
-            b_wg = wg * (WG_N * ROW_BYTES)               # this warpgroup's WG_N outputs
-
-        # prologue: tiles 0 .. STAGES-2
-        for s in range(STAGES - 1):
-            if s < n_k:
-                _issue_stage(smem, s0 - base + s * STAGE_BYTES, x32, w32, m0, n0, T, N, K8, s, row0, q, off0)
-            cp_async_commit()
-
-        acc = ZERO
-        for kt in range(n_k):
-            st = s0 + (kt % STAGES) * STAGE_BYTES
-            cp_wait()
-            fence_proxy_async()
-            cuda.syncthreads()
-            acc = wgmma_fence(acc)
-            for ks in range(BK // 16):
-                da = d_hi | wgmma_descriptor(st + a_wg + ks * K_STEP, 0, 0, 0)
-                db = d_hi | wgmma_descriptor(st + A_BYTES + b_wg + ks * K_STEP, 0, 0, 0)
-                acc = wgmma_bf16(acc, da, db, smem)
-            wgmma_commit()
-            acc = mma_wait1(acc)
-            cuda.syncthreads()
-            nk = kt + STAGES - 1
-            if nk < n_k:
-                _issue_stage(smem, s0 - base + (nk % STAGES) * STAGE_BYTES, x32, w32, m0, n0, T, N, K8, nk,
-                             row0, q, off0)
-            cp_async_commit()
-        acc = mma_wait0(acc)
-        cp_wait0()
-        cuda.syncthreads()                               # every MMA has read its last stage
-
-        # epilogue: bf16 pairs into a [BM][STRIDE] word tile, then row-contiguous global stores
-        p = tid & 127
-        w4 = p >> 5
-        lane = p & 31
-        wbase = (pad >> 2) + (16 * w4 + (lane >> 2)) * STRIDE + (lane & 3)
-        if SPLIT_M:
-            wbase += wg * 64 * STRIDE
-        else:
-            wbase += wg * (WG_N // 2)
-        wgmma_store_bf16x2(smem, wbase, STRIDE, acc)
-        cuda.syncthreads()
-        words = BN // 2
-        for i in range(tid, BM * words, THREADS):
-            r = i // words
-            c = i - r * words
-            t = m0 + r
-            n = n0 + 2 * c
-            if t < T and n < N:
-                word = smem[(pad >> 2) + r * STRIDE + c]
-                out[t, n] = np.uint16(word & np.uint32(0xFFFF))
-                if n + 1 < N:
-                    out[t, n + 1] = np.uint16(word >> np.uint32(16))
+        row0, q, off0 = copy_slot(tid)
+        a_wg, b_wg = operand_offsets(wg)
+        acc = k_tiles(smem, base, s0, x32, w32, m0, n0, T, N, K8, 0, n_k, row0, q, off0, a_wg, b_wg)
+        store_tile(smem, pad >> 2, out, acc, m0, n0, T, N, tid, wg)
 
     return gemm_wgmma
 
@@ -257,3 +329,278 @@ def prepare_variant(name: str, v: Variant, x, wkv, out, *, stream=0) -> Prepared
     launch = fast_launch(name, kernel, grid_for(v, T, N), THREADS, x, wkv, out, stream)
     allow_dynamic_shared(kernel, launch.args, v.smem_bytes)
     return PreparedLaunch(name, kernel, launch.grid, launch.block, stream, launch.args, out, sharedmem=v.smem_bytes)
+
+
+# ---- gemm_v8: gemm_v4's CTA tile on persistent CTAs, the ragged tail stream-K -------------------
+#
+# What changes against gemm_v4: the grid. gemm_v4 launches one CTA a tile, so N = 25600 (100 output
+# tiles) runs T = 256 as 200 tiles on 132 SMs (1.52 waves of work in 2 waves of time), T = 512 as
+# 3.03 waves in 4 and T = 1024 as 6.06 in 7. gemm_v8 launches one CTA an SM; each walks a host-made
+# list of units (a tile and a range of its k tiles, `cuda_wgmma_ws.schedule`, shared with gemm_v7):
+# whole waves of tiles data-parallel, and the last `sk_waves` full waves with the ragged one cut into
+# equal ranges of k tiles, one a CTA (stream-K), so every SM gets the same number of k tiles to
+# within one. CTAs walk in bands (`banded_schedule`): h CTAs run one unit list, each on its own token
+# tile, so the CTAs reading a weight k tile read it together, as gemm_v4's neighbouring CTAs do.
+# Each unit runs gemm_v4's device functions unchanged (`parts_for`: prologue, pipelined
+# k loop over the unit's k range, drain); a tile cut between CTAs is finished by the CTA that holds
+# its last k tiles: the others store their fp32 accumulators to a workspace slot (coalesced: thread
+# c's accumulator i at slot * 256 * NACC + 256 i + c), `threadfence`, barrier, and raise the slot's
+# flag; the finisher's thread 0 waits for the flags (lower CTAs only: the schedule's order, which
+# cannot deadlock), fences, and after a barrier every thread adds the partials to its own
+# accumulators in a fixed order (the nearest k range first), then the usual bf16 epilogue. The
+# finisher clears the flags it consumed, so a prepared launch can be replayed. The one change inside
+# a CTA (`overlap`, on in the record): the next unit's prologue is issued as soon as a unit's MMAs
+# have retired, before its fix-up and epilogue, whose bf16 tile moves past the first STAGES-1
+# stages to make room (211 KiB of shared memory with gemm_v4's tile); gemm_v4 pays the pipeline
+# fill on every tile, gemm_v8 only on a CTA's first unit.
+# Numerics: inside a k range as gemm_v4; a cut tile adds its ranges' fp32 sums in the fixed order,
+# so results are the same bits run to run for one (T, N, K, CTA count), not bit-identical to
+# gemm_v4 (docs/numerics.md).
+# The split is chosen per launch on the host (`choose_split`) from T, N, K and the SM count.
+
+# cost guess of moving one 128 x 256 fp32 partial through L2, in k tiles (~0.8 us each on an H200
+# SM); 0 in the simulator, whose cases have a few k tiles and should be cut wherever it balances
+SK_FIXUP_K_TILES = 0 if WS.SIMULATOR else 3
+
+
+class SkVariant:
+    """gemm_v8's specialisation: a CTA tile (a `Variant` with 128 token rows), its split over
+    persistent CTAs: "auto" (`choose_split` per shape), "dp" (data-parallel only: tiles dealt
+    round-robin, nothing cut) or "sk1" / "sk2" (the last 1 / 2 full waves and the ragged one
+    stream-K), whether the next unit's copies start before a unit's epilogue (`overlap`) and
+    whether CTAs walk in bands (`banded_schedule`; `banded=False`: bands of one token tile)."""
+
+    def __init__(self, tile: Variant, split: str = "auto", overlap: bool = True, banded: bool = True):
+        assert tile.bm == 128 and split in ("auto", "dp", "sk1", "sk2"), (tile.name, split)
+        self.tile, self.split, self.overlap, self.banded = tile, split, overlap, banded
+        self.bn = tile.bn
+        self.group_m = 0              # token tiles fastest (the schedule's tile order)
+        self.smem_bytes = sk_smem_bytes(tile, overlap)
+        self.name = f"sk/{tile.bm}x{tile.bn}/{split}" + ("" if overlap else "/nolap") + ("" if banded else "/noband")
+
+    def plan(self, T: int, N: int, K: int, ctas: int) -> "_Split":
+        split = choose_split(T, N, K, self.bn, ctas) if self.split == "auto" else self.split
+        return _Split(self.bn, split)
+
+
+class _Split:
+    """What `cuda_wgmma_ws.schedule` reads of a variant: bn, group_m, stream_k (and sk_waves)."""
+
+    def __init__(self, bn: int, split: str):
+        self.bn, self.group_m, self.split = bn, 0, split
+        self.stream_k = split != "dp"
+        self.sk_waves = {"dp": 0, "sk1": 1, "sk2": 2}[split]
+
+
+def choose_split(T: int, N: int, K: int, bn: int, ctas: int) -> str:
+    """"dp" or "sk1" for a launch of cdiv(T, 128) x cdiv(N, bn) tiles of cdiv(K, 64) k tiles on `ctas`
+    persistent CTAs, from a cost model in k tiles a CTA: data-parallel takes ceil(tiles / ctas)
+    tiles; stream-K takes the mean plus SK_FIXUP_K_TILES for each partial a finisher adds and its
+    own store (a tile is cut into about n_k / (k tiles a CTA) pieces). A whole number of waves is
+    never cut."""
+    n_tiles, n_k = cdiv(T, 128) * cdiv(N, bn), cdiv(K, BK)
+    full, rem = divmod(n_tiles, ctas)
+    if rem == 0:
+        return "dp"
+    dp_cost = (full + 1) * n_k
+    sk_tiles = rem + min(full, 1) * ctas
+    per_cta = sk_tiles * n_k / ctas
+    pieces = cdiv(n_k, max(1, int(per_cta)))
+    sk_cost = max(full - 1, 0) * n_k + per_cta + SK_FIXUP_K_TILES * (pieces if per_cta < n_k else 2)
+    return "sk1" if sk_cost < dp_cost else "dp"
+
+
+def sk_smem_bytes(v: Variant, overlap: bool) -> int:
+    """Dynamic shared memory of gemm_v8's kernel on tile v: gemm_v4's, or with `overlap` the
+    epilogue's bf16 tile placed after the first STAGES-1 stages (where the next unit's prologue
+    lands meanwhile)."""
+    if not overlap:
+        return v.smem_bytes
+    b = max(v.stages * v.stage_bytes, (v.stages - 1) * v.stage_bytes + v.bm * v.stash_stride * 4) + ALIGN_SLACK
+    assert b <= 227 * 1024, b
+    return b
+
+
+def make_persistent_kernel(v: Variant, overlap: bool):
+    """gemm_v8's kernel on CTA tile v: persistent CTAs over a unit list (see above). With `overlap`,
+    the next unit's first STAGES-1 k tiles are issued (cp.async) as soon as a unit's MMAs are done,
+    before its fix-up and epilogue, so their latency hides behind them; the epilogue's bf16 tile
+    then sits after stage STAGES-2 (`sk_smem_bytes`)."""
+    assert v.bm == 128
+    NACC = v.wg_n // 2
+    SLOT_WORDS = THREADS * NACC
+    OVERLAP = overlap
+    STASH_WORD = (v.stages - 1) * v.stage_bytes // 4 if overlap else 0
+    parts = parts_for(v)
+    copy_slot, operand_offsets, store_tile = parts.copy_slot, parts.operand_offsets, parts.store_tile
+    prologue, k_loop, k_tiles = parts.prologue, parts.k_loop, parts.k_tiles
+
+    @cuda.jit(**bounds(THREADS, 1))
+    def gemm_wgmma_sk(x32, w32, out, units, counts, ws, flags, T, K):
+        # x32 uint32 [T*K/2], w32 uint32 [N*K/2], out uint16 [T, N]; units int32 [G, U, 8] and
+        # counts int32 [G] (`cuda_wgmma_ws.schedule`); ws fp32 [slots * 256 * NACC], flags int32 [slots]
+        smem = cuda.shared.array(0, types.uint32)        # dynamic: STAGES x ([128][64] x, [BN][64] w) bf16
+        tid = cuda.threadIdx.x
+        wg = tid >> 7
+        cta = cuda.blockIdx.x
+        N = out.shape[1]
+        K8 = K >> 3
+        base = np.int64(shared_address(smem))
+        pad = (1024 - (base & 1023)) & 1023
+        s0 = base + pad
+        row0, q, off0 = copy_slot(tid)
+        a_wg, b_wg = operand_offsets(wg)
+        n_units = counts[cta]
+        if OVERLAP and n_units > 0:
+            prologue(smem, base, s0, x32, w32, np.int64(units[cta, 0, F_M0]), np.int64(units[cta, 0, F_N0]), T, N,
+                     K8, np.int64(units[cta, 0, F_KB]), np.int64(units[cta, 0, F_KE]), row0, q, off0)
+        for u in range(n_units):
+            m0 = np.int64(units[cta, u, F_M0])
+            n0 = np.int64(units[cta, u, F_N0])
+            kb = np.int64(units[cta, u, F_KB])
+            ke = np.int64(units[cta, u, F_KE])
+            if OVERLAP:
+                acc = k_loop(smem, base, s0, x32, w32, m0, n0, T, N, K8, kb, ke, row0, q, off0, a_wg, b_wg)
+                if u + 1 < n_units:                      # the next unit's first stages, in flight from now
+                    prologue(smem, base, s0, x32, w32, np.int64(units[cta, u + 1, F_M0]),
+                             np.int64(units[cta, u + 1, F_N0]), T, N, K8, np.int64(units[cta, u + 1, F_KB]),
+                             np.int64(units[cta, u + 1, F_KE]), row0, q, off0)
+            else:
+                acc = k_tiles(smem, base, s0, x32, w32, m0, n0, T, N, K8, kb, ke, row0, q, off0, a_wg, b_wg)
+            role = units[cta, u, F_ROLE]
+            if role == PARTIAL:
+                slot = np.int64(units[cta, u, F_SLOT])
+                acc_store_f32(ws, slot * SLOT_WORDS + tid, THREADS, acc)
+                cuda.threadfence()
+                cuda.syncthreads()                       # every thread's partial is out
+                if tid == 0:
+                    cuda.atomic.exch(flags, slot, np.int32(1))
+            else:
+                if role == FINISH:
+                    lo = units[cta, u, F_LO]
+                    hi = units[cta, u, F_HI]
+                    if tid == 0:
+                        for s in range(lo, hi):
+                            flag_wait(flags, s)
+                        cuda.threadfence()
+                    cuda.syncthreads()
+                    for s in range(hi - 1, lo - 1, -1):  # the nearest k range first: a fixed order
+                        acc = acc_add_f32(acc, ws, np.int64(s) * SLOT_WORDS + tid, THREADS)
+                    cuda.syncthreads()
+                    if tid == 0:                         # every partial is read: ready for the next launch
+                        for s in range(lo, hi):
+                            cuda.atomic.exch(flags, s, np.int32(0))
+                store_tile(smem, (pad >> 2) + STASH_WORD, out, acc, m0, n0, T, N, tid, wg)
+                if not OVERLAP:
+                    cuda.syncthreads()                   # the stash is read before the next unit's copies
+                # (overlapped: the next unit's copies into the stash's stage come after its first barrier)
+
+    return gemm_wgmma_sk
+
+
+SK_VARIANTS = {"gemm_v8": SkVariant(VARIANTS["gemm_v4"])}   # gemm_v4's tile, split chosen per shape
+# the development script's split and tile choices beside the record's "auto"
+SK_CANDIDATES = {v.name: v for v in (
+    SkVariant(VARIANTS["gemm_v4"], "auto", overlap=False),     # each unit's prologue after the last epilogue
+    SkVariant(VARIANTS["gemm_v4"], "auto", banded=False),      # plain stream-K ranges, no bands
+    SkVariant(VARIANTS["gemm_v4"], "dp"),
+    SkVariant(VARIANTS["gemm_v4"], "sk1"),
+    SkVariant(VARIANTS["gemm_v4"], "sk2"),
+    SkVariant(VARIANTS["gemm_v6"], "auto"),     # gemm_v6's 128 x 200 tile: 128 output tiles at N = 25600
+)}
+_SK_KERNELS: dict = {}
+_SCHEDULES: dict = {}
+
+
+def sk_kernel_for(v: Variant, overlap: bool = True):
+    """The persistent kernel of CTA tile v (one per tile and overlap: the split is host-side data)."""
+    if (v.name, overlap) not in _SK_KERNELS:
+        _SK_KERNELS[v.name, overlap] = make_persistent_kernel(v, overlap)
+    return _SK_KERNELS[v.name, overlap]
+
+
+MAX_BAND = 8              # token tiles a band of CTAs walks in lockstep (gemm_v8's schedule)
+
+
+def band_height(T: int, ctas: int, max_band: int = MAX_BAND) -> int:
+    """Token tiles in a band: the largest h <= max_band dividing both the token tiles and the CTAs."""
+    mt = cdiv(T, 128)
+    return max(h for h in range(1, max_band + 1) if mt % h == 0 and ctas % h == 0)
+
+
+def banded_schedule(T: int, N: int, K: int, plan, ctas: int, min_k_tiles: int, max_band: int = MAX_BAND):
+    """`cuda_wgmma_ws.schedule` over bands of h = band_height(T, ctas) token tiles: (units, counts,
+    slots) as that function's.
+
+    The schedule is made for a problem of cdiv(T, 128) / h token tiles on ctas / h CTAs, then each
+    CTA's unit list is given to h CTAs, the j-th taking token tile j of the band: they read the same
+    weight k tiles at the same time, as gemm_v4's neighbouring CTAs do, so a weight tile comes from
+    DRAM once however the stream-K ranges fall (ranges of CTAs on different token tiles of one
+    output tile drift apart by tens of k tiles, and the weight read between is several times the
+    L2). Slot s of the band schedule is slot j * S + s for its j-th CTA (S its slot count), so a
+    finisher's slots stay a contiguous range, and CTA c of it is CTAs c * h + j: a finisher still
+    waits only for lower CTAs."""
+    h = band_height(T, ctas, max_band)
+    bands = cdiv(T, 128) // h
+    table, counts, slots = WS.schedule(bands * 128, N, K, plan, ctas // h, min_k_tiles=min_k_tiles,
+                                       sk_waves=max(plan.sk_waves, 1))
+    if h == 1:
+        return table, counts, slots
+    G, U, F = table.shape
+    out = np.zeros((G * h, U, F), dtype=np.int32)
+    for j in range(h):
+        t = table.copy()
+        t[:, :, F_M0] = t[:, :, F_M0] * h + 128 * j
+        t[:, :, F_SLOT] = np.where(t[:, :, F_ROLE] == PARTIAL, t[:, :, F_SLOT] + j * slots, 0)
+        cut = t[:, :, F_ROLE] == FINISH
+        t[:, :, F_LO] = np.where(cut, t[:, :, F_LO] + j * slots, t[:, :, F_LO])
+        t[:, :, F_HI] = np.where(cut, t[:, :, F_HI] + j * slots, t[:, :, F_HI])
+        out[j::h] = t
+    return out, np.repeat(counts, h), slots * h
+
+
+def sk_schedule(T: int, N: int, K: int, sv: SkVariant, ctas: int):
+    """(units, counts, slots, split) of gemm_v8 variant sv on `ctas` CTAs (cached: pure host data)."""
+    key = (T, N, K, sv.name, ctas)
+    if key not in _SCHEDULES:
+        plan = sv.plan(T, N, K, ctas)
+        table, counts, slots = banded_schedule(T, N, K, plan, ctas, WS.MIN_UNIT_K_TILES,
+                                               MAX_BAND if sv.banded else 1)
+        if len(_SCHEDULES) > 256:
+            _SCHEDULES.clear()
+        _SCHEDULES[key] = (table, counts, slots, plan.split)
+    return _SCHEDULES[key]
+
+
+def sk_geometry(sv: SkVariant):
+    """(T, N) -> (grid, block, dynamic shared bytes) at K = 6144 on this device (the launcher builds
+    the real grid from the schedule)."""
+    def geo(T: int, N: int, K: int = 6144):
+        table = sk_schedule(T, N, K, sv, WS.device_ctas())[0]
+        return table.shape[0], THREADS, sv.smem_bytes
+    return geo
+
+
+def prepare_sk(name: str, sv: SkVariant, x, wkv, out, *, stream=0, ctas: int | None = None) -> PreparedLaunch:
+    """A launch of gemm_v8 variant sv on x [T, K], wkv [N, K] -> out [T, N] (the record's launcher
+    and the development script's). `ctas`: persistent CTAs to schedule for (default: the SMs; in
+    the simulator cuda_wgmma_ws.SIM_CTAS)."""
+    T, K = x.shape
+    N = wkv.shape[0]
+    if data_address(x) % 16 or data_address(wkv) % 16:
+        raise ValueError(f"{name} reads x and wkv as 16-byte chunks; their data must be 16-byte aligned "
+                         "(use a naive version or an aligned copy)")
+    table, counts, n_slots, _ = sk_schedule(T, N, K, sv, ctas or WS.device_ctas())
+    d_units = cuda.to_device(table, stream=stream)
+    d_counts = cuda.to_device(counts, stream=stream)
+    ws = cuda.device_array(max(n_slots, 1) * THREADS * (sv.tile.wg_n // 2), dtype=np.float32, stream=stream)
+    flags = cuda.to_device(np.zeros(max(n_slots, 1), dtype=np.int32), stream=stream)
+    kernel = sk_kernel_for(sv.tile, sv.overlap)
+    args = (flat_u32(x), flat_u32(wkv), out, d_units, d_counts, ws, flags, T, K)
+    allow_dynamic_shared(kernel, args, sv.smem_bytes)
+    return PreparedLaunch(name, kernel, table.shape[0], THREADS, stream, args, out, sharedmem=sv.smem_bytes)
+
+
+def sk_launcher(rec, x, wkv, out, *, stream=0) -> PreparedLaunch:
+    """gemm_v8's record launcher (`prepare_project(..., version="gemm_v8")` has checked the shapes)."""
+    return prepare_sk(rec.name, SK_VARIANTS[rec.name], x, wkv, out, stream=stream)

@@ -111,13 +111,13 @@ def tile_order(mt: int, nt: int, group_m: int = 0) -> np.ndarray:
     return np.array(out, dtype=np.int64)
 
 
-def schedule(T: int, N: int, K: int, v: Variant, ctas: int, min_k_tiles: int = MIN_UNIT_K_TILES):
+def schedule(T: int, N: int, K: int, v: Variant, ctas: int, min_k_tiles: int = MIN_UNIT_K_TILES, sk_waves: int = 1):
     """The work units of every CTA: (units int32 [G, U, 8], counts int32 [G], partial slots).
 
     A unit is (m0, n0, first k tile, end k tile, role, slot, lo, hi): role WHOLE stores its tile,
     PARTIAL writes its fp32 sums to workspace slot `slot` and raises flag `slot`, FINISH waits for
     slots lo..hi-1 (written by lower-indexed CTAs), adds them (slot hi-1 first) and stores. The
-    first (full waves - 1) waves of tiles are data-parallel (CTA c takes tiles c, c + G, ...);
+    first (full waves - sk_waves) waves of tiles are data-parallel (CTA c takes tiles c, c + G, ...);
     the rest are cut into G equal ranges of k iterations, one a CTA (stream-K), and each CTA runs
     its range backwards by unit, so the pieces a finisher waits for are the other CTAs' first
     stream-K units and its own finishing piece is its last."""
@@ -129,7 +129,7 @@ def schedule(T: int, N: int, K: int, v: Variant, ctas: int, min_k_tiles: int = M
     if not v.stream_k or rem == 0:
         dp = n_tiles
     else:
-        dp = max(full - 1, 0) * G
+        dp = max(full - sk_waves, 0) * G
     units = [[] for _ in range(G)]
 
     def unit(t, kb, ke, role=WHOLE, slot=0, lo=0, hi=0):

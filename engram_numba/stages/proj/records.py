@@ -248,6 +248,33 @@ _proj("gemm_v7", "gemm_v4's tiles and wgmma chain, warp-specialised: 2 loader wa
                                     # whole tile, then the finisher; outputs past N, 32-bit pair stores
       sweep=(128, 256, 512, 1024, 4096))
 
+# ---- gemm_v8: gemm_v4's CTA tile on persistent CTAs, stream-K tail (cuda_wgmma.py, "gemm_v8") --------
+# Arguments as gemm_v7's less `pairs` (its epilogue is gemm_v4's, staged in shared memory).
+_SK_ARGS = (_U32_1D, _U32_1D, _U16_2D, types.int32[:, :, ::1], types.int32[::1], types.float32[::1],
+            types.int32[::1], types.int64, types.int64)   # x32, w32, out, units, counts, ws, flags, T, K
+_V8 = cuda_wgmma.SK_VARIANTS["gemm_v8"]
+_proj("gemm_v8", "gemm_v4's CTA tile, mainloop and epilogue (the same device functions) on persistent CTAs, one an "
+      "SM, over a host-made unit list: whole waves of tiles data-parallel, the last full wave and the ragged one "
+      "cut into equal k ranges (stream-K) with an fp32 fix-up through a workspace and per-slot flags, added in a "
+      "fixed order (reproducible bits); the split chosen per shape from T, N, K and the SM count (choose_split), "
+      "so T = 256 / 512 / 1024 run 1.52 / 3.03 / 6.06 waves of work in as much time instead of 2 / 4 / 7 waves; "
+      "bands of CTAs (up to 8, one token tile each) walk the same units, so a weight tile is read by all at once; "
+      "the next unit's first 3 stages issued before a unit's fix-up and epilogue (211 KiB of shared memory); "
+      "253 registers, no spills, wgmma asynchronous, k loop 246 SASS instructions (gemm_v4 212); not yet timed",
+      kernel=Factory(lambda T: cuda_wgmma.sk_kernel_for(_V8.tile, _V8.overlap)), geometry=cuda_wgmma.sk_geometry(_V8),
+      args="fast",
+      specs=lambda: [Spec(f"[sk/{t.name}{'' if ov else '/nolap'}]", cuda_wgmma.sk_kernel_for(t, ov), _SK_ARGS)
+                     for t, ov in ((_V8.tile, True), (_V8.tile, False), (cuda_wgmma.VARIANTS["gemm_v6"], True))],
+      launcher=cuda_wgmma.sk_launcher, vector_io=False,
+      # 3 simulated CTAs (cuda_wgmma_ws.SIM_CTAS); the schedules themselves are tested on many shapes
+      # without the simulator (test_proj_wgmma_sk.py)
+      sim=[(33, 328, 9),            # one tile, 6 k tiles (the last a 1-chunk K tail) cut over 3 CTAs: two
+                                    # partials, the finisher adds both; rows past T, odd N
+           (130, 136, 260)],        # 2 x 2 tiles, 3 k tiles each, stream-K over 3 CTAs: a whole tile then a
+                                    # partial on one CTA (the ring carries on across units), a finisher then
+                                    # a partial, a finisher then a whole tile; outputs past N
+      sweep=(128, 256, 512, 1024, 4096))
+
 # cuBLAS: the comparison backend; nothing of ours to compile, no simulator (it needs a GPU)
 _proj("cublas_v1", "cuBLAS through torch.matmul on the device arrays (no copies), fp32 accumulation: the comparison "
       "backend, never a default", kernel=None, geometry=None, args="external", specs=(), launcher=cublas.launcher,
