@@ -441,8 +441,9 @@ _gemv_fp8_v3 = make_gemv_fp8_v3()
 #   steps [w*SPW, (w+1)*SPW), SPW = ceil(K/64 / warps)), so the two scale bytes of a step are shared
 #   by the 4 groups and x's 8 words by 16 mma;
 # - the codes come straight into registers by 16-byte `ld.global.nc` loads that skip L1 (x stays
-#   there: every warp re-reads x, a block's warps all of it), two steps in flight a warp (the step
-#   after next is loaded as soon as a step's codes are converted): 2 x 2 KB a warp, 64 KB an SM;
+#   there: every warp re-reads x, a block's warps all of it), V4_DEPTH steps in flight a warp (a
+#   slot is refilled `depth` steps on as soon as its step's mma are issued; the loop is unrolled by
+#   the depth so the slots stay in fixed registers): 2 x 2 KB a warp, 64 KB an SM;
 # - at a chunk's end each warp leaves its 8 sums a lane in shared memory (two buffers: one barrier
 #   a chunk) and 256 threads add the warps' sums in warp order (deterministic, as v3's two warps)
 #   and store the chunk's 32 rows x 8 tokens.
@@ -453,19 +454,22 @@ V4_WARPS = 16                 # warps a block (one block an SM)
 V4_GROUPS = 4                 # 8-row groups a chunk: one scale-tile row
 V4_TOKENS = 8
 V4_HINT = "L1::no_allocate"   # the codes' load: read once, kept out of L1
+V4_DEPTH = 2                  # steps of codes in flight a warp (2 KB each)
 SIM_V4_BLOCKS = 3             # blocks of a simulated launch (the GPU: one an SM)
 _SM_COUNT: list = []
 
 
-def make_gemv_fp8_v4(warps: int = V4_WARPS, hint: str = V4_HINT, skip_empty: bool = False, blocks_per_sm: int = 1):
+def make_gemv_fp8_v4(warps: int = V4_WARPS, hint: str = V4_HINT, skip_empty: bool = False, blocks_per_sm: int = 1,
+                     depth: int = V4_DEPTH):
     """gemv_fp8_v4's kernel with `warps` warps a block (each a run of K's steps of every chunk), the
     PTX cache qualifiers `hint` on the codes' 16-byte loads, and with skip_empty a warp-uniform
     branch around each group's mma (a group outside the block's rows runs none; but ptxas then
-    recomputes the masked x words in every branch: 402 SASS instructions a step against 322). The
+    recomputes the masked x words in every branch: about a quarter more SASS instructions a step). The
     registered kernel: V4_WARPS, V4_HINT, no skip, one block an SM (blocks_per_sm only sets the
-    register bound; the launch's grid says how many blocks run); tools/fp8_gemv_dev.py times others."""
-    if warps < 1 or warps > 32:
-        raise ValueError(f"gemv_fp8_v4 needs 1..32 warps a block, got {warps}")
+    register bound; the launch's grid says how many blocks run), V4_DEPTH steps of codes in flight a
+    warp (2 or 3: 16 registers a step); tools/fp8_gemv_dev.py times others."""
+    if warps < 1 or warps > 32 or depth not in (2, 3):
+        raise ValueError(f"gemv_fp8_v4 needs 1..32 warps a block and 2 or 3 steps in flight, got {warps}, {depth}")
     threads = 32 * warps
     load16 = stream_loader(hint)
     red_words = 2 * warps * 32 * 8                          # two buffers of 8 sums a lane
@@ -572,6 +576,45 @@ def make_gemv_fp8_v4(warps: int = V4_WARPS, hint: str = V4_HINT, skip_empty: boo
             if row >= row_lo and row < row_hi and tok0 + tk < T:
                 out[tok0 + tk, row] = f32_to_bf16_bits(s)
 
+    @device_function(**INLINE)
+    def prefetch(w32, S0, S1, S2, S3, lc, ls, lm, lbase, n_w, n_x, SPW, stride8, K16w, s_begin, t, g, N, gb0, gb1):
+        """Load step (lc, ls) into the slot S (lanes past K: 32 k back in the row, their x is masked),
+        then move (lc, ls) on a step."""
+        i32 = np.int32
+        if ls == SPW:
+            ls = i32(0)
+            lc = i32(lc + 1)
+            lm = group_mask(lc, gb0, gb1, g, N)
+            lbase = np.int64(lc * 32 + g) * K16w + 4 * s_begin + t
+        if ls < n_w:
+            S0, S1, S2, S3 = load_chunk(w32, lbase + (4 * ls if ls < n_x else 4 * ls - 2), stride8, lm,
+                                        S0, S1, S2, S3)
+        ls = i32(ls + 1)
+        return S0, S1, S2, S3, lc, ls, lm, lbase
+
+    @device_function(**INLINE)
+    def slot(it, n_iter, acc, S0, S1, S2, S3, lc, ls, lm, lbase, cc, cs, cm, w32, x32, scales, out, red, scratch,
+             x_base, kt_base, NKT, n_w, n_x, SPW, stride8, K16w, s_begin, t, g, N, gb0, gb1, mlo, mhi, tid, warp,
+             lane, row_lo, row_hi, tok0, T):
+        """Step `it` (if any) from slot S: its mma into acc, the slot refilled `depth` steps on, and at a
+        chunk's end the chunk's sums stored."""
+        i32 = np.int32
+        if it < n_iter:
+            kt = i32(kt_base + 2 * cs)
+            acc = step(acc, S0, S1, S2, S3, x32, x_base + np.uint64(8 * cs), scales, np.uint32(cc), np.uint32(kt),
+                       cs < n_w, cs < n_x, kt + 1 < NKT, mlo, mhi, cm, scratch)
+            S0, S1, S2, S3, lc, ls, lm, lbase = prefetch(w32, S0, S1, S2, S3, lc, ls, lm, lbase, n_w, n_x, SPW,
+                                                         stride8, K16w, s_begin, t, g, N, gb0, gb1)
+            cs = i32(cs + 1)
+            if cs == SPW:
+                chunk_out(red, acc, cc, tid, warp, lane, out, cc * 32, row_lo, row_hi, tok0, T)
+                z = float32(0.0)
+                acc = (z, z, z, z, z, z, z, z)
+                cs = i32(0)
+                cc = i32(cc + 1)
+                cm = group_mask(cc, gb0, gb1, g, N)
+        return acc, S0, S1, S2, S3, lc, ls, lm, lbase, cc, cs, cm
+
     @cuda.jit(**bounds(threads, blocks_per_sm))
     def _gemv_fp8_v4(x32, w32, scales, out, T, K):
         # x32: uint32 [T*K/2] flat view of x; w32: uint32 [N*K/4] flat view of the codes (read as
@@ -616,71 +659,39 @@ def make_gemv_fp8_v4(warps: int = V4_WARPS, hint: str = V4_HINT, skip_empty: boo
         mhi = ~mlo
         z = float32(0.0)
         acc = (z, z, z, z, z, z, z, z)
-        # loads run two steps ahead of the mma: (lc, ls) the next step to load, (cc, cs) the next to
-        # compute; each side's chunk state (group mask, the lane's codes index) changes once a chunk
+        # loads run `depth` steps ahead of the mma: (lc, ls) the next step to load, (cc, cs) the next
+        # to compute; each side's chunk state (group mask, the lane's codes index) changes once a chunk
         lc = i32(c_first)
         ls = i32(0)
         lm = group_mask(lc, gb0, gb1, g, N)
         lbase = np.int64(lc * 32 + g) * K16w + 4 * s_begin + t
         z4 = (np.uint32(0), np.uint32(0), np.uint32(0), np.uint32(0))
-        A0 = A1 = A2 = A3 = B0 = B1 = B2 = B3 = z4
-        if ls < n_w:
-            A0, A1, A2, A3 = load_chunk(w32, lbase if ls < n_x else lbase - 2, stride8, lm, A0, A1, A2, A3)
-        ls = i32(ls + 1)
-        if ls == SPW:
-            ls = i32(0)
-            lc = i32(lc + 1)
-            lm = group_mask(lc, gb0, gb1, g, N)
-            lbase = np.int64(lc * 32 + g) * K16w + 4 * s_begin + t
-        if ls < n_w:
-            B0, B1, B2, B3 = load_chunk(w32, lbase + (4 * ls if ls < n_x else 4 * ls - 2), stride8, lm,
-                                        B0, B1, B2, B3)
-        ls = i32(ls + 1)
+        A0 = A1 = A2 = A3 = B0 = B1 = B2 = B3 = C0 = C1 = C2 = C3 = z4
+        A0, A1, A2, A3, lc, ls, lm, lbase = prefetch(w32, A0, A1, A2, A3, lc, ls, lm, lbase, n_w, n_x, SPW, stride8,
+                                                     K16w, s_begin, t, g, N, gb0, gb1)
+        B0, B1, B2, B3, lc, ls, lm, lbase = prefetch(w32, B0, B1, B2, B3, lc, ls, lm, lbase, n_w, n_x, SPW, stride8,
+                                                     K16w, s_begin, t, g, N, gb0, gb1)
+        if depth >= 3:
+            C0, C1, C2, C3, lc, ls, lm, lbase = prefetch(w32, C0, C1, C2, C3, lc, ls, lm, lbase, n_w, n_x, SPW,
+                                                         stride8, K16w, s_begin, t, g, N, gb0, gb1)
         cc = i32(c_first)
         cs = i32(0)
         cm = group_mask(cc, gb0, gb1, g, N)
-        for it in range(i32(0), n_iter, i32(2)):
-            # -- slot A: step `it`
-            kt = i32(kt_base + 2 * cs)
-            acc = step(acc, A0, A1, A2, A3, x32, x_base + np.uint64(8 * cs), scales, np.uint32(cc), np.uint32(kt),
-                       cs < n_w, cs < n_x, kt + 1 < NKT, mlo, mhi, cm, scratch)
-            if ls == SPW:
-                ls = i32(0)
-                lc = i32(lc + 1)
-                lm = group_mask(lc, gb0, gb1, g, N)
-                lbase = np.int64(lc * 32 + g) * K16w + 4 * s_begin + t
-            if ls < n_w:
-                A0, A1, A2, A3 = load_chunk(w32, lbase + (4 * ls if ls < n_x else 4 * ls - 2), stride8, lm,
-                                            A0, A1, A2, A3)
-            ls = i32(ls + 1)
-            cs = i32(cs + 1)
-            if cs == SPW:
-                chunk_out(red, acc, cc, tid, warp, lane, out, cc * 32, row_lo, row_hi, tok0, T)
-                acc = (z, z, z, z, z, z, z, z)
-                cs = i32(0)
-                cc = i32(cc + 1)
-                cm = group_mask(cc, gb0, gb1, g, N)
-            # -- slot B: step `it + 1`
-            if it + 1 < n_iter:
-                kt = i32(kt_base + 2 * cs)
-                acc = step(acc, B0, B1, B2, B3, x32, x_base + np.uint64(8 * cs), scales, np.uint32(cc),
-                           np.uint32(kt), cs < n_w, cs < n_x, kt + 1 < NKT, mlo, mhi, cm, scratch)
-                if ls == SPW:
-                    ls = i32(0)
-                    lc = i32(lc + 1)
-                    lm = group_mask(lc, gb0, gb1, g, N)
-                    lbase = np.int64(lc * 32 + g) * K16w + 4 * s_begin + t
-                if ls < n_w:
-                    B0, B1, B2, B3 = load_chunk(w32, lbase + (4 * ls if ls < n_x else 4 * ls - 2), stride8, lm,
-                                                B0, B1, B2, B3)
-                ls = i32(ls + 1)
-                cs = i32(cs + 1)
-                if cs == SPW:
-                    chunk_out(red, acc, cc, tid, warp, lane, out, cc * 32, row_lo, row_hi, tok0, T)
-                    acc = (z, z, z, z, z, z, z, z)
-                    cs = i32(0)
-                    cc = i32(cc + 1)
-                    cm = group_mask(cc, gb0, gb1, g, N)
+        for it in range(i32(0), n_iter, i32(depth)):
+            # `depth` slots in turn, each: its step's mma, then the step `depth` on into the slot
+            acc, A0, A1, A2, A3, lc, ls, lm, lbase, cc, cs, cm = slot(
+                it, n_iter, acc, A0, A1, A2, A3, lc, ls, lm, lbase, cc, cs, cm, w32, x32, scales, out, red, scratch,
+                x_base, kt_base, NKT, n_w, n_x, SPW, stride8, K16w, s_begin, t, g, N, gb0, gb1, mlo, mhi, tid, warp,
+                lane, row_lo, row_hi, tok0, T)
+            acc, B0, B1, B2, B3, lc, ls, lm, lbase, cc, cs, cm = slot(
+                it + 1, n_iter, acc, B0, B1, B2, B3, lc, ls, lm, lbase, cc, cs, cm, w32, x32, scales, out, red,
+                scratch, x_base, kt_base, NKT, n_w, n_x, SPW, stride8, K16w, s_begin, t, g, N, gb0, gb1, mlo, mhi, tid,
+                warp, lane, row_lo, row_hi, tok0, T)
+            if depth >= 3:
+                acc, C0, C1, C2, C3, lc, ls, lm, lbase, cc, cs, cm = slot(
+                    it + 2, n_iter, acc, C0, C1, C2, C3, lc, ls, lm, lbase, cc, cs, cm, w32, x32, scales, out, red,
+                    scratch, x_base, kt_base, NKT, n_w, n_x, SPW, stride8, K16w, s_begin, t, g, N, gb0, gb1, mlo, mhi,
+                    tid, warp, lane, row_lo, row_hi, tok0, T)
 
     return _gemv_fp8_v4
 

@@ -327,8 +327,8 @@ _proj("gemv_fp8_v4", "v3's fragments and numerics (x as A, a lane's 16 contiguou
       "each block an equal run of 8-row groups (24 or 25 at the released shape: no partial wave), walked a "
       "scale-tile row at a time, every warp a 1/16 of K of it; the codes by 16-byte ld.global.nc.L1::no_allocate "
       "straight into registers two steps ahead (4 KB a warp, 64 KB an SM in flight), x from L1; the warps' sums "
-      "added in warp order through shared memory once a chunk. Compile tier: 111 registers, no spills, 322 SASS "
-      "instructions a 64-wide step of 32 rows (0.157 a weight; v3 0.153). H200: to be measured "
+      "added in warp order through shared memory once a chunk. Compile tier: 119 registers, no spills, 309 SASS "
+      "instructions a 64-wide step of 32 rows (0.151 a weight; v3 0.153). H200: to be measured "
       "(tools/fp8_gemv_dev.py); picked by name",
       kernel=cuda_gemv_fp8._gemv_fp8_v4, geometry=cuda_gemv_fp8.geometry_v4, args="fast", align=16,
       specs=(Spec("", cuda_gemv_fp8._gemv_fp8_v4, _FP8_FAST_ARGS),), encoding="fp8",

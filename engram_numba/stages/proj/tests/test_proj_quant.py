@@ -178,8 +178,9 @@ def test_quant_version_matches_its_yardstick(rng, version, shape):
 @pytest.mark.slow
 def test_fp8_v4_factory_shape(rng):
     """gemv_fp8_v4's factory at another shape than the registered one (tools/fp8_gemv_dev.py times
-    such variants): 2 warps a block (the chunk's 256 sums stored by 64 threads, 4 a thread), 5 steps
-    a warp with a last one of one tile (K = 608: 10 steps, the second warp's last half past K), 3
+    such variants): 2 warps a block (the chunk's 256 sums stored by 64 threads, 4 a thread), 3 steps
+    in flight (10 steps a block: the last trip of 3 slots runs one), 5 steps a warp with a last one
+    of one tile (K = 608: 10 steps, the second warp's last half past K), 3
     blocks over 9 groups of rows (N = 68: the second and third blocks' groups straddle two chunks,
     the last group 4 rows past N), two token groups (T = 9), the empty groups' mma skipped - against
     the yardstick as every registered version is."""
@@ -188,7 +189,7 @@ def test_fp8_v4_factory_shape(rng):
     T, K, N = 9, 608, 68
     x = random_x(rng, T, K)
     codes, scales = random_fp8(rng, N, K)
-    kernel = cuda_gemv_fp8.make_gemv_fp8_v4(warps=2, skip_empty=True)
+    kernel = cuda_gemv_fp8.make_gemv_fp8_v4(warps=2, skip_empty=True, depth=3)
     grid, block = cuda_gemv_fp8.geometry_v4(T, N, warps=2)
     assert grid == (3, 2) and block == 64
     out = poisoned(T, N)
@@ -197,7 +198,7 @@ def test_fp8_v4_factory_shape(rng):
                    out)()
     yard = Yardstick(x, R.wkv_fp8_bf16(codes, scales))
     stats = error_stats(out.copy_to_host(), yard)
-    print(json.dumps(dict(version="gemv_fp8_v4[warps=2]", shape=[T, K, N], **stats)))
+    print(json.dumps(dict(version="gemv_fp8_v4[warps=2,depth=3]", shape=[T, K, N], **stats)))
     assert_within_tolerance(stats)
 
 
