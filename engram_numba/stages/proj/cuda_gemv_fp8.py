@@ -436,8 +436,9 @@ _gemv_fp8_v3 = make_gemv_fp8_v3()
 #   groups [b*NG/B, (b+1)*NG/B) of the NG = ceil(N/8) groups (24 or 25 at the released shape: every
 #   SM streams the same bytes within 3%, no partial wave);
 # - the block walks its groups one scale-tile row (a chunk: 4 groups, 32 rows) at a time, the first
-#   and last chunk partial (a group outside the block's range loads nothing and, on the GPU, runs no
-#   mma: a warp-uniform branch); every warp runs the same run of 64-wide steps of every chunk (warp w
+#   and last chunk partial (a group outside the block's range loads nothing; its mma run on stale
+#   codes into sums no store reads, unless skip_empty puts a warp-uniform branch around them); every
+#   warp runs the same run of 64-wide steps of every chunk (warp w
 #   steps [w*SPW, (w+1)*SPW), SPW = ceil(K/64 / warps)), so the two scale bytes of a step are shared
 #   by the 4 groups and x's 8 words by 16 mma;
 # - the codes come straight into registers by 16-byte `ld.global.nc` loads that skip L1 (x stays
