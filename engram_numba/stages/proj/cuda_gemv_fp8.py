@@ -9,7 +9,7 @@ there is no weight rounding to choose: every version computes the projection of 
 which is also today's bf16 projection of `wkv_bf16()`. gemv_fp8_v1 adds in k order and is
 bit-identical to `projection_reference(x, wkv_fp8_bf16(codes, scales))`; gemv_fp8_v2 sums in other
 orders (within 1 bf16 ulp of the float64 product where fp32 summation noise is under half an ulp),
-and so does gemv_fp8_v3, in yet another order (not bit-identical to v2).
+and so do gemv_fp8_v3 and gemv_fp8_v4, in yet other orders (not bit-identical to v2 or each other).
 
 Kernel versions
   gemv_fp8_v1  naive: one thread per output column n, 8 tokens at a time, each weight decoded in
@@ -27,6 +27,11 @@ Kernel versions
                4 mma a row group and step, each tile's fp32 sum scaled by its e8m0 scale into the
                accumulator, the two warps' sums added in order at the end. One wave at the
                released shape (800 blocks).
+  gemv_fp8_v4  v3's fragments and tile sums in a persistent grid: one block of 16 warps an SM, each
+               block an equal run of 8-row groups walked a scale-tile row (a chunk) at a time, every
+               warp 1/16 of K of every chunk; codes by 16-byte ld.global.nc.L1::no_allocate straight
+               into registers two steps ahead, x from L1; the warps' sums added in warp order in
+               shared memory once a chunk (not bit-identical to v2 or v3).
 `dequant_kernel` decodes the whole wkv to bf16 (the engine's path for many tokens, into a GEMM).
 """
 from __future__ import annotations
@@ -37,7 +42,7 @@ from numba import cuda, float32, types
 from ...device.intrinsics import (SIMULATOR, bf16_bits_to_f32, bf16x2_hi, bf16x2_lo, cvt_pack_bf16x2, device_function,
                                   f32_to_bf16_bits, load_u32x4, mma_bf16_16816, round_to_bf16, u32_as_f32)
 from ...device.hopper import cp_async_16, cp_async_commit, cp_async_waiter
-from .gemv_common import e4m3x4_to_bf16x2x2, load_u32x2
+from .gemv_common import e4m3x4_to_bf16x2x2, load_u32x2, stream_loader
 from ...device.launch import PreparedLaunch
 from .cuda_common import ALIGN, INLINE, bounds, cdiv
 
@@ -420,6 +425,281 @@ def make_gemv_fp8_v3(split: int = V3_SPLIT, stages: int = V3_STAGES):
 _gemv_fp8_v3 = make_gemv_fp8_v3()
 
 
+# ---- gemv_fp8_v4: v3's fragments, a persistent block an SM, 16 warps splitting K ---------------------
+#
+# v2 and v3 are issue-latency bound, not bandwidth bound: v2 runs 0.150 SASS instructions a weight at
+# 24 warps an SM with a partial fifth wave, v3 0.153 at 12 warps an SM. v4 keeps v3's mma fragments
+# and numerics (x as A, rows g / g+8 token g on scale tiles 2s / 2s+1; a lane's 16 contiguous codes
+# of its row as B for 4 mma; each tile's fp32 mma sum scaled once by its power of two) and changes
+# where the work goes:
+# - one block an SM (grid = the SM count x token groups), V4_WARPS warps: block b owns the 8-row
+#   groups [b*NG/B, (b+1)*NG/B) of the NG = ceil(N/8) groups (24 or 25 at the released shape: every
+#   SM streams the same bytes within 3%, no partial wave);
+# - the block walks its groups one scale-tile row (a chunk: 4 groups, 32 rows) at a time, the first
+#   and last chunk partial (a group outside the block's range loads nothing; its mma run on stale
+#   codes into sums no store reads, unless skip_empty puts a warp-uniform branch around them); every
+#   warp runs the same run of 64-wide steps of every chunk (warp w
+#   steps [w*SPW, (w+1)*SPW), SPW = ceil(K/64 / warps)), so the two scale bytes of a step are shared
+#   by the 4 groups and x's 8 words by 16 mma;
+# - the codes come straight into registers by 16-byte `ld.global.nc` loads that skip L1 (x stays
+#   there: every warp re-reads x, a block's warps all of it), V4_DEPTH steps in flight a warp (a
+#   slot is refilled `depth` steps on as soon as its step's mma are issued; the loop is unrolled by
+#   the depth so the slots stay in fixed registers): 2 x 2 KB a warp, 64 KB an SM;
+# - at a chunk's end each warp leaves its 8 sums a lane in shared memory (two buffers: one barrier
+#   a chunk) and 256 threads add the warps' sums in warp order (deterministic, as v3's two warps)
+#   and store the chunk's 32 rows x 8 tokens.
+# Each tile's sum is v3's (the same 4 chained mma in the same k order); what differs from v3 is how
+# the tiles' scaled sums are grouped (a run of SPW steps a warp, then the warps in order).
+
+V4_WARPS = 16                 # warps a block (one block an SM)
+V4_GROUPS = 4                 # 8-row groups a chunk: one scale-tile row
+V4_TOKENS = 8
+V4_HINT = "L1::no_allocate"   # the codes' load: read once, kept out of L1
+V4_DEPTH = 2                  # steps of codes in flight a warp (2 KB each)
+SIM_V4_BLOCKS = 3             # blocks of a simulated launch (the GPU: one an SM)
+_SM_COUNT: list = []
+
+
+def make_gemv_fp8_v4(warps: int = V4_WARPS, hint: str = V4_HINT, skip_empty: bool = False, blocks_per_sm: int = 1,
+                     depth: int = V4_DEPTH):
+    """gemv_fp8_v4's kernel with `warps` warps a block (each a run of K's steps of every chunk), the
+    PTX cache qualifiers `hint` on the codes' 16-byte loads, and with skip_empty a warp-uniform
+    branch around each group's mma (a group outside the block's rows runs none; but ptxas then
+    recomputes the masked x words in every branch: about a quarter more SASS instructions a step). The
+    registered kernel: V4_WARPS, V4_HINT, no skip, one block an SM (blocks_per_sm only sets the
+    register bound; the launch's grid says how many blocks run), V4_DEPTH steps of codes in flight a
+    warp (2 or 3: 16 registers a step); tools/fp8_gemv_dev.py times others."""
+    if warps < 1 or warps > 32 or depth not in (2, 3):
+        raise ValueError(f"gemv_fp8_v4 needs 1..32 warps a block and 2 or 3 steps in flight, got {warps}, {depth}")
+    threads = 32 * warps
+    load16 = stream_loader(hint)
+    red_words = 2 * warps * 32 * 8                          # two buffers of 8 sums a lane
+    scratch_size = 6 * threads if SIMULATOR else 1
+
+    @device_function(**INLINE)
+    def group_mask(c, gb0, gb1, g, N):
+        """Bit j: the lane's row c*32 + 8j + g of chunk c is the block's and inside N (its codes are
+        loaded); bit 4 + j: group 4c + j is the block's (its mma runs)."""
+        m = 0
+        for j in range(V4_GROUPS):
+            gj = 4 * c + j
+            if gj >= gb0 and gj < gb1:
+                m |= 1 << (4 + j)
+                if 8 * gj + g < N:
+                    m |= 1 << j
+        return np.int32(m)
+
+    @device_function(**INLINE)
+    def load_chunk(w32, base, stride8, m, A, B, C, D):
+        """The lane's codes at 16-byte index base (+ j * stride8: 8 rows on) of the groups j whose bit
+        is in m; a group left out keeps its old codes (its mma does not run, or its row is past N: a
+        D column no store reads)."""
+        if m & 1:
+            A = load16(w32, base)
+        if m & 2:
+            B = load16(w32, base + stride8)
+        if m & 4:
+            C = load16(w32, base + 2 * stride8)
+        if m & 8:
+            D = load16(w32, base + 3 * stride8)
+        return A, B, C, D
+
+    @device_function(**INLINE)
+    def step(acc, A, B, C, D, x32, xi, scales, srow, kt, ok_w, ok_k, kt1_ok, mlo, mhi, m, scratch):
+        """One 64-wide step of the chunk (scale tiles kt, kt+1 of tile row srow; the lane's x at 16-byte
+        index xi): acc (e0, f0, .. e3, f3) += the 4 groups' scaled tile sums. ok_w: the warp's step is
+        inside K; ok_k: the lane's 16 k are (else its codes came from 32 k back in the row and its x is
+        masked to zero); kt1_ok: tile kt+1 is inside K. A token past T reads token T-1's x: its D rows
+        are never stored."""
+        e0, f0, e1, f1, e2, f2, e3, f3 = acc
+        if SIMULATOR or ok_w:
+            x0 = x1 = x2 = x3 = x4 = x5 = x6 = x7 = np.uint32(0)
+            sa = sb = float32(1.0)
+            if ok_w:
+                if not ok_k:
+                    xi -= np.uint64(4)                  # 32 k back: 4 x units of 8 values
+                    mhi = np.uint32(0)
+                x0, x1, x2, x3 = load_u32x4(x32, xi)
+                x4, x5, x6, x7 = load_u32x4(x32, xi + np.uint64(1))
+                # unsigned indices: no negative-index wraparound code
+                sa = e8m0_to_f32(scales[srow, kt])
+                if kt1_ok:
+                    sb = e8m0_to_f32(scales[srow, kt + np.uint32(1)])
+            l0, h0, l1, h1 = x0 & mlo, x0 & mhi, x1 & mlo, x1 & mhi
+            l2, h2, l3, h3 = x2 & mlo, x2 & mhi, x3 & mlo, x3 & mhi
+            l4, h4, l5, h5 = x4 & mlo, x4 & mhi, x5 & mlo, x5 & mhi
+            l6, h6, l7, h7 = x6 & mlo, x6 & mhi, x7 & mlo, x7 & mhi
+            if SIMULATOR or not skip_empty or m & 16:
+                d0, d1, d2, d3 = _v3_mma4(A[0], A[1], A[2], A[3], l0, h0, l1, h1, l2, h2, l3, h3, l4, h4, l5, h5,
+                                          l6, h6, l7, h7, scratch)
+                e0 = e0 + sa * d0 + sb * d2
+                f0 = f0 + sa * d1 + sb * d3
+            if SIMULATOR or not skip_empty or m & 32:
+                d0, d1, d2, d3 = _v3_mma4(B[0], B[1], B[2], B[3], l0, h0, l1, h1, l2, h2, l3, h3, l4, h4, l5, h5,
+                                          l6, h6, l7, h7, scratch)
+                e1 = e1 + sa * d0 + sb * d2
+                f1 = f1 + sa * d1 + sb * d3
+            if SIMULATOR or not skip_empty or m & 64:
+                d0, d1, d2, d3 = _v3_mma4(C[0], C[1], C[2], C[3], l0, h0, l1, h1, l2, h2, l3, h3, l4, h4, l5, h5,
+                                          l6, h6, l7, h7, scratch)
+                e2 = e2 + sa * d0 + sb * d2
+                f2 = f2 + sa * d1 + sb * d3
+            if SIMULATOR or not skip_empty or m & 128:
+                d0, d1, d2, d3 = _v3_mma4(D[0], D[1], D[2], D[3], l0, h0, l1, h1, l2, h2, l3, h3, l4, h4, l5, h5,
+                                          l6, h6, l7, h7, scratch)
+                e3 = e3 + sa * d0 + sb * d2
+                f3 = f3 + sa * d1 + sb * d3
+        return e0, f0, e1, f1, e2, f2, e3, f3
+
+    @device_function(**INLINE)
+    def chunk_out(red, acc, chunk, tid, warp, lane, out, r0, row_lo, row_hi, tok0, T):
+        """The chunk's sums: each warp's into shared memory, then the warps' added in order and stored."""
+        buf = (chunk & 1) * (warps * 256)
+        base = buf + (warp * 32 + lane) * 8
+        e0, f0, e1, f1, e2, f2, e3, f3 = acc
+        red[base] = e0
+        red[base + 1] = f0
+        red[base + 2] = e1
+        red[base + 3] = f1
+        red[base + 4] = e2
+        red[base + 5] = f2
+        red[base + 6] = e3
+        red[base + 7] = f3
+        cuda.syncthreads()
+        for o in range(tid, 256, threads):
+            tk = o >> 5                                     # token of the group of 8
+            r = o & 31                                      # row of the chunk
+            src = buf + ((tk * 4 + ((r & 7) >> 1)) * 8 + 2 * (r >> 3) + (r & 1))
+            s = float32(0.0)
+            for w in range(warps):
+                s += red[src + w * 256]
+            row = r0 + r
+            if row >= row_lo and row < row_hi and tok0 + tk < T:
+                out[tok0 + tk, row] = f32_to_bf16_bits(s)
+
+    @device_function(**INLINE)
+    def prefetch(w32, S0, S1, S2, S3, lc, ls, lm, lbase, n_w, n_x, SPW, stride8, K16w, s_begin, t, g, N, gb0, gb1):
+        """Load step (lc, ls) into the slot S (lanes past K: 32 k back in the row, their x is masked),
+        then move (lc, ls) on a step."""
+        i32 = np.int32
+        if ls == SPW:
+            ls = i32(0)
+            lc = i32(lc + 1)
+            lm = group_mask(lc, gb0, gb1, g, N)
+            lbase = np.int64(lc * 32 + g) * K16w + 4 * s_begin + t
+        if ls < n_w:
+            S0, S1, S2, S3 = load_chunk(w32, lbase + (4 * ls if ls < n_x else 4 * ls - 2), stride8, lm,
+                                        S0, S1, S2, S3)
+        ls = i32(ls + 1)
+        return S0, S1, S2, S3, lc, ls, lm, lbase
+
+    @device_function(**INLINE)
+    def slot(it, n_iter, acc, S0, S1, S2, S3, lc, ls, lm, lbase, cc, cs, cm, w32, x32, scales, out, red, scratch,
+             x_base, kt_base, NKT, n_w, n_x, SPW, stride8, K16w, s_begin, t, g, N, gb0, gb1, mlo, mhi, tid, warp,
+             lane, row_lo, row_hi, tok0, T):
+        """Step `it` (if any) from slot S: its mma into acc, the slot refilled `depth` steps on, and at a
+        chunk's end the chunk's sums stored."""
+        i32 = np.int32
+        if it < n_iter:
+            kt = i32(kt_base + 2 * cs)
+            acc = step(acc, S0, S1, S2, S3, x32, x_base + np.uint64(8 * cs), scales, np.uint32(cc), np.uint32(kt),
+                       cs < n_w, cs < n_x, kt + 1 < NKT, mlo, mhi, cm, scratch)
+            S0, S1, S2, S3, lc, ls, lm, lbase = prefetch(w32, S0, S1, S2, S3, lc, ls, lm, lbase, n_w, n_x, SPW,
+                                                         stride8, K16w, s_begin, t, g, N, gb0, gb1)
+            cs = i32(cs + 1)
+            if cs == SPW:
+                chunk_out(red, acc, cc, tid, warp, lane, out, cc * 32, row_lo, row_hi, tok0, T)
+                z = float32(0.0)
+                acc = (z, z, z, z, z, z, z, z)
+                cs = i32(0)
+                cc = i32(cc + 1)
+                cm = group_mask(cc, gb0, gb1, g, N)
+        return acc, S0, S1, S2, S3, lc, ls, lm, lbase, cc, cs, cm
+
+    @cuda.jit(**bounds(threads, blocks_per_sm))
+    def _gemv_fp8_v4(x32, w32, scales, out, T, K):
+        # x32: uint32 [T*K/2] flat view of x; w32: uint32 [N*K/4] flat view of the codes (read as
+        # 16-byte chunks); scales: uint8 [ceil(N/32), K/32]; out: uint16 [T, N]
+        red = cuda.shared.array(red_words, float32)
+        scratch = cuda.shared.array(scratch_size, types.uint32)
+        tid = cuda.threadIdx.x
+        lane = tid & 31
+        warp = tid >> 5
+        g = lane >> 2
+        t = lane & 3
+        N = out.shape[1]
+        NG = (N + 7) >> 3                                   # 8-row groups
+        nb = cuda.gridDim.x
+        b = cuda.blockIdx.x
+        gb0 = (np.int64(b) * NG) // nb                      # the block's groups [gb0, gb1)
+        gb1 = (np.int64(b + 1) * NG) // nb
+        if gb1 <= gb0:
+            return
+        c_first = gb0 >> 2                                  # its chunks (scale-tile rows) [c_first, c_last]
+        n_chunks = ((gb1 + 3) >> 2) - c_first
+        row_lo = gb0 * 8
+        row_hi = min(gb1 * 8, N)
+        # numba widens integer sums to 64 bits: the step loop's counters are cast back to 32 bits
+        # (K < 2^26) so that its compares and sums stay one instruction each
+        i32 = np.int32
+        K16 = i32(K >> 4)
+        NS = i32((K + 63) >> 6)                             # 64-wide steps
+        SPW = i32((NS + (warps - 1)) // warps)              # steps a warp a chunk
+        s_begin = i32(warp * SPW)
+        n_w = i32(max(0, min(SPW, NS - s_begin)))          # of them inside K (the warp's)
+        n_x = i32(max(0, min(SPW, (K16 - t + 3) // 4 - s_begin)))   # whose 16 codes a lane has inside K
+        NKT = i32(K >> 5)
+        n_iter = i32(n_chunks * SPW)
+        tok0 = cuda.blockIdx.y * V4_TOKENS
+        tok = tok0 + g
+        x_base = np.uint64(min(tok, T - 1) * (K >> 3) + 2 * t + 8 * s_begin)   # x's 16-byte index, step 0
+        kt_base = i32(2 * s_begin)
+        K16w = np.int64(K16)
+        stride8 = 8 * K16w                                  # 8 rows of codes, 16-byte units
+        mlo = np.uint32(0xFFFFFFFF) if t < 2 else np.uint32(0)
+        mhi = ~mlo
+        z = float32(0.0)
+        acc = (z, z, z, z, z, z, z, z)
+        # loads run `depth` steps ahead of the mma: (lc, ls) the next step to load, (cc, cs) the next
+        # to compute; each side's chunk state (group mask, the lane's codes index) changes once a chunk
+        lc = i32(c_first)
+        ls = i32(0)
+        lm = group_mask(lc, gb0, gb1, g, N)
+        lbase = np.int64(lc * 32 + g) * K16w + 4 * s_begin + t
+        z4 = (np.uint32(0), np.uint32(0), np.uint32(0), np.uint32(0))
+        A0 = A1 = A2 = A3 = B0 = B1 = B2 = B3 = C0 = C1 = C2 = C3 = z4
+        A0, A1, A2, A3, lc, ls, lm, lbase = prefetch(w32, A0, A1, A2, A3, lc, ls, lm, lbase, n_w, n_x, SPW, stride8,
+                                                     K16w, s_begin, t, g, N, gb0, gb1)
+        B0, B1, B2, B3, lc, ls, lm, lbase = prefetch(w32, B0, B1, B2, B3, lc, ls, lm, lbase, n_w, n_x, SPW, stride8,
+                                                     K16w, s_begin, t, g, N, gb0, gb1)
+        if depth >= 3:
+            C0, C1, C2, C3, lc, ls, lm, lbase = prefetch(w32, C0, C1, C2, C3, lc, ls, lm, lbase, n_w, n_x, SPW,
+                                                         stride8, K16w, s_begin, t, g, N, gb0, gb1)
+        cc = i32(c_first)
+        cs = i32(0)
+        cm = group_mask(cc, gb0, gb1, g, N)
+        for it in range(i32(0), n_iter, i32(depth)):
+            # `depth` slots in turn, each: its step's mma, then the step `depth` on into the slot
+            acc, A0, A1, A2, A3, lc, ls, lm, lbase, cc, cs, cm = slot(
+                it, n_iter, acc, A0, A1, A2, A3, lc, ls, lm, lbase, cc, cs, cm, w32, x32, scales, out, red, scratch,
+                x_base, kt_base, NKT, n_w, n_x, SPW, stride8, K16w, s_begin, t, g, N, gb0, gb1, mlo, mhi, tid, warp,
+                lane, row_lo, row_hi, tok0, T)
+            acc, B0, B1, B2, B3, lc, ls, lm, lbase, cc, cs, cm = slot(
+                it + 1, n_iter, acc, B0, B1, B2, B3, lc, ls, lm, lbase, cc, cs, cm, w32, x32, scales, out, red,
+                scratch, x_base, kt_base, NKT, n_w, n_x, SPW, stride8, K16w, s_begin, t, g, N, gb0, gb1, mlo, mhi, tid,
+                warp, lane, row_lo, row_hi, tok0, T)
+            if depth >= 3:
+                acc, C0, C1, C2, C3, lc, ls, lm, lbase, cc, cs, cm = slot(
+                    it + 2, n_iter, acc, C0, C1, C2, C3, lc, ls, lm, lbase, cc, cs, cm, w32, x32, scales, out, red,
+                    scratch, x_base, kt_base, NKT, n_w, n_x, SPW, stride8, K16w, s_begin, t, g, N, gb0, gb1, mlo, mhi,
+                    tid, warp, lane, row_lo, row_hi, tok0, T)
+
+    return _gemv_fp8_v4
+
+
+_gemv_fp8_v4 = make_gemv_fp8_v4()
+
+
 # ---- the whole wkv to bf16 (the engine's many-token path) ----------------------------------------
 
 DEQUANT_THREADS = 256
@@ -462,3 +742,21 @@ def geometry_tc(T: int, N: int):
 
 def geometry_v3(T: int, N: int):
     return (cdiv(N, V3_ROWS), cdiv(T, V3_TOKENS)), V3_THREADS
+
+
+def sm_count() -> int:
+    """Blocks of a gemv_fp8_v4 launch a token group: the device's SMs (SIM_V4_BLOCKS simulated)."""
+    if SIMULATOR:
+        return SIM_V4_BLOCKS
+    if not _SM_COUNT:
+        _SM_COUNT.append(int(cuda.get_current_device().MULTIPROCESSOR_COUNT))
+    return _SM_COUNT[0]
+
+
+def v4_blocks(N: int, blocks_per_sm: int = 1) -> int:
+    """Blocks of a token group: blocks_per_sm an SM, never more than the 8-row groups."""
+    return max(1, min(sm_count() * blocks_per_sm, cdiv(N, 8)))
+
+
+def geometry_v4(T: int, N: int, warps: int = V4_WARPS, blocks_per_sm: int = 1):
+    return (v4_blocks(N, blocks_per_sm), cdiv(T, V4_TOKENS)), 32 * warps

@@ -11,6 +11,10 @@ Contracts
   in the low half). Every finite e4m3 value is exact in bf16 (docs/math.md 4.4), so nothing
   rounds; the NaN codes 0x7F / 0xFF become a bf16 NaN. On the GPU: `cvt.rn.f16x2.e4m3x2` (sm_89+),
   `cvt.f32.f16`, `cvt.rn.bf16x2.f32`.
+- `stream_loader(hint)(a, i)` reads a[4i:4i+4] of a 1-D uint32 array as one 16-byte load of
+  read-only data streamed once (a weight): `ld.global.nc.<hint>.v4.u32` on the GPU, where hint is
+  "" or PTX cache qualifiers such as "L1::no_allocate" (keep it out of L1, where x stays) or
+  "L1::no_allocate.L2::256B" (ask L2 to fetch 256 bytes around it). One device function a hint.
 """
 from __future__ import annotations
 
@@ -37,6 +41,11 @@ if SIMULATOR:
     def f16x2_to_f32x2(word):
         w = np.array([np.uint32(word)], dtype=np.uint32).view(np.float16).astype(np.float32)
         return w[0], w[1]
+
+    def stream_loader(hint=""):
+        def load_stream_u32x4(a, i):
+            return a[4 * i], a[4 * i + 1], a[4 * i + 2], a[4 * i + 3]
+        return load_stream_u32x4
 
     def e4m3x4_to_bf16x2x2(word):
         tab = _e4m3_table()
@@ -122,3 +131,38 @@ else:
     @cuda.jit(device=True)
     def e4m3x4_to_bf16x2x2(word):
         return _e4m3x4_to_bf16x2x2(np.uint32(word))
+
+    _STREAM_LOADERS: dict = {}
+
+    def stream_loader(hint=""):
+        hint = str(hint).strip(".")
+        if hint not in _STREAM_LOADERS:
+            text = "ld.global.nc%s.v4.u32 {$0, $1, $2, $3}, [$4];" % ("." + hint if hint else "")
+
+            @intrinsic
+            def _load_stream(typingctx, a, i):
+                if not (isinstance(a, types.Array) and a.dtype == types.uint32 and a.ndim == 1
+                        and isinstance(i, types.Integer)):
+                    return None
+                sig = types.UniTuple(types.uint32, 4)(a, i)
+
+                def codegen(context, builder, signature, args):
+                    from ...device.intrinsics import u32x4_pointer
+                    arr, idx = args
+                    idx = context.cast(builder, idx, signature.args[1], types.intp)
+                    ptr = u32x4_pointer(context, builder, signature.args[0], arr, idx)
+                    i32 = ir.IntType(32)
+                    fnty = ir.FunctionType(ir.LiteralStructType([i32] * 4), [ir.IntType(64)])
+                    res = builder.call(ir.InlineAsm(fnty, text, "=r,=r,=r,=r,l", side_effect=False),
+                                       [builder.ptrtoint(ptr, ir.IntType(64))])
+                    return context.make_tuple(builder, signature.return_type,
+                                              [builder.extract_value(res, k) for k in range(4)])
+
+                return sig, codegen
+
+            @cuda.jit(device=True, forceinline=True)
+            def load_stream_u32x4(a, i):
+                return _load_stream(a, i)
+
+            _STREAM_LOADERS[hint] = load_stream_u32x4
+        return _STREAM_LOADERS[hint]

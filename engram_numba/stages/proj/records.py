@@ -345,6 +345,21 @@ _proj("gemv_fp8_v3", "v2's numerics (exact e4m3 x e8m0 weights, each 32x32 tile'
       kernel=cuda_gemv_fp8._gemv_fp8_v3, geometry=cuda_gemv_fp8.geometry_v3, args="fast", align=16,
       specs=(Spec("", cuda_gemv_fp8._gemv_fp8_v3, _FP8_FAST_ARGS),), encoding="fp8",
       sim=[(1, 96, 20), (3, 192, 40), (8, 64, 16), (9, 128, 20), (1, 544, 33)], sweep=QUANT_SWEEP)
+# v4's cases (3 simulated blocks): N = 20 (3 groups: a block each, the last group 4 rows past N),
+# N = 72 (9 groups: a block's 3 groups straddle two scale-tile rows: partial first and last chunks),
+# K % 64 = 32 (a last step of one tile), two token groups, and more steps a warp than one (K = 1056:
+# 17 steps over 16 warps, 2 a warp, the last warp's second step past K)
+_proj("gemv_fp8_v4", "v3's fragments and numerics (x as A, a lane's 16 contiguous codes as B for 4 mma, each 32x32 "
+      "tile's fp32 mma sum scaled once by its power of two) in a persistent grid: one block of 16 warps an SM, "
+      "each block an equal run of 8-row groups (24 or 25 at the released shape: no partial wave), walked a "
+      "scale-tile row at a time, every warp a 1/16 of K of it; the codes by 16-byte ld.global.nc.L1::no_allocate "
+      "straight into registers two steps ahead (4 KB a warp, 64 KB an SM in flight), x from L1; the warps' sums "
+      "added in warp order through shared memory once a chunk. Compile tier: 119 registers, no spills, 309 SASS "
+      "instructions a 64-wide step of 32 rows (0.151 a weight; v3 0.153). H200: to be measured "
+      "(tools/fp8_gemv_dev.py); picked by name",
+      kernel=cuda_gemv_fp8._gemv_fp8_v4, geometry=cuda_gemv_fp8.geometry_v4, args="fast", align=16,
+      specs=(Spec("", cuda_gemv_fp8._gemv_fp8_v4, _FP8_FAST_ARGS),), encoding="fp8",
+      sim=[(1, 96, 20), (3, 192, 72), (8, 64, 16), (9, 128, 20), (1, 1056, 33)], sweep=QUANT_SWEEP)
 
 # q2k_r: the same Q2_K weight re-laid out on the device at build (q2k_r.py). Every simulated block
 # runs a whole unit trip of simulated mma (~12 s a block): K = 768 is an odd block count (a zero pad

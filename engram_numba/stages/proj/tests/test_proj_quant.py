@@ -175,6 +175,33 @@ def test_quant_version_matches_its_yardstick(rng, version, shape):
     check_version(version, weight, x, raw, scales)
 
 
+@pytest.mark.slow
+def test_fp8_v4_factory_shape(rng):
+    """gemv_fp8_v4's factory at another shape than the registered one (tools/fp8_gemv_dev.py times
+    such variants): 2 warps a block (the chunk's 256 sums stored by 64 threads, 4 a thread), 3 steps
+    in flight (10 steps a block: the last trip of 3 slots runs one), 5 steps a warp with a last one
+    of one tile (K = 608: 10 steps, the second warp's last half past K), 3
+    blocks over 9 groups of rows (N = 68: the second and third blocks' groups straddle two chunks,
+    the last group 4 rows past N), two token groups (T = 9), the empty groups' mma skipped - against
+    the yardstick as every registered version is."""
+    from engram_numba.device.launch import PreparedLaunch
+    from engram_numba.stages.proj.cuda_common import flat_u32
+    T, K, N = 9, 608, 68
+    x = random_x(rng, T, K)
+    codes, scales = random_fp8(rng, N, K)
+    kernel = cuda_gemv_fp8.make_gemv_fp8_v4(warps=2, skip_empty=True, depth=3)
+    grid, block = cuda_gemv_fp8.geometry_v4(T, N, warps=2)
+    assert grid == (3, 2) and block == 64
+    out = poisoned(T, N)
+    xd, cd = cuda.to_device(x), cuda.to_device(codes)
+    PreparedLaunch("v4[2w]", kernel, grid, block, 0, (flat_u32(xd), flat_u32(cd), cuda.to_device(scales), out, T, K),
+                   out)()
+    yard = Yardstick(x, R.wkv_fp8_bf16(codes, scales))
+    stats = error_stats(out.copy_to_host(), yard)
+    print(json.dumps(dict(version="gemv_fp8_v4[warps=2,depth=3]", shape=[T, K, N], **stats)))
+    assert_within_tolerance(stats)
+
+
 def test_naive_versions_equal_todays_bf16_projection(rng):
     """gemv_q2k_v1 and gemv_fp8_v1 are the bf16 projection of `wkv_bf16()` in the same order: the
     same bits as gemv_v1 on the decoded weight (and as the reference)."""
@@ -364,6 +391,9 @@ def test_launch_configs():
     assert geo("gemv_fp8_v1", 9, 40) == (1, 128)
     assert geo("gemv_fp8_v3", 8, 25600) == ((800, 1), 64)          # 32 rows a block, K over 2 warps: one wave
     assert geo("gemv_fp8_v3", 9, 25600 + 5) == ((801, 2), 64)
+    # one block an SM (the simulator's 3 stand for the SMs), never more blocks than 8-row groups
+    assert geo("gemv_fp8_v4", 8, 25600) == ((cuda_gemv_fp8.sm_count(), 1), 32 * cuda_gemv_fp8.V4_WARPS)
+    assert geo("gemv_fp8_v4", 9, 13) == ((2, 2), 32 * cuda_gemv_fp8.V4_WARPS)
 
 
 # ---- GPU tier: released shapes ------------------------------------------------------------------
@@ -474,7 +504,7 @@ def test_gpu_fp8_edge_codes_tensor_core(rng):
         codes[r] = np.roll(codes[r], r)
     finite = codes.copy()
     finite[(finite & 0x7F) == 0x7F] = 0
-    for version in ("gemv_fp8_v2", "gemv_fp8_v3"):
+    for version in ("gemv_fp8_v2", "gemv_fp8_v3", "gemv_fp8_v4"):
         for s in (3, 246):
             x = f32_to_bf16(bf16_to_f32(random_x(rng, 8, K)) * np.float32(2.0 ** (-24 if s == 246 else 0)))
             scales = np.full((2, K // 32), s, np.uint8)
@@ -492,14 +522,15 @@ def released_fp8_weight():
 
 
 @pytest.mark.gpu
+@pytest.mark.parametrize("version", ("gemv_fp8_v3", "gemv_fp8_v4"))
 @pytest.mark.parametrize("T", (1, 3, 8, 9))
 @pytest.mark.parametrize("cut", [(0, 0), (7, 32)], ids=["released", "odd"])
-def test_gpu_fp8_v3_against_v1_v2(rng, released_fp8_weight, T, cut):
-    """gemv_fp8_v3 at the released shape (and with 7 rows and one scale tile of K cut off: a last
-    warp with rows past N, a last step of one tile) against the float64 yardstick on every element,
-    and against v1 (the reference's order) and v2 on the same launch inputs: v3 sums each tile in
-    another order, so it may differ from them by the fp32 noise, never more than 2 ulp where the
-    yardstick is well conditioned (each is within 1 ulp of it there)."""
+def test_gpu_fp8_v3_against_v1_v2(rng, released_fp8_weight, T, cut, version):
+    """gemv_fp8_v3 and gemv_fp8_v4 at the released shape (and with 7 rows and one scale tile of K cut
+    off: a last warp with rows past N, a last step of one tile) against the float64 yardstick on
+    every element, and against v1 (the reference's order) and v2 on the same launch inputs: v3 and
+    v4 sum in other orders, so they may differ from them by the fp32 noise, never more than 2 ulp
+    where the yardstick is well conditioned (each is within 1 ulp of it there)."""
     codes, scales, wb = released_fp8_weight
     N, K = RELEASED_N - cut[0], RELEASED_K - cut[1]
     codes = np.ascontiguousarray(codes[:N, :K])
@@ -509,16 +540,16 @@ def test_gpu_fp8_v3_against_v1_v2(rng, released_fp8_weight, T, cut):
     yard = Yardstick(x, wb)
     xd, cd, sd = cuda.to_device(x), cuda.to_device(codes), cuda.to_device(scales)
     got = {}
-    for version in ("gemv_fp8_v1", "gemv_fp8_v2", "gemv_fp8_v3"):
+    for v in ("gemv_fp8_v1", "gemv_fp8_v2", version):
         out = poisoned(T, N)
-        P.prepare_project_q(xd, cd, sd, out, weight="fp8", version=version)()
-        got[version] = out.copy_to_host()
-    stats = error_stats(got["gemv_fp8_v3"], yard)
+        P.prepare_project_q(xd, cd, sd, out, weight="fp8", version=v)()
+        got[v] = out.copy_to_host()
+    stats = error_stats(got[version], yard)
     for other in ("gemv_fp8_v1", "gemv_fp8_v2"):
-        d = bf16_ulp_distance(got["gemv_fp8_v3"], got[other])
+        d = bf16_ulp_distance(got[version], got[other])
         stats[f"max_ulp_vs_{other}_well_conditioned"] = int(d[yard.well].max())
         stats[f"frac_differs_from_{other}"] = float((d > 0).mean())
-    entry = dict(test="projection-fp8-v3", shape=[T, K, N], **stats)
+    entry = dict(test="projection-fp8-" + version.split("_")[-1], version=version, shape=[T, K, N], **stats)
     print(json.dumps(entry))
     RESULTS.append(entry)
     assert_within_tolerance(stats)
