@@ -31,7 +31,10 @@ Kernel versions
                block an equal run of 8-row groups walked a scale-tile row (a chunk) at a time, every
                warp 1/16 of K of every chunk; codes by 16-byte ld.global.nc.L1::no_allocate straight
                into registers two steps ahead, x from L1; the warps' sums added in warp order in
-               shared memory once a chunk (not bit-identical to v2 or v3).
+               shared memory once a chunk (not bit-identical to v2 or v3). On the H200 73.5 us at
+               T = 1 against v2's 56.8 (bench/results/h200_fp8_gemv_dev_9c531d5.txt): the bytes in
+               flight were not v2's limit; the e4m3 -> bf16 conversion's instructions are (128 of a
+               step's 309).
 `dequant_kernel` decodes the whole wkv to bf16 (the engine's path for many tokens, into a GEMM).
 """
 from __future__ import annotations

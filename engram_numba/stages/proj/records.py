@@ -4,15 +4,18 @@ Default rules, over ctx = {"T", "K", "N", "aligned", "simulator", "weight", "cc"
 encoding the weight is read in (the record's `encoding`): every rule claims only its own.
 bf16 weights: numba's simulator, or x/wkv data not 16-byte aligned -> the naive kernels (gemv_v1 at T = 1,
 gemm_v1 above: plain loops are the cheap ones to simulate); on a GPU gemv_v3 for T <= 2; then on
-a Hopper GPU (cc 9.0: the warpgroup MMA) gemm_v5 up to 64 tokens, gemm_v6 up to 512, gemm_v4
-above; on other GPUs gemv_v4 up to GEMV_MAX_TOKENS tokens and gemm_v3 above. Every boundary is
+a Hopper GPU (cc 9.0: the warpgroup MMA) gemm_v5 up to 64 tokens, gemm_v6 up to 256, gemm_v8 (stream-K
+tail) up to 2048, gemm_v4 above; on other GPUs gemv_v4 up to GEMV_MAX_TOKENS tokens and gemm_v3 above. Every boundary is
 where the H200 measurements changed hands (bench/results/h200_prefill_dev_*.json, CUDA events, L2
 flushed, K = 6144, N = 25600; older timings from f7da6aa, bench/results/h200.json):
   T = 2     gemv_v3 90.0 us, gemm_v5 92.7, gemv_v4 99.7, cuBLAS 93.7
   T = 8     gemm_v5 93.0, gemv_v4 100.1, gemv_v3 216.6, cuBLAS 93.1
   T = 64    gemm_v5 96.5, gemm_v4 102.9, cuBLAS 94.4;   T = 80: gemm_v4 103.8, gemm_v5 140.4
   T = 128   gemm_v6 101.2, gemm_v4 103.1, cuBLAS 93.4   (65..128 tokens are one padded 128-row tile)
-  T = 512   gemm_v6 278.7, gemm_v4 309.8, cuBLAS 220.3; T = 1024: gemm_v4 529.9, gemm_v6 540.5
+  T = 256   gemm_v6 145.3, gemm_v8 146.8, gemm_v4 159.9, cuBLAS 120.8                (9c531d5)
+  T = 512   gemm_v8 257.9, gemm_v6 277.1, gemm_v4 308.4, cuBLAS 219.3                (9c531d5)
+  T = 1024  gemm_v8 494.0, gemm_v4 534.0, gemm_v6 540.5, cuBLAS 411.5                (9c531d5)
+  T = 2048  gemm_v8 976.3, gemm_v4 992.0; T = 4096: gemm_v4 1940.0, gemm_v8 1971.0, cuBLAS 1635.2
 q2k / fp8 weights (read in their file encoding, `launch.prepare_project_q`): the naive
 gemv_q2k_v1 / gemv_fp8_v1 in the simulator or for unaligned data, the tensor-core gemv_q2k_v2 /
 gemv_fp8_v2 on a GPU, for any T (8 tokens a weight pass; the engine decodes the weight to bf16
@@ -45,7 +48,8 @@ from .cuda_common import prepare
 GEMV_MAX_TOKENS = 32    # 2 passes of gemv_v4 (~2 x 100 us) beat gemm_v3's latency-bound ~280 us at T <= 128
 GEMV3_MAX_TOKENS = 2    # gemv_v3 at T = 2: 90.0 us against gemm_v5's 92.7 and gemv_v4's 99.7
 WGMMA_SMALL_MAX_TOKENS = 64   # gemm_v5's 64-token tiles read the weight once up to here
-WGMMA_MID_MAX_TOKENS = 512    # gemm_v6's 128 output tiles fill the waves better up to here; gemm_v4 above
+WGMMA_MID_MAX_TOKENS = 256    # gemm_v6's 128 output tiles fill the waves better up to here; gemm_v8 above
+WGMMA_SK_MAX_TOKENS = 2048    # gemm_v8's stream-K tail beats gemm_v4 up to here (T = 4096: v4 1940 us, v8 1971)
 # Above this many tokens the engine decodes a q2k/fp8 wkv to bf16 (once per layer and call) and
 # runs the bf16 GEMM: the weight-decoding GEMVs stream the weight once per 8 tokens.
 QUANT_GEMV_MAX_TOKENS = 16
@@ -199,8 +203,8 @@ def _wgmma(name, changelog, *, when, rule, sim, sweep):
 _wgmma("gemm_v4", "warpgroup MMA (wgmma m64n256k16, inline PTX) on 128x256 tiles, operands in 128B-swizzled shared "
        "memory fed by a 4-stage cp.async pipeline, 2 warpgroups, token-tile-fastest grid (1.92-1.97 ms = 653-672 "
        "TFLOP/s at T=4096, 84% of cuBLAS's throughput; 103-106 us at T=128, cuBLAS 94)",
-       when=f"Hopper (cc 9.0), aligned, T > {WGMMA_MID_MAX_TOKENS}",
-       rule=lambda c: _bf16(c) and _hopper(c) and c["T"] > WGMMA_MID_MAX_TOKENS,
+       when=f"Hopper (cc 9.0), aligned, T > {WGMMA_SK_MAX_TOKENS}",
+       rule=lambda c: _bf16(c) and _hopper(c) and c["T"] > WGMMA_SK_MAX_TOKENS,
        sim=[(33, 264, 200),         # one 128x256 tile: rows past T and N, K % 64 == 8 (a 1-chunk
                                     # last k tile), 5 k tiles through a 4-stage pipeline
             (130, 72, 260)],        # 2 x 2 tiles: 2 rows in the second token tile, 4 outputs in
@@ -260,7 +264,13 @@ _proj("gemm_v8", "gemm_v4's CTA tile, mainloop and epilogue (the same device fun
       "so T = 256 / 512 / 1024 run 1.52 / 3.03 / 6.06 waves of work in as much time instead of 2 / 4 / 7 waves; "
       "bands of CTAs (up to 8, one token tile each) walk the same units, so a weight tile is read by all at once; "
       "the next unit's first 3 stages issued before a unit's fix-up and epilogue (211 KiB of shared memory); "
-      "253 registers, no spills, wgmma asynchronous, k loop 246 SASS instructions (gemm_v4 212); not yet timed",
+      "253 registers, no spills, wgmma asynchronous, k loop 246 SASS instructions (gemm_v4 212). H200 (L2 "
+      "flushed, bench/results/h200_prefill_dev_v8_9c531d5.txt): 146.8 / 205.8 / 257.9 / 373.5 / 494.0 / 976.3 / "
+      "1971.0 us at T = 256 / 384 / 512 / 768 / 1024 / 2048 / 4096 against gemm_v4's 159.9 / 236.7 / 308.4 / "
+      "386.7 / 534.0 / 992.0 / 1940.0 and cuBLAS's 120.8 / 168.4 / 219.3 / 327.8 / 411.5 / 820.2 / 1635.2 "
+      "(1.14-1.22x cuBLAS: the tail is fixed, gemm_v4's per-tile mainloop is what is left)",
+      when=f"Hopper (cc 9.0), aligned, {WGMMA_MID_MAX_TOKENS} < T <= {WGMMA_SK_MAX_TOKENS}",
+      rule=lambda c: _bf16(c) and _hopper(c) and WGMMA_MID_MAX_TOKENS < c["T"] <= WGMMA_SK_MAX_TOKENS,
       kernel=Factory(lambda T: cuda_wgmma.sk_kernel_for(_V8.tile, _V8.overlap)), geometry=cuda_wgmma.sk_geometry(_V8),
       args="fast",
       specs=lambda: [Spec(f"[sk/{t.name}{'' if ov else '/nolap'}]", cuda_wgmma.sk_kernel_for(t, ov), _SK_ARGS)
@@ -355,8 +365,11 @@ _proj("gemv_fp8_v4", "v3's fragments and numerics (x as A, a lane's 16 contiguou
       "scale-tile row at a time, every warp a 1/16 of K of it; the codes by 16-byte ld.global.nc.L1::no_allocate "
       "straight into registers two steps ahead (4 KB a warp, 64 KB an SM in flight), x from L1; the warps' sums "
       "added in warp order through shared memory once a chunk. Compile tier: 119 registers, no spills, 309 SASS "
-      "instructions a 64-wide step of 32 rows (0.151 a weight; v3 0.153). H200: to be measured "
-      "(tools/fp8_gemv_dev.py); picked by name",
+      "instructions a 64-wide step of 32 rows (0.151 a weight; v3 0.153). H200 (L2 flushed, "
+      "bench/results/h200_fp8_gemv_dev_9c531d5.txt): 73.5 / 73.8 / 73.7 us at T = 1 / 4 / 8 against v2's 56.8 / "
+      "57.8 / 60.2 and v3's 66.2: slower; no variant (3 steps ahead, L2 prefetch hint, 8 or 12 warps, empty groups "
+      "skipped) under 73.6. As many instructions a weight as v2 and half its warps' issue: bound by issue, not by "
+      "bytes in flight. Picked by name",
       kernel=cuda_gemv_fp8._gemv_fp8_v4, geometry=cuda_gemv_fp8.geometry_v4, args="fast", align=16,
       specs=(Spec("", cuda_gemv_fp8._gemv_fp8_v4, _FP8_FAST_ARGS),), encoding="fp8",
       sim=[(1, 96, 20), (3, 192, 72), (8, 64, 16), (9, 128, 20), (1, 1056, 33)], sweep=QUANT_SWEEP)

@@ -42,7 +42,7 @@ from engram_numba.stages import registry
 from engram_numba.stages.proj import cublas, cuda_wgmma
 from engram_numba.stages.proj import launch as P
 from engram_numba.stages.proj.cuda_gemv import GEMV_TOKEN_BLOCKS
-from engram_numba.stages.proj.records import (GEMV3_MAX_TOKENS, GEMV_MAX_TOKENS, WGMMA_MID_MAX_TOKENS,
+from engram_numba.stages.proj.records import (GEMV3_MAX_TOKENS, GEMV_MAX_TOKENS, WGMMA_MID_MAX_TOKENS, WGMMA_SK_MAX_TOKENS,
                                               WGMMA_SMALL_MAX_TOKENS)
 from engram_numba.stages.proj.reference import projection_exact, projection_reference
 
@@ -160,8 +160,8 @@ def test_cublas_without_torch_says_what_to_install(monkeypatch):
 
 def test_default_versions(rng):
     """version=None: on a GPU with aligned data gemv_v3 up to GEMV3_MAX_TOKENS; then on a Hopper GPU
-    (cc 9.0) gemm_v5 up to WGMMA_SMALL_MAX_TOKENS, gemm_v6 up to WGMMA_MID_MAX_TOKENS and gemm_v4
-    above, on other GPUs gemv_v4 up to GEMV_MAX_TOKENS and gemm_v3 above; in the simulator (or for
+    (cc 9.0) gemm_v5 up to WGMMA_SMALL_MAX_TOKENS, gemm_v6 up to WGMMA_MID_MAX_TOKENS, gemm_v8 up to
+    WGMMA_SK_MAX_TOKENS and gemm_v4 above, on other GPUs gemv_v4 up to GEMV_MAX_TOKENS and gemm_v3 above; in the simulator (or for
     unaligned data) gemv_v1 at T = 1, gemm_v1 above. What the launcher prepares is that default,
     and each agrees with the reference."""
     for cc in (HOPPER, AMPERE, (10, 0)):
@@ -169,7 +169,9 @@ def test_default_versions(rng):
     assert default_name(GEMV3_MAX_TOKENS + 1) == default_name(16) == default_name(WGMMA_SMALL_MAX_TOKENS) == "gemm_v5"
     assert default_name(WGMMA_SMALL_MAX_TOKENS + 1) == default_name(128) == default_name(WGMMA_MID_MAX_TOKENS) \
         == "gemm_v6"
-    assert default_name(WGMMA_MID_MAX_TOKENS + 1) == default_name(4096) == "gemm_v4"
+    assert default_name(WGMMA_MID_MAX_TOKENS + 1) == default_name(512) == default_name(WGMMA_SK_MAX_TOKENS) \
+        == "gemm_v8"
+    assert default_name(WGMMA_SK_MAX_TOKENS + 1) == default_name(4096) == "gemm_v4"
     for cc in (AMPERE, (10, 0)):        # no wgmma: the mma.sync kernels
         assert default_name(GEMV3_MAX_TOKENS + 1, cc=cc) == default_name(GEMV_MAX_TOKENS, cc=cc) == "gemv_v4"
         assert default_name(GEMV_MAX_TOKENS + 1, cc=cc) == default_name(4096, cc=cc) == "gemm_v3"
@@ -200,7 +202,8 @@ def test_default_rules_partition_the_contexts():
     claimed = set()
     for weight in ("bf16", "q2k", "fp8", "q2k_r"):
         for T in (1, 2, 3, 8, 9, 16, GEMV_MAX_TOKENS - 1, GEMV_MAX_TOKENS, GEMV_MAX_TOKENS + 1, WGMMA_SMALL_MAX_TOKENS,
-                  WGMMA_SMALL_MAX_TOKENS + 1, 128, WGMMA_MID_MAX_TOKENS, WGMMA_MID_MAX_TOKENS + 1, 1000, 4096, 5000):
+                  WGMMA_SMALL_MAX_TOKENS + 1, 128, WGMMA_MID_MAX_TOKENS, WGMMA_MID_MAX_TOKENS + 1, 1000,
+                  WGMMA_SK_MAX_TOKENS, WGMMA_SK_MAX_TOKENS + 1, 4096, 5000):
             for aligned in (True, False):
                 for simulator in (True, False):
                     for cc in (HOPPER, AMPERE, (10, 0)):
