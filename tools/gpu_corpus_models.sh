@@ -9,7 +9,8 @@
 # with the wheels of .whl/ carried (docs/gpu.md):
 #   bash tools/gpu_corpus_models.sh
 # Environment: CHUNKS (Q2_K chunks, default 400), FP8_CHUNKS (default 200), FP8_PROJ (decode, bf16
-# or gemm_fp8_v3; default decode), TEST_TIMEOUT (default 60), BENCH_TIMEOUT (each run, default 110).
+# or gemm_fp8_v3; default decode), TEST_TIMEOUT (default 60), BENCH_TIMEOUT (each run, default 110),
+# SWITCH_INTERVAL (the benches' sys.setswitchinterval in seconds; default Python's 0.005).
 set -uo pipefail
 OUT=${OUT:-$PWD/gpu_out}
 mkdir -p "$OUT"
@@ -19,10 +20,12 @@ ENGRAM_GPU_RESULTS="$OUT/gpu_tests_corpus_pipelined.json" timeout "${TEST_TIMEOU
   -p no:cacheprovider -rfE tests/test_corpus_pipelined.py > "$OUT/gpu_tests_corpus_pipelined.log" 2>&1
 echo "gpu tests exit status: $?"; tail -n 3 "$OUT/gpu_tests_corpus_pipelined.log"
 timeout "${BENCH_TIMEOUT:-110}" python3 -m engram_numba.bench.corpus --quick --no-host --model q2k \
-  --chunks "${CHUNKS:-400}" --out "$OUT/corpus_q2k.json" > "$OUT/corpus_q2k.log" 2>&1
+  --chunks "${CHUNKS:-400}" ${SWITCH_INTERVAL:+--switch-interval "$SWITCH_INTERVAL"} \
+  --out "$OUT/corpus_q2k.json" > "$OUT/corpus_q2k.log" 2>&1
 echo "q2k bench exit status: $?"; grep -E "corpus bench|stage device|queued-ahead|corpus_stats" "$OUT/corpus_q2k.log"
 timeout "${BENCH_TIMEOUT:-110}" python3 -m engram_numba.bench.corpus --quick --no-host --model fp8 \
-  --fp8-proj "${FP8_PROJ:-decode}" --chunks "${FP8_CHUNKS:-200}" --out "$OUT/corpus_fp8.json" > "$OUT/corpus_fp8.log" 2>&1
+  --fp8-proj "${FP8_PROJ:-decode}" --chunks "${FP8_CHUNKS:-200}" ${SWITCH_INTERVAL:+--switch-interval "$SWITCH_INTERVAL"} \
+  --out "$OUT/corpus_fp8.json" > "$OUT/corpus_fp8.log" 2>&1
 echo "fp8 bench exit status: $?"; grep -E "corpus bench|stage device|queued-ahead|corpus_stats" "$OUT/corpus_fp8.log"
 python3 - "$OUT" <<'PY'
 import json, pathlib, sys
@@ -30,7 +33,9 @@ for name in ("corpus_q2k", "corpus_fp8"):
     p = pathlib.Path(sys.argv[1]) / f"{name}.json"
     if not p.exists():
         print(f"{name}: no result"); continue
-    for r in json.loads(p.read_text())["records"]:
+    d = json.loads(p.read_text())
+    print(f"{name}: commit {d.get('commit')}, switch interval {d.get('switch_interval', 0.005)} s")
+    for r in d["records"]:
         if r["stage"] == "corpus_stats":
             print(f"{r['model']} [{r['variant']}]: {r['tokens_per_s']:,.0f} tokens/s, {r['time_us']:.0f} us a chunk, "
                   f"device_sum {r['device_sum_us']:.0f} us (x{r['ratio_to_device_sum']}), validated {r['validated']}, "

@@ -641,7 +641,9 @@ def run(shape: BenchShape = RELEASED, quick: bool = False, log=print, table_gb: 
             f"{dev_sum:.0f} us (x{time_us / dev_sum:.2f}); producer {st.meta['timing']['produce_s']:.2f} s, "
             f"gates {st.meta['timing']['gates_s']:.2f} s (waiting for the device "
             f"{st.meta['timing'].get('gates_wait_s', float('nan')):.2f} s), reduce {st.meta['timing']['reduce_s']:.2f} s, "
-            f"wall {wall:.2f} s" + (f"; {rec['bound']}" if "bound" in rec else ""))
+            f"wall {wall:.2f} s; CPU seconds by thread: "
+            + (", ".join(f"{k[:-6]} {v:.2f}" for k, v in st.meta["timing"].items() if k.endswith("_cpu_s")) or "-")
+            + (f"; {rec['bound']}" if "bound" in rec else ""))
     host_info = None
     if host:
         host_info = _host_runs(model, eng, docs, chunk, timer, mem, log, cache_gbs, smoke, records[0], from_device,
@@ -875,7 +877,15 @@ def main(argv=None) -> int:
     p.add_argument("--cache-gb", default="0.25,1,4", help="cache budgets per layer for the host runs (GB, comma list)")
     p.add_argument("--cache-policy", default="static,clock",
                    help="hot-row cache policies the host runs measure at each budget (comma list of static, clock)")
+    p.add_argument("--switch-interval", type=float, default=None,
+                   help="sys.setswitchinterval for the run (seconds; Python's default 0.005): how long a thread "
+                        "that wants the GIL waits before the holder is made to drop it")
     args = p.parse_args(argv)
+    if args.switch_interval is not None:
+        if not (np.isfinite(args.switch_interval) and args.switch_interval > 0):
+            print(f"error: --switch-interval must be seconds > 0, got {args.switch_interval}", file=sys.stderr)
+            return 2
+        sys.setswitchinterval(args.switch_interval)
     if not args.smoke and (config.ENABLE_CUDASIM or not cuda.is_available()):
         print("error: the corpus bench needs a CUDA GPU (or --smoke)", file=sys.stderr)
         return 2
@@ -915,7 +925,7 @@ def main(argv=None) -> int:
             cuda.current_context().deallocations.clear()
         except AttributeError:             # the simulator
             pass
-    res.update({"commit": commit(), "device": device_name()})
+    res.update({"commit": commit(), "device": device_name(), "switch_interval": sys.getswitchinterval()})
     if args.out:
         with open(args.out, "w") as f:
             json.dump(res, f, indent=1)
