@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import argparse
 import inspect
+import resource
 import time
 from collections import defaultdict
 from concurrent.futures import ThreadPoolExecutor
@@ -250,17 +251,23 @@ def main(argv=None):
         pipeline_mod.Pipeline.gates_from_ids = gates_from_ids
         orig_jobs = corpus._jobs
         corpus._jobs = lambda *a, **k: iter(jobs)
+        r0 = resource.getrusage(resource.RUSAGE_SELF)
         try:
             st = corpus.corpus_stats(model, documents=docs, backend="cpu", chunk_tokens=CHUNK,
                                      device_highway=lambda pos: None, reducer_threads=args.threads)
         finally:
             pipeline_mod.Pipeline.gates_from_ids = orig
             corpus._jobs = orig_jobs
+        r1 = resource.getrusage(resource.RUSAGE_SELF)
         tm_ = st.meta["timing"]
         wall = tm_["wall_s"]
         print(f"\ncorpus_stats, device work a sleep of {args.device_ms} ms, {args.threads} reducer threads, "
               f"{n} chunks (producer precomputed): {1e3 * wall / n:.2f} ms a chunk, "
               f"{st.n_tokens / wall:,.0f} tokens/s (floor {CHUNK / args.device_ms * 1e3:,.0f}); timing {tm_}")
+        print(f"  the process's CPU a chunk (every thread): user {1e3 * (r1.ru_utime - r0.ru_utime) / n:.2f} ms, "
+              f"system {1e3 * (r1.ru_stime - r0.ru_stime) / n:.2f} ms, {(r1.ru_minflt - r0.ru_minflt) / n:.0f} page "
+              f"faults, {(r1.ru_nivcsw - r0.ru_nivcsw) / n:.0f} involuntary and "
+              f"{(r1.ru_nvcsw - r0.ru_nvcsw) / n:.0f} voluntary context switches")
         if "serial" in results:
             print(f"  same statistics as the serial pass: {same_state(st, results['serial'], skip_meta=True)}")
 
