@@ -174,3 +174,19 @@ def test_a_chunk_on_lanes_gives_the_statistics_of_a_chunk_added_in_place(model):
     finally:
         for lane in lanes.values():
             lane.shutdown()
+
+
+def test_corpus_stats_with_layer_lanes_equals_layers_waited_for(model, monkeypatch):
+    """corpus_stats' two arrangements (analysis.corpus.LANES; the corpus bench times both): the
+    same statistics, prunes included."""
+    from engram_numba.analysis import corpus as corpus_mod
+    rng = np.random.default_rng(4)
+    vocab = model.hash_tables.token_map.size
+    docs = [rng.integers(0, vocab, int(n)) for n in rng.integers(5, 200, 12)]
+    runs = []
+    for lanes in ("all", "contexts"):
+        monkeypatch.setattr(corpus_mod, "LANES", lanes)
+        runs.append(corpus_mod.corpus_stats(model, documents=docs, backend="cpu", chunk_tokens=96, max_contexts=60,
+                                            reducer_threads=3))
+    assert runs[0].context_table(4).prunes > 0
+    assert runs[0] == runs[1]

@@ -62,6 +62,9 @@ SPLITS = ("line", "paragraph", "file")
 SYNTHETIC_CORPUS = ("synthetic (N(0,1) by position in the sequence, seed 0, as Pipeline.run draws it; "
                     "no transformer blocks)")
 REDUCER_THREADS = 8                # > 1: a chunk's statistics on L + (max_ngram - 1) lanes (5 at the released shapes)
+LANES = "all"                      # "all": each layer and each context order on a lane; "contexts": the context
+                                   # orders only, each chunk's layers run on the pool and waited for (the
+                                   # arrangement before the layers had lanes, kept to compare: bench.corpus)
 _TRIM_HISTORY = 1 << 20            # continuous mode: keep the hasher's history below this many tokens
 
 
@@ -624,7 +627,8 @@ def corpus_stats(model, corpus=None, *, texts=None, documents=None, backend="cpu
         pool = ThreadPoolExecutor(n_red, thread_name_prefix="engram-stats")
         # each layer and each context order on its own thread, a few chunks behind at most: the
         # reducer thread only checks a chunk and hands it on
-        lanes = {k: ThreadPoolExecutor(1, thread_name_prefix=f"engram-stats-{k}") for k in stats.lane_keys()}
+        keys = stats.lane_keys() if LANES == "all" else list(stats.contexts)
+        lanes = {k: ThreadPoolExecutor(1, thread_name_prefix=f"engram-stats-{k}") for k in keys}
 
     def reduce(job: _Job, chunk: Chunk) -> None:
         t0 = time.perf_counter()

@@ -22,8 +22,9 @@ Records (stage "corpus_stats", one per highway source), each with:
     time_us             wall time per 4096-token chunk (= 4096 / tokens_per_s)
     ratio_to_device_sum time_us / device_sum_us (1.0 = the host work hides entirely behind the GPU)
 highway sources: "device" (already on the device: a device-to-device refresh per chunk, as the
-gate updates it in place), "device, gate statistics only" (contexts and row bitmaps off: what the
-host reduction costs), "host pinned" and "host pageable" (the highway copied from host memory
+gate updates it in place), "device, layers waited for" (the same with the reducer as it was before
+each layer had a lane of its own: analysis.corpus.LANES = "contexts"; also with --quick), "device,
+gate statistics only" (contexts and row bitmaps off: what the host reduction costs), "host pinned" and "host pageable" (the highway copied from host memory
 every chunk: 4096 x 4 x 5120 x 4 B = 335 MB, so PCIe bounds it; `h2d_gbps` and
 `h2d_bound_tokens_per_s` say where). Plus peak host memory (getrusage) and peak device memory
 (the lowest free memory seen) of the run.
@@ -34,8 +35,8 @@ the default with --quick), prefetch + a static cache at each --cache-gb budget (
 and cache bytes per chunk); random rows read from pinned memory against the device table and
 the copy floor; `decode_step` with device tables, host tables (both layers' rows fetched in one
 launch inside the graph) and host tables with the next token fetched ahead (`prefetch_decode`).
-Every corpus_stats and decode_step record has `tables` and `cache_gb`. --quick (one device-table
-variant, 8 chunks, the default grid, 256 decode tokens) is meant to fit ~150 s on an H200 with
+Every corpus_stats and decode_step record has `tables` and `cache_gb`. --quick (two device-table
+variants, 8 chunks, the default grid, 256 decode tokens) is meant to fit ~150 s on an H200 with
 the released 32 GB tables, most of it pinning 64.5 GB (42 s measured) and compiling.
 """
 from __future__ import annotations
@@ -583,19 +584,38 @@ def run(shape: BenchShape = RELEASED, quick: bool = False, log=print, table_gb: 
         return fn
 
     records = []
-    variants = [("device", from_device, True, stage_us["highway.d2d"])]
+    variants = [("device", from_device, True, stage_us["highway.d2d"]),
+                ("device, layers waited for", from_device, True, stage_us["highway.d2d"])]
     if smoke or not quick:               # --quick: the device-table run the host-table runs compare with
         variants += [("device, gate statistics only", from_device, False, stage_us["highway.d2d"]),
                      ("host pinned", from_host(host_pinned), True, nbytes / (h2d["pinned"] * 1e3)),
                      ("host pageable", from_host(host_pageable), True, nbytes / (h2d["pageable"] * 1e3))]
+    from ..analysis import corpus as corpus_mod
     for name, source, full, highway_us in variants:
-        corpus_stats(model, documents=docs[:2], backend="cuda", engine=eng, device_highway=source, chunk_tokens=chunk,
-                     contexts=full, rows=full)                                  # warm-up (compiles)
+        # "layers waited for": the reducer as it was before each layer had a lane of its own (the
+        # context orders on lanes, each chunk's layers on the pool, waited for), same statistics
+        corpus_mod.LANES = "contexts" if name.endswith("layers waited for") else "all"
+        try:
+            corpus_stats(model, documents=docs[:2], backend="cuda", engine=eng, device_highway=source,
+                         chunk_tokens=chunk, contexts=full, rows=full)                 # warm-up (compiles)
+            mem.sample()
+            st = corpus_stats(model, documents=docs, backend="cuda", engine=eng, device_highway=source,
+                              chunk_tokens=chunk, contexts=full, rows=full)
+        finally:
+            corpus_mod.LANES = "all"
         mem.sample()
-        st = corpus_stats(model, documents=docs, backend="cuda", engine=eng, device_highway=source,
-                          chunk_tokens=chunk, contexts=full, rows=full)
-        mem.sample()
-        same = None
+        same = same_as_device = None
+        if name == "device":
+            device_st = st
+        elif name.endswith("layers waited for"):   # the same statistics as with lanes, bit for bit
+            from ..analysis.stats import state_equal
+            for x in (st, device_st):
+                x.finish()
+                for t in x.contexts.values():
+                    t._sorted()
+            same_as_device = bool(state_equal(st, device_st, skip=("tokenizer", "meta")))
+            device_st = None
+            log(f"  layers waited for vs on lanes over {st.n_tokens:,} tokens: same statistics {same_as_device}")
         if name == "device":         # queued ahead vs one chunk at a time: the same statistics, bit for bit
             from ..analysis.stats import state_equal
             few = docs[: max(1, len(docs) // 8)] if not smoke else docs
@@ -624,8 +644,8 @@ def run(shape: BenchShape = RELEASED, quick: bool = False, log=print, table_gb: 
                "tflops": round(4 * chunk * cfg.proj_in * cfg.proj_out / (time_us * 1e-6) / 1e12, 2),
                "baselines": {}, "kernel": "+".join(f"{k}:{v}" for k, v in st.meta.get("cuda_kernels", {}).items()),
                "validated": bool(np.isfinite(st[1, 0].mean) and st.n_tokens == sum(d.size for d in docs)
-                                 and same is not False),
-               "same_statistics_one_chunk_at_a_time": same,
+                                 and same is not False and same_as_device is not False),
+               "same_statistics_one_chunk_at_a_time": same, "same_statistics_as_device_variant": same_as_device,
                "tables": "device", "cache_gb": 0.0, **encodings,
                "device_chunks": st.meta.get("device_chunks")}
         if name.startswith("host"):
