@@ -21,13 +21,13 @@ Records (stage "corpus_stats", one per highway source), each with:
                         highway's arrival: a device-to-device refresh or the host-to-device copy)
     time_us             wall time per 4096-token chunk (= 4096 / tokens_per_s)
     ratio_to_device_sum time_us / device_sum_us (1.0 = the host work hides entirely behind the GPU)
-highway sources: "device" (already on the device: a device-to-device refresh per chunk, as the
-gate updates it in place), "device, layers waited for" (the same with the reducer as it was before
-each layer had a lane of its own: analysis.corpus.LANES = "contexts"; also with --quick), "device,
-gate statistics only" (contexts and row bitmaps off: what the host reduction costs), "host pinned" and "host pageable" (the highway copied from host memory
-every chunk: 4096 x 4 x 5120 x 4 B = 335 MB, so PCIe bounds it; `h2d_gbps` and
-`h2d_bound_tokens_per_s` say where). Plus peak host memory (getrusage) and peak device memory
-(the lowest free memory seen) of the run.
+highway sources: "device" (already on the device: a device-to-device refresh per chunk, as the gate
+updates it in place), "device, layers waited for" (the same with the reducer as it was before each
+layer had a lane of its own: analysis.corpus.LANES = "contexts"; also with --quick), "device, gate
+statistics only" (contexts and row bitmaps off: what the host reduction costs), "host pinned" and
+"host pageable" (the highway copied from host memory every chunk: 4096 x 4 x 5120 x 4 B = 335 MB,
+so PCIe bounds it; `h2d_gbps` and `h2d_bound_tokens_per_s` say where). Plus peak host memory
+(getrusage) and peak device memory (the lowest free memory seen) of the run.
 
 Host tables (unless --no-host): the same corpus with both tables in pinned host memory (shrunk to
 what `MemAvailable` holds, and said so): no prefetch, prefetch (the fetch grid swept, or only
