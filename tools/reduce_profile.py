@@ -1,6 +1,6 @@
 """Profile the corpus run's host side (hash + job, and every statistic) without a GPU.
 
-    PYTHONPATH=$PWD python tools/reduce_profile.py [--chunks 400] [--threads 5] [--device-ms 4.87]
+    PYTHONPATH=$PWD python tools/reduce_profile.py [--chunks 400] [--threads 5] [--device-ms 4.87] [--cpu]
 
 The configuration is the one `python -m engram_numba.bench.corpus` uses: the bench model at the
 released shapes (compressed vocabulary 99,092, layers 1 and 14, hc 4, 24 hash columns, the
@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import argparse
 import inspect
+import resource
 import time
 from collections import defaultdict
 from concurrent.futures import ThreadPoolExecutor
@@ -48,17 +49,18 @@ def fake_gates(job, layer_ids, hc):
 
 
 class Timers:
-    def __init__(self):
+    def __init__(self, clock=time.perf_counter):
         self.chunk = defaultdict(float)
         self.rows = []
+        self.clock = clock
 
     def wrap(self, name, fn):
         def timed(*a, **k):
-            t0 = time.perf_counter()
+            t0 = self.clock()
             try:
                 return fn(*a, **k)
             finally:
-                self.chunk[name] += time.perf_counter() - t0
+                self.chunk[name] += self.clock() - t0
         return timed
 
     def close_chunk(self):
@@ -102,6 +104,8 @@ def main(argv=None):
                         "(tools/gates_profile.py measures it)")
     p.add_argument("--save", default=None, help="save the breakdown pass's statistics here (.npz), to compare "
                    "two versions of the code: StreamingGateStats.load(a) == StreamingGateStats.load(b)")
+    p.add_argument("--cpu", action="store_true", help="breakdown pass: the thread's CPU seconds (time.thread_time) "
+                   "instead of wall seconds, for a machine other work loads (the serial pass runs on one thread)")
     args = p.parse_args(argv)
     skip = set(filter(None, args.skip.split(",")))
 
@@ -148,7 +152,8 @@ def main(argv=None):
 
     results = {}
     if "breakdown" not in skip:
-        tm = Timers()
+        tm = Timers(time.thread_time if args.cpu else time.perf_counter)
+        clock = tm.clock
         saved = {}
 
         def patch(obj, name, label):                 # (what is not there in this version is skipped)
@@ -161,7 +166,10 @@ def main(argv=None):
             else:
                 setattr(obj, name, tm.wrap(label, raw))
         patch(streaming, "reduce_layer", "reduce_layer")
+        patch(streaming, "reduce_layer_rows", "reduce_layer")     # (with mark_rows in the same call)
         patch(streaming, "fold_sums", "fold_sums")
+        patch(StreamingGateStats, "_fold", "fold_sums")
+        patch(streaming, "prepare_chunk", "prepare")
         patch(streaming, "mark_rows", "mark_rows")
         patch(streaming, "mark_live_rows", "mark_rows")
         patch(StreamingGateStats, "_add_counts", "token_counts")
@@ -172,27 +180,27 @@ def main(argv=None):
         orig_add = context_table.ContextTable.add_tokens
 
         def add_tokens(self, *a):
-            t = time.perf_counter()
+            t = clock()
             orig_add(self, *a)
-            tm.chunk[f"ctx{self.order}_total"] += time.perf_counter() - t
+            tm.chunk[f"ctx{self.order}_total"] += clock() - t
         context_table.ContextTable.add_tokens = add_tokens
         st = StreamingGateStats.empty(model)
         try:
             for c in chunks:
-                s = time.perf_counter()
+                s = clock()
                 st.update(c, token_map, None)
-                tm.chunk["update"] += time.perf_counter() - s
+                tm.chunk["update"] += clock() - s
                 tm.close_chunk()
         finally:
             for (obj, name), fn in saved.items():
                 setattr(obj, name, fn)
             context_table.ContextTable.add_tokens = orig_add
-        names = ["update", "token_counts", "reduce_layer", "fold_sums", "mark_rows"] + \
+        names = ["update", "prepare", "token_counts", "reduce_layer", "fold_sums", "mark_rows"] + \
                 [f"ctx{o}_total" for o in sorted(st.contexts)] + ["ctx_probe", "ctx_reserve", "ctx_prune"]
         for r in tm.rows:
             r["other"] = r["update"] - sum(r.get(k, 0.0) for k in names[1:] if not k.startswith("ctx_")
                                            and k != "update")
-        print(f"\nStreamingGateStats.update, serial, ms a chunk (ctx_* are inside ctxN_total):\n"
+        print(f"\nStreamingGateStats.update, serial, {'CPU ' if args.cpu else ''}ms a chunk (ctx_* are inside ctxN_total):\n"
               f"{windows_report(tm.rows, names + ['other'], n)}")
         print("  context tables: " + ", ".join(f"order {o}: {t.n} contexts in {t._slots.shape[0]} slots, "
                                                f"{t.prunes} prunes" for o, t in st.contexts.items()))
@@ -206,16 +214,17 @@ def main(argv=None):
         rows = []
         lanes = None
         if args.threads > 1 and "lanes" in inspect.signature(st.update).parameters:   # as corpus_stats runs it
-            lanes = {o: ThreadPoolExecutor(1) for o in st.contexts}
+            keys = st.lane_keys() if hasattr(st, "lane_keys") else list(st.contexts)
+            lanes = {k: ThreadPoolExecutor(1) for k in keys}
         t_all = time.perf_counter()
         with ThreadPoolExecutor(args.threads) as pool:
             for c in chunks:
-                s = time.perf_counter()
+                s, cpu = time.perf_counter(), time.thread_time()
                 if lanes is None:
                     st.update(c, token_map, pool if args.threads > 1 else None)
                 else:
                     st.update(c, token_map, pool, lanes)
-                rows.append({"update": time.perf_counter() - s})
+                rows.append({"update": time.perf_counter() - s, "update_cpu": time.thread_time() - cpu})
         s = time.perf_counter()
         st.finish()
         t_finish = time.perf_counter() - s
@@ -223,8 +232,8 @@ def main(argv=None):
         for lane in (lanes or {}).values():
             lane.shutdown()
         print(f"\nStreamingGateStats.update with a pool of {args.threads}"
-              f"{' and a lane per context order' if lanes else ''}, ms a chunk:\n"
-              f"{windows_report(rows, ['update'], n)}\n  finish (waits for the lanes) {1e3 * t_finish:.1f} ms; "
+              f"{' and lanes ' + str(list(lanes)) if lanes else ''}, ms a chunk:\n"
+              f"{windows_report(rows, ['update', 'update_cpu'], n)}\n  (update_cpu: the calling thread's own CPU)\n  finish (waits for the lanes) {1e3 * t_finish:.1f} ms; "
               f"all {n} chunks {total:.2f} s = {1e3 * total / n:.2f} ms a chunk")
         if "serial" in results:
             print(f"  same statistics as the serial pass: {same_state(st, results['serial'])}")
@@ -242,17 +251,23 @@ def main(argv=None):
         pipeline_mod.Pipeline.gates_from_ids = gates_from_ids
         orig_jobs = corpus._jobs
         corpus._jobs = lambda *a, **k: iter(jobs)
+        r0 = resource.getrusage(resource.RUSAGE_SELF)
         try:
             st = corpus.corpus_stats(model, documents=docs, backend="cpu", chunk_tokens=CHUNK,
                                      device_highway=lambda pos: None, reducer_threads=args.threads)
         finally:
             pipeline_mod.Pipeline.gates_from_ids = orig
             corpus._jobs = orig_jobs
+        r1 = resource.getrusage(resource.RUSAGE_SELF)
         tm_ = st.meta["timing"]
         wall = tm_["wall_s"]
         print(f"\ncorpus_stats, device work a sleep of {args.device_ms} ms, {args.threads} reducer threads, "
               f"{n} chunks (producer precomputed): {1e3 * wall / n:.2f} ms a chunk, "
               f"{st.n_tokens / wall:,.0f} tokens/s (floor {CHUNK / args.device_ms * 1e3:,.0f}); timing {tm_}")
+        print(f"  the process's CPU a chunk (every thread): user {1e3 * (r1.ru_utime - r0.ru_utime) / n:.2f} ms, "
+              f"system {1e3 * (r1.ru_stime - r0.ru_stime) / n:.2f} ms, {(r1.ru_minflt - r0.ru_minflt) / n:.0f} page "
+              f"faults, {(r1.ru_nivcsw - r0.ru_nivcsw) / n:.0f} involuntary and "
+              f"{(r1.ru_nvcsw - r0.ru_nvcsw) / n:.0f} voluntary context switches")
         if "serial" in results:
             print(f"  same statistics as the serial pass: {same_state(st, results['serial'], skip_meta=True)}")
 

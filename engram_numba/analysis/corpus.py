@@ -61,7 +61,10 @@ FORMATS = ("text", "jsonl", "npy", "ids", "highway", "parquet", "arrow")
 SPLITS = ("line", "paragraph", "file")
 SYNTHETIC_CORPUS = ("synthetic (N(0,1) by position in the sequence, seed 0, as Pipeline.run draws it; "
                     "no transformer blocks)")
-REDUCER_THREADS = 8                # a chunk's statistics are 2 L + 1 + (max_ngram - 1) tasks: 8 at the released shapes
+REDUCER_THREADS = 8                # > 1: a chunk's statistics on L + (max_ngram - 1) lanes (5 at the released shapes)
+LANES = "all"                      # "all": each layer and each context order on a lane; "contexts": the context
+                                   # orders only, each chunk's layers run on the pool and waited for (the
+                                   # arrangement before the layers had lanes, kept to compare: bench.corpus)
 _TRIM_HISTORY = 1 << 20            # continuous mode: keep the hasher's history below this many tokens
 
 
@@ -482,10 +485,10 @@ def corpus_stats(model, corpus=None, *, texts=None, documents=None, backend="cpu
     versions:     kernel record per cuda stage, as Pipeline takes it (`cuda_versions=`: deprecated).
     token_table:  also write the long per-token table to this .parquet (or .csv) file.
     threads:      tokenize+hash and the statistics on their own threads (False: all in order on one).
-    reducer_threads: threads the statistics use inside a chunk (layers, row bitmaps and token counts
-                  side by side; default min(8, CPU count); 1 = none, else each context order also
-                  has a thread of its own, a few chunks behind at most). Results are the same
-                  either way.
+    reducer_threads: 1 = the statistics of a chunk all on the reducer thread; more (default when the
+                  machine has 2 CPUs or more) = each layer (moments, histograms, row bitmap) and each
+                  context order on a thread of its own, a few chunks behind at most, the reducer
+                  thread only checking each chunk and handing it on. Results are the same either way.
     engine:       an `EngramV41` (max_tokens >= chunk_tokens) for the cuda backend to use. When some of
                   its tables live in host memory (`tables={..: "host"}`), each chunk's rows are
                   prefetched on side streams while the two chunks before it compute
@@ -622,8 +625,10 @@ def corpus_stats(model, corpus=None, *, texts=None, documents=None, backend="cpu
     if n_red > 1:
         from concurrent.futures import ThreadPoolExecutor
         pool = ThreadPoolExecutor(n_red, thread_name_prefix="engram-stats")
-        if stats.track_contexts:           # each context order on its own thread, a few chunks behind at most
-            lanes = {n: ThreadPoolExecutor(1, thread_name_prefix=f"engram-contexts{n}") for n in stats.contexts}
+        # each layer and each context order on its own thread, a few chunks behind at most: the
+        # reducer thread only checks a chunk and hands it on
+        keys = stats.lane_keys() if LANES == "all" else list(stats.contexts)
+        lanes = {k: ThreadPoolExecutor(1, thread_name_prefix=f"engram-stats-{k}") for k in keys}
 
     def reduce(job: _Job, chunk: Chunk) -> None:
         t0 = time.perf_counter()
@@ -658,6 +663,8 @@ def corpus_stats(model, corpus=None, *, texts=None, documents=None, backend="cpu
             writer.close()
         if pool is not None:
             pool.shutdown()
+        if lanes:                          # each lane's CPU seconds, once it has done its chunks
+            timing["lanes_cpu_s"] = sum(lane.submit(time.thread_time).result() for lane in lanes.values())
         for lane in (lanes or {}).values():
             lane.shutdown()                # after the chunks it still holds
     wall = time.perf_counter() - t_wall
@@ -739,6 +746,7 @@ def _run_threaded(jobs: Iterator[_Job], gates, reduce, bar, timing: dict, prefet
         return False
 
     def produce():
+        cpu = time.thread_time()
         try:
             for job in jobs:
                 timing["produce_s"] += job.seconds
@@ -748,9 +756,11 @@ def _run_threaded(jobs: Iterator[_Job], gates, reduce, bar, timing: dict, prefet
             errors.append(exc)
             stop.set()
         finally:
+            timing["produce_cpu_s"] = time.thread_time() - cpu
             put(to_main, DONE)
 
     def consume():
+        cpu = time.thread_time()
         try:
             while True:
                 item = to_reduce.get()
@@ -760,6 +770,8 @@ def _run_threaded(jobs: Iterator[_Job], gates, reduce, bar, timing: dict, prefet
         except BaseException as exc:  # noqa: BLE001
             errors.append(exc)
             stop.set()
+        finally:
+            timing["reduce_cpu_s"] = time.thread_time() - cpu
 
     producer = threading.Thread(target=produce, name="engram-corpus-producer", daemon=True)
     reducer = threading.Thread(target=consume, name="engram-corpus-reducer", daemon=True)
@@ -776,6 +788,7 @@ def _run_threaded(jobs: Iterator[_Job], gates, reduce, bar, timing: dict, prefet
     producer.start()
     reducer.start()
     in_flight: deque = deque()
+    cpu = time.thread_time()
 
     def hand_on() -> bool:
         job, result = in_flight.popleft()
@@ -804,6 +817,7 @@ def _run_threaded(jobs: Iterator[_Job], gates, reduce, bar, timing: dict, prefet
         stop.set()
         raise
     finally:
+        timing["gates_cpu_s"] = time.thread_time() - cpu
         while reducer.is_alive():          # let the reducer finish what it has, then stop
             try:
                 to_reduce.put(DONE, timeout=0.1)

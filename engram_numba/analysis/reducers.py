@@ -4,6 +4,10 @@ Every fp32 value is M * 2^E with an integer M < 2^24: `reduce_layer` adds the si
 their squares) of one chunk's gate and dot per exponent bin in int64, and `fold_sums` folds the bins
 into Python integers, so sums and sums of squares are exact and merge bit for bit. The same pass
 fills the fine gate histogram, the clamp count and the per-token fixed-point gate sums.
+The corpus reducer runs `reduce_layer_acc` instead (in `reduce_layer_rows`, with the layer's row
+bitmap in the same call): its bins, the squares split in two, last a whole run and are folded
+once, when read (`fold_acc`), to the integers the per-chunk fold gives; and `prepare_chunk`
+checks a chunk's ids, counts its tokens and puts its gates in fixed point in one call.
 `mark_rows` / `mark_live_rows` / `popcount_range` keep the bitmap of row ids a table served;
 `count_live` and `fixed_point_gates` are the per-token counts and the context tables' gate values.
 Every one releases the GIL, so the corpus reducer runs them side by side on a thread pool.
@@ -89,6 +93,138 @@ def reduce_layer(gate_bits, dot_bits, gate, dot, live, cids, g1, g2, d1, d2, dab
                 counts[c, 4] += 1
 
 
+# The reducer's per-layer sums kept across chunks: ACC_PARTS [hc, EXP_BINS] int64 bins a layer (gate
+# significands; their squares split at bit 24 into a high and a low part; the same for the dot;
+# |dot|). Every bin then grows by < 2^24 a value, so ACC_LIMIT values fit an int64 and the bins are
+# folded into the exact Python integers only when read (`fold_acc`), not once a chunk.
+ACC_PARTS = 7                       # g1, g2 high, g2 low, d1, d2 high, d2 low, |d|
+ACC_LIMIT = 1 << 38                 # values (per layer and stream) the bins hold before a fold
+
+
+@njit(cache=True, nogil=True, inline="always")
+def _add_split(bits, acc, k, c):  # pragma: no cover - jitted
+    """Add one fp32 value (its bits) to acc[k] (its signed significand), acc[k + 1] and acc[k + 2]
+    (its square's bits 24.. and 0..23) in column c; returns (exponent bin, significand)."""
+    e = (bits >> 23) & 0xFF
+    m = np.int64(bits & 0x7FFFFF)
+    if e == 0:
+        e = 1                                                 # denormals share the first bin
+    else:
+        m |= 0x800000
+    if bits >> 31:
+        acc[k, c, e] -= m
+    else:
+        acc[k, c, e] += m
+    mm = m * m
+    acc[k + 1, c, e] += mm >> 24
+    acc[k + 2, c, e] += mm & 0xFFFFFF
+    return e, m
+
+
+@njit(cache=True, nogil=True)
+def reduce_layer_acc(gate_bits, dot_bits, gate, dot, live, cids, acc, counts, minmax, fine, tok_sum, fine_bins,
+                     clamp):  # pragma: no cover - jitted
+    """`reduce_layer` into acc [ACC_PARTS, hc, 256] int64 kept across chunks (the sums of squares
+    split at bit 24, so nothing overflows before ACC_LIMIT values): the same counts, extremes,
+    histogram and per-token sums, value for value, and once folded (`fold_acc`) the same exact
+    moments."""
+    T, hc = gate.shape
+    scale = _FIXED_POINT_SCALE
+    for t in range(T):
+        for c in range(hc):
+            g = gate[t, c]
+            if not live[t]:
+                if g != 0.0:
+                    counts[c, 2] += 1
+                continue
+            if not np.isfinite(g):
+                counts[c, 1] += 1
+            else:
+                counts[c, 0] += 1
+                _add_split(gate_bits[t, c], acc, 0, c)
+                gv = np.float64(g)
+                if gv < minmax[c, 0]:
+                    minmax[c, 0] = gv
+                if gv > minmax[c, 1]:
+                    minmax[c, 1] = gv
+                b = np.int64(gv * fine_bins)
+                if b < 0:
+                    b = 0
+                elif b >= fine_bins:
+                    b = fine_bins - 1
+                fine[c, b] += 1
+                tok_sum[c, cids[t]] += np.int64(np.rint(gv * scale))
+            d = dot[t, c]
+            if not np.isfinite(d):
+                counts[c, 5] += 1
+                continue
+            counts[c, 3] += 1
+            e, m = _add_split(dot_bits[t, c], acc, 3, c)
+            acc[6, c, e] += m
+            dv = np.float64(d)
+            if dv < minmax[c, 2]:
+                minmax[c, 2] = dv
+            if dv > minmax[c, 3]:
+                minmax[c, 3] = dv
+            if abs(dv) < clamp:
+                counts[c, 4] += 1
+
+
+@njit(cache=True, nogil=True)
+def reduce_layer_rows(gate_bits, dot_bits, gate, dot, live, cids, acc, counts, minmax, fine, tok_sum, fine_bins,
+                      clamp, bitmap, row_ids, li):  # pragma: no cover - jitted
+    """`reduce_layer_acc`, then `mark_live_rows` of layer li into bitmap (none when it is empty):
+    one layer of one chunk in one call (one release of the GIL, not two)."""
+    reduce_layer_acc(gate_bits, dot_bits, gate, dot, live, cids, acc, counts, minmax, fine, tok_sum, fine_bins, clamp)
+    if bitmap.size:
+        mark_live_rows(bitmap, row_ids, live, li)
+
+
+@njit(cache=True, nogil=True)
+def prepare_chunk(token_ids, live, token_map, n_raw, cids, n_compressed, row_ids, n_rows, check_rows, gates, q,
+                  tok_count, raw_count):  # pragma: no cover - jitted
+    """One chunk's checks, compressed ids, token counts and fixed-point gates in one call.
+
+    In order: every token id in [0, n_raw) (code 1), cids [T] = token_map[token_ids], every live
+    token's compressed id in [0, n_compressed) (code 2), with check_rows every live token's row ids
+    row_ids [T, L, C] below n_rows [L] (code 3, `first_bad_row`). A failed check returns (code,
+    token, live tokens) before anything is written but cids. Then tok_count[cid] and
+    raw_count[id] += 1 for every live token and, when q [T, L, hc] has rows, q[:, l] =
+    `fixed_point_gates` of gates[l] (a tuple of [T, hc] fp32); returns (0, -1, live tokens)."""
+    T = token_ids.shape[0]
+    n_live = 0
+    for t in range(T):
+        if live[t]:
+            n_live += 1
+        if token_ids[t] < 0 or token_ids[t] >= n_raw:
+            return 1, t, n_live
+    for t in range(T):
+        cids[t] = token_map[token_ids[t]]
+    for t in range(T):
+        if live[t] and (cids[t] < 0 or cids[t] >= n_compressed):
+            return 2, t, n_live
+    if check_rows:
+        bad = first_bad_row(row_ids, live, n_rows)
+        if bad >= 0:
+            return 3, bad, n_live
+    for t in range(T):
+        if live[t]:
+            tok_count[cids[t]] += 1
+            raw_count[token_ids[t]] += 1
+    if q.shape[0]:
+        scale = _FIXED_POINT_SCALE
+        for li in range(len(gates)):
+            gate = gates[li]
+            for t in range(T):
+                for c in range(gate.shape[1]):
+                    g = gate[t, c]
+                    if live[t] and np.isfinite(g):
+                        q[t, li, c] = np.int64(np.rint(np.float64(g) * scale))
+                    else:
+                        q[t, li, c] = 0
+    return 0, -1, n_live
+
+
 @njit(cache=True, nogil=True)
 def mark_rows(bitmap, ids):  # pragma: no cover - jitted
     """Set bit ids[i] of the byte bitmap (bit i&7 of byte i>>3) for every id."""
@@ -165,6 +301,14 @@ def fold_sums(acc: np.ndarray, power: int) -> list[int]:
         e = np.flatnonzero(row)
         out.append(sum([v << s for v, s in zip(row[e].tolist(), (power * (e - 1)).tolist())]))
     return out
+
+
+def fold_acc(acc: np.ndarray) -> list[list[int]]:
+    """acc [ACC_PARTS, hc, 256] (`reduce_layer_acc`) -> [g1, g2, d1, d2, dabs], each per stream the
+    Python int `fold_sums` gives for the same values: sum * 2^149 (squares: * 2^298)."""
+    g2 = [(h << 24) + lo for h, lo in zip(fold_sums(acc[1], 2), fold_sums(acc[2], 2))]
+    d2 = [(h << 24) + lo for h, lo in zip(fold_sums(acc[4], 2), fold_sums(acc[5], 2))]
+    return [fold_sums(acc[0], 1), g2, fold_sums(acc[3], 1), d2, fold_sums(acc[6], 1)]
 
 
 def exact_mean(s1: int, n: int, power_shift: int = 149) -> float:

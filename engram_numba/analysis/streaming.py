@@ -59,12 +59,13 @@ from ..config import GATE_CLAMP
 from ..stages.hash.cpu import hash_positions
 from ..identity import identity_mismatch, model_identity
 from .context_table import ContextTable, pack_width, unpack_contexts
-from .reducers import (EXP_BINS, FINE_BINS, FIXED_POINT_BITS, MAX_CALL_TOKENS, count_live, exact_m2, exact_mean,
-                       first_bad_row, fixed_point_gates, fold_sums, mark_live_rows, popcount_range, reduce_layer)
+from .reducers import (ACC_LIMIT, ACC_PARTS, EXP_BINS, FINE_BINS, FIXED_POINT_BITS, exact_m2, exact_mean, fold_acc,
+                       popcount_range, prepare_chunk, reduce_layer_rows)
 from .stats import QUANTILES, StreamGateStats
 from .stats_file import STATE_VERSION, load_state
 
 DEFAULT_MAX_CONTEXTS = 200_000
+_NO_BITMAP = np.zeros(0, np.uint8)      # (rows=False: no row bitmap to mark)
 
 
 # The statistics ----------------------------------------------------------------------------------
@@ -131,6 +132,9 @@ class StreamingGateStats:
         self.contexts = {n: ContextTable(n, self.key_width, L, hc, self.max_contexts, self.bits, self.per_word)
                          for n in range(2, self.max_ngram + 1)} if self.track_contexts else {}
         self.row_bitmaps = [np.zeros(-(-r // 8), np.uint8) for r in self.table_rows] if self.track_rows else []
+        self._acc = np.zeros((L, ACC_PARTS, hc, EXP_BINS), np.int64)   # moments not yet folded into g1..dabs
+        self._acc_values = 0                        # live tokens in _acc (a fold before ACC_LIMIT)
+        self._lane_pending: dict = {}               # {lane key: futures of chunks on that lane}
 
     def __eq__(self, other):
         """Equal when every count, sum, histogram, context table and row bitmap is, and the meta
@@ -161,79 +165,125 @@ class StreamingGateStats:
                 self.track_contexts, self.track_rows)
 
     # streaming -------------------------------------------------------------------------------
-    def update(self, chunk: Chunk, token_map: np.ndarray, pool=None, lanes: dict | None = None) -> None:
+    def lane_keys(self) -> list:
+        """The parts of `update` that can each run on a lane of its own (an executor with one
+        thread): "layer0", "layer1", ... (a layer's moments, histogram, per-token sums and row
+        bitmap) and each context order (an int)."""
+        return [f"layer{li}" for li in range(len(self.layer_ids))] + list(self.contexts)
+
+    def update(self, chunk: Chunk, token_map: np.ndarray, pool=None, lanes: dict | None = None,
+               ahead: int = 16) -> None:
         """Add one chunk (the driver's `Chunk`); token_map: raw -> compressed ids.
 
-        pool: a concurrent.futures executor to run the per-layer reductions, the row bitmaps, the
-        token counts and the per-order context tables side by side (they touch disjoint state, and
-        the @njit parts release the GIL); the result is the same with or without it.
-        lanes: {order: an executor with one thread} to add the chunk to each context table on its
-        own lane without waiting (a table's prune, every few chunks past the cap, then overlaps the
-        next chunks instead of stalling them); `finish` (and every read) waits. A live token
-        whose id (raw, compressed or row) is out of range is a ValueError, raised before anything
-        is counted."""
+        The chunk's ids are checked, its tokens counted and its gates put in fixed point for the
+        context tables by one @njit(nogil) call here (a live token whose id, raw, compressed or
+        row, is out of range is a ValueError, raised before anything is counted); then each layer
+        (moments, histogram, per-token sums, row bitmap) and each context order is added on its own.
+        pool: a concurrent.futures executor to run those parts side by side (they touch disjoint
+        state and release the GIL); the result is the same with or without it.
+        lanes: {key: an executor with one thread} for keys of `lane_keys()`: each such part is
+        handed to its lane without waiting (the lane takes its chunks in order, at most `ahead`
+        behind), so this call returns as soon as the chunk is handed on, and a context table's
+        prune overlaps the next chunks. The chunk's arrays must then stay unchanged until
+        `finish()`, which waits for every lane (raising what a lane raised) and which must be
+        called before reading the statistics' arrays directly (the methods that read call it)."""
+        if lanes is None:
+            self._wait_lanes()                  # nothing may run beside a chunk added here
         T = int(chunk.token_ids.size)
+        L = len(self.layer_ids)
         live = np.ascontiguousarray(chunk.live, dtype=np.bool_)
         token_ids = np.ascontiguousarray(chunk.token_ids, dtype=np.int64)
         token_map = np.asarray(token_map, dtype=np.int64)
-        _check_ids("token id", token_ids, None, min(self.raw_count.size, token_map.size))
-        cids = token_map[token_ids]                                                  # [T]
-        _check_ids("compressed id", cids, live, self.tok_count.size)
         row_ids = np.ascontiguousarray(chunk.row_ids, dtype=np.int64)               # [T, L, C]
-        if self.track_rows:
-            bad = first_bad_row(row_ids, live, np.asarray(self.table_rows, np.int64))
-            if bad >= 0:
-                raise ValueError(f"chunk row ids of token {bad} are outside the tables' rows {self.table_rows} "
-                                 f"(layers {self.layer_ids}): {row_ids[bad].tolist()}")
-        self.n_tokens += T
-        self.n_masked += int(T - live.sum())
-        self.n_documents += int(chunk.n_documents)
-        self.n_chunks += 1
         gates = {}
         for lid in self.layer_ids:
             dot, gate = chunk.gates[lid]
             gates[lid] = (np.ascontiguousarray(dot, dtype=np.float32), np.ascontiguousarray(gate, dtype=np.float32))
-        # side by side: the layers' reductions, their row bitmaps, the token counts and the context
-        # orders touch disjoint state, and each is one @njit(nogil) call (or a few)
-        tasks = [(self._update_layer, li, gates[lid], live, cids) for li, lid in enumerate(self.layer_ids)]
-        if self.track_rows:
-            tasks += [(mark_live_rows, self.row_bitmaps[li], row_ids, live, li) for li in range(len(self.layer_ids))]
-        tasks.append((self._count_tokens, token_ids, cids, live))
-        if self.track_contexts and chunk.windows is not None:
-            q_all = np.empty((T, len(self.layer_ids), self.hc), np.int64)          # [T, L, hc] fixed point
-            for li, lid in enumerate(self.layer_ids):
-                fixed_point_gates(gates[lid][1], live, q_all, li)
+        ctx = self.track_contexts and chunk.windows is not None
+        q_all = np.empty((T if ctx else 0, L, self.hc), np.int64)                    # [T, L, hc] fixed point
+        cids = np.empty(T, np.int64)
+        n_raw, n_comp = min(self.raw_count.size, token_map.size), self.tok_count.size
+        code, bad, n_live = prepare_chunk(token_ids, live, token_map, n_raw, cids, n_comp, row_ids,
+                                          np.asarray(self.table_rows, np.int64), self.track_rows,
+                                          tuple(gates[lid][1] for lid in self.layer_ids), q_all,
+                                          self.tok_count, self.raw_count)
+        if code == 1:
+            raise ValueError(f"chunk token id {int(token_ids[bad])} at token {bad} is outside [0, {n_raw})")
+        if code == 2:
+            raise ValueError(f"chunk compressed id {int(cids[bad])} at token {bad} is outside [0, {n_comp})")
+        if code == 3:
+            raise ValueError(f"chunk row ids of token {bad} are outside the tables' rows {self.table_rows} "
+                             f"(layers {self.layer_ids}): {row_ids[bad].tolist()}")
+        self.n_tokens += T
+        self.n_masked += int(T - n_live)
+        self.n_documents += int(chunk.n_documents)
+        self.n_chunks += 1
+        if self._acc_values + n_live >= ACC_LIMIT:          # (a corpus of ~2.7e11 tokens a fold)
+            self._wait_lanes()
+            self._fold()
+        self._acc_values += int(n_live)
+        # side by side: the layers (moments, histograms and their row bitmaps) and the context
+        # orders touch disjoint state, and each is one @njit(nogil) call (a prune: a few)
+        tasks = []
+        for li, lid in enumerate(self.layer_ids):
+            tasks.append((f"layer{li}", self._update_layer, li, gates[lid], live, cids, row_ids))
+        if ctx:
             windows = np.ascontiguousarray(chunk.windows, dtype=np.int64)
-            if lanes is not None:
-                for n, table in self.contexts.items():
-                    table.add_tokens_on(lanes[n], windows, live, q_all)
+            for n, table in self.contexts.items():
+                if lanes is not None and n in lanes:
+                    table.add_tokens_on(lanes[n], windows, live, q_all, ahead)
+                else:
+                    tasks.append((n, table.add_tokens, windows, live, q_all))
+        inline = []
+        for key, fn, *args in tasks:
+            if lanes is not None and key in lanes:
+                pending = self._lane_pending.setdefault(key, [])
+                while len(pending) >= ahead:
+                    pending.pop(0).result()
+                pending.append(lanes[key].submit(fn, *args))
             else:
-                tasks += [(table.add_tokens, windows, live, q_all) for table in self.contexts.values()]
-        if pool is None:
-            for fn, *args in tasks:
+                inline.append((fn, args))
+        if pool is None or len(inline) < 2:
+            for fn, args in inline:
                 fn(*args)
         else:
-            for f in [pool.submit(fn, *args) for fn, *args in tasks]:
+            for f in [pool.submit(fn, *args) for fn, args in inline]:
                 f.result()
+        if lanes is None:
+            self._fold()                        # added here: every attribute final when this returns
 
-    def _update_layer(self, li: int, dot_gate, live, cids) -> None:
+    def _update_layer(self, li: int, dot_gate, live, cids, row_ids) -> None:
         dot, gate = dot_gate
-        T = gate.shape[0]
-        for t0 in range(0, T, MAX_CALL_TOKENS):
-            t1 = min(T, t0 + MAX_CALL_TOKENS)
-            acc = [np.zeros((self.hc, EXP_BINS), np.int64) for _ in range(5)]
-            reduce_layer(gate[t0:t1].view(np.uint32), dot[t0:t1].view(np.uint32), gate[t0:t1], dot[t0:t1],
-                          live[t0:t1], cids[t0:t1], *acc, self.counts[li], self.minmax[li], self.fine[li],
-                          self.tok_gsum[li], FINE_BINS, GATE_CLAMP)
-            for name, a, power in (("g1", acc[0], 1), ("g2", acc[1], 2), ("d1", acc[2], 1), ("d2", acc[3], 2),
-                                   ("dabs", acc[4], 1)):
-                tot = getattr(self, name)[li]
-                for c, v in enumerate(fold_sums(a, power)):
-                    tot[c] += v
+        bitmap = self.row_bitmaps[li] if self.track_rows else _NO_BITMAP
+        reduce_layer_rows(gate.view(np.uint32), dot.view(np.uint32), gate, dot, live, cids, self._acc[li],
+                          self.counts[li], self.minmax[li], self.fine[li], self.tok_gsum[li], FINE_BINS, GATE_CLAMP,
+                          bitmap, row_ids, li)
 
-    def _count_tokens(self, token_ids, cids, live) -> None:
-        count_live(self.tok_count, cids, live)                  # ids checked by update
-        count_live(self.raw_count, token_ids, live)
+    def _fold(self) -> None:
+        """Fold the layers' int64 moment bins (`_acc`) into the exact Python integers g1..dabs."""
+        if not self.__dict__.get("_acc_values"):
+            return
+        for li in range(len(self.layer_ids)):
+            for name, sums in zip(("g1", "g2", "d1", "d2", "dabs"), fold_acc(self._acc[li])):
+                tot = getattr(self, name)[li]
+                for c, v in enumerate(sums):
+                    tot[c] += v
+        self._acc[...] = 0
+        self._acc_values = 0
+
+    def _wait_lanes(self) -> None:
+        """Wait for the layers' chunks handed to lanes (`update`); raises what one raised."""
+        pending = self.__dict__.get("_lane_pending") or {}
+        error = None
+        for futures in pending.values():
+            while futures:
+                try:
+                    futures.pop(0).result()
+                except BaseException as exc:  # noqa: BLE001 - the first is raised once all are done
+                    error = error or exc
+        pending.clear()
+        if error is not None:
+            raise error
 
     # merging ------------------------------------------------------------------------------------
     def __add__(self, other: "StreamingGateStats") -> "StreamingGateStats":
@@ -248,8 +298,11 @@ class StreamingGateStats:
         differ = identity_mismatch(self.identity, other.identity)
         if differ:
             raise ValueError("cannot merge statistics of different models: their " + ", ".join(differ) + " differ")
+        self.finish()
+        other.finish()
         out = StreamingGateStats.__new__(StreamingGateStats)
         out.__dict__.update({k: v for k, v in self.__dict__.items()})
+        out._acc, out._acc_values, out._lane_pending = np.zeros_like(self._acc), 0, {}
         out.meta = _merge_meta(self.meta, other.meta)
         for f in ("n_documents", "n_tokens", "n_masked", "n_chunks"):
             setattr(out, f, getattr(self, f) + getattr(other, f))
@@ -272,10 +325,16 @@ class StreamingGateStats:
 
     def finish(self) -> "StreamingGateStats":
         """Wait for the chunks still being added to the context tables on their lanes (`update`'s
-        lanes; every query does this too)."""
+        lanes; every query does this too), and fold the moments they left into g1..dabs."""
+        self._wait_lanes()
+        self._fold()
         for t in self.contexts.values():
             t.flush()
         return self
+
+    def __getstate__(self):
+        self.finish()
+        return {k: v for k, v in self.__dict__.items() if k != "_lane_pending"} | {"_lane_pending": {}}
 
     # per layer and stream -------------------------------------------------------------------
     @property
@@ -301,6 +360,7 @@ class StreamingGateStats:
     def histogram(self, layer_id: int, stream: int, bins: int | None = None) -> tuple[np.ndarray, np.ndarray]:
         """(counts, edges) of the gate over [0, 1], summed from the fine histogram (bins must divide
         FINE_BINS = 100,000)."""
+        self.finish()
         from .._argcheck import need_int
         bins = self.bins if bins is None else need_int(bins, "bins", 1)
         if bins < 1 or FINE_BINS % bins:
@@ -310,6 +370,7 @@ class StreamingGateStats:
 
     def quantile(self, layer_id: int, stream: int, q) -> np.ndarray:
         """Quantiles of the gate from the fine histogram (resolution 1e-5, module doc)."""
+        self.finish()
         fine = self.fine[self._li(layer_id), _stream(stream)]
         n = int(fine.sum())
         qs = np.atleast_1d(np.asarray(q, dtype=np.float64))
@@ -334,6 +395,7 @@ class StreamingGateStats:
 
     def __getitem__(self, key) -> StreamGateStats:
         """st[layer_id, stream] -> a StreamGateStats (the fields `gate_stats` gives)."""
+        self.finish()
         layer_id, stream = key
         li, c = self._li(layer_id), int(stream)
         if not 0 <= c < self.hc:
@@ -354,6 +416,7 @@ class StreamingGateStats:
 
     def moments(self, layer_id: int, stream: int, what: str = "gate") -> dict:
         """count, mean, M2 (sum of squared deviations), min, max of the gate or the dot, exact."""
+        self.finish()
         li, c = self._li(layer_id), int(stream)
         if what == "gate":
             n, s1, s2, lo, hi = int(self.counts[li, c, 0]), self.g1[li][c], self.g2[li][c], *self.minmax[li, c, :2]
@@ -379,6 +442,7 @@ class StreamingGateStats:
     def representative_raw(self) -> np.ndarray:
         """[compressed vocab] the raw id that names each compressed id: its most frequent raw
         token in the corpus (ties, and ids never seen: the smallest raw id); -1 without a token map."""
+        self.finish()
         if self.token_map is None:
             return np.full(self.compressed_vocab, -1, np.int64)
         token_map = self.token_map
@@ -404,6 +468,7 @@ class StreamingGateStats:
         """The k compressed tokens with the most occurrences (by="count") or the highest mean gate
         (by="mean_gate", among tokens seen at least min_count times; ascending=True: the lowest).
         stream None averages the streams. Each: compressed_id, raw_id (most frequent), token, count, mean_gate."""
+        self.finish()
         li = self._li(layer_id)
         gsum = self.tok_gsum[li].sum(axis=0) if stream is None else self.tok_gsum[li, int(stream)]
         denom = self.tok_count * (self.hc if stream is None else 1)
@@ -468,6 +533,7 @@ class StreamingGateStats:
         """Per layer and hash column: order, head, reads (live tokens), distinct row ids (exact,
         from the bitmap), tracked contexts of the column's order, the distinct ids they hash to,
         collisions (tracked contexts - their distinct ids) and whether that is exact."""
+        self.finish()
         if not self.track_rows:
             raise KeyError("these statistics were gathered without row tracking (rows=False)")
         out = []
@@ -673,14 +739,6 @@ class StreamingGateStats:
         """Read a file written by `save`. Anything else, or a file whose arrays do not have the
         shapes its header implies, is a `StatisticsFileError` naming the file and the entry."""
         return load_state(cls, path)
-
-
-def _check_ids(name: str, ids: np.ndarray, live, size: int) -> None:
-    """Every id (of a live token, if live is given) in [0, size), before anything is counted."""
-    where = np.flatnonzero(live) if live is not None else np.arange(ids.size)
-    bad = where[(ids[where] < 0) | (ids[where] >= size)]
-    if bad.size:
-        raise ValueError(f"chunk {name} {int(ids[bad[0]])} at token {int(bad[0])} is outside [0, {size})")
 
 
 def _stream(stream) -> int:

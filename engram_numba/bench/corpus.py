@@ -21,12 +21,13 @@ Records (stage "corpus_stats", one per highway source), each with:
                         highway's arrival: a device-to-device refresh or the host-to-device copy)
     time_us             wall time per 4096-token chunk (= 4096 / tokens_per_s)
     ratio_to_device_sum time_us / device_sum_us (1.0 = the host work hides entirely behind the GPU)
-highway sources: "device" (already on the device: a device-to-device refresh per chunk, as the
-gate updates it in place), "device, gate statistics only" (contexts and row bitmaps off: what the
-host reduction costs), "host pinned" and "host pageable" (the highway copied from host memory
-every chunk: 4096 x 4 x 5120 x 4 B = 335 MB, so PCIe bounds it; `h2d_gbps` and
-`h2d_bound_tokens_per_s` say where). Plus peak host memory (getrusage) and peak device memory
-(the lowest free memory seen) of the run.
+highway sources: "device" (already on the device: a device-to-device refresh per chunk, as the gate
+updates it in place), "device, layers waited for" (the same with the reducer as it was before each
+layer had a lane of its own: analysis.corpus.LANES = "contexts"; also with --quick), "device, gate
+statistics only" (contexts and row bitmaps off: what the host reduction costs), "host pinned" and
+"host pageable" (the highway copied from host memory every chunk: 4096 x 4 x 5120 x 4 B = 335 MB,
+so PCIe bounds it; `h2d_gbps` and `h2d_bound_tokens_per_s` say where). Plus peak host memory
+(getrusage) and peak device memory (the lowest free memory seen) of the run.
 
 Host tables (unless --no-host): the same corpus with both tables in pinned host memory (shrunk to
 what `MemAvailable` holds, and said so): no prefetch, prefetch (the fetch grid swept, or only
@@ -34,8 +35,8 @@ the default with --quick), prefetch + a static cache at each --cache-gb budget (
 and cache bytes per chunk); random rows read from pinned memory against the device table and
 the copy floor; `decode_step` with device tables, host tables (both layers' rows fetched in one
 launch inside the graph) and host tables with the next token fetched ahead (`prefetch_decode`).
-Every corpus_stats and decode_step record has `tables` and `cache_gb`. --quick (one device-table
-variant, 8 chunks, the default grid, 256 decode tokens) is meant to fit ~150 s on an H200 with
+Every corpus_stats and decode_step record has `tables` and `cache_gb`. --quick (two device-table
+variants, 8 chunks, the default grid, 256 decode tokens) is meant to fit ~150 s on an H200 with
 the released 32 GB tables, most of it pinning 64.5 GB (42 s measured) and compiling.
 """
 from __future__ import annotations
@@ -583,19 +584,38 @@ def run(shape: BenchShape = RELEASED, quick: bool = False, log=print, table_gb: 
         return fn
 
     records = []
-    variants = [("device", from_device, True, stage_us["highway.d2d"])]
+    variants = [("device", from_device, True, stage_us["highway.d2d"]),
+                ("device, layers waited for", from_device, True, stage_us["highway.d2d"])]
     if smoke or not quick:               # --quick: the device-table run the host-table runs compare with
         variants += [("device, gate statistics only", from_device, False, stage_us["highway.d2d"]),
                      ("host pinned", from_host(host_pinned), True, nbytes / (h2d["pinned"] * 1e3)),
                      ("host pageable", from_host(host_pageable), True, nbytes / (h2d["pageable"] * 1e3))]
+    from ..analysis import corpus as corpus_mod
     for name, source, full, highway_us in variants:
-        corpus_stats(model, documents=docs[:2], backend="cuda", engine=eng, device_highway=source, chunk_tokens=chunk,
-                     contexts=full, rows=full)                                  # warm-up (compiles)
+        # "layers waited for": the reducer as it was before each layer had a lane of its own (the
+        # context orders on lanes, each chunk's layers on the pool, waited for), same statistics
+        corpus_mod.LANES = "contexts" if name.endswith("layers waited for") else "all"
+        try:
+            corpus_stats(model, documents=docs[:2], backend="cuda", engine=eng, device_highway=source,
+                         chunk_tokens=chunk, contexts=full, rows=full)                 # warm-up (compiles)
+            mem.sample()
+            st = corpus_stats(model, documents=docs, backend="cuda", engine=eng, device_highway=source,
+                              chunk_tokens=chunk, contexts=full, rows=full)
+        finally:
+            corpus_mod.LANES = "all"
         mem.sample()
-        st = corpus_stats(model, documents=docs, backend="cuda", engine=eng, device_highway=source,
-                          chunk_tokens=chunk, contexts=full, rows=full)
-        mem.sample()
-        same = None
+        same = same_as_device = None
+        if name == "device":
+            device_st = st
+        elif name.endswith("layers waited for"):   # the same statistics as with lanes, bit for bit
+            from ..analysis.stats import state_equal
+            for x in (st, device_st):
+                x.finish()
+                for t in x.contexts.values():
+                    t._sorted()
+            same_as_device = bool(state_equal(st, device_st, skip=("tokenizer", "meta")))
+            device_st = None
+            log(f"  layers waited for vs on lanes over {st.n_tokens:,} tokens: same statistics {same_as_device}")
         if name == "device":         # queued ahead vs one chunk at a time: the same statistics, bit for bit
             from ..analysis.stats import state_equal
             few = docs[: max(1, len(docs) // 8)] if not smoke else docs
@@ -624,8 +644,8 @@ def run(shape: BenchShape = RELEASED, quick: bool = False, log=print, table_gb: 
                "tflops": round(4 * chunk * cfg.proj_in * cfg.proj_out / (time_us * 1e-6) / 1e12, 2),
                "baselines": {}, "kernel": "+".join(f"{k}:{v}" for k, v in st.meta.get("cuda_kernels", {}).items()),
                "validated": bool(np.isfinite(st[1, 0].mean) and st.n_tokens == sum(d.size for d in docs)
-                                 and same is not False),
-               "same_statistics_one_chunk_at_a_time": same,
+                                 and same is not False and same_as_device is not False),
+               "same_statistics_one_chunk_at_a_time": same, "same_statistics_as_device_variant": same_as_device,
                "tables": "device", "cache_gb": 0.0, **encodings,
                "device_chunks": st.meta.get("device_chunks")}
         if name.startswith("host"):
@@ -641,7 +661,9 @@ def run(shape: BenchShape = RELEASED, quick: bool = False, log=print, table_gb: 
             f"{dev_sum:.0f} us (x{time_us / dev_sum:.2f}); producer {st.meta['timing']['produce_s']:.2f} s, "
             f"gates {st.meta['timing']['gates_s']:.2f} s (waiting for the device "
             f"{st.meta['timing'].get('gates_wait_s', float('nan')):.2f} s), reduce {st.meta['timing']['reduce_s']:.2f} s, "
-            f"wall {wall:.2f} s" + (f"; {rec['bound']}" if "bound" in rec else ""))
+            f"wall {wall:.2f} s; CPU seconds by thread: "
+            + (", ".join(f"{k[:-6]} {v:.2f}" for k, v in st.meta["timing"].items() if k.endswith("_cpu_s")) or "-")
+            + (f"; {rec['bound']}" if "bound" in rec else ""))
     host_info = None
     if host:
         host_info = _host_runs(model, eng, docs, chunk, timer, mem, log, cache_gbs, smoke, records[0], from_device,
@@ -875,7 +897,15 @@ def main(argv=None) -> int:
     p.add_argument("--cache-gb", default="0.25,1,4", help="cache budgets per layer for the host runs (GB, comma list)")
     p.add_argument("--cache-policy", default="static,clock",
                    help="hot-row cache policies the host runs measure at each budget (comma list of static, clock)")
+    p.add_argument("--switch-interval", type=float, default=None,
+                   help="sys.setswitchinterval for the run (seconds; Python's default 0.005): how long a thread "
+                        "that wants the GIL waits before the holder is made to drop it")
     args = p.parse_args(argv)
+    if args.switch_interval is not None:
+        if not (np.isfinite(args.switch_interval) and args.switch_interval > 0):
+            print(f"error: --switch-interval must be seconds > 0, got {args.switch_interval}", file=sys.stderr)
+            return 2
+        sys.setswitchinterval(args.switch_interval)
     if not args.smoke and (config.ENABLE_CUDASIM or not cuda.is_available()):
         print("error: the corpus bench needs a CUDA GPU (or --smoke)", file=sys.stderr)
         return 2
@@ -915,7 +945,7 @@ def main(argv=None) -> int:
             cuda.current_context().deallocations.clear()
         except AttributeError:             # the simulator
             pass
-    res.update({"commit": commit(), "device": device_name()})
+    res.update({"commit": commit(), "device": device_name(), "switch_interval": sys.getswitchinterval()})
     if args.out:
         with open(args.out, "w") as f:
             json.dump(res, f, indent=1)
