@@ -414,7 +414,7 @@ _proj("gemv_q2k_v9",
 # In the simulator bit-identical to `cpu.projection_deepseek_fp8_cpu`; on the GPU within the bound
 # docs/numerics.md states (the tensor core's order inside a k32 step is unspecified).
 
-DEEPSEEK_FP8_VERSIONS = ("gemm_fp8_v1", "gemm_fp8_v2", "gemm_fp8_v3", "gemm_fp8_v4", "gemm_fp8_v5")
+DEEPSEEK_FP8_VERSIONS = ("gemm_fp8_v1", "gemm_fp8_v2", "gemm_fp8_v3", "gemm_fp8_v4", "gemm_fp8_v5", "gemm_fp8_v6")
 _F32_3D = types.float32[:, :, ::1]
 _FP8_GEMM_ARGS = (_U32_1D, _U32_1D, _U32_1D, _U32_1D, _U16_2D, types.int64, types.int64)   # xq32, w32, sx32, sw32, out, T, K
 _FP8_GEMM_NAIVE_ARGS = (_U8_2D, _U8_2D, _F32_3D, _F32_3D, _U16_2D)                           # xq, codes, sx, sw, out
@@ -464,10 +464,20 @@ for _name, _log, _sim in (
      "T=4096 on the H200 (v3 3.03, gemm_v4 1.86: 0.77x)",
      [(3, 160, 40),             # one tile: rows past T and N (clamped rows), a partial scale tile, K % 128 == 32
       (5, 672, 40)]),           # 6 k tiles: the 5-stage ring wraps, the last tile one k block (zero-filled tail)
+    ("gemm_fp8_v6",
+     "gemm_fp8_v5's tile, ring and arithmetic (bit-identical to it), warp-specialised: a loader warp (cp.async) and "
+     "two MMA warpgroups that hand stages over on named barriers (FULL one a warpgroup, EMPTY shared) instead of a "
+     "block barrier, so the two warpgroups drift apart and one's promotion issues while the other's MMA runs; each "
+     "warpgroup's MMA chain runs on across stages (v5 drains it at every stage's end); bf16 stored from registers. "
+     "Not yet timed on a GPU",
+     [(3, 160, 40),             # one tile: rows past T and N (clamped rows), a partial scale tile, K % 128 == 32
+      (130, 864, 72)]),         # 2 token tiles (2 rows in the second), 7 k tiles: the 5-stage ring wraps, 3 pairs
+                                # and the odd last tile, an odd number of k blocks (27), N % 32 == 8
 ):
     naive = _name == "gemm_fp8_v1"
     _proj(_name, _log, kernel=cuda_fp8_wgmma.KERNELS[_name],
           geometry=(cuda_fp8_wgmma.geometry_naive if naive else cuda_fp8_wgmma.geometry_v4 if _name == "gemm_fp8_v4"
-                    else cuda_fp8_wgmma.geometry), args="naive" if naive else "fast",
+                    else cuda_fp8_wgmma.geometry_v6 if _name == "gemm_fp8_v6" else cuda_fp8_wgmma.geometry),
+          args="naive" if naive else "fast",
           specs=_fp8_gemm_specs(_name), encoding="fp8", launcher=cuda_fp8_wgmma.launcher, sim=_sim, exact=naive,
           sweep=(128, 256, 512, 1024, 4096), vector_io=False)
