@@ -947,20 +947,21 @@ V6_BAR_FULL0 = 1                    # FULL_w[s] = 1 + w * S + s, EMPTY[s] = 1 + 
 class V6Variant:
     """A gemm_fp8_v6 specialisation: ring depth and loader warps."""
 
-    def __init__(self, stages: int = 5, loader_warps: int = 1, pair: bool = True):
-        assert 3 <= stages and 3 * stages <= 15 and loader_warps in (1, 2)
-        self.pair = pair
+    def __init__(self, stages: int = 5, loader_warps: int = 1, pair: bool = True, partials: int = 2):
+        assert 3 <= stages and 3 * stages <= 15 and loader_warps in (1, 2, 4) and partials in (1, 2)
+        self.pair, self.partials = pair and partials == 2, partials
         assert stages * STAGE_BYTES + ALIGN_SLACK <= 227 * 1024
         self.stages, self.loader_warps = stages, loader_warps
         self.threads = V6_CONSUMERS + 32 * loader_warps
         self.smem_bytes = stages * STAGE_BYTES + ALIGN_SLACK
-        self.name = f"gemm_fp8_v6[s{stages}/l{loader_warps}/{'pair' if pair else 'tile'}]"
+        self.name = (f"gemm_fp8_v6[s{stages}/l{loader_warps}/{'pair' if self.pair else 'tile'}"
+                     + ("/p1]" if partials == 1 else "]"))
 
 
 def make_kernel_v6(v: V6Variant = None):
     """gemm_fp8_v6's kernel for specialisation v (default: 5 stages, 1 loader warp)."""
     v = v or V6Variant()
-    S, LOADERS, THREADS_6, PAIR = v.stages, 32 * v.loader_warps, v.threads, v.pair
+    S, LOADERS, THREADS_6, PAIR, ONE_PARTIAL = v.stages, 32 * v.loader_warps, v.threads, v.pair, v.partials == 1
     LAG = S - 2
     K_STEP = 32
     ZERO = tuple(np.float32(0.0) for _ in range(NACC))
@@ -1009,13 +1010,28 @@ def make_kernel_v6(v: V6Variant = None):
         if lt < BN // BLOCK:
             cp_async_16(smem, so + np.uint32(A_BYTES + B_BYTES + SX_BYTES) + np.uint32(lt) * U16, sw32,
                         np.uint32(kt * NB + np.uint32(min(np.uint32(n0 // BLOCK + lt), NB - np.uint32(1)))), U16)
-        Tl = np.uint32(T - 1)
-        Nl = np.uint32(N - 1)
-        for i in range(PASSES):
-            rr = row0 + np.uint32(ROWS * i)
-            dst = so + rr * np.uint32(ROW_BYTES) + ((q ^ (rr & np.uint32(7))) << np.uint32(4))
-            cp_async_16(smem, dst, x32, np.uint32(min(np.uint32(m0) + rr, Tl) * K16 + kc), ks)
-            cp_async_16(smem, dst + np.uint32(A_BYTES), w32, np.uint32(min(np.uint32(n0) + rr, Nl) * K16 + kc), ks)
+        sw0 = (q ^ (row0 & np.uint32(7))) << np.uint32(4)
+        sw1 = (q ^ ((row0 + np.uint32(4)) & np.uint32(7))) << np.uint32(4)
+        d0 = so + row0 * np.uint32(ROW_BYTES)
+        if np.uint32(m0 + BM) <= np.uint32(T) and np.uint32(n0 + BN) <= np.uint32(N):
+            # a whole tile (every CTA at T = 4096): rows in steps of ROWS, running source offsets
+            K16s = np.uint32(ROWS) * K16
+            xs = (np.uint32(m0) + row0) * K16 + kc
+            ws = (np.uint32(n0) + row0) * K16 + kc
+            for i in range(PASSES):
+                dst = d0 + np.uint32(ROWS * ROW_BYTES * i) + (sw1 if (ROWS * i) & 4 else sw0)
+                cp_async_16(smem, dst, x32, xs, ks)
+                cp_async_16(smem, dst + np.uint32(A_BYTES), w32, ws, ks)
+                xs += K16s
+                ws += K16s
+        else:                           # rows past T or N clamped to the last
+            Tl = np.uint32(T - 1)
+            Nl = np.uint32(N - 1)
+            for i in range(PASSES):
+                rr = row0 + np.uint32(ROWS * i)
+                dst = d0 + np.uint32(ROWS * ROW_BYTES * i) + (sw1 if (ROWS * i) & 4 else sw0)
+                cp_async_16(smem, dst, x32, np.uint32(min(np.uint32(m0) + rr, Tl) * K16 + kc), ks)
+                cp_async_16(smem, dst + np.uint32(A_BYTES), w32, np.uint32(min(np.uint32(n0) + rr, Nl) * K16 + kc), ks)
 
     @device_function(**INLINE)
     def _open6(smem, pa, bar, s0, so, d_hi, d_lo, a_wg16):
@@ -1040,6 +1056,17 @@ def make_kernel_v6(v: V6Variant = None):
         if slot == S:
             slot = 0
         return so, slot
+
+    @device_function(**INLINE)
+    def _block6(smem, acc, pa, d_hi, da, db, xw, ww, j):
+        """One partial tile: block j's MMA, its scales read under it, the wait, the promotion."""
+        pa = wgmma_fence(pa)
+        pa = wgmma_e4m3(pa, d_hi | np.uint64(np.uint32(da + np.uint32(j * (K_STEP >> 4)))),
+                        d_hi | np.uint64(np.uint32(db + np.uint32(j * (K_STEP >> 4)))), smem)
+        wgmma_commit()
+        sj = _scales6(smem, xw, ww, j)
+        pa = mma_wait0(pa)
+        return fp8_promote(acc, pa, sj), pa
 
     @device_function(**INLINE)
     def _stage6(smem, acc, pa, pb, d_hi, da, db, so, padu, xw0):
@@ -1130,6 +1157,27 @@ def make_kernel_v6(v: V6Variant = None):
             pb = ZERO
             so = np.uint32(0)                                    # ring offset of k tile kt
             slot = 0
+            if ONE_PARTIAL:
+                # one partial tile: each block's MMA, wait, promote; the other warpgroup's MMAs
+                # fill the wait (DeepGEMM's two math warpgroups), and the accumulator and one
+                # partial fit the 168 registers of a 384-thread block (a loader warpgroup)
+                for kt in range(n_k):
+                    named_barrier_sync(full0 + slot, FULL_COUNT)
+                    st = np.uint32(s0) + so
+                    da = np.uint32(np.uint32(d_lo | ((st & np.uint32(0x3FFFF)) >> np.uint32(4))) + a_wg16)
+                    db = np.uint32(d_lo | (((st + np.uint32(A_BYTES)) & np.uint32(0x3FFFF)) >> np.uint32(4)))
+                    xw = ((padu + so) >> np.uint32(2)) + np.uint32(SCW) + xw0
+                    ww = ((padu + so) >> np.uint32(2)) + np.uint32(SWW)
+                    # the 4 blocks written out (a loop ptxas keeps rolled costs ~10 instructions a block)
+                    acc, pa = _block6(smem, acc, pa, d_hi, da, db, xw, ww, 0)
+                    acc, pa = _block6(smem, acc, pa, d_hi, da, db, xw, ww, 1)
+                    acc, pa = _block6(smem, acc, pa, d_hi, da, db, xw, ww, 2)
+                    acc, pa = _block6(smem, acc, pa, d_hi, da, db, xw, ww, 3)
+                    named_barrier_arrive(BAR_EMPTY0 + slot, EMPTY_COUNT)
+                    so, slot = _next6(so, slot)
+                lane = p & 31
+                acc_store_bf16(out, acc, m0 + r0, n0 + 2 * (lane & 3), T, N, (N & 1) == 0)
+                return
             # k tiles in pairs (PAIR): the chain runs on from a pair's first tile into its second;
             # it is drained at the end of every loop iteration, since a wgmma in flight across a loop
             # edge leaves ptxas serializing every wgmma (C7514)
@@ -1188,9 +1236,10 @@ def geometry_naive(T: int, N: int):
 
 KERNELS = {"gemm_fp8_v1": gemm_fp8_naive, "gemm_fp8_v2": make_kernel(False), "gemm_fp8_v3": make_kernel(True),
            "gemm_fp8_v4": make_kernel_v4(), "gemm_fp8_v5": make_kernel_v5()}
-V6_VARIANTS = {"gemm_fp8_v6": V6Variant(5, 1, True)}
+V6_VARIANTS = {"gemm_fp8_v6": V6Variant(5, 4, partials=1)}
 # what tools/fp8_dev.py times beside the record (names are V6Variant.name)
-V6_CANDIDATES = {v.name: v for v in (V6Variant(5, 1, False), V6Variant(4, 1, True))}
+V6_CANDIDATES = {v.name: v for v in (V6Variant(4, 4, partials=1), V6Variant(5, 1, True), V6Variant(5, 1, False),
+                                      V6Variant(4, 1, True))}
 _V6_KERNELS: dict = {}
 
 
