@@ -48,17 +48,21 @@ Kernel versions (after act_quant; v2 and v3 from one factory, `make_kernel(doubl
                467 instructions a warp per 4 blocks (v3: 703), one barrier a stage (v3: two), 232
                registers, no spills, wgmma not serialized. Not yet timed on a GPU.
   gemm_fp8_v6  v5's tile, ring, MMAs and promotion (so its outputs are v5's, bit for bit),
-               warp-specialised (`make_kernel_v6`, gemm_v7's roles): one loader warp copies, the two
-               MMA warpgroups only multiply and promote, and stages are handed over on named
-               barriers (a FULL barrier a warpgroup, EMPTY shared) instead of a block barrier: v5's
-               barrier ties both warpgroups to every stage, so they promote at the same time and the
-               tensor pipe idles (28% active at T = 4096); free-running, one's promotion issues while
-               the other's MMAs run. The MMA chain runs on from one k tile into the next and drains
-               once two tiles (8 blocks; v5: every tile); it cannot run on across a loop edge (ptxas
-               then serializes every wgmma, C7514). 288 threads, registers capped at 224 by
-               -maxrregcount (launch bounds of 288 threads cap at 168): 219, no spills, wgmma not
-               serialized. Specialisations (`V6Variant`: ring depth, k tiles an iteration) are timed
-               by tools/fp8_dev.py. Not yet timed on a GPU.
+               warp-specialised (`make_kernel_v6`, gemm_v7's roles, DeepGEMM's structure): a loader
+               warpgroup copies (cp.async), the two MMA warpgroups only multiply and promote, and
+               stages are handed over on named barriers (a FULL barrier a warpgroup, EMPTY shared)
+               instead of a block barrier: v5's barrier ties both warpgroups to every stage, so they
+               wait and promote together and the tensor pipe idles (28% active at T = 4096); free
+               running, one's promotion issues while the other's MMA runs. One partial tile a
+               warpgroup (MMA, wait, promote each block), so the accumulator and partial fit the 168
+               registers of a 384-thread block: 156, no spills, wgmma not serialized; 384 SASS
+               instructions a consumer warp a k tile (v5: 467, loads included), ~110 a loader warp.
+               Registers are capped by -maxrregcount (`register_cap`): ptxas caps launch bounds of 288
+               threads at 168, the cap of 384. Specialisations (`V6Variant`, `V6_CANDIDATES`, timed by
+               tools/fp8_dev.py): one loader warp and two partial tiles a warpgroup (288 threads, 219
+               registers), the chain running on from one k tile into the next and drained every two
+               ("pair") or every tile; a chain left in flight across the loop edge makes ptxas
+               serialize every wgmma (C7514). Not yet timed on a GPU.
 """
 from __future__ import annotations
 

@@ -465,14 +465,15 @@ for _name, _log, _sim in (
      [(3, 160, 40),             # one tile: rows past T and N (clamped rows), a partial scale tile, K % 128 == 32
       (5, 672, 40)]),           # 6 k tiles: the 5-stage ring wraps, the last tile one k block (zero-filled tail)
     ("gemm_fp8_v6",
-     "gemm_fp8_v5's tile, ring and arithmetic (bit-identical to it), warp-specialised: a loader warp (cp.async) and "
-     "two MMA warpgroups that hand stages over on named barriers (FULL one a warpgroup, EMPTY shared) instead of a "
-     "block barrier, so the two warpgroups drift apart and one's promotion issues while the other's MMA runs; each "
-     "warpgroup's MMA chain runs on across stages (v5 drains it at every stage's end); bf16 stored from registers. "
-     "Not yet timed on a GPU",
+     "gemm_fp8_v5's tile, ring, MMAs and promotion (outputs bit-identical to v5's), warp-specialised as DeepGEMM: a "
+     "loader warpgroup (cp.async) and two MMA warpgroups that hand stages over on named barriers (a FULL barrier a "
+     "warpgroup, EMPTY shared) instead of v5's block barrier, so they run free and one's promotion issues while the "
+     "other's MMA runs; one partial tile a warpgroup (MMA, wait, promote a block), 384 threads, 156 registers (capped "
+     "at 168 by -maxrregcount), no spills, wgmma not serialized; bf16 stored from registers. Specialisations "
+     "(V6_CANDIDATES) timed beside it by tools/fp8_dev.py. Not yet timed on a GPU",
      [(3, 160, 40),             # one tile: rows past T and N (clamped rows), a partial scale tile, K % 128 == 32
-      (130, 864, 72)]),         # 2 token tiles (2 rows in the second), 7 k tiles: the 5-stage ring wraps, 3 pairs
-                                # and the odd last tile, an odd number of k blocks (27), N % 32 == 8
+      (130, 864, 72)]),         # 2 token tiles (2 rows in the second, clamped), 7 k tiles: the 5-stage ring wraps,
+                                # an odd number of k blocks (27), N % 32 == 8
 ):
     naive = _name == "gemm_fp8_v1"
     _proj(_name, _log, kernel=cuda_fp8_wgmma.KERNELS[_name],
