@@ -923,7 +923,7 @@ def make_kernel_v5(refill_under_mma: bool = False):
     return gemm_fp8_v5
 
 
-# ---- gemm_fp8_v6: warp-specialised (a loader warp, two free-running MMA warpgroups) -----------------
+# ---- gemm_fp8_v6: warp-specialised (a loader, two free-running MMA warpgroups) ----------------------
 #
 # v5's arithmetic, tile, ring layout and promotion, with the roles and hand-offs of gemm_v7
 # (cuda_wgmma_ws.py): warpgroups 0 and 1 (threads 0..255) only multiply and promote, each on its own
@@ -931,19 +931,23 @@ def make_kernel_v5(refill_under_mma: bool = False):
 # handed over on named barriers instead of a block barrier: FULL_w[s] (one a warpgroup: the loader
 # arrives once stage s has landed, warpgroup w syncs) and EMPTY[s] (both warpgroups arrive once their
 # last read of stage s is done, the loader syncs before refilling it). So the two warpgroups never
-# wait for each other and drift apart: one's promotion FFMAs issue while the other's MMA runs. Each
-# warpgroup's MMA chain is continuous across stages: block 0 of stage kt+1 is issued before block 3
-# of stage kt is promoted (v5 drains its MMAs with wait_group 0 at every stage's end), so one MMA is
-# always in flight while a warpgroup promotes. bf16 stored straight from the registers (no
-# shared-memory staging: the other warpgroup may still be reading the ring).
-# Pipeline (S stages, LAG = S - 2, as gemm_v7: a larger LAG deadlocks, since a warpgroup releases
-# stage kt only after FULL[kt + 1]):
+# wait for each other and drift apart: one's promotion FFMAs issue while the other's MMA runs. bf16
+# stored straight from the registers (no shared-memory staging: the other warpgroup may still be
+# reading the ring).
+# A warpgroup's k tile (`V6Variant`):
+#   partials=1 (the record): per block: MMA into the partial tile, its scales read, wait_group 0,
+#     promote. A loader warpgroup (4 warps, one a scheduler: its ~110 instructions a k tile spread).
+#   partials=2: two partial tiles, block j+1's MMA in flight while block j is promoted (v5's chain),
+#     one loader warp (288 threads: two partials need ~219 registers); pair: the chain runs on from
+#     an even k tile into the next and drains after it (every tile otherwise). It cannot run on
+#     across the loop edge: a wgmma in flight there makes ptxas serialize every wgmma (C7514).
+# Pipeline (S stages, LAG = S - 2, as gemm_v7: a larger LAG deadlocks, since with pair a warpgroup
+# releases tile kt only after FULL[kt + 1]):
 #     loader, k tile g:                             MMA warpgroup w, k tile kt:
-#       g >= S: sync EMPTY[g % S]                     (FULL_w[kt % S] synced, block 0 issued before)
-#       cp.async tile g -> slot g % S; commit         blocks 1..3: issue; wait_group 1; promote the last
-#       g >= LAG: wait_group LAG; fence.proxy.async   kt + 1 < n_k: sync FULL_w[(kt+1) % S], issue its
-#         arrive FULL_0, FULL_1 [(g - LAG) % S]         block 0; wait_group 1 (else wait_group 0)
-#                                                     promote block 3; arrive EMPTY[kt % S]
+#       g >= S: sync EMPTY[g % S]                     sync FULL_w[kt % S]
+#       cp.async tile g -> slot g % S; commit         its 4 blocks: MMA, wait, promote (as above)
+#       g >= LAG: wait_group LAG; fence.proxy.async   arrive EMPTY[kt % S] once its last MMA retired
+#         arrive FULL_0, FULL_1 [(g - LAG) % S]         and its scales are read
 V6_CONSUMERS = 256                  # the two MMA warpgroups (a wgmma warpgroup starts at a warp index 4k)
 V6_BAR_FULL0 = 1                    # FULL_w[s] = 1 + w * S + s, EMPTY[s] = 1 + 2 S + s: 3 S <= 15 barriers
 
