@@ -132,3 +132,13 @@ def test_fp8_gemm_v5_stays_asynchronous_without_spills(report):
     gemm = _fp8_gemm_targets(report, "gemm_fp8_v5")
     assert gemm["instructions"]["wgmma"] == 4 and gemm["instructions"]["cp.async"] > 0, gemm["instructions"]
     assert not gemm["wgmma_serialized"] and 0 < gemm["registers"] <= 240, gemm
+
+
+def test_fp8_gemm_v6_stays_asynchronous_without_spills(report):
+    """gemm_fp8_v6 (one partial tile a warpgroup, a loader warpgroup: 384 threads): its e4m3 wgmma
+    stay asynchronous (4 in the PTX, one a k32 block; one left in flight across a loop edge
+    serialized them all), and the accumulator and partial tile fit the 168 registers a thread of a
+    384-thread block without spilling (156 at the time of writing)."""
+    gemm = _fp8_gemm_targets(report, "gemm_fp8_v6")
+    assert gemm["instructions"]["wgmma"] == 4 and gemm["instructions"]["cp.async"] > 0, gemm["instructions"]
+    assert not gemm["wgmma_serialized"] and 0 < gemm["registers"] <= 168, gemm

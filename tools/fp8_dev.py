@@ -1,4 +1,4 @@
-"""Development run of DeepSeek's FP8 projection on Hopper (gemm_fp8_v1 .. _v5): validated, then timed.
+"""Development run of DeepSeek's FP8 projection on Hopper (gemm_fp8_v1 .. _v6): validated, then timed.
 
     python tools/fp8_dev.py [--out DIR] [--tokens 1,3,...] [--versions gemm_fp8_v3,...] [--smoke]
 
@@ -18,7 +18,12 @@ e8m0 tile scales 2^-9..2^-6) and, for every T:
      version's ratio to both (`speedup_vs_gemm_v4`, `speedup_vs_cublas_bf16`).
 x is made of engram rows (FP8 table values, so act_quant is lossless) for the timing and half the
 checks, and of plain normal draws (act_quant rounds) for the others. Results go to DIR/fp8_dev.json
-(rewritten after every T) and a table is printed last; the exit status is 1 if any check failed.
+(rewritten after every T) and a table is printed last (also written to DIR/fp8_dev.txt); the exit
+status is 1 if any check failed. A version that raises (compile, launch) is recorded under "errors"
+and counted invalid; the others still run.
+gemm_fp8_v6 in --versions brings its specialisations (`cuda_fp8_wgmma.V6_CANDIDATES`: ring depth,
+k tiles a loop iteration) along, each validated and timed beside it, and every v6 kernel's outputs
+are compared bit for bit with gemm_fp8_v5's (same MMAs, same promotion: they must be identical).
 --smoke runs the wiring in numba's simulator at tiny shapes (meaningless times).
 """
 from __future__ import annotations
@@ -38,11 +43,16 @@ import numpy as np  # noqa: E402
 
 K_REL, N_REL = 6144, 25600
 TOKENS = (1, 3, 17, 128, 130, 256, 512, 1024, 4096)
-VERSIONS = ("gemm_fp8_v1", "gemm_fp8_v2", "gemm_fp8_v3", "gemm_fp8_v4", "gemm_fp8_v5")
+VERSIONS = ("gemm_fp8_v1", "gemm_fp8_v2", "gemm_fp8_v3", "gemm_fp8_v4", "gemm_fp8_v5", "gemm_fp8_v6")
 # not records: v4's schedule on v3's two warpgroups of m64n128 (256 threads, 225 registers), timed
 # beside v4 to separate what the deeper stream buys from what 4 warps a scheduler buy; and v5 with its
 # refill issued under the stage's first two MMAs (more instructions, less idle issue at a stage's start)
 EXPERIMENTS = ("gemm_fp8_v4[n128]", "gemm_fp8_v5[refill_under_mma]")
+
+
+def _v6_candidates() -> tuple:
+    from engram_numba.stages.proj.cuda_fp8_wgmma import V6_CANDIDATES
+    return tuple(V6_CANDIDATES)
 SAMPLE_ROWS = 24
 MAX_REL_L2, MAX_SHARE_DIFFER = 2e-3, 0.10      # docs/numerics.md's bound against the twin (tensor-core versions)
 
@@ -97,12 +107,19 @@ def _v5_refill_under_mma():
 def _prepare(version, x, codes, scales, out):
     """The launch of a record (act_quant + GEMM), or of an experiment: v4's launch with its GEMM kernel swapped."""
     from engram_numba.stages.proj.launch import prepare_project_q
-    if version not in EXPERIMENTS:
+    if version not in EXPERIMENTS and "[" not in version:
         return prepare_project_q(x, codes, scales, out, weight="fp8", version=version)
     from engram_numba.device.launch import PreparedLaunch, allow_dynamic_shared
     from engram_numba.stages.proj import cuda_fp8_wgmma as F
     record = version.split("[")[0]
     base = prepare_project_q(x, codes, scales, out, weight="fp8", version=record)
+    if record == "gemm_fp8_v6":                 # a specialisation: the record's launch, its kernel swapped
+        v = F.V6_CANDIDATES[version]
+        kernel = F.kernel_v6(v)
+        args = base.gemm.args
+        allow_dynamic_shared(kernel, args, v.smem_bytes)
+        gemm = PreparedLaunch(version, kernel, base.grid, v.threads, 0, args, out, sharedmem=v.smem_bytes)
+        return F.Fp8GemmLaunch(version, base.quant, gemm, out, base.x_codes, base.x_scales, base.w_scales)
     if record == "gemm_fp8_v4":
         kernel, smem = F.make_kernel_v4(128), F.V4_SMEM_BYTES
     else:
@@ -156,15 +173,29 @@ def run(out_dir: Path, tokens, smoke: bool, versions=VERSIONS + EXPERIMENTS) -> 
             twin = C.projection_deepseek_fp8_cpu(x[rows], codes, scales)
             exact = R.projection_exact_weights(x[rows], w_exact)
             rec[f"cpu_twin_vs_exact_{kind}"] = _distance(twin, exact)
+            outs = {}
             for v in versions:
-                out = cuda.to_device(np.full((T, N), 0xFFFF, np.uint16))
-                launch = _prepare(v, dx, d_codes, d_scales, out)
-                launch()
-                cuda.synchronize()
-                got = out.copy_to_host()[rows]
+                try:
+                    out = cuda.to_device(np.full((T, N), 0xFFFF, np.uint16))
+                    launch = _prepare(v, dx, d_codes, d_scales, out)
+                    launch()
+                    cuda.synchronize()
+                    got = out.copy_to_host()[rows]
+                except Exception as exc:      # one failing version must not stop the others
+                    rec.setdefault("errors", {})[v] = f"{kind}: {type(exc).__name__}: {exc}"[:1500]
+                    print(f"T={T} {kind}: {v} FAILED: {rec['errors'][v]}", flush=True)
+                    valid[v] = False
+                    continue
+                outs[v] = got
                 rec[f"{v}_vs_cpu_twin_{kind}"] = _distance(got, twin)
                 valid[v] = valid[v] and _valid(v, rec[f"{v}_vs_cpu_twin_{kind}"])
                 rec[f"{v}_vs_exact_{kind}"] = _distance(got, exact)
+            # v6 is v5's arithmetic on the same MMAs: its outputs must be v5's, bit for bit
+            for v in versions:
+                if v.startswith("gemm_fp8_v6") and v in outs and "gemm_fp8_v5" in outs:
+                    same = bool(np.array_equal(outs[v], outs["gemm_fp8_v5"]))
+                    rec[f"{v}_bit_identical_to_v5_{kind}"] = same
+                    valid[v] = valid[v] and same
             print(f"T={T} {kind}: " + json.dumps({k: v for k, v in rec.items() if kind in k}), flush=True)
         rec["act_quant_bit_exact"] = aq_ok
         rec["valid"] = {v: bool(ok and aq_ok) for v, ok in valid.items()}
@@ -175,16 +206,24 @@ def run(out_dir: Path, tokens, smoke: bool, versions=VERSIONS + EXPERIMENTS) -> 
         for v in versions:
             if not rec["valid"][v]:
                 continue
-            out = cuda.device_array((T, N), np.uint16)
-            launch = _prepare(v, x, d_codes, d_scales, out)
-            iters = 3 if v == "gemm_fp8_v1" and T >= 512 else 50     # the naive kernel: seconds a call at T = 4096
-            times[v] = timer(launch, iters=iters)
-            times[v + ".gemm"] = timer(launch.gemm, iters=iters)
+            try:
+                out = cuda.device_array((T, N), np.uint16)
+                launch = _prepare(v, x, d_codes, d_scales, out)
+                iters = 3 if v == "gemm_fp8_v1" and T >= 512 else 50     # the naive kernel: seconds a call at T = 4096
+                times[v] = timer(launch, iters=iters)
+                times[v + ".gemm"] = timer(launch.gemm, iters=iters)
+            except Exception as exc:
+                rec.setdefault("errors", {})[v] = f"timing: {type(exc).__name__}: {exc}"[:1500]
+                print(f"T={T}: {v} timing FAILED: {rec['errors'][v]}", flush=True)
+                times.pop(v, None)
         if launch is not None:
             times["act_quant"] = timer(launch.quant)
         for v in bf16_versions:
-            out = cuda.device_array((T, N), np.uint16)
-            times[v] = timer(prepare_project(x, d_wbf, out, version=v))
+            try:
+                out = cuda.device_array((T, N), np.uint16)
+                times[v] = timer(prepare_project(x, d_wbf, out, version=v))
+            except Exception as exc:
+                rec.setdefault("errors", {})[v] = f"timing: {type(exc).__name__}: {exc}"[:1500]
         rec["time_us"] = {k: round(t, 2) for k, t in times.items()}
         rec["tflops"] = {k: round(rec["flops"] / t / 1e6, 1) for k, t in times.items() if k != "act_quant"}
         timed = [v for v in versions if v in times]
@@ -199,21 +238,28 @@ def run(out_dir: Path, tokens, smoke: bool, versions=VERSIONS + EXPERIMENTS) -> 
 
 
 def table(records, versions=VERSIONS + EXPERIMENTS) -> str:
-    """us of each version (act_quant + GEMM; '-' if invalid, so not timed), gemm_v4 and cuBLAS bf16, the
-    last version's TFLOP/s and ratio to gemm_v4, and its distance to the twin (x = normal draws)."""
-    nan = float("nan")
-    last = versions[-1]
-    short = [v.replace("gemm_fp8_", "") for v in versions]
-    lines = [f"{'T':>5s} " + " ".join(f"{n + ' us':>9s}" for n in short) + f" {'aq us':>7s} {'gemm_v4':>8s} "
-             f"{'cuBLAS':>8s} {short[-1] + ' TF/s':>8s} {'x v4':>6s}  {short[-1]} vs twin (max ulp, share, rel L2)  valid"]
+    """One line a (T, version): us of act_quant + GEMM and of the GEMM alone ('-' when invalid, so not
+    timed), TF/s and ratio to gemm_v4 and to cuBLAS bf16 (act_quant + GEMM against them), the
+    distance to the twin on normal x (max ulp, share differing, rel L2), whether the outputs equal
+    gemm_fp8_v5's bit for bit (v6 kernels), and valid; then the bf16 baselines and act_quant."""
+    lines = [f"{'T':>5s} {'version':34s} {'us':>9s} {'gemm us':>9s} {'TF/s':>7s} {'x v4':>6s} {'x cuBLAS':>8s}  "
+             f"{'vs twin (max ulp, share, rel L2)':34s} {'=v5':>4s} valid"]
     for r in records:
         t = r["time_us"]
-        c = r.get(f"{last}_vs_cpu_twin_normal", {})
-        lines.append(f"{r['T']:5d} " + " ".join(f"{t.get(v, nan):9.1f}" for v in versions)
-                     + f" {t.get('act_quant', nan):7.1f} {t.get('gemm_v4', nan):8.1f} {t.get('cublas_v1', nan):8.1f} "
-                     f"{r['tflops'].get(last, nan):8.1f} {r.get('speedup_vs_gemm_v4', {}).get(last, nan):6.2f}"
-                     f"  {c.get('max_ulp')} {c.get('share_differ', 0):.2e} {c.get('rel_l2', 0):.1e}"
-                     f"  {'all' if all(r['valid'].values()) else [v for v, ok in r['valid'].items() if not ok]}")
+        for v in versions:
+            c = r.get(f"{v}_vs_cpu_twin_normal", {})
+            same = [r[k] for k in (f"{v}_bit_identical_to_v5_fp8_rows", f"{v}_bit_identical_to_v5_normal") if k in r]
+            tw = f"{c.get('max_ulp')} {c.get('share_differ', 0):.2e} {c.get('rel_l2', 0):.1e}" if c else "-"
+            us = f"{t[v]:9.1f}" if v in t else f"{'-':>9s}"
+            gus = f"{t[v + '.gemm']:9.1f}" if v + ".gemm" in t else f"{'-':>9s}"
+            tf = f"{r['tflops'][v]:7.1f}" if v in r.get("tflops", {}) else f"{'-':>7s}"
+            x4 = r.get("speedup_vs_gemm_v4", {}).get(v)
+            xc = r.get("speedup_vs_cublas_bf16", {}).get(v)
+            lines.append(f"{r['T']:5d} {v:34s} {us} {gus} {tf} {x4 if x4 is not None else '-':>6} "
+                         f"{xc if xc is not None else '-':>8}  {tw:34s} {('yes' if all(same) else 'NO') if same else '-':>4s} "
+                         f"{r['valid'].get(v)}" + (f"  ERROR {r['errors'][v][:120]}" if v in r.get("errors", {}) else ""))
+        lines.append(f"{r['T']:5d} {'(bf16 gemm_v4 / cuBLAS / act_quant)':34s} "
+                     + " / ".join(f"{t.get(k, float('nan')):.1f}" for k in ("gemm_v4", "cublas_v1", "act_quant")) + " us")
     return "\n".join(lines)
 
 
@@ -224,18 +270,24 @@ def main(argv=None) -> int:
     ap.add_argument("--versions", default=",".join(VERSIONS + EXPERIMENTS),
                     help="comma-separated FP8 versions (default all, with the experiments %s)" % (EXPERIMENTS,))
     ap.add_argument("--smoke", action="store_true", help="tiny shapes (the simulator)")
+    ap.add_argument("--no-candidates", action="store_true", help="gemm_fp8_v6 without its specialisations")
     a = ap.parse_args(argv)
     out = Path(a.out)
     out.mkdir(parents=True, exist_ok=True)
     tokens = tuple(int(t) for t in a.tokens.split(",")) if a.tokens else ((3, 17) if a.smoke else TOKENS)
     t0 = time.time()
     versions = tuple(v for v in a.versions.split(",") if v)
-    unknown = [v for v in versions if v not in VERSIONS + EXPERIMENTS]
+    if "gemm_fp8_v6" in versions and not a.no_candidates:
+        versions += tuple(c for c in _v6_candidates() if c not in versions)
+    known = VERSIONS + EXPERIMENTS + _v6_candidates()
+    unknown = [v for v in versions if v not in known]
     if unknown:
-        print(f"error: unknown FP8 version(s) {unknown}; known: {list(VERSIONS + EXPERIMENTS)}")
+        print(f"error: unknown FP8 version(s) {unknown}; known: {list(known)}")
         return 2
     records = run(out, tokens, a.smoke, versions)
-    print(table(records, versions))
+    text = table(records, versions)
+    print(text)
+    (out / "fp8_dev.txt").write_text(text + "\n")
     print(f"done in {time.time() - t0:.0f} s")
     return 0 if all(all(r["valid"].values()) for r in records) else 1
 

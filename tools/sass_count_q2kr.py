@@ -37,7 +37,9 @@ def sass_of_kernel(name: str, kernel, argtypes) -> str:
     cc._patch_current_device()
     ptx, _ = cuda.compile_ptx(kernel.py_func, tuple(argtypes), cc=cc.CC,
                               launch_bounds=kernel.targetoptions.get("launch_bounds"))
-    h = nj.create(1, [f"-arch={cc.ARCH}"])
+    regs = kernel.targetoptions.get("max_registers")        # a register cap, as numba's linker passes it
+    opts = [f"-arch={cc.ARCH}"] + ([f"-maxrregcount={regs}"] if regs else [])
+    h = nj.create(len(opts), opts)
     try:
         data = ptx.encode()
         nj.add_data(h, nj.InputType.PTX, data, len(data), name)

@@ -56,10 +56,11 @@ def _patch_current_device():
     dispatcher.get_current_device = lambda: _StandInDevice()
 
 
-def ptxas_report(ptx: str, arch: str = ARCH) -> dict:
-    """Assemble PTX with nvJitLink and parse its verbose log."""
+def ptxas_report(ptx: str, arch: str = ARCH, max_registers: int | None = None) -> dict:
+    """Assemble PTX with nvJitLink (with the kernel's register cap, if it has one, as numba's linker
+    passes it) and parse its verbose log."""
     from cuda.bindings import nvjitlink as nj
-    opts = [f"-arch={arch}", "-verbose"]
+    opts = [f"-arch={arch}", "-verbose"] + ([f"-maxrregcount={max_registers}"] if max_registers else [])
     handle = nj.create(len(opts), opts)
     try:
         data = ptx.encode()
@@ -114,11 +115,12 @@ def compile_all(targets=None) -> list[CompileResult]:
         fn = getattr(t.kernel, "py_func", t.kernel)
         # compile as the kernel is built: with its launch bounds, which change register allocation
         bounds = getattr(t.kernel, "targetoptions", {}).get("launch_bounds")
-        key = (fn, tuple(t.argtypes), repr(bounds))
+        max_regs = getattr(t.kernel, "targetoptions", {}).get("max_registers")
+        key = (fn, tuple(t.argtypes), repr(bounds), max_regs)
         try:
             if key not in built:
                 ptx, _ = cuda.compile_ptx(fn, tuple(t.argtypes), cc=CC, launch_bounds=bounds)
-                built[key] = (ptx, ptxas_report(ptx))
+                built[key] = (ptx, ptxas_report(ptx, max_registers=max_regs))
             ptx, rep = built[key]
             res = CompileResult(
                 name=t.name, ok=True, registers=rep["registers"], stack_bytes=rep.get("stack_bytes", -1),

@@ -43,6 +43,13 @@ def bounds(threads: int, blocks_per_sm: int) -> dict:
     return {} if SIMULATOR else {"launch_bounds": (threads, blocks_per_sm)}
 
 
+def register_cap(threads: int) -> dict:
+    """cuda.jit options capping registers at what one block of `threads` threads may use (65536 / threads,
+    rounded down to 8), as ptxas's -maxrregcount instead of launch bounds: from launch bounds of a
+    block that is not a whole number of warpgroups (288 threads) ptxas caps at 168, the cap of 384."""
+    return {} if SIMULATOR else {"max_registers": min(255, 65536 // threads) // 8 * 8}
+
+
 def cdiv(a: int, b: int) -> int:
     return (a + b - 1) // b
 

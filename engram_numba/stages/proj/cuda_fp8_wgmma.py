@@ -47,19 +47,36 @@ Kernel versions (after act_quant; v2 and v3 from one factory, `make_kernel(doubl
                cycles as the tensor core takes for the block), so every other instruction counts;
                467 instructions a warp per 4 blocks (v3: 703), one barrier a stage (v3: two), 232
                registers, no spills, wgmma not serialized. Not yet timed on a GPU.
+  gemm_fp8_v6  v5's tile, ring, MMAs and promotion (so its outputs are v5's, bit for bit),
+               warp-specialised (`make_kernel_v6`, gemm_v7's roles, DeepGEMM's structure): a loader
+               warpgroup copies (cp.async), the two MMA warpgroups only multiply and promote, and
+               stages are handed over on named barriers (a FULL barrier a warpgroup, EMPTY shared)
+               instead of a block barrier: v5's barrier ties both warpgroups to every stage, so they
+               wait and promote together and the tensor pipe idles (28% active at T = 4096); free
+               running, one's promotion issues while the other's MMA runs. One partial tile a
+               warpgroup (MMA, wait, promote each block), so the accumulator and partial fit the 168
+               registers of a 384-thread block: 156, no spills, wgmma not serialized; 384 SASS
+               instructions a consumer warp a k tile (v5: 467, loads included), ~110 a loader warp.
+               Registers are capped by -maxrregcount (`register_cap`): ptxas caps launch bounds of 288
+               threads at 168, the cap of 384. Specialisations (`V6Variant`, `V6_CANDIDATES`, timed by
+               tools/fp8_dev.py): one loader warp and two partial tiles a warpgroup (288 threads, 219
+               registers), the chain running on from one k tile into the next and drained every two
+               ("pair") or every tile; a chain left in flight across the loop edge makes ptxas
+               serialize every wgmma (C7514). Not yet timed on a GPU.
 """
 from __future__ import annotations
 
 import numpy as np
 from numba import cuda, types
 
-from ...device.hopper import (WGMMA_SWIZZLE_128B, cp_async_16, cp_async_commit, cp_async_waiter, fence_proxy_async,
-                              shared_address, warp_uniform, wgmma_commit, wgmma_descriptor, wgmma_fence,
-                              wgmma_store_bf16x2, wgmma_waiter)
+from ...device.hopper import (WGMMA_SWIZZLE_128B, acc_store_bf16, cp_async_16, cp_async_commit, cp_async_waiter,
+                              fence_proxy_async, named_barrier_arrive, named_barrier_sync, shared_address,
+                              warp_uniform, wgmma_commit, wgmma_descriptor, wgmma_fence, wgmma_store_bf16x2,
+                              wgmma_waiter)
 from ...device.intrinsics import (SIMULATOR, bf16_bits_to_f32, device_function, f32_as_u32, f32_to_bf16_bits,
                                   load_u32x4, store_u32x4, u32_as_f32)
 from ...device.launch import PreparedLaunch, allow_dynamic_shared
-from .cuda_common import INLINE, bounds, cdiv
+from .cuda_common import INLINE, bounds, cdiv, register_cap
 from .cuda_gemv_fp8 import e4m3_to_f32, e8m0_to_f32
 
 BLOCK = 32                      # act_quant group = K block of the promotion = one k32 wgmma
@@ -906,6 +923,300 @@ def make_kernel_v5(refill_under_mma: bool = False):
     return gemm_fp8_v5
 
 
+# ---- gemm_fp8_v6: warp-specialised (a loader, two free-running MMA warpgroups) ----------------------
+#
+# v5's arithmetic, tile, ring layout and promotion, with the roles and hand-offs of gemm_v7
+# (cuda_wgmma_ws.py): warpgroups 0 and 1 (threads 0..255) only multiply and promote, each on its own
+# 64 token rows of the 128 x 128 tile; the loader warp(s) after them only copy (cp.async). Stages are
+# handed over on named barriers instead of a block barrier: FULL_w[s] (one a warpgroup: the loader
+# arrives once stage s has landed, warpgroup w syncs) and EMPTY[s] (both warpgroups arrive once their
+# last read of stage s is done, the loader syncs before refilling it). So the two warpgroups never
+# wait for each other and drift apart: one's promotion FFMAs issue while the other's MMA runs. bf16
+# stored straight from the registers (no shared-memory staging: the other warpgroup may still be
+# reading the ring).
+# A warpgroup's k tile (`V6Variant`):
+#   partials=1 (the record): per block: MMA into the partial tile, its scales read, wait_group 0,
+#     promote. A loader warpgroup (4 warps, one a scheduler: its ~110 instructions a k tile spread).
+#   partials=2: two partial tiles, block j+1's MMA in flight while block j is promoted (v5's chain),
+#     one loader warp (288 threads: two partials need ~219 registers); pair: the chain runs on from
+#     an even k tile into the next and drains after it (every tile otherwise). It cannot run on
+#     across the loop edge: a wgmma in flight there makes ptxas serialize every wgmma (C7514).
+# Pipeline (S stages, LAG = S - 2, as gemm_v7: a larger LAG deadlocks, since with pair a warpgroup
+# releases tile kt only after FULL[kt + 1]):
+#     loader, k tile g:                             MMA warpgroup w, k tile kt:
+#       g >= S: sync EMPTY[g % S]                     sync FULL_w[kt % S]
+#       cp.async tile g -> slot g % S; commit         its 4 blocks: MMA, wait, promote (as above)
+#       g >= LAG: wait_group LAG; fence.proxy.async   arrive EMPTY[kt % S] once its last MMA retired
+#         arrive FULL_0, FULL_1 [(g - LAG) % S]         and its scales are read
+V6_CONSUMERS = 256                  # the two MMA warpgroups (a wgmma warpgroup starts at a warp index 4k)
+V6_BAR_FULL0 = 1                    # FULL_w[s] = 1 + w * S + s, EMPTY[s] = 1 + 2 S + s: 3 S <= 15 barriers
+
+
+class V6Variant:
+    """A gemm_fp8_v6 specialisation: ring depth and loader warps."""
+
+    def __init__(self, stages: int = 5, loader_warps: int = 1, pair: bool = True, partials: int = 2):
+        assert 3 <= stages and 3 * stages <= 15 and loader_warps in (1, 2, 4) and partials in (1, 2)
+        self.pair, self.partials = pair and partials == 2, partials
+        assert stages * STAGE_BYTES + ALIGN_SLACK <= 227 * 1024
+        self.stages, self.loader_warps = stages, loader_warps
+        self.threads = V6_CONSUMERS + 32 * loader_warps
+        self.smem_bytes = stages * STAGE_BYTES + ALIGN_SLACK
+        self.name = (f"gemm_fp8_v6[s{stages}/l{loader_warps}/{'pair' if self.pair else 'tile'}"
+                     + ("/p1]" if partials == 1 else "]"))
+
+
+def make_kernel_v6(v: V6Variant = None):
+    """gemm_fp8_v6's kernel for specialisation v (default: 5 stages, 1 loader warp)."""
+    v = v or V6Variant()
+    S, LOADERS, THREADS_6, PAIR, ONE_PARTIAL = v.stages, 32 * v.loader_warps, v.threads, v.pair, v.partials == 1
+    LAG = S - 2
+    K_STEP = 32
+    ZERO = tuple(np.float32(0.0) for _ in range(NACC))
+    BAR_EMPTY0 = V6_BAR_FULL0 + 2 * S
+    FULL_COUNT = 128 + LOADERS
+    EMPTY_COUNT = V6_CONSUMERS + LOADERS
+    cp_wait_lag = cp_async_waiter(LAG)
+    cp_wait0 = cp_async_waiter(0)
+    mma_wait0 = wgmma_waiter(0)
+    mma_wait1 = wgmma_waiter(1)
+    ROWS = LOADERS // 8                      # operand rows a loader pass (4 or 8)
+    PASSES = BM // ROWS                      # passes an operand a stage (BM == BN)
+    SX_CHUNKS = BM // LOADERS                # x scale chunks a loader thread a stage
+    SCW = (A_BYTES + B_BYTES) // 4           # word of a stage's x scales within the stage
+    SWW = (A_BYTES + B_BYTES + SX_BYTES) // 4
+    RING = S * STAGE_BYTES
+    assert BM == BN and BM % LOADERS == 0 and BN // BLOCK <= LOADERS
+    U0 = np.uint32(0)
+    U16 = np.uint32(16)
+
+    @device_function(**INLINE)
+    def _scales6(smem, xw, ww, j):
+        """v5's `_scales5`: (s_x[r0] * s_w[tiles 0..3], s_x[r0 + 8] * s_w[tiles 0..3]) of block j."""
+        a0 = u32_as_f32(smem[xw + np.uint32(j)])
+        a1 = u32_as_f32(smem[xw + np.uint32(32 + j)])
+        w0 = u32_as_f32(smem[ww + np.uint32(j)])
+        w1 = u32_as_f32(smem[ww + np.uint32(4 + j)])
+        w2 = u32_as_f32(smem[ww + np.uint32(8 + j)])
+        w3 = u32_as_f32(smem[ww + np.uint32(12 + j)])
+        return (a0 * w0, a0 * w1, a0 * w2, a0 * w3, a1 * w0, a1 * w1, a1 * w2, a1 * w3)
+
+    @device_function(**INLINE)
+    def _load6(smem, so, x32, w32, sx32, sw32, kt, K16, m0, n0, T, N, NB, lt):
+        """The loader thread lt's cp.async of k tile kt into the stage at ring byte so: chunk q = lt % 8
+        of operand rows lt // 8 + ROWS i (rows past T or N clamped to the last: they only feed
+        outputs never stored; k chunks past K zero-filled), and the tile's scales (rows clamped)."""
+        q = np.uint32(lt) & np.uint32(7)
+        row0 = np.uint32(lt) >> np.uint32(3)
+        kq = np.uint32(kt * np.uint32(8) + q)
+        ks = U16 if kq < K16 else U0
+        kc = np.uint32(min(kq, np.uint32(K16 - np.uint32(1))))
+        for i in range(SX_CHUNKS):
+            r = np.uint32(LOADERS * i) + np.uint32(lt)
+            cp_async_16(smem, so + np.uint32(A_BYTES + B_BYTES) + r * U16, sx32,
+                        np.uint32(kt * np.uint32(T) + np.uint32(min(np.uint32(m0) + r, np.uint32(T - 1)))), U16)
+        if lt < BN // BLOCK:
+            cp_async_16(smem, so + np.uint32(A_BYTES + B_BYTES + SX_BYTES) + np.uint32(lt) * U16, sw32,
+                        np.uint32(kt * NB + np.uint32(min(np.uint32(n0 // BLOCK + lt), NB - np.uint32(1)))), U16)
+        sw0 = (q ^ (row0 & np.uint32(7))) << np.uint32(4)
+        sw1 = (q ^ ((row0 + np.uint32(4)) & np.uint32(7))) << np.uint32(4)
+        d0 = so + row0 * np.uint32(ROW_BYTES)
+        if np.uint32(m0 + BM) <= np.uint32(T) and np.uint32(n0 + BN) <= np.uint32(N):
+            # a whole tile (every CTA at T = 4096): rows in steps of ROWS, running source offsets
+            K16s = np.uint32(ROWS) * K16
+            xs = (np.uint32(m0) + row0) * K16 + kc
+            ws = (np.uint32(n0) + row0) * K16 + kc
+            for i in range(PASSES):
+                dst = d0 + np.uint32(ROWS * ROW_BYTES * i) + (sw1 if (ROWS * i) & 4 else sw0)
+                cp_async_16(smem, dst, x32, xs, ks)
+                cp_async_16(smem, dst + np.uint32(A_BYTES), w32, ws, ks)
+                xs += K16s
+                ws += K16s
+        else:                           # rows past T or N clamped to the last
+            Tl = np.uint32(T - 1)
+            Nl = np.uint32(N - 1)
+            for i in range(PASSES):
+                rr = row0 + np.uint32(ROWS * i)
+                dst = d0 + np.uint32(ROWS * ROW_BYTES * i) + (sw1 if (ROWS * i) & 4 else sw0)
+                cp_async_16(smem, dst, x32, np.uint32(min(np.uint32(m0) + rr, Tl) * K16 + kc), ks)
+                cp_async_16(smem, dst + np.uint32(A_BYTES), w32, np.uint32(min(np.uint32(n0) + rr, Nl) * K16 + kc), ks)
+
+    @device_function(**INLINE)
+    def _open6(smem, pa, bar, s0, so, d_hi, d_lo, a_wg16):
+        """Wait for the k tile at ring offset so (its FULL barrier bar) and issue its block 0 into pa;
+        returns pa and the tile's descriptor low words."""
+        named_barrier_sync(bar, FULL_COUNT)
+        st = np.uint32(s0) + so
+        da = np.uint32(np.uint32(d_lo | ((st & np.uint32(0x3FFFF)) >> np.uint32(4))) + a_wg16)
+        db = np.uint32(d_lo | (((st + np.uint32(A_BYTES)) & np.uint32(0x3FFFF)) >> np.uint32(4)))
+        pa = wgmma_fence(pa)
+        pa = wgmma_e4m3(pa, d_hi | np.uint64(da), d_hi | np.uint64(db), smem)
+        wgmma_commit()
+        return pa, da, db
+
+    @device_function(**INLINE)
+    def _next6(so, slot):
+        """The ring offset and slot of the next k tile."""
+        so = so + np.uint32(STAGE_BYTES)
+        if so == np.uint32(RING):
+            so = np.uint32(0)
+        slot = slot + 1
+        if slot == S:
+            slot = 0
+        return so, slot
+
+    @device_function(**INLINE)
+    def _block6(smem, acc, pa, d_hi, da, db, xw, ww, j):
+        """One partial tile: block j's MMA, its scales read under it, the wait, the promotion."""
+        pa = wgmma_fence(pa)
+        pa = wgmma_e4m3(pa, d_hi | np.uint64(np.uint32(da + np.uint32(j * (K_STEP >> 4)))),
+                        d_hi | np.uint64(np.uint32(db + np.uint32(j * (K_STEP >> 4)))), smem)
+        wgmma_commit()
+        sj = _scales6(smem, xw, ww, j)
+        pa = mma_wait0(pa)
+        return fp8_promote(acc, pa, sj), pa
+
+    @device_function(**INLINE)
+    def _stage6(smem, acc, pa, pb, d_hi, da, db, so, padu, xw0):
+        """A warpgroup's k tile at ring offset so whose block 0 is in flight in pa (descriptor words da,
+        db): issue blocks 1..3, promote blocks 0..2 each after the next block's MMA is issued, and
+        return block 3's scales (block 3 is in flight in pb)."""
+        xw = ((padu + so) >> np.uint32(2)) + np.uint32(SCW) + xw0
+        ww = ((padu + so) >> np.uint32(2)) + np.uint32(SWW)
+        pb = wgmma_fence(pb)
+        pb = wgmma_e4m3(pb, d_hi | np.uint64(np.uint32(da + np.uint32(K_STEP >> 4))),
+                        d_hi | np.uint64(np.uint32(db + np.uint32(K_STEP >> 4))), smem)
+        wgmma_commit()
+        sj = _scales6(smem, xw, ww, 0)
+        pa = mma_wait1(pa)
+        acc = fp8_promote(acc, pa, sj)
+        pa = wgmma_fence(pa)
+        pa = wgmma_e4m3(pa, d_hi | np.uint64(np.uint32(da + np.uint32(2 * K_STEP >> 4))),
+                        d_hi | np.uint64(np.uint32(db + np.uint32(2 * K_STEP >> 4))), smem)
+        wgmma_commit()
+        sj = _scales6(smem, xw, ww, 1)
+        pb = mma_wait1(pb)
+        acc = fp8_promote(acc, pb, sj)
+        pb = wgmma_fence(pb)
+        pb = wgmma_e4m3(pb, d_hi | np.uint64(np.uint32(da + np.uint32(3 * K_STEP >> 4))),
+                        d_hi | np.uint64(np.uint32(db + np.uint32(3 * K_STEP >> 4))), smem)
+        wgmma_commit()
+        sj = _scales6(smem, xw, ww, 2)
+        pa = mma_wait1(pa)
+        acc = fp8_promote(acc, pa, sj)
+        return acc, pa, pb, _scales6(smem, xw, ww, 3)
+
+    @cuda.jit(**register_cap(THREADS_6))
+    def gemm_fp8_v6(x32, w32, sx32, sw32, out, T, K):
+        # the arguments of v2..v5's kernel
+        smem = cuda.shared.array(0, types.uint32)
+        tid = cuda.threadIdx.x
+        wg = warp_uniform(tid >> 7)                  # 0, 1: MMA warpgroups; 2: the loader warp(s)
+        N = out.shape[1]
+        K16 = np.uint32(K >> 4)
+        NB = np.uint32((N + BLOCK - 1) // BLOCK)
+        n_k = (K16 + np.uint32(7)) >> np.uint32(3)
+        m0 = cuda.blockIdx.x * BM
+        n0 = cuda.blockIdx.y * BN
+        base = np.int64(shared_address(smem))
+        pad = (1024 - (base & 1023)) & 1023
+        s0 = base + pad
+        padu = np.uint32(pad)
+        if wg == 2:
+            # ---- the loader ----
+            lt = tid - V6_CONSUMERS
+            so = padu
+            for g in range(n_k):
+                slot = g % S
+                if g >= S:
+                    named_barrier_sync(BAR_EMPTY0 + slot, EMPTY_COUNT)
+                _load6(smem, so, x32, w32, sx32, sw32, np.uint32(g), K16, m0, n0, T, N, NB, lt)
+                cp_async_commit()
+                if g >= LAG:
+                    cp_wait_lag()
+                    fence_proxy_async()
+                    f = (g - LAG) % S
+                    named_barrier_arrive(V6_BAR_FULL0 + f, FULL_COUNT)
+                    named_barrier_arrive(V6_BAR_FULL0 + S + f, FULL_COUNT)
+                so = so + np.uint32(STAGE_BYTES)
+                if so == padu + np.uint32(RING):
+                    so = padu
+            cp_wait0()
+            fence_proxy_async()
+            nk = np.int32(n_k)                           # signed: n_k - LAG may be negative
+            for j in range(max(nk - LAG, 0), nk):
+                named_barrier_arrive(V6_BAR_FULL0 + j % S, FULL_COUNT)
+                named_barrier_arrive(V6_BAR_FULL0 + S + j % S, FULL_COUNT)
+            # every stage is released once: take the releases no refill waited for
+            for j in range(max(nk - S, 0), nk):
+                named_barrier_sync(BAR_EMPTY0 + j % S, EMPTY_COUNT)
+        else:
+            # ---- the two MMA warpgroups: 64 token rows each ----
+            full0 = V6_BAR_FULL0 + wg * S
+            d_all = wgmma_descriptor(0, 16, GROUP_BYTES, WGMMA_SWIZZLE_128B)
+            d_hi = d_all & np.uint64(0xFFFFFFFF00000000)
+            d_lo = np.uint32(d_all & np.uint64(0xFFFFFFFF))
+            a_wg16 = np.uint32(wg * (64 * ROW_BYTES // 16))     # the warpgroup's A rows, 16-byte units
+            p = tid & 127
+            r0 = wg * 64 + 16 * (p >> 5) + ((p & 31) >> 2)
+            xw0 = np.uint32(4 * r0)
+            acc = ZERO
+            pa = ZERO
+            pb = ZERO
+            so = np.uint32(0)                                    # ring offset of k tile kt
+            slot = 0
+            if ONE_PARTIAL:
+                # one partial tile: each block's MMA, wait, promote; the other warpgroup's MMAs
+                # fill the wait (DeepGEMM's two math warpgroups), and the accumulator and one
+                # partial fit the 168 registers of a 384-thread block (a loader warpgroup)
+                for kt in range(n_k):
+                    named_barrier_sync(full0 + slot, FULL_COUNT)
+                    st = np.uint32(s0) + so
+                    da = np.uint32(np.uint32(d_lo | ((st & np.uint32(0x3FFFF)) >> np.uint32(4))) + a_wg16)
+                    db = np.uint32(d_lo | (((st + np.uint32(A_BYTES)) & np.uint32(0x3FFFF)) >> np.uint32(4)))
+                    xw = ((padu + so) >> np.uint32(2)) + np.uint32(SCW) + xw0
+                    ww = ((padu + so) >> np.uint32(2)) + np.uint32(SWW)
+                    # the 4 blocks written out (a loop ptxas keeps rolled costs ~10 instructions a block)
+                    acc, pa = _block6(smem, acc, pa, d_hi, da, db, xw, ww, 0)
+                    acc, pa = _block6(smem, acc, pa, d_hi, da, db, xw, ww, 1)
+                    acc, pa = _block6(smem, acc, pa, d_hi, da, db, xw, ww, 2)
+                    acc, pa = _block6(smem, acc, pa, d_hi, da, db, xw, ww, 3)
+                    named_barrier_arrive(BAR_EMPTY0 + slot, EMPTY_COUNT)
+                    so, slot = _next6(so, slot)
+                lane = p & 31
+                acc_store_bf16(out, acc, m0 + r0, n0 + 2 * (lane & 3), T, N, (N & 1) == 0)
+                return
+            # k tiles in pairs (PAIR): the chain runs on from a pair's first tile into its second;
+            # it is drained at the end of every loop iteration, since a wgmma in flight across a loop
+            # edge leaves ptxas serializing every wgmma (C7514)
+            for it in range(n_k >> np.uint32(1) if PAIR else n_k):
+                pa, da, db = _open6(smem, pa, full0 + slot, s0, so, d_hi, d_lo, a_wg16)
+                acc, pa, pb, sj = _stage6(smem, acc, pa, pb, d_hi, da, db, so, padu, xw0)
+                so, nslot = _next6(so, slot)
+                if PAIR:
+                    pa, da, db = _open6(smem, pa, full0 + nslot, s0, so, d_hi, d_lo, a_wg16)
+                    pb = mma_wait1(pb)
+                    acc = fp8_promote(acc, pb, sj)
+                    named_barrier_arrive(BAR_EMPTY0 + slot, EMPTY_COUNT)
+                    slot = nslot
+                    acc, pa, pb, sj = _stage6(smem, acc, pa, pb, d_hi, da, db, so, padu, xw0)
+                    so, nslot = _next6(so, slot)
+                pb = mma_wait0(pb)
+                acc = fp8_promote(acc, pb, sj)
+                named_barrier_arrive(BAR_EMPTY0 + slot, EMPTY_COUNT)
+                slot = nslot
+            if PAIR and (n_k & np.uint32(1)):                   # an odd last k tile
+                pa, da, db = _open6(smem, pa, full0 + slot, s0, so, d_hi, d_lo, a_wg16)
+                acc, pa, pb, sj = _stage6(smem, acc, pa, pb, d_hi, da, db, so, padu, xw0)
+                pb = mma_wait0(pb)
+                acc = fp8_promote(acc, pb, sj)
+                named_barrier_arrive(BAR_EMPTY0 + slot, EMPTY_COUNT)
+            lane = p & 31
+            acc_store_bf16(out, acc, m0 + r0, n0 + 2 * (lane & 3), T, N, (N & 1) == 0)
+
+    return gemm_fp8_v6
+
+
 @cuda.jit
 def gemm_fp8_naive(xq, codes, sx, sw, out):
     # xq: uint8 [T, K] e4m3 codes of x; codes: uint8 [N, K]; sx: float32 stage_scales_shape(T, K);
@@ -933,10 +1244,30 @@ def geometry_naive(T: int, N: int):
 
 KERNELS = {"gemm_fp8_v1": gemm_fp8_naive, "gemm_fp8_v2": make_kernel(False), "gemm_fp8_v3": make_kernel(True),
            "gemm_fp8_v4": make_kernel_v4(), "gemm_fp8_v5": make_kernel_v5()}
+V6_VARIANTS = {"gemm_fp8_v6": V6Variant(5, 4, partials=1)}
+# what tools/fp8_dev.py times beside the record (names are V6Variant.name)
+V6_CANDIDATES = {v.name: v for v in (V6Variant(4, 4, partials=1), V6Variant(5, 1, True), V6Variant(5, 1, False),
+                                      V6Variant(4, 1, True))}
+_V6_KERNELS: dict = {}
+
+
+def kernel_v6(v: V6Variant):
+    """One kernel object a specialisation (numba compiles once a kernel object)."""
+    if v.name not in _V6_KERNELS:
+        _V6_KERNELS[v.name] = make_kernel_v6(v)
+    return _V6_KERNELS[v.name]
+
+
+KERNELS["gemm_fp8_v6"] = kernel_v6(V6_VARIANTS["gemm_fp8_v6"])
 
 
 def geometry(T: int, N: int):
     return (cdiv(T, BM), cdiv(N, BN)), THREADS, SMEM_BYTES
+
+
+def geometry_v6(T: int, N: int, v: V6Variant = None):
+    v = v or V6_VARIANTS["gemm_fp8_v6"]
+    return (cdiv(T, BM), cdiv(N, BN)), v.threads, v.smem_bytes
 
 
 def geometry_v4(T: int, N: int):
@@ -1021,7 +1352,10 @@ def launcher(rec, x, codes, scales, out, *, stream=0) -> Fp8GemmLaunch:
         grid, block = geometry_naive(T, N)
         gemm = PreparedLaunch(rec.name, kernel, grid, block, stream, (q_codes, codes, x_scales, w_scales, out), out)
         return Fp8GemmLaunch(rec.name, quant, gemm, out, q_codes, x_scales, w_scales)
-    grid, block, smem = (geometry_v4 if rec.name == "gemm_fp8_v4" else geometry)(T, N)
+    if rec.name == "gemm_fp8_v6" and data_address(out) % 4:
+        raise ValueError(f"{rec.name} stores bf16 pairs as 32-bit words: out must be 4-byte aligned")
+    grid, block, smem = (geometry_v4 if rec.name == "gemm_fp8_v4" else geometry_v6 if rec.name == "gemm_fp8_v6"
+                         else geometry)(T, N)
     args = (q_codes.view(np.uint32).reshape(T * K // 4), codes.view(np.uint32).reshape(N * K // 4),
             x_scales.view(np.uint32).reshape(x_scales.size), w_scales.view(np.uint32).reshape(w_scales.size),
             out, T, K)

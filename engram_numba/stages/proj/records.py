@@ -490,7 +490,7 @@ _proj("gemv_q2k_v10",
 # In the simulator bit-identical to `cpu.projection_deepseek_fp8_cpu`; on the GPU within the bound
 # docs/numerics.md states (the tensor core's order inside a k32 step is unspecified).
 
-DEEPSEEK_FP8_VERSIONS = ("gemm_fp8_v1", "gemm_fp8_v2", "gemm_fp8_v3", "gemm_fp8_v4", "gemm_fp8_v5")
+DEEPSEEK_FP8_VERSIONS = ("gemm_fp8_v1", "gemm_fp8_v2", "gemm_fp8_v3", "gemm_fp8_v4", "gemm_fp8_v5", "gemm_fp8_v6")
 _F32_3D = types.float32[:, :, ::1]
 _FP8_GEMM_ARGS = (_U32_1D, _U32_1D, _U32_1D, _U32_1D, _U16_2D, types.int64, types.int64)   # xq32, w32, sx32, sw32, out, T, K
 _FP8_GEMM_NAIVE_ARGS = (_U8_2D, _U8_2D, _F32_3D, _F32_3D, _U16_2D)                           # xq, codes, sx, sw, out
@@ -540,10 +540,21 @@ for _name, _log, _sim in (
      "T=4096 on the H200 (v3 3.03, gemm_v4 1.86: 0.77x)",
      [(3, 160, 40),             # one tile: rows past T and N (clamped rows), a partial scale tile, K % 128 == 32
       (5, 672, 40)]),           # 6 k tiles: the 5-stage ring wraps, the last tile one k block (zero-filled tail)
+    ("gemm_fp8_v6",
+     "gemm_fp8_v5's tile, ring, MMAs and promotion (outputs bit-identical to v5's), warp-specialised as DeepGEMM: a "
+     "loader warpgroup (cp.async) and two MMA warpgroups that hand stages over on named barriers (a FULL barrier a "
+     "warpgroup, EMPTY shared) instead of v5's block barrier, so they run free and one's promotion issues while the "
+     "other's MMA runs; one partial tile a warpgroup (MMA, wait, promote a block), 384 threads, 156 registers (capped "
+     "at 168 by -maxrregcount), no spills, wgmma not serialized; bf16 stored from registers. Specialisations "
+     "(V6_CANDIDATES) timed beside it by tools/fp8_dev.py. Not yet timed on a GPU",
+     [(3, 160, 40),             # one tile: rows past T and N (clamped rows), a partial scale tile, K % 128 == 32
+      (130, 864, 72)]),         # 2 token tiles (2 rows in the second, clamped), 7 k tiles: the 5-stage ring wraps,
+                                # an odd number of k blocks (27), N % 32 == 8
 ):
     naive = _name == "gemm_fp8_v1"
     _proj(_name, _log, kernel=cuda_fp8_wgmma.KERNELS[_name],
           geometry=(cuda_fp8_wgmma.geometry_naive if naive else cuda_fp8_wgmma.geometry_v4 if _name == "gemm_fp8_v4"
-                    else cuda_fp8_wgmma.geometry), args="naive" if naive else "fast",
+                    else cuda_fp8_wgmma.geometry_v6 if _name == "gemm_fp8_v6" else cuda_fp8_wgmma.geometry),
+          args="naive" if naive else "fast",
           specs=_fp8_gemm_specs(_name), encoding="fp8", launcher=cuda_fp8_wgmma.launcher, sim=_sim, exact=naive,
           sweep=(128, 256, 512, 1024, 4096), vector_io=False)

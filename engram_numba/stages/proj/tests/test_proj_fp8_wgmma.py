@@ -127,6 +127,26 @@ def test_fp8_gemm_is_bit_identical_to_the_twin_in_the_simulator(rng, version, sh
     np.testing.assert_array_equal(run_gemm(version, x, codes, scales), C.projection_deepseek_fp8_cpu(x, codes, scales))
 
 
+@pytest.mark.slow
+@pytest.mark.parametrize("name", list(F.V6_CANDIDATES))
+def test_fp8_gemm_v6_specialisations_are_bit_identical_to_the_twin(rng, name):
+    """The gemm_fp8_v6 specialisations tools/fp8_dev.py times beside the record (ring depth, loader
+    warps, k tiles an iteration, partial tiles): 7 k tiles (the ring wraps, an odd last tile), 2
+    token tiles (the second clamped), N % 32 == 8."""
+    if not F.SIMULATOR:
+        pytest.skip("the simulator's wgmma sums in the twin's order")
+    from engram_numba.device.launch import PreparedLaunch
+    T, K, N = 130, 864, 72
+    codes, scales = random_fp8(rng, N, K, 118, 124)
+    x = edge_x(rng, T, K)
+    v = F.V6_CANDIDATES[name]
+    out = poisoned(T, N)
+    base = P.prepare_project_q(dev(x), dev(codes), dev(scales), out, weight="fp8", version="gemm_fp8_v6")
+    base.quant()
+    PreparedLaunch(name, F.kernel_v6(v), base.grid, v.threads, 0, base.gemm.args, out, sharedmem=v.smem_bytes)()
+    np.testing.assert_array_equal(out.copy_to_host(), C.projection_deepseek_fp8_cpu(x, codes, scales))
+
+
 def test_records_and_selection():
     for v in DEEPSEEK_FP8_VERSIONS:
         rec = registry.get("proj", v)
