@@ -62,9 +62,12 @@ SPLITS = ("line", "paragraph", "file")
 SYNTHETIC_CORPUS = ("synthetic (N(0,1) by position in the sequence, seed 0, as Pipeline.run draws it; "
                     "no transformer blocks)")
 REDUCER_THREADS = 8                # > 1: a chunk's statistics on L + (max_ngram - 1) lanes (5 at the released shapes)
-LANES = "all"                      # "all": each layer and each context order on a lane; "contexts": the context
-                                   # orders only, each chunk's layers run on the pool and waited for (the
-                                   # arrangement before the layers had lanes, kept to compare: bench.corpus)
+LANES = "contexts"                 # "contexts": the context orders on lanes, each chunk's layers run on the pool
+                                   # and waited for; "all": the layers on lanes of their own too. On the H200
+                                   # host (16 cores) "all" was slower: 337,856 against 466,847 tokens/s on the
+                                   # Q2_K model, 404,683 against 439,414 on the FP8 one (five lanes' Python
+                                   # contending for the GIL: 2.2x the lanes' CPU seconds;
+                                   # bench/results/h200_corpus_q2k_2a6d9a6.json). bench.corpus times both.
 _TRIM_HISTORY = 1 << 20            # continuous mode: keep the hasher's history below this many tokens
 
 

@@ -22,8 +22,9 @@ Records (stage "corpus_stats", one per highway source), each with:
     time_us             wall time per 4096-token chunk (= 4096 / tokens_per_s)
     ratio_to_device_sum time_us / device_sum_us (1.0 = the host work hides entirely behind the GPU)
 highway sources: "device" (already on the device: a device-to-device refresh per chunk, as the gate
-updates it in place), "device, layers waited for" (the same with the reducer as it was before each
-layer had a lane of its own: analysis.corpus.LANES = "contexts"; also with --quick), "device, gate
+updates it in place; the reducer's default arrangement, analysis.corpus.LANES = "contexts": each
+chunk's layers on the pool, waited for), "device, layers on lanes" (the same with each layer on a
+lane of its own too: LANES = "all"; also with --quick), "device, gate
 statistics only" (contexts and row bitmaps off: what the host reduction costs), "host pinned" and
 "host pageable" (the highway copied from host memory every chunk: 4096 x 4 x 5120 x 4 B = 335 MB,
 so PCIe bounds it; `h2d_gbps` and `h2d_bound_tokens_per_s` say where). Plus peak host memory
@@ -585,16 +586,17 @@ def run(shape: BenchShape = RELEASED, quick: bool = False, log=print, table_gb: 
 
     records = []
     variants = [("device", from_device, True, stage_us["highway.d2d"]),
-                ("device, layers waited for", from_device, True, stage_us["highway.d2d"])]
+                ("device, layers on lanes", from_device, True, stage_us["highway.d2d"])]
     if smoke or not quick:               # --quick: the device-table run the host-table runs compare with
         variants += [("device, gate statistics only", from_device, False, stage_us["highway.d2d"]),
                      ("host pinned", from_host(host_pinned), True, nbytes / (h2d["pinned"] * 1e3)),
                      ("host pageable", from_host(host_pageable), True, nbytes / (h2d["pageable"] * 1e3))]
     from ..analysis import corpus as corpus_mod
     for name, source, full, highway_us in variants:
-        # "layers waited for": the reducer as it was before each layer had a lane of its own (the
-        # context orders on lanes, each chunk's layers on the pool, waited for), same statistics
-        corpus_mod.LANES = "contexts" if name.endswith("layers waited for") else "all"
+        # "layers on lanes": each layer on a lane of its own as well as each context order (LANES =
+        # "all"); the default keeps the layers on the pool, waited for; the same statistics either way
+        lanes_default = corpus_mod.LANES
+        corpus_mod.LANES = "all" if name.endswith("layers on lanes") else "contexts"
         try:
             corpus_stats(model, documents=docs[:2], backend="cuda", engine=eng, device_highway=source,
                          chunk_tokens=chunk, contexts=full, rows=full)                 # warm-up (compiles)
@@ -602,12 +604,12 @@ def run(shape: BenchShape = RELEASED, quick: bool = False, log=print, table_gb: 
             st = corpus_stats(model, documents=docs, backend="cuda", engine=eng, device_highway=source,
                               chunk_tokens=chunk, contexts=full, rows=full)
         finally:
-            corpus_mod.LANES = "all"
+            corpus_mod.LANES = lanes_default
         mem.sample()
         same = same_as_device = None
         if name == "device":
             device_st = st
-        elif name.endswith("layers waited for"):   # the same statistics as with lanes, bit for bit
+        elif name.endswith("layers on lanes"):     # the same statistics as the default, bit for bit
             from ..analysis.stats import state_equal
             for x in (st, device_st):
                 x.finish()
@@ -615,7 +617,7 @@ def run(shape: BenchShape = RELEASED, quick: bool = False, log=print, table_gb: 
                     t._sorted()
             same_as_device = bool(state_equal(st, device_st, skip=("tokenizer", "meta")))
             device_st = None
-            log(f"  layers waited for vs on lanes over {st.n_tokens:,} tokens: same statistics {same_as_device}")
+            log(f"  layers on lanes vs waited for over {st.n_tokens:,} tokens: same statistics {same_as_device}")
         if name == "device":         # queued ahead vs one chunk at a time: the same statistics, bit for bit
             from ..analysis.stats import state_equal
             few = docs[: max(1, len(docs) // 8)] if not smoke else docs

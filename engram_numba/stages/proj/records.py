@@ -546,7 +546,10 @@ for _name, _log, _sim in (
      "warpgroup, EMPTY shared) instead of v5's block barrier, so they run free and one's promotion issues while the "
      "other's MMA runs; one partial tile a warpgroup (MMA, wait, promote a block), 384 threads, 156 registers (capped "
      "at 168 by -maxrregcount), no spills, wgmma not serialized; bf16 stored from registers. Specialisations "
-     "(V6_CANDIDATES) timed beside it by tools/fp8_dev.py. Not yet timed on a GPU",
+     "(V6_CANDIDATES) timed beside it by tools/fp8_dev.py. H200 (bench/results/h200_fp8_dev_2a6d9a6.txt, act_quant "
+     "included, outputs equal to v5's): 2117 us = 608 TFLOP/s at T=4096 (v5 2407, bf16 gemm_v4 1801: 0.85x; "
+     "cuBLAS bf16 1496), 566 us at T=1024 (v5 649), 187 at T=130 (v5 208); the one-loader-warp specialisations "
+     "(219 registers x 288 threads) do not launch (out of resources)",
      [(3, 160, 40),             # one tile: rows past T and N (clamped rows), a partial scale tile, K % 128 == 32
       (130, 864, 72)]),         # 2 token tiles (2 rows in the second, clamped), 7 k tiles: the 5-stage ring wraps,
                                 # an odd number of k blocks (27), N % 32 == 8
