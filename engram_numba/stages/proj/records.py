@@ -33,8 +33,10 @@ gemv_q2k_v8 took over first (44.4 us against v4's 45.5-46.1 at f52d7f1; both lay
 82.4), then gemv_q2k_v9 (one item a block of 2 warps, 72 registers, the same kv bits as v4): 41.3
 us, and 68.6 us for both layers with its pair shape, against v8's 44.4 / 72.2 in the same run at
 754c9b8 (bench/results/h200_q2kr_v9_variants_754c9b8.json). At T = 4 and 8 v4 stays (46.5 / 46.7,
-level with v8 and v9). In the simulator v4 keeps T = 1 too. `_t1_default` picks the one-token
-default.
+level with v8 and v9), until gemv_q2k_v10 (v9's blocks, the same kv bits): 39.9 / 40.8 us at T = 4 / 8
+against v4's 46.1 / 45.7 and 38.6 at T = 1 against v9's 38.7 (efdb45b, L2 flushed by reading), so
+v10 takes 2..8 tokens on a GPU, v9 keeps T = 1 (and the decode graph), v4 more tokens and the
+simulator. `_t1_default` and `_few_default` pick them.
 """
 from __future__ import annotations
 
@@ -70,6 +72,14 @@ def _bf16(ctx) -> bool:
 def _t1_default(ctx) -> bool:
     """The q2k_r contexts of the one-token GEMV (gemv_q2k_v9 now): one token on a GPU (module doc)."""
     return ctx["weight"] == "q2k_r" and not ctx["simulator"] and ctx["T"] <= 1
+
+
+Q2KR_FEW_MAX_TOKENS = 8   # gemv_q2k_v10 measured against v4 up to here (one 8-token group)
+
+
+def _few_default(ctx) -> bool:
+    """The q2k_r contexts of gemv_q2k_v10: 2..Q2KR_FEW_MAX_TOKENS tokens on a GPU (module doc)."""
+    return ctx["weight"] == "q2k_r" and not ctx["simulator"] and 1 < ctx["T"] <= Q2KR_FEW_MAX_TOKENS
 
 
 def _hopper(ctx) -> bool:
@@ -393,8 +403,8 @@ for _name, _log, _when, _rule, _sim in (
      "v2's math on q2k_r, the Q2_K weight re-laid out at load (same bytes): six 16-byte loads a lane per "
      "16 rows x 512 k, each warp's loads for its whole K share issued into registers before any decode, "
      "6 warps a block (160 registers: 2 blocks an SM); 45.7 / 46.2 / 46.2 us at T = 1 / 4 / 8, L2 cold (v2: 58.9)",
-     "q2k_r weights (on a GPU the engine holds a Q2_K wkv as q2k_r), but gemv_q2k_v8 at T = 1 on a GPU",
-     lambda c: c["weight"] == "q2k_r" and not _t1_default(c),
+     "q2k_r weights (on a GPU the engine holds a Q2_K wkv as q2k_r), but gemv_q2k_v9 at T = 1 and gemv_q2k_v10 at 2..8 tokens on a GPU",
+     lambda c: c["weight"] == "q2k_r" and not _t1_default(c) and not _few_default(c),
      [(1, 768, 13)]),
     ("gemv_q2k_v5",
      "v4 with 12 warps a block, each loading one unit (24 words a lane): 79 registers, 24 warps an SM "
@@ -463,7 +473,8 @@ _proj("gemv_q2k_v9",
       sweep=QUANT_SWEEP, vector_io=True)
 
 # gemv_q2k_v10: v9 with the two mma chains interleaved mma by mma (cuda_gemv_q2kr.py, "gemv_q2k_v10").
-# Picked by name: on the H200 it is level with v9 (bench/results/h200_q2kr_v10_variants_813426d.txt).
+# The default for 2..8 tokens on a GPU: 13% ahead of v4 there in two runs; level with v9 at T = 1
+# (bench/results/h200_q2kr_v10_variants_813426d.txt, the decode section of h200.json at efdb45b).
 _proj("gemv_q2k_v10",
       "v9's blocks, K shares and summation order (bit-identical kv to v4) with sub-blocks decoded in pairs "
       "(the four tables and both x rows of sub-blocks j, j+1 first, then their mma alternating between the c "
@@ -474,7 +485,10 @@ _proj("gemv_q2k_v10",
       "instructions a unit (v9: 764); the two-layer launch its own shape (3 slots, 10 blocks an SM, 95 "
       "registers). H200, L2 flushed (read): 38.9 us at T = 1 against v9's 39.2 and v4's 45.5, both layers 65.7 against "
       "66.1; T = 4 / 8 40.2 / 41.2 (v4 45.8 / 45.9); no switch alone or combined moves it by more than 1 us "
-      "(38.3-39.1, tools/q2kr_v10_variants.py): the chains' interleaving is not what holds v9 back",
+      "(38.3-39.1, tools/q2kr_v10_variants.py): the chains' interleaving is not what holds v9 back. The main "
+      "bench at efdb45b: 38.6 / 39.9 / 40.8 us at T = 1 / 4 / 8 against v9's 38.7 / 41.9 / 43.7 and v4's 45.6 / "
+      "46.1 / 45.7",
+      when=f"q2k_r weights, 2 <= T <= {Q2KR_FEW_MAX_TOKENS}, on a GPU", rule=_few_default,
       kernel=cuda_gemv_q2kr.KERNELS["gemv_q2k_v10"], geometry=cuda_gemv_q2kr.geometry("gemv_q2k_v10"),
       args="fast",
       specs=_q2kr_specs("gemv_q2k_v10", cuda_gemv_q2kr.KERNELS["gemv_q2k_v10"],
