@@ -8,8 +8,9 @@ leaves holds clean lines: a written flush leaves it full of dirty lines, and the
 first ~60 MB of reads then also pay for writing them back. On the H200 (tools/cold_timing.py,
 bench/results/h200_cold_timing_*.json) the written flush added 3.4 us to a 49 MB one-token GEMV and
 8-9 us to the 157 / 315 MB ones; read-flushed times match one cold launch and, within 2 us, the
-same GEMVs launched back to back on rotating copies of their weights (a decode step's situation). In numba's simulator (the smoke test) there are no
-events and no L2: host time is returned instead, and every figure it gives is meaningless.
+same GEMVs launched back to back on rotating copies of their weights (a decode step's situation).
+In numba's simulator (the smoke test) there are no events and no L2: host time is returned
+instead, and every figure it gives is meaningless.
 """
 from __future__ import annotations
 
