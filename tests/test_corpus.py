@@ -419,7 +419,11 @@ def test_gpu_corpus_bench_small_tables():
     from engram_numba.bench.timing import RELEASED
     res = run(RELEASED, quick=True, table_gb=0.5, n_chunks=2, log=lambda *a: None, cache_gbs=(0.001,))
     corpus = [r for r in res["records"] if r["stage"] == "corpus_stats"]
-    assert len(corpus) == 1 + 5          # quick: device tables, then host: none, prefetch, static cache, clock x 2
+    # quick: device tables (the default reducer, then the layers on lanes of their own), then host
+    # tables: none, prefetch, static cache, clock x 2
+    assert len(corpus) == 2 + 5
+    assert [r["variant"] for r in corpus[:2]] == ["device", "device, layers on lanes"]
+    assert corpus[1]["same_statistics_as_device_variant"] is True
     for r in corpus:
         assert r["validated"] and r["tokens_per_s"] > 0 and r["device_sum_us"] > 0
         assert r["tables"] in ("device", "host") and "cache_gb" in r
@@ -438,10 +442,12 @@ def test_gpu_corpus_bench_fp8_model_small_tables():
     from engram_numba.bench.corpus import run
     from engram_numba.bench.timing import RELEASED
     res = run(RELEASED, quick=True, table_gb=0.5, n_chunks=3, log=lambda *a: None, model="fp8")
-    (rec,) = [r for r in res["records"] if r["stage"] == "corpus_stats"]
+    rec, lanes = [r for r in res["records"] if r["stage"] == "corpus_stats"]
+    assert (rec["variant"], lanes["variant"]) == ("device", "device, layers on lanes")
     assert rec["model"] == "fp8" and rec["wkv_on_device"] == {"1": "fp8", "14": "fp8"}
     assert rec["validated"] and rec["same_statistics_one_chunk_at_a_time"] and rec["tokens_per_s"] > 0
     assert rec["device_chunks"]["chunks"] == 3 and "fp8" in rec["kernel"]
+    assert lanes["validated"] and lanes["same_statistics_as_device_variant"] is True
 
 
 def test_corpus_stats_versions_keyword_and_its_deprecated_name(model):
