@@ -3,11 +3,11 @@
     OUT=DIR python3 tools/cold_timing.py        (H200, from the repository root; ~40 s)
 
 A decode GEMV reads 49-157 MB once; a single launch is 35-85 us, so how it is timed matters:
-  dirty_flush   the bench's DeviceTimer until now: a spin kernel, then a kernel *writing* 120 MB
+  dirty_flush   the bench's DeviceTimer before a345b97: a spin kernel, then a kernel *writing* 120 MB
                 (2x the L2) so the weights are not cached, then the launch between two events. The
                 L2 is left full of dirty lines that the GEMV's reads must evict and write back.
-  clean_flush   the same, but the flush kernel *reads* 120 MB (the L2 holds clean lines: evicting
-                them costs nothing), as Nsight Compute's cache control does.
+  clean_flush   the same, but the flush kernel *reads* 120 MB (DeviceTimer's way since): the L2
+                holds clean lines, evicting them costs nothing, as with Nsight Compute's cache control.
   rotate        no flush: R launches back to back between two events, each on the next of C
                 copies of the weight (C x weight > 2 x L2, so each launch finds its copy evicted);
                 per launch = total / R. This is how a decode graph runs them (and what the issue's
