@@ -256,21 +256,24 @@ def test_v9_is_v4_bit_for_bit(rng):
     np.testing.assert_array_equal(outs["gemv_q2k_v9"].copy_to_host(), outs["gemv_q2k_v4"].copy_to_host())
 
 
-def test_v9_two_layer_launch_equals_its_single_launches(rng):
-    """v9's two-layer launch (layer on grid z, layer b at its offset in the pair buffer) gives each
-    layer the bits of v9's launch on it alone (which are v4's: test_v9_is_v4_bit_for_bit)."""
+@pytest.mark.parametrize("version", ["gemv_q2k_v9", "gemv_q2k_v10"])
+def test_v9_v10_two_layer_launch_equals_its_single_launches(rng, version):
+    """The two-layer launch (layer on grid z, layer b at its offset in the pair buffer; v9's and
+    v10's each with its own shape) gives each layer the bits of the version's launch on it alone
+    (which are v4's: test_v9_is_v4_bit_for_bit, test_v10_is_v4_bit_for_bit)."""
+    team = {"gemv_q2k_v9": C.V9_TEAM, "gemv_q2k_v10": C.V10_SHAPE[0]}[version]
     N, K, T = 5, 256, 1
     raws = [repack_q2k_r(random_q2k(rng, N, K), K) for _ in range(2)]
     xs = [cuda.to_device(random_x(rng, T, K)) for _ in range(2)]
     want = []
     for i in range(2):
         o = cuda.to_device(np.full((T, N), POISON, np.uint16))
-        P.project_q(xs[i], cuda.to_device(raws[i]), None, o, weight="q2k_r", version="gemv_q2k_v9")
+        P.project_q(xs[i], cuda.to_device(raws[i]), None, o, weight="q2k_r", version=version)
         want.append(o.copy_to_host())
     assert not np.array_equal(want[0], want[1])
     outs = [cuda.to_device(np.full((T, N), POISON, np.uint16)) for _ in range(2)]
-    launch = C.prepare_pair("gemv_q2k_v9", xs[0], xs[1], cuda.to_device(np.concatenate(raws)), outs[0], outs[1])
-    assert launch.grid == (1, 1, 2) and launch.block == C.V9_TEAM * 32
+    launch = C.prepare_pair(version, xs[0], xs[1], cuda.to_device(np.concatenate(raws)), outs[0], outs[1])
+    assert launch.grid == (1, 1, 2) and launch.block == team * 32
     launch()
     for i in range(2):
         np.testing.assert_array_equal(outs[i].copy_to_host(), want[i])
@@ -309,26 +312,6 @@ def test_v10_is_v4_bit_for_bit(rng, shape):
         gemv, _ = C._make_gemv10(*shape)
         PreparedLaunch(f"v10{shape}", gemv, (1, 1), 64, 0, (flat_u32(x), flat_u32(w), got, T, K), got)()
     np.testing.assert_array_equal(got.copy_to_host(), want.copy_to_host())
-
-
-def test_v10_two_layer_launch_equals_its_single_launches(rng):
-    """v10's two-layer launch (its own shape: 3 slots, early, split) gives each layer the bits of v10's launch on
-    it alone (which are v4's: test_v10_is_v4_bit_for_bit)."""
-    N, K, T = 5, 256, 1
-    raws = [repack_q2k_r(random_q2k(rng, N, K), K) for _ in range(2)]
-    xs = [cuda.to_device(random_x(rng, T, K)) for _ in range(2)]
-    want = []
-    for i in range(2):
-        o = cuda.to_device(np.full((T, N), POISON, np.uint16))
-        P.project_q(xs[i], cuda.to_device(raws[i]), None, o, weight="q2k_r", version="gemv_q2k_v10")
-        want.append(o.copy_to_host())
-    assert not np.array_equal(want[0], want[1])
-    outs = [cuda.to_device(np.full((T, N), POISON, np.uint16)) for _ in range(2)]
-    launch = C.prepare_pair("gemv_q2k_v10", xs[0], xs[1], cuda.to_device(np.concatenate(raws)), outs[0], outs[1])
-    assert launch.grid == (1, 1, 2) and launch.block == C.V10_SHAPE[0] * 32
-    launch()
-    for i in range(2):
-        np.testing.assert_array_equal(outs[i].copy_to_host(), want[i])
 
 
 def test_v10_shape_is_checked():
