@@ -8,10 +8,105 @@ from concurrent.futures import ThreadPoolExecutor
 import numpy as np
 import pytest
 
-from engram_numba.analysis.reducers import (ACC_PARTS, EXP_BINS, FINE_BINS, count_live, first_bad_row,
-                                            fixed_point_gates, fold_acc, fold_sums, mark_live_rows, prepare_chunk,
-                                            reduce_layer, reduce_layer_acc, reduce_layer_rows)
+from numba import njit
+
+from engram_numba.analysis.reducers import (_FIXED_POINT_SCALE, ACC_PARTS, EXP_BINS, FINE_BINS, first_bad_row,
+                                            fold_acc, fold_sums, mark_live_rows, prepare_chunk, reduce_layer_acc,
+                                            reduce_layer_rows)
 from engram_numba.config import GATE_CLAMP
+
+
+# ---- the references: the per-chunk reducers the corpus reducer ran before the one-call ones -------
+# (kept here, apart, so that the one-call kernels are checked against code they do not share)
+
+@njit(cache=True, nogil=True, inline="always")
+def _add_exact(bits, s1, s2, c):
+    """Add one fp32 value (its bits) to the exponent-binned integer sums s1 (of the signed
+    significand) and s2 (of its square) of column c; returns (exponent bin, significand)."""
+    e = (bits >> 23) & 0xFF
+    m = np.int64(bits & 0x7FFFFF)
+    if e == 0:
+        e = 1                                                 # denormals share the first bin
+    else:
+        m |= 0x800000
+    if bits >> 31:
+        s1[c, e] -= m
+    else:
+        s1[c, e] += m
+    s2[c, e] += m * m
+    return e, m
+
+
+@njit(cache=True, nogil=True)
+def reduce_layer(gate_bits, dot_bits, gate, dot, live, cids, g1, g2, d1, d2, dabs, counts, minmax,
+                  fine, tok_sum, fine_bins, clamp):
+    """One layer of one chunk: gate, dot [T, hc] (fp32, and their uint32 bits), live [T],
+    cids [T] compressed ids. Exponent-binned integer sums into g1/g2/d1/d2/dabs [hc, 256] int64,
+    counts [hc, 6] int64 (n, n_nonfinite, masked_nonzero, n_dot, n_clamped, n_dot_nonfinite),
+    minmax [hc, 4] f64 (gate min, max, dot min, max), fine [hc, fine_bins], tok_sum [hc, V]."""
+    T, hc = gate.shape
+    scale = _FIXED_POINT_SCALE
+    for t in range(T):
+        for c in range(hc):
+            g = gate[t, c]
+            if not live[t]:
+                if g != 0.0:
+                    counts[c, 2] += 1
+                continue
+            if not np.isfinite(g):
+                counts[c, 1] += 1
+            else:
+                counts[c, 0] += 1
+                e, m = _add_exact(gate_bits[t, c], g1, g2, c)
+                gv = np.float64(g)
+                if gv < minmax[c, 0]:
+                    minmax[c, 0] = gv
+                if gv > minmax[c, 1]:
+                    minmax[c, 1] = gv
+                b = np.int64(gv * fine_bins)
+                if b < 0:
+                    b = 0
+                elif b >= fine_bins:
+                    b = fine_bins - 1
+                fine[c, b] += 1
+                tok_sum[c, cids[t]] += np.int64(np.rint(gv * scale))
+            d = dot[t, c]
+            if not np.isfinite(d):
+                counts[c, 5] += 1
+                continue
+            counts[c, 3] += 1
+            e, m = _add_exact(dot_bits[t, c], d1, d2, c)
+            dabs[c, e] += m
+            dv = np.float64(d)
+            if dv < minmax[c, 2]:
+                minmax[c, 2] = dv
+            if dv > minmax[c, 3]:
+                minmax[c, 3] = dv
+            if abs(dv) < clamp:
+                counts[c, 4] += 1
+
+
+@njit(cache=True, nogil=True)
+def count_live(counts, ids, live):
+    """counts[ids[t]] += 1 for every live t (ids checked in [0, counts.size))."""
+    for t in range(ids.shape[0]):
+        if live[t]:
+            counts[ids[t]] += 1
+
+
+@njit(cache=True, nogil=True)
+def fixed_point_gates(gate, live, q, li):
+    """q[t, li, c] = the gate gate[t, c] in fixed point (round(g * 2^32)), 0 for a dead token or a
+    value that is not finite (gate [T, hc] fp32, q [T, L, hc] int64)."""
+    scale = _FIXED_POINT_SCALE
+    for t in range(gate.shape[0]):
+        for c in range(gate.shape[1]):
+            g = gate[t, c]
+            if live[t] and np.isfinite(g):
+                q[t, li, c] = np.int64(np.rint(np.float64(g) * scale))
+            else:
+                q[t, li, c] = 0
+
 
 
 def _values(rng, T, hc):

@@ -1,16 +1,15 @@
 """The exact reducers behind the corpus statistics (`engram_numba.analysis.streaming`).
 
-Every fp32 value is M * 2^E with an integer M < 2^24: `reduce_layer` adds the significands (and
-their squares) of one chunk's gate and dot per exponent bin in int64, and `fold_sums` folds the bins
-into Python integers, so sums and sums of squares are exact and merge bit for bit. The same pass
-fills the fine gate histogram, the clamp count and the per-token fixed-point gate sums.
-The corpus reducer runs `reduce_layer_acc` instead (in `reduce_layer_rows`, with the layer's row
-bitmap in the same call): its bins, the squares split in two, last a whole run and are folded
-once, when read (`fold_acc`), to the integers the per-chunk fold gives; and `prepare_chunk`
-checks a chunk's ids, counts its tokens and puts its gates in fixed point in one call.
-`mark_rows` / `mark_live_rows` / `popcount_range` keep the bitmap of row ids a table served;
-`count_live` and `fixed_point_gates` are the per-token counts and the context tables' gate values.
-Every one releases the GIL, so the corpus reducer runs them side by side on a thread pool.
+Every fp32 value is M * 2^E with an integer M < 2^24: `reduce_layer_acc` adds the significands
+(and their squares, split in two) of one chunk's gate and dot per exponent bin in int64 bins that
+last a whole run, and `fold_acc` (through `fold_sums`) folds them into Python integers once, when
+read, so sums and sums of squares are exact and merge bit for bit. The same pass fills the fine
+gate histogram, the clamp count and the per-token fixed-point gate sums; `reduce_layer_rows` marks
+the layer's row bitmap in the same call (`mark_live_rows`), and `prepare_chunk` checks a chunk's
+ids (`first_bad_row` for the row ids), counts its tokens and puts its gates in fixed point in one
+call. `popcount_range` counts a bitmap's rows. Every @njit one releases the GIL, so the corpus
+reducer runs them side by side on threads. (The per-chunk reducers they replaced are the
+references tests/test_reducers.py checks them against.)
 """
 from __future__ import annotations
 
@@ -22,75 +21,7 @@ from numba import njit
 FINE_BINS = 100_000                 # fine histogram bins over [0, 1]: quantile resolution 1e-5
 FIXED_POINT_BITS = 32               # per-key gate sums are integer multiples of 2^-32
 _FIXED_POINT_SCALE = float(1 << FIXED_POINT_BITS)       # a constant to the @njit code that reads it
-MAX_CALL_TOKENS = 32_768            # the reducer's int64 squares stay exact for this many values a call
 EXP_BINS = 256                      # fp32 biased exponents (0 and 1 share: denormals)
-
-
-@njit(cache=True, nogil=True, inline="always")
-def _add_exact(bits, s1, s2, c):  # pragma: no cover - jitted
-    """Add one fp32 value (its bits) to the exponent-binned integer sums s1 (of the signed
-    significand) and s2 (of its square) of column c; returns (exponent bin, significand)."""
-    e = (bits >> 23) & 0xFF
-    m = np.int64(bits & 0x7FFFFF)
-    if e == 0:
-        e = 1                                                 # denormals share the first bin
-    else:
-        m |= 0x800000
-    if bits >> 31:
-        s1[c, e] -= m
-    else:
-        s1[c, e] += m
-    s2[c, e] += m * m
-    return e, m
-
-
-@njit(cache=True, nogil=True)
-def reduce_layer(gate_bits, dot_bits, gate, dot, live, cids, g1, g2, d1, d2, dabs, counts, minmax,
-                  fine, tok_sum, fine_bins, clamp):  # pragma: no cover - jitted
-    """One layer of one chunk: gate, dot [T, hc] (fp32, and their uint32 bits), live [T],
-    cids [T] compressed ids. Exponent-binned integer sums into g1/g2/d1/d2/dabs [hc, 256] int64,
-    counts [hc, 6] int64 (n, n_nonfinite, masked_nonzero, n_dot, n_clamped, n_dot_nonfinite),
-    minmax [hc, 4] f64 (gate min, max, dot min, max), fine [hc, fine_bins], tok_sum [hc, V]."""
-    T, hc = gate.shape
-    scale = _FIXED_POINT_SCALE
-    for t in range(T):
-        for c in range(hc):
-            g = gate[t, c]
-            if not live[t]:
-                if g != 0.0:
-                    counts[c, 2] += 1
-                continue
-            if not np.isfinite(g):
-                counts[c, 1] += 1
-            else:
-                counts[c, 0] += 1
-                e, m = _add_exact(gate_bits[t, c], g1, g2, c)
-                gv = np.float64(g)
-                if gv < minmax[c, 0]:
-                    minmax[c, 0] = gv
-                if gv > minmax[c, 1]:
-                    minmax[c, 1] = gv
-                b = np.int64(gv * fine_bins)
-                if b < 0:
-                    b = 0
-                elif b >= fine_bins:
-                    b = fine_bins - 1
-                fine[c, b] += 1
-                tok_sum[c, cids[t]] += np.int64(np.rint(gv * scale))
-            d = dot[t, c]
-            if not np.isfinite(d):
-                counts[c, 5] += 1
-                continue
-            counts[c, 3] += 1
-            e, m = _add_exact(dot_bits[t, c], d1, d2, c)
-            dabs[c, e] += m
-            dv = np.float64(d)
-            if dv < minmax[c, 2]:
-                minmax[c, 2] = dv
-            if dv > minmax[c, 3]:
-                minmax[c, 3] = dv
-            if abs(dv) < clamp:
-                counts[c, 4] += 1
 
 
 # The reducer's per-layer sums kept across chunks: ACC_PARTS [hc, EXP_BINS] int64 bins a layer (gate
@@ -124,10 +55,9 @@ def _add_split(bits, acc, k, c):  # pragma: no cover - jitted
 @njit(cache=True, nogil=True)
 def reduce_layer_acc(gate_bits, dot_bits, gate, dot, live, cids, acc, counts, minmax, fine, tok_sum, fine_bins,
                      clamp):  # pragma: no cover - jitted
-    """`reduce_layer` into acc [ACC_PARTS, hc, 256] int64 kept across chunks (the sums of squares
-    split at bit 24, so nothing overflows before ACC_LIMIT values): the same counts, extremes,
-    histogram and per-token sums, value for value, and once folded (`fold_acc`) the same exact
-    moments."""
+    """One layer of one chunk into acc [ACC_PARTS, hc, 256] int64 kept across chunks (the sums of
+    squares split at bit 24, so nothing overflows before ACC_LIMIT values), with its counts,
+    extremes, fine histogram and per-token sums; once folded (`fold_acc`), the exact moments."""
     T, hc = gate.shape
     scale = _FIXED_POINT_SCALE
     for t in range(T):
@@ -189,8 +119,9 @@ def prepare_chunk(token_ids, live, token_map, n_raw, cids, n_compressed, row_ids
     token's compressed id in [0, n_compressed) (code 2), with check_rows every live token's row ids
     row_ids [T, L, C] below n_rows [L] (code 3, `first_bad_row`). A failed check returns (code,
     token, live tokens) before anything is written but cids. Then tok_count[cid] and
-    raw_count[id] += 1 for every live token and, when q [T, L, hc] has rows, q[:, l] =
-    `fixed_point_gates` of gates[l] (a tuple of [T, hc] fp32); returns (0, -1, live tokens)."""
+    raw_count[id] += 1 for every live token and, when q [T, L, hc] has rows, q[t, l, c] = gates[l][t, c]
+    in fixed point (round(g * 2^32); 0 for a dead token or a value that is not finite; gates a tuple
+    of [T, hc] fp32); returns (0, -1, live tokens)."""
     T = token_ids.shape[0]
     n_live = 0
     for t in range(T):
@@ -226,17 +157,9 @@ def prepare_chunk(token_ids, live, token_map, n_raw, cids, n_compressed, row_ids
 
 
 @njit(cache=True, nogil=True)
-def mark_rows(bitmap, ids):  # pragma: no cover - jitted
-    """Set bit ids[i] of the byte bitmap (bit i&7 of byte i>>3) for every id."""
-    for i in range(ids.size):
-        r = ids[i]
-        bitmap[r >> 3] |= np.uint8(1 << (r & 7))
-
-
-@njit(cache=True, nogil=True)
 def mark_live_rows(bitmap, row_ids, live, li):  # pragma: no cover - jitted
-    """mark_rows of layer li's ids row_ids[t, li, :] for every live token t (row_ids [T, L, C],
-    checked by first_bad_row)."""
+    """Set bit r of the byte bitmap (bit r&7 of byte r>>3) for layer li's ids r = row_ids[t, li, :]
+    of every live token t (row_ids [T, L, C], checked by first_bad_row)."""
     for t in range(row_ids.shape[0]):
         if live[t]:
             for c in range(row_ids.shape[2]):
@@ -258,28 +181,6 @@ def first_bad_row(row_ids, live, n_rows):  # pragma: no cover - jitted
             if out:
                 return t
     return -1
-
-
-@njit(cache=True, nogil=True)
-def count_live(counts, ids, live):  # pragma: no cover - jitted
-    """counts[ids[t]] += 1 for every live t (ids checked in [0, counts.size))."""
-    for t in range(ids.shape[0]):
-        if live[t]:
-            counts[ids[t]] += 1
-
-
-@njit(cache=True, nogil=True)
-def fixed_point_gates(gate, live, q, li):  # pragma: no cover - jitted
-    """q[t, li, c] = the gate gate[t, c] in fixed point (round(g * 2^32)), 0 for a dead token or a
-    value that is not finite (gate [T, hc] fp32, q [T, L, hc] int64)."""
-    scale = _FIXED_POINT_SCALE
-    for t in range(gate.shape[0]):
-        for c in range(gate.shape[1]):
-            g = gate[t, c]
-            if live[t] and np.isfinite(g):
-                q[t, li, c] = np.int64(np.rint(np.float64(g) * scale))
-            else:
-                q[t, li, c] = 0
 
 
 @njit(cache=True, nogil=True)
