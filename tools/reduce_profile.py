@@ -1,6 +1,7 @@
 """Profile the corpus run's host side (hash + job, and every statistic) without a GPU.
 
     PYTHONPATH=$PWD python tools/reduce_profile.py [--chunks 400] [--threads 5] [--device-ms 4.87] [--cpu]
+        [--lanes contexts,all --repeats 2]
 
 The configuration is the one `python -m engram_numba.bench.corpus` uses: the bench model at the
 released shapes (compressed vocabulary 99,092, layers 1 and 14, hc 4, 24 hash columns, the
@@ -17,7 +18,10 @@ Four passes over the same chunks:
      per chunk against that floor.
   4. drivers: `corpus_stats` with the producer live too, the device modelled (--device-ms of
      device work, --host-ms of the driving thread's Python a chunk), one chunk at a time (the
-     synchronous driver) against chunks queued ahead (analysis/device_chunks.py).
+     synchronous driver) against chunks queued ahead (analysis/device_chunks.py); with --lanes
+     contexts,all, the queued-ahead driver under each reducer lane mode (analysis.corpus.LANES),
+     --repeats times in alternating order (compare the threads' CPU, all_cpu_s: on a loaded VM
+     the walls are noise).
 Per-chunk milliseconds are printed as averages over windows ending at chunks 32, 64, 128, 256 and
 the last, so what grows with the corpus shows.
 """
