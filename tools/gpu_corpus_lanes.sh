@@ -10,7 +10,7 @@
 #   bash tools/gpu_corpus_lanes.sh
 # Environment: OUT (default ./gpu_out), CHUNKS (4096-token chunks a run, both models; default
 # 400), REPEATS (default 2), MODELS (default q2k,fp8), FP8_PROJ (default decode,bf16), TIMEOUT
-# (the whole run, default 290 s; the JSON is rewritten after every run, so a cut-short run keeps
+# (the whole run, default 270 s; the JSON is rewritten after every run, so a cut-short run keeps
 # what finished and its table is still made).
 # Writes $OUT/corpus_lanes.{json,txt,log}.
 set -uo pipefail
@@ -18,7 +18,7 @@ OUT=${OUT:-$PWD/gpu_out}
 mkdir -p "$OUT"
 python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl || exit 1
 export PYTHONPATH=/tmp/site:$PWD NUMBA_ENABLE_CUDASIM=0 PYTHONUNBUFFERED=1
-timeout "${TIMEOUT:-290}" python3 tools/corpus_lanes.py --out "$OUT" --chunks "${CHUNKS:-400}" \
+timeout "${TIMEOUT:-270}" python3 tools/corpus_lanes.py --out "$OUT" --chunks "${CHUNKS:-400}" \
   --repeats "${REPEATS:-2}" --models "${MODELS:-q2k,fp8}" --fp8-proj "${FP8_PROJ:-decode,bf16}" \
   > "$OUT/corpus_lanes.log" 2>&1
 rc=$?
