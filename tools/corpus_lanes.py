@@ -218,6 +218,7 @@ def summary(res: dict) -> str:
              "| all-thread CPU s (median) | same stats |",
              "|---|---|---|---|---:|---:|---:|---:|---|"]
     verdicts = []
+    winners = []                                # (model, proj, winning mode, every run agrees)
     for kind, m in res["models"].items():
         groups: dict = {}
         for r in m["runs"]:
@@ -244,6 +245,7 @@ def summary(res: dict) -> str:
                 rb = [r["tokens_per_s"] for r in groups[(p, "all")] if "tokens_per_s" in r]
                 clear = min(rb) > max(ra) or min(ra) > max(rb)
                 win = "all (layers on lanes)" if b > a else "contexts"
+                winners.append((kind, p, "all" if b > a else "contexts", clear))
                 verdicts.append(f"{kind}{' ' + p if kind == 'fp8' else ''}: {win} by {abs(b / a - 1):.1%} (median "
                                 f"{b:,.0f} vs {a:,.0f}); {'every run agrees' if clear else 'runs overlap: within noise'}")
         best = {p: max((v for (q, _), v in med.items() if q == p and v), default=None) for p, _ in groups}
@@ -257,6 +259,14 @@ def summary(res: dict) -> str:
             verdicts.append(f"{kind}: device sum a chunk (us) {m['device_sum_us']} -> cap "
                             + ", ".join(f"{p} {m['chunk_tokens'] * 1e6 / v:,.0f} tokens/s" for p, v in
                                         m["device_sum_us"].items()) + f"; tables {m['tables']}")
+    modes = {w[2] for w in winners}
+    if winners and len(modes) == 1 and all(w[3] for w in winners):
+        verdicts.append(f"LANES: every model and projection favours {modes.pop()!r}, every run agreeing: make it "
+                        "the default (analysis.corpus.LANES)")
+    elif winners:
+        verdicts.append("LANES: no single verdict (" + "; ".join(f"{k} {p}: {w}{'' if c else ', within noise'}"
+                                                                for k, p, w, c in winners)
+                        + "): where every run agrees the mode matters for that model; within noise it does not")
     return "\n".join(lines + [""] + verdicts) + "\n"
 
 
