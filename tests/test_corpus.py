@@ -100,7 +100,7 @@ def test_one_document_equals_gate_stats_of_its_run(model, tok):
     text = " ".join(make_corpus(12))
     st = corpus_stats(model, texts=[text], backend="cpu", chunk_tokens=64, reducer_threads=2)
     cpu_s = {k for k in st.meta["timing"] if k.endswith("_cpu_s")}           # each thread's CPU seconds
-    assert cpu_s == {"produce_cpu_s", "gates_cpu_s", "reduce_cpu_s", "lanes_cpu_s"}
+    assert cpu_s == {"produce_cpu_s", "gates_cpu_s", "reduce_cpu_s", "lanes_cpu_s", "all_cpu_s"}
     cap = Pipeline(model, "cpu").run(tok.encode(text))
     gs = gate_stats(cap, bins=20)
     for r in gs:

@@ -1,6 +1,7 @@
 """Profile the Python work of the corpus run's device-driving thread, per chunk, without a GPU.
 
     PYTHONPATH=$PWD python tools/gates_profile.py [--chunks 24] [--launch-us 25] [--cprofile]
+        [--model q2k|fp8] [--fp8-proj decode|bf16]
 
 The bench model at the released shapes (dim 5120, hc 4, layers 1 and 14, 24 hash columns, bf16
 wkv [25600, 6144]; small tables, so the rows fit this machine) on numba's simulator, with every
@@ -32,6 +33,12 @@ def main(argv=None):
     p.add_argument("--chunks", type=int, default=24)
     p.add_argument("--launch-us", type=float, default=25.0, help="numba's host cost of one launch on the GPU")
     p.add_argument("--cprofile", action="store_true", help="also print the top functions of each driver")
+    p.add_argument("--model", default="q2k", choices=("q2k", "fp8"),
+                   help="the bench model's encodings: q2k (Q2_K tables; wkv as bf16) or fp8 (FP8 tables with their "
+                        "scale tables, FP8 wkv as --fp8-proj holds it)")
+    p.add_argument("--fp8-proj", default="decode", choices=("decode", "bf16"),
+                   help="fp8: decode (the engine's default: the FP8 wkv decoded to a bf16 scratch a chunk) or bf16 "
+                        "(decoded once at build)")
     args = p.parse_args(argv)
 
     from numba import cuda
@@ -46,12 +53,17 @@ def main(argv=None):
     from engram_numba.pipeline import Pipeline
 
     t0 = time.perf_counter()
-    model = BenchModel(RELEASED, 1031)
+    model = BenchModel(RELEASED, 1031, kind=args.model)
     cfg = model.config
-    eng = EngramV41(model, max_tokens=CHUNK, device_tables=False, wkv_format="bf16")
+    fmt = "bf16" if args.model == "q2k" or args.fp8_proj == "bf16" else None
+    eng = EngramV41(model, max_tokens=CHUNK, device_tables=False, wkv_format=fmt)
     for lid in cfg.layer_ids:
-        eng.layers[lid].table = _fill_device_table(model.layers[lid].n_rows, model.layers[lid].table.block, cuda)
+        lay = model.layers[lid]
+        eng.layers[lid].table = _fill_device_table(lay.n_rows, lay.table.block, cuda)
+        if lay.table_scales is not None:
+            eng.layers[lid].table_scales = _fill_device_table(lay.n_rows, lay.table_scales.block, cuda)
         eng.layers[lid].placement = "device"
+    print(f"wkv on the device: {eng.wkv_format}")
     docs = _documents(args.chunks * CHUNK, model.hash_tables.token_map.size, np.random.default_rng(11))
     jobs = list(_jobs((Document(f"d{i}", d) for i, d in enumerate(docs)), model, CHUNK, False, False, None))
     highway = cuda.device_array((CHUNK, cfg.hc, cfg.dim), dtype=np.float32)

@@ -1,6 +1,7 @@
 """Profile the corpus run's host side (hash + job, and every statistic) without a GPU.
 
     PYTHONPATH=$PWD python tools/reduce_profile.py [--chunks 400] [--threads 5] [--device-ms 4.87] [--cpu]
+        [--lanes contexts,all --repeats 2]
 
 The configuration is the one `python -m engram_numba.bench.corpus` uses: the bench model at the
 released shapes (compressed vocabulary 99,092, layers 1 and 14, hc 4, 24 hash columns, the
@@ -17,7 +18,10 @@ Four passes over the same chunks:
      per chunk against that floor.
   4. drivers: `corpus_stats` with the producer live too, the device modelled (--device-ms of
      device work, --host-ms of the driving thread's Python a chunk), one chunk at a time (the
-     synchronous driver) against chunks queued ahead (analysis/device_chunks.py).
+     synchronous driver) against chunks queued ahead (analysis/device_chunks.py); with --lanes
+     contexts,all, the queued-ahead driver under each reducer lane mode (analysis.corpus.LANES),
+     --repeats times in alternating order (compare the threads' CPU, all_cpu_s: on a loaded VM
+     the walls are noise).
 Per-chunk milliseconds are printed as averages over windows ending at chunks 32, 64, 128, 256 and
 the last, so what grows with the corpus shows.
 """
@@ -104,6 +108,10 @@ def main(argv=None):
                         "(tools/gates_profile.py measures it)")
     p.add_argument("--save", default=None, help="save the breakdown pass's statistics here (.npz), to compare "
                    "two versions of the code: StreamingGateStats.load(a) == StreamingGateStats.load(b)")
+    p.add_argument("--lanes", default="contexts",
+                   help="drivers pass: comma list of analysis.corpus.LANES modes (contexts, all); with more than one "
+                        "the queued-ahead driver runs each --repeats times, the order reversed each repeat")
+    p.add_argument("--repeats", type=int, default=1, help="drivers pass: runs of each --lanes mode")
     p.add_argument("--cpu", action="store_true", help="breakdown pass: the thread's CPU seconds (time.thread_time) "
                    "instead of wall seconds, for a machine other work loads (the serial pass runs on one thread)")
     args = p.parse_args(argv)
@@ -354,10 +362,23 @@ def drivers_pass(args, model, docs, chunk: int, serial) -> None:
         device_chunks.eligible = lambda pipe, eng: None
         device_chunks.DeviceChunks = make_runner
         n = None
-        for name, pipelined in (("one chunk at a time", False), ("queued ahead", True)):
-            st = corpus.corpus_stats(model, documents=docs, backend="cpu", chunk_tokens=chunk,
-                                     device_highway=lambda pos: None, reducer_threads=args.threads,
-                                     pipelined=pipelined)
+        modes = [m for m in args.lanes.split(",") if m]
+        runs = [("one chunk at a time", False, modes[0])] if len(modes) == 1 else []
+        for rep in range(args.repeats):
+            runs += [(f"queued ahead, LANES={m}, repeat {rep}", True, m) for m in (modes if rep % 2 == 0 else modes[::-1])]
+        # warm-up: every @njit compiled or loaded, the context tables' prune too (a tiny cap prunes them all)
+        corpus.corpus_stats(model, documents=docs[:2], backend="cpu", chunk_tokens=chunk,
+                            device_highway=lambda pos: None, reducer_threads=args.threads, pipelined=True,
+                            max_contexts=8)
+        keep = corpus.LANES
+        for name, pipelined, lanes in runs:
+            corpus.LANES = lanes
+            try:
+                st = corpus.corpus_stats(model, documents=docs, backend="cpu", chunk_tokens=chunk,
+                                         device_highway=lambda pos: None, reducer_threads=args.threads,
+                                         pipelined=pipelined)
+            finally:
+                corpus.LANES = keep
             tm_ = st.meta["timing"]
             n = n or -(-st.n_tokens // chunk)
             wall = tm_["wall_s"]

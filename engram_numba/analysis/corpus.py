@@ -63,11 +63,11 @@ SYNTHETIC_CORPUS = ("synthetic (N(0,1) by position in the sequence, seed 0, as P
                     "no transformer blocks)")
 REDUCER_THREADS = 8                # > 1: a chunk's statistics on L + (max_ngram - 1) lanes (5 at the released shapes)
 LANES = "contexts"                 # "contexts": the context orders on lanes, each chunk's layers run on the pool
-                                   # and waited for; "all": the layers on lanes of their own too. On the H200
-                                   # host (16 cores) "all" was slower: 337,856 against 466,847 tokens/s on the
-                                   # Q2_K model, 404,683 against 439,414 on the FP8 one (five lanes' Python
-                                   # contending for the GIL: 2.2x the lanes' CPU seconds;
-                                   # bench/results/h200_corpus_q2k_2a6d9a6.json). bench.corpus times both.
+                                   # and waited for; "all": the layers on lanes of their own too. The same
+                                   # statistics either way. Which is faster on the H200 host is not settled: the
+                                   # runs so far each favoured the variant timed second (the first compiled the
+                                   # context tables' prune mid-run; docs/research.md section 5);
+                                   # tools/gpu_corpus_lanes.sh times both models x both modes, alternating.
 _TRIM_HISTORY = 1 << 20            # continuous mode: keep the hasher's history below this many tokens
 
 
@@ -648,6 +648,7 @@ def corpus_stats(model, corpus=None, *, texts=None, documents=None, backend="cpu
         from tqdm.auto import tqdm
         bar = tqdm(total=limit_tokens, desc="corpus", unit="tok")
     t_wall = time.perf_counter()
+    cpu_all = time.process_time()
     try:
         if threads:
             _run_threaded(jobs, gates_async, reduce, bar, timing, prefetch_job)
@@ -672,6 +673,7 @@ def corpus_stats(model, corpus=None, *, texts=None, documents=None, backend="cpu
             lane.shutdown()                # after the chunks it still holds
     wall = time.perf_counter() - t_wall
     stats.finish()                         # raises what a context lane raised
+    timing["all_cpu_s"] = time.process_time() - cpu_all     # every thread's, the pool's too (no *_cpu_s of its own)
     timing["wall_s"] = wall
     dc = chunks_dev["runner"]
     if dc is not None:
