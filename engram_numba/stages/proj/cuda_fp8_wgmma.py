@@ -63,6 +63,15 @@ Kernel versions (after act_quant; v2 and v3 from one factory, `make_kernel(doubl
                registers), the chain running on from one k tile into the next and drained every two
                ("pair") or every tile; a chain left in flight across the loop edge makes ptxas
                serialize every wgmma (C7514). Not yet timed on a GPU.
+  gemm_fp8_v7  v6's roles, MMAs and promotion (outputs v6's, bit for bit) with the scale products made
+               once a k tile by the loader warpgroup and staged beside the operands (an MMA thread
+               reads a block's 8 products as two 16-byte loads; v6: 6 loads and 8 multiplies) and a
+               persistent grid (min(tiles, SMs) CTAs, token tile fastest) whose k-tile stream runs on
+               across output tiles, so the ring never drains (`make_kernel_v7`, `V7Variant`); 160
+               registers, no spills, wgmma not serialized; 335 SASS instructions a consumer warp a k
+               tile (v6: 384). Specialisations (`V7_CANDIDATES`, timed by tools/fp8_dev.py): one CTA a
+               tile; two n64 partial tiles a warpgroup (one half promoted while the other's MMA runs,
+               154 registers); a 4-stage ring. Not yet timed on a GPU.
 """
 from __future__ import annotations
 
@@ -1360,18 +1369,28 @@ def make_kernel_v7(v: V7Variant = None):
                 cp_async_16(smem, dst + np.uint32(A_BYTES), w32, np.uint32(min(np.uint32(n0) + rr, Nl) * K16 + kc), ks)
 
     @device_function(**INLINE)
-    def _scales7(sx32, sw32, kt, m0, n0, T, NB, lt):
-        """k tile kt's scales for loader thread lt: its token row's 4 (rows past T clamped) and the 4
-        w tiles' 4 each (tiles past N clamped), as fp32 bits (plain global loads: not waited for here)."""
-        xa, xb, xc, xd = load_u32x4(sx32, np.uint32(kt * np.uint32(T) + min(np.uint32(m0 + lt), np.uint32(T - 1))))
-        wrow = kt * NB
-        nb = np.uint32(n0 // BLOCK)
+    def _rows7(m0, n0, T, NB, lt):
+        """Loader thread lt's scale rows in an output tile: its token row (past T clamped to the last)
+        and the tile's 4 w tiles (past N clamped), uint32, computed once a tile."""
         Nl = NB - np.uint32(1)
-        w0 = load_u32x4(sw32, np.uint32(wrow + min(nb, Nl)))
-        w1 = load_u32x4(sw32, np.uint32(wrow + min(nb + np.uint32(1), Nl)))
-        w2 = load_u32x4(sw32, np.uint32(wrow + min(nb + np.uint32(2), Nl)))
-        w3 = load_u32x4(sw32, np.uint32(wrow + min(nb + np.uint32(3), Nl)))
-        return (xa, xb, xc, xd), (w0, w1, w2, w3)
+        nb = np.uint32(n0 >> np.uint32(5))
+        return (np.uint32(min(np.uint32(m0 + np.uint32(lt)), np.uint32(T - 1))),
+                np.uint32(min(nb, Nl)), np.uint32(min(np.uint32(nb + np.uint32(1)), Nl)),
+                np.uint32(min(np.uint32(nb + np.uint32(2)), Nl)), np.uint32(min(np.uint32(nb + np.uint32(3)), Nl)))
+
+    @device_function(**INLINE)
+    def _scales7(sx32, sw32, kt, T, NB, rows):
+        """k tile kt's scales for a loader thread whose scale rows are `rows` (`_rows7`): its token row's
+        4 and the 4 w tiles' 4 each, as fp32 bits (plain global loads: not waited for here)."""
+        xr, r0, r1, r2, r3 = rows
+        xo = np.uint32(kt * np.uint32(T))
+        wo = np.uint32(kt * NB)
+        xs = load_u32x4(sx32, np.uint32(xo + xr))
+        w0 = load_u32x4(sw32, np.uint32(wo + r0))
+        w1 = load_u32x4(sw32, np.uint32(wo + r1))
+        w2 = load_u32x4(sw32, np.uint32(wo + r2))
+        w3 = load_u32x4(sw32, np.uint32(wo + r3))
+        return xs, (w0, w1, w2, w3)
 
     @device_function(**INLINE)
     def _product_chunk(smem, ch, x, w0, w1, w2, w3):
@@ -1479,9 +1498,11 @@ def make_kernel_v7(v: V7Variant = None):
             tile = c0
             kt = np.uint32(0)
             m0, n0 = _origin7(tile, n_mt)
-            xs, ws = _scales7(sx32, sw32, kt, m0, n0, T, NB, lt)
+            rows = _rows7(m0, n0, T, NB, lt)
+            xs, ws = _scales7(sx32, sw32, kt, T, NB, rows)
             so = np.uint32(0)                                                 # ring offset of k tile g
-            slot = 0
+            slot = 0                                                          # its slot
+            fs = 0                                                            # slot of k tile g - LAG
             for g in range(G):
                 if g >= S:
                     named_barrier_sync(BAR_EMPTY0 + slot, EMPTY_COUNT)
@@ -1493,13 +1514,16 @@ def make_kernel_v7(v: V7Variant = None):
                     kt = np.uint32(0)
                     tile = np.uint32(tile + step)
                     m0, n0 = _origin7(tile, n_mt)
-                xs, ws = _scales7(sx32, sw32, kt, m0, n0, T, NB, lt)          # clamped: in bounds past the last
+                    rows = _rows7(m0, n0, T, NB, lt)
+                xs, ws = _scales7(sx32, sw32, kt, T, NB, rows)                 # clamped: in bounds past the last
                 if g >= LAG:
                     cp_wait_lag()
                     fence_proxy_async()
-                    f = (g - LAG) % S
-                    named_barrier_arrive(V6_BAR_FULL0 + f, FULL_COUNT)
-                    named_barrier_arrive(V6_BAR_FULL0 + S + f, FULL_COUNT)
+                    named_barrier_arrive(V6_BAR_FULL0 + fs, FULL_COUNT)
+                    named_barrier_arrive(V6_BAR_FULL0 + S + fs, FULL_COUNT)
+                    fs = fs + 1
+                    if fs == S:
+                        fs = 0
                 so = so + np.uint32(V7_STAGE_BYTES)
                 if so == np.uint32(RING):
                     so = np.uint32(0)
