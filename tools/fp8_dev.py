@@ -24,11 +24,12 @@ and counted invalid; the others still run.
 gemm_fp8_v6 in --versions brings its specialisations (`cuda_fp8_wgmma.V6_CANDIDATES`: ring depth,
 k tiles a loop iteration) along, each validated and timed beside it, and every v6 kernel's outputs
 are compared bit for bit with gemm_fp8_v5's (same MMAs, same promotion: they must be identical).
-gemm_fp8_v7 likewise brings `cuda_fp8_wgmma.V7_CANDIDATES` (and then v6 comes without its own) (one CTA a tile instead of the persistent
-grid, two n64 partial tiles a warpgroup, a 4-stage ring), and every v7 kernel's outputs are compared
-bit for bit with gemm_fp8_v6's when v6 runs too (column "=ref"): required of the n128 kernels (v6's
-MMAs and fma with the products made elsewhere), recorded only for the n64x2 ones (another MMA shape:
-the tensor core's order inside a block may differ; they are held to the twin bound like the others).
+gemm_fp8_v7 likewise brings `cuda_fp8_wgmma.V7_CANDIDATES` (one CTA a tile instead of the persistent
+grid, two n64 partial tiles a warpgroup, a 4-stage ring; v6 then runs without its own), and every v7
+kernel's outputs are compared bit for bit with gemm_fp8_v6's when v6 runs too (column "=ref"):
+required of the n128 kernels (v6's MMAs and fma, the products made elsewhere), recorded only for the
+n64x2 ones (another MMA shape: the tensor core's order inside a block may differ; they are held to
+the twin bound like the others).
 --smoke runs the wiring in numba's simulator at tiny shapes (meaningless times).
 """
 from __future__ import annotations

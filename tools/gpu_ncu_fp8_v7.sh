@@ -27,5 +27,6 @@ dram__throughput.avg.pct_of_peak_sustained_elapsed,lts__t_sector_hit_rate.pct
 timeout "${NCU_TIMEOUT:-240}" ncu --clock-control none --profile-from-start off --kernel-name regex:gemm_fp8 \
   --metrics "$METRICS" --section WarpStateStats --section SchedulerStats --section LaunchStats \
   python3 tools/fp8_ncu.py --tokens 4096 "$@" > "$OUT/ncu_gemm_fp8_v7.txt" 2>&1
-echo "ncu exit status: $?"; grep -E "gemm_fp8|duration|pipe_tensor_cycles|pipe_fma_cycles|issue_active|Stall|profiled|FAILED" \
+echo "ncu exit status: $?"
+grep -E "gemm_fp8|duration|pipe_tensor_cycles|pipe_fma_cycles|issue_active|Stall|profiled|FAILED" \
   "$OUT/ncu_gemm_fp8_v7.txt" | cut -c1-160 | head -n 60
