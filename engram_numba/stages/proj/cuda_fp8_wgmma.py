@@ -1247,7 +1247,8 @@ def make_kernel_v6(v: V6Variant = None):
 # ---- gemm_fp8_v7: v6's roles, the scale products made by the loader, a persistent grid ---------------
 #
 # v6's loader warpgroup and two free-running MMA warpgroups on named barriers, and the same MMAs and
-# promotion (so the same outputs, bit for bit), with three changes where v6 spends issue slots or idles:
+# promotion (so the same outputs, bit for bit), with two changes where v6 spends issue slots or idles,
+# and a third as a specialisation:
 # - the scale products: per block v6's MMA warps read 6 scales (LDS) and multiply 8 products (FMUL)
 #   for the 64 FFMA of the promotion. In v7 the loader makes them once a k tile: each loader thread
 #   (one token row of the tile) reads its row's 4 x scales and the tile's 4 x 4 w scales from global
