@@ -142,3 +142,13 @@ def test_fp8_gemm_v6_stays_asynchronous_without_spills(report):
     gemm = _fp8_gemm_targets(report, "gemm_fp8_v6")
     assert gemm["instructions"]["wgmma"] == 4 and gemm["instructions"]["cp.async"] > 0, gemm["instructions"]
     assert not gemm["wgmma_serialized"] and 0 < gemm["registers"] <= 168, gemm
+
+
+def test_fp8_gemm_v7_stays_asynchronous_without_spills(report):
+    """gemm_fp8_v7 (v6's roles, the loader making the scale products, a persistent grid): its 4 e4m3
+    wgmma a k tile stay asynchronous (the output-tile index is divided with a 32-bit div.u32: numba's
+    64-bit division is a call, which serialized them), and it fits the 168 registers a thread of a
+    384-thread block without spilling (160 at the time of writing)."""
+    gemm = _fp8_gemm_targets(report, "gemm_fp8_v7")
+    assert gemm["instructions"]["wgmma"] == 4 and gemm["instructions"]["cp.async"] > 0, gemm["instructions"]
+    assert not gemm["wgmma_serialized"] and 0 < gemm["registers"] <= 168, gemm

@@ -1,4 +1,4 @@
-"""Development run of DeepSeek's FP8 projection on Hopper (gemm_fp8_v1 .. _v6): validated, then timed.
+"""Development run of DeepSeek's FP8 projection on Hopper (gemm_fp8_v1 .. _v7): validated, then timed.
 
     python tools/fp8_dev.py [--out DIR] [--tokens 1,3,...] [--versions gemm_fp8_v3,...] [--smoke]
 
@@ -24,6 +24,12 @@ and counted invalid; the others still run.
 gemm_fp8_v6 in --versions brings its specialisations (`cuda_fp8_wgmma.V6_CANDIDATES`: ring depth,
 k tiles a loop iteration) along, each validated and timed beside it, and every v6 kernel's outputs
 are compared bit for bit with gemm_fp8_v5's (same MMAs, same promotion: they must be identical).
+gemm_fp8_v7 likewise brings `cuda_fp8_wgmma.V7_CANDIDATES` (one CTA a tile instead of the persistent
+grid, two n64 partial tiles a warpgroup, a 4-stage ring; v6 then runs without its own), and every v7
+kernel's outputs are compared bit for bit with gemm_fp8_v6's when v6 runs too (column "=ref"):
+required of the n128 kernels (v6's MMAs and fma, the products made elsewhere), recorded only for the
+n64x2 ones (another MMA shape: the tensor core's order inside a block may differ; they are held to
+the twin bound like the others).
 --smoke runs the wiring in numba's simulator at tiny shapes (meaningless times).
 """
 from __future__ import annotations
@@ -43,7 +49,7 @@ import numpy as np  # noqa: E402
 
 K_REL, N_REL = 6144, 25600
 TOKENS = (1, 3, 17, 128, 130, 256, 512, 1024, 4096)
-VERSIONS = ("gemm_fp8_v1", "gemm_fp8_v2", "gemm_fp8_v3", "gemm_fp8_v4", "gemm_fp8_v5", "gemm_fp8_v6")
+VERSIONS = ("gemm_fp8_v1", "gemm_fp8_v2", "gemm_fp8_v3", "gemm_fp8_v4", "gemm_fp8_v5", "gemm_fp8_v6", "gemm_fp8_v7")
 # not records: v4's schedule on v3's two warpgroups of m64n128 (256 threads, 225 registers), timed
 # beside v4 to separate what the deeper stream buys from what 4 warps a scheduler buy; and v5 with its
 # refill issued under the stage's first two MMAs (more instructions, less idle issue at a stage's start)
@@ -53,6 +59,11 @@ EXPERIMENTS = ("gemm_fp8_v4[n128]", "gemm_fp8_v5[refill_under_mma]")
 def _v6_candidates() -> tuple:
     from engram_numba.stages.proj.cuda_fp8_wgmma import V6_CANDIDATES
     return tuple(V6_CANDIDATES)
+
+
+def _v7_candidates() -> tuple:
+    from engram_numba.stages.proj.cuda_fp8_wgmma import V7_CANDIDATES
+    return tuple(V7_CANDIDATES)
 SAMPLE_ROWS = 24
 MAX_REL_L2, MAX_SHARE_DIFFER = 2e-3, 0.10      # docs/numerics.md's bound against the twin (tensor-core versions)
 
@@ -113,6 +124,14 @@ def _prepare(version, x, codes, scales, out):
     from engram_numba.stages.proj import cuda_fp8_wgmma as F
     record = version.split("[")[0]
     base = prepare_project_q(x, codes, scales, out, weight="fp8", version=record)
+    if record == "gemm_fp8_v7":                 # likewise, with its own grid (persistent or one CTA a tile)
+        v = F.V7_CANDIDATES[version]
+        kernel = F.kernel_v7(v)
+        args = base.gemm.args
+        grid, threads, smem = F.geometry_v7(x.shape[0], out.shape[1], v)
+        allow_dynamic_shared(kernel, args, smem)
+        gemm = PreparedLaunch(version, kernel, grid, threads, 0, args, out, sharedmem=smem)
+        return F.Fp8GemmLaunch(version, base.quant, gemm, out, base.x_codes, base.x_scales, base.w_scales)
     if record == "gemm_fp8_v6":                 # a specialisation: the record's launch, its kernel swapped
         v = F.V6_CANDIDATES[version]
         kernel = F.kernel_v6(v)
@@ -196,6 +215,13 @@ def run(out_dir: Path, tokens, smoke: bool, versions=VERSIONS + EXPERIMENTS) -> 
                     same = bool(np.array_equal(outs[v], outs["gemm_fp8_v5"]))
                     rec[f"{v}_bit_identical_to_v5_{kind}"] = same
                     valid[v] = valid[v] and same
+            # v7 is v6's arithmetic (n128: the same MMAs and fma; n64x2: recorded, not required)
+            for v in versions:
+                if v.startswith("gemm_fp8_v7") and v in outs and "gemm_fp8_v6" in outs:
+                    same = bool(np.array_equal(outs[v], outs["gemm_fp8_v6"]))
+                    rec[f"{v}_bit_identical_to_v6_{kind}"] = same
+                    if "n64x2" not in v:
+                        valid[v] = valid[v] and same
             print(f"T={T} {kind}: " + json.dumps({k: v for k, v in rec.items() if kind in k}), flush=True)
         rec["act_quant_bit_exact"] = aq_ok
         rec["valid"] = {v: bool(ok and aq_ok) for v, ok in valid.items()}
@@ -241,14 +267,16 @@ def table(records, versions=VERSIONS + EXPERIMENTS) -> str:
     """One line a (T, version): us of act_quant + GEMM and of the GEMM alone ('-' when invalid, so not
     timed), TF/s and ratio to gemm_v4 and to cuBLAS bf16 (act_quant + GEMM against them), the
     distance to the twin on normal x (max ulp, share differing, rel L2), whether the outputs equal
-    gemm_fp8_v5's bit for bit (v6 kernels), and valid; then the bf16 baselines and act_quant."""
+    gemm_fp8_v5's (v6 kernels) or gemm_fp8_v6's (v7 kernels) bit for bit, and valid; then the bf16
+    baselines and act_quant."""
     lines = [f"{'T':>5s} {'version':34s} {'us':>9s} {'gemm us':>9s} {'TF/s':>7s} {'x v4':>6s} {'x cuBLAS':>8s}  "
-             f"{'vs twin (max ulp, share, rel L2)':34s} {'=v5':>4s} valid"]
+             f"{'vs twin (max ulp, share, rel L2)':34s} {'=ref':>4s} valid"]
     for r in records:
         t = r["time_us"]
         for v in versions:
             c = r.get(f"{v}_vs_cpu_twin_normal", {})
-            same = [r[k] for k in (f"{v}_bit_identical_to_v5_fp8_rows", f"{v}_bit_identical_to_v5_normal") if k in r]
+            same = [r[k] for k in (f"{v}_bit_identical_to_v5_fp8_rows", f"{v}_bit_identical_to_v5_normal",
+                                   f"{v}_bit_identical_to_v6_fp8_rows", f"{v}_bit_identical_to_v6_normal") if k in r]
             tw = f"{c.get('max_ulp')} {c.get('share_differ', 0):.2e} {c.get('rel_l2', 0):.1e}" if c else "-"
             us = f"{t[v]:9.1f}" if v in t else f"{'-':>9s}"
             gus = f"{t[v + '.gemm']:9.1f}" if v + ".gemm" in t else f"{'-':>9s}"
@@ -270,16 +298,20 @@ def main(argv=None) -> int:
     ap.add_argument("--versions", default=",".join(VERSIONS + EXPERIMENTS),
                     help="comma-separated FP8 versions (default all, with the experiments %s)" % (EXPERIMENTS,))
     ap.add_argument("--smoke", action="store_true", help="tiny shapes (the simulator)")
-    ap.add_argument("--no-candidates", action="store_true", help="gemm_fp8_v6 without its specialisations")
+    ap.add_argument("--no-candidates", action="store_true", help="gemm_fp8_v6 and _v7 without their specialisations")
     a = ap.parse_args(argv)
     out = Path(a.out)
     out.mkdir(parents=True, exist_ok=True)
     tokens = tuple(int(t) for t in a.tokens.split(",")) if a.tokens else ((3, 17) if a.smoke else TOKENS)
     t0 = time.time()
     versions = tuple(v for v in a.versions.split(",") if v)
-    if "gemm_fp8_v6" in versions and not a.no_candidates:
+    # v6's specialisations were timed at 2a6d9a6 (the one-loader-warp ones cannot launch): beside v7,
+    # which brings its own, only v6 itself runs (the reference v7's outputs are compared with)
+    if "gemm_fp8_v6" in versions and "gemm_fp8_v7" not in versions and not a.no_candidates:
         versions += tuple(c for c in _v6_candidates() if c not in versions)
-    known = VERSIONS + EXPERIMENTS + _v6_candidates()
+    if "gemm_fp8_v7" in versions and not a.no_candidates:
+        versions += tuple(c for c in _v7_candidates() if c not in versions)
+    known = VERSIONS + EXPERIMENTS + _v6_candidates() + _v7_candidates()
     unknown = [v for v in versions if v not in known]
     if unknown:
         print(f"error: unknown FP8 version(s) {unknown}; known: {list(known)}")

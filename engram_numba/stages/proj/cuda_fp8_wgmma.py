@@ -63,6 +63,15 @@ Kernel versions (after act_quant; v2 and v3 from one factory, `make_kernel(doubl
                registers), the chain running on from one k tile into the next and drained every two
                ("pair") or every tile; a chain left in flight across the loop edge makes ptxas
                serialize every wgmma (C7514). Not yet timed on a GPU.
+  gemm_fp8_v7  v6's roles, MMAs and promotion (outputs v6's, bit for bit) with the scale products made
+               once a k tile by the loader warpgroup and staged beside the operands (an MMA thread
+               reads a block's 8 products as two 16-byte loads; v6: 6 loads and 8 multiplies) and a
+               persistent grid (min(tiles, SMs) CTAs, token tile fastest) whose k-tile stream runs on
+               across output tiles, so the ring never drains (`make_kernel_v7`, `V7Variant`); 160
+               registers, no spills, wgmma not serialized; 335 SASS instructions a consumer warp a k
+               tile (v6: 384). Specialisations (`V7_CANDIDATES`, timed by tools/fp8_dev.py): one CTA a
+               tile; two n64 partial tiles a warpgroup (one half promoted while the other's MMA runs,
+               154 registers); a 4-stage ring. Not yet timed on a GPU.
 """
 from __future__ import annotations
 
@@ -120,6 +129,9 @@ SMEM_BYTES = max(STAGES * STAGE_BYTES, BM * STASH_STRIDE * 4) + ALIGN_SLACK
 #   loads of the scales it addresses are not scheduled before the wait that retires it (they would
 #   hold registers across the MMA); part[0] is NaN only when the partial is, and then every fma that
 #   uses the scale is NaN whatever it reads (the twin returns index).
+# - `udiv32(a, b)`: a // b as one PTX div.u32 on the low 32 bits of a and b (both < 2^32): numba types
+#   a division of 32-bit integers as a 64-bit one, which ptxas makes a call, and a call anywhere in a
+#   kernel makes ptxas serialize its wgmma.
 
 if SIMULATOR:
     from ...device.hopper import WgmmaAcc, _QUEUES, _bytes, _element_offsets, _thread_id
@@ -172,6 +184,9 @@ if SIMULATOR:
 
     def after_retired(index, part):
         return index
+
+    def udiv32(a, b):
+        return np.uint32(int(a) // int(b))
 
 else:
     from llvmlite import ir
@@ -234,6 +249,18 @@ else:
             return builder.call(ir.InlineAsm(ir.FunctionType(_I32, [_I32]), "mov.b32 $0, $1;", "=r,r", side_effect=True),
                                 [args[0]])
         return v(v), codegen
+
+    @intrinsic
+    def udiv32(typingctx, a, b):
+        if not (isinstance(a, types.Integer) and isinstance(b, types.Integer)):
+            return None
+
+        def codegen(context, builder, signature, args):
+            x = builder.trunc(context.cast(builder, args[0], signature.args[0], types.uint64), _I32)
+            y = builder.trunc(context.cast(builder, args[1], signature.args[1], types.uint64), _I32)
+            return builder.call(ir.InlineAsm(ir.FunctionType(_I32, [_I32, _I32]), "div.u32 $0, $1, $2;", "=r,r,r",
+                                             side_effect=False), [x, y])
+        return types.uint32(a, b), codegen
 
     @device_function(**INLINE)
     def after_retired(index, part):
@@ -1217,6 +1244,347 @@ def make_kernel_v6(v: V6Variant = None):
     return gemm_fp8_v6
 
 
+# ---- gemm_fp8_v7: v6's roles, the scale products made by the loader, a persistent grid ---------------
+#
+# v6's loader warpgroup and two free-running MMA warpgroups on named barriers, and the same MMAs and
+# promotion (so the same outputs, bit for bit), with two changes where v6 spends issue slots or idles,
+# and a third as a specialisation:
+# - the scale products: per block v6's MMA warps read 6 scales (LDS) and multiply 8 products (FMUL)
+#   for the 64 FFMA of the promotion. In v7 the loader makes them once a k tile: each loader thread
+#   (one token row of the tile) reads its row's 4 x scales and the tile's 4 x 4 w scales from global
+#   memory (plain loads, issued one k tile ahead, so their latency is hidden by the next tile's
+#   copies), multiplies the 16 products s_x * s_w (the same fp32 products v5 forms) and stores them
+#   into the stage, laid out [block j][token row][w tile]: an MMA thread reads a block's 8 products
+#   as two 16-byte loads (rows r0 and r0 + 8). The stores follow the EMPTY sync that frees the slot
+#   and precede the FULL arrive that publishes it (a barrier orders the arriving thread's earlier
+#   shared-memory stores for the threads that sync on it). The raw scales are no longer staged.
+# - a persistent grid (`V7Variant.persistent`): min(tiles, SMs) CTAs, CTA c takes output tiles
+#   c, c + grid, ... (token tile fastest, so the CTAs in flight share a few weight tiles: each weight
+#   tile comes from HBM about once, x stays in L2). The loader's k-tile stream runs on from one tile
+#   into the next, so the ring never drains: while the MMA warpgroups store a tile's bf16 outputs from
+#   registers, the next tile's first stages are already landing; the prologue is paid once per CTA.
+#   (persistent=False: the same kernel on one CTA a tile.)
+# - `V7Variant.split` (a candidate, not the record): two partial tiles a warpgroup within the 168
+#   registers of 384 threads, by splitting each block's m64n128k32 into two m64n64k32 (the 64 output
+#   columns of each half): half 1's MMA runs while half 0 is promoted, and half 0 of the next block
+#   runs while half 1 is promoted (wait_group 1), drained at the end of a k tile (a chain across the
+#   loop edge serializes every wgmma: C7514). Each output's 32-term sum is the same MMA column; the
+#   simulator's sums are identical; on the GPU the n64 and n128 MMAs are expected to sum a column alike
+#   (tools/fp8_dev.py compares the outputs with v6's bit for bit). Twice the A-operand reads from
+#   shared memory.
+# What was not done: setmaxnreg to give the loader's registers to the MMA warpgroups (ptxas ignores it
+# under numba's relocatable nvJitLink link: C7504, see gemm_fp8_v4's notes). The one-loader-warp shapes
+# of v6 (288 threads) cannot launch with more than 168 registers a thread: the register file is split
+# over the 4 schedulers (16384 registers each) and one of them holds 3 of the 9 warps (3 x 32 x 168 <=
+# 16384 < 3 x 32 x 176), whatever 65536 / 288 suggests.
+V7_LOADERS = 128
+V7_THREADS = V6_CONSUMERS + V7_LOADERS
+V7_PROD_BYTES = SCALE_K * BM * (BN // BLOCK) * 4        # products [4 blocks][128 rows][4 w tiles] fp32
+V7_STAGE_BYTES = A_BYTES + B_BYTES + V7_PROD_BYTES      # 40 KiB (atoms stay 1024-aligned)
+assert V7_STAGE_BYTES % 1024 == 0
+
+
+class V7Variant:
+    """A gemm_fp8_v7 specialisation: ring depth, persistent grid, split MMAs (two n64 partial tiles)."""
+
+    def __init__(self, stages: int = 5, persistent: bool = True, split: bool = False):
+        assert 3 <= stages and 3 * stages <= 15
+        assert stages * V7_STAGE_BYTES + ALIGN_SLACK <= 227 * 1024
+        self.stages, self.persistent, self.split = stages, persistent, split
+        self.threads = V7_THREADS
+        self.smem_bytes = stages * V7_STAGE_BYTES + ALIGN_SLACK
+        self.name = f"gemm_fp8_v7[s{stages}/{'persist' if persistent else 'grid'}/{'n64x2' if split else 'n128'}]"
+
+
+# the simulator runs CTAs one after another: a small persistent grid there, so that CTAs take several tiles
+V7_SIM_CTAS = 2
+
+
+def v7_ctas(tiles: int, v: V7Variant) -> int:
+    """CTAs of a v7 launch over `tiles` output tiles: one a tile, or (persistent) one an SM at most."""
+    if not v.persistent:
+        return tiles
+    if SIMULATOR:
+        return min(tiles, V7_SIM_CTAS)
+    return min(tiles, cuda.get_current_device().MULTIPROCESSOR_COUNT)
+
+
+def make_kernel_v7(v: V7Variant = None):
+    """gemm_fp8_v7's kernel for specialisation v (default: the record, 5 stages, persistent, n128)."""
+    v = v or V7Variant()
+    S, SPLIT = v.stages, v.split
+    LAG = S - 2
+    K_STEP16 = 32 >> 4                       # a k32 step in the descriptor's 16-byte units
+    HALF_B16 = (64 * ROW_BYTES) >> 4         # B rows 64..127 (the second n64 half), 16-byte units
+    NA = NACC // 2 if SPLIT else NACC
+    ZERO = tuple(np.float32(0.0) for _ in range(NA))
+    BAR_EMPTY0 = V6_BAR_FULL0 + 2 * S
+    FULL_COUNT = 128 + V7_LOADERS
+    EMPTY_COUNT = V6_CONSUMERS + V7_LOADERS
+    cp_wait_lag = cp_async_waiter(LAG)
+    cp_wait0 = cp_async_waiter(0)
+    mma_wait0 = wgmma_waiter(0)
+    mma_wait1 = wgmma_waiter(1)
+    ROWS = V7_LOADERS // 8                   # operand rows a loader pass (16)
+    PASSES = BM // ROWS                      # passes an operand a stage (8)
+    PCH = (A_BYTES + B_BYTES) // 16          # 16-byte chunk of a stage's products within the stage
+    RING = S * V7_STAGE_BYTES
+    assert BM == BN == V7_LOADERS and BN // BLOCK == 4
+    U0 = np.uint32(0)
+    U16 = np.uint32(16)
+
+    @device_function(**INLINE)
+    def _origin7(tile, n_mt):
+        """(first token row, first output) of output tile `tile`, token tiles fastest (uint32)."""
+        nt = udiv32(tile, n_mt)
+        return np.uint32((tile - nt * n_mt) * np.uint32(BM)), np.uint32(nt * np.uint32(BN))
+
+    @device_function(**INLINE)
+    def _copy7(smem, so, x32, w32, kt, K16, m0, n0, T, N, lt):
+        """v6's `_load6` without the scales: loader thread lt's cp.async of k tile kt's operands into
+        the stage at ring byte so (rows past T or N clamped to the last, k chunks past K zero-filled)."""
+        q = np.uint32(lt) & np.uint32(7)
+        row0 = np.uint32(lt) >> np.uint32(3)
+        kq = np.uint32(kt * np.uint32(8) + q)
+        ks = U16 if kq < K16 else U0
+        kc = np.uint32(min(kq, np.uint32(K16 - np.uint32(1))))
+        sw = (q ^ (row0 & np.uint32(7))) << np.uint32(4)       # ROWS = 16: every pass has row0's phase
+        d0 = so + row0 * np.uint32(ROW_BYTES) + sw
+        if np.uint32(m0 + BM) <= np.uint32(T) and np.uint32(n0 + BN) <= np.uint32(N):
+            K16s = np.uint32(ROWS) * K16
+            xs = (np.uint32(m0) + row0) * K16 + kc
+            ws = (np.uint32(n0) + row0) * K16 + kc
+            for i in range(PASSES):
+                dst = d0 + np.uint32(ROWS * ROW_BYTES * i)
+                cp_async_16(smem, dst, x32, xs, ks)
+                cp_async_16(smem, dst + np.uint32(A_BYTES), w32, ws, ks)
+                xs += K16s
+                ws += K16s
+        else:
+            Tl = np.uint32(T - 1)
+            Nl = np.uint32(N - 1)
+            for i in range(PASSES):
+                rr = row0 + np.uint32(ROWS * i)
+                dst = d0 + np.uint32(ROWS * ROW_BYTES * i)
+                cp_async_16(smem, dst, x32, np.uint32(min(np.uint32(m0) + rr, Tl) * K16 + kc), ks)
+                cp_async_16(smem, dst + np.uint32(A_BYTES), w32, np.uint32(min(np.uint32(n0) + rr, Nl) * K16 + kc), ks)
+
+    @device_function(**INLINE)
+    def _rows7(m0, n0, T, NB, lt):
+        """Loader thread lt's scale rows in an output tile: its token row (past T clamped to the last)
+        and the tile's 4 w tiles (past N clamped), uint32, computed once a tile."""
+        Nl = NB - np.uint32(1)
+        nb = np.uint32(n0 >> np.uint32(5))
+        return (np.uint32(min(np.uint32(m0 + np.uint32(lt)), np.uint32(T - 1))),
+                np.uint32(min(nb, Nl)), np.uint32(min(np.uint32(nb + np.uint32(1)), Nl)),
+                np.uint32(min(np.uint32(nb + np.uint32(2)), Nl)), np.uint32(min(np.uint32(nb + np.uint32(3)), Nl)))
+
+    @device_function(**INLINE)
+    def _scales7(sx32, sw32, kt, T, NB, rows):
+        """k tile kt's scales for a loader thread whose scale rows are `rows` (`_rows7`): its token row's
+        4 and the 4 w tiles' 4 each, as fp32 bits (plain global loads: not waited for here)."""
+        xr, r0, r1, r2, r3 = rows
+        xo = np.uint32(kt * np.uint32(T))
+        wo = np.uint32(kt * NB)
+        xs = load_u32x4(sx32, np.uint32(xo + xr))
+        w0 = load_u32x4(sw32, np.uint32(wo + r0))
+        w1 = load_u32x4(sw32, np.uint32(wo + r1))
+        w2 = load_u32x4(sw32, np.uint32(wo + r2))
+        w3 = load_u32x4(sw32, np.uint32(wo + r3))
+        return xs, (w0, w1, w2, w3)
+
+    @device_function(**INLINE)
+    def _product_chunk(smem, ch, x, w0, w1, w2, w3):
+        a = u32_as_f32(x)
+        store_u32x4(smem, ch, f32_as_u32(a * u32_as_f32(w0)), f32_as_u32(a * u32_as_f32(w1)),
+                    f32_as_u32(a * u32_as_f32(w2)), f32_as_u32(a * u32_as_f32(w3)))
+
+    @device_function(**INLINE)
+    def _products7(smem, so, padu, xs, ws, lt):
+        """The stage's products for token row lt: chunk [j][lt] = s_x[lt, j] * s_w[tiles 0..3, j]."""
+        ch = ((padu + so) >> np.uint32(4)) + np.uint32(PCH) + np.uint32(lt)
+        wa, wb, wc, wd = ws
+        _product_chunk(smem, ch, xs[0], wa[0], wb[0], wc[0], wd[0])
+        _product_chunk(smem, ch + np.uint32(BM), xs[1], wa[1], wb[1], wc[1], wd[1])
+        _product_chunk(smem, ch + np.uint32(2 * BM), xs[2], wa[2], wb[2], wc[2], wd[2])
+        _product_chunk(smem, ch + np.uint32(3 * BM), xs[3], wa[3], wb[3], wc[3], wd[3])
+
+    @device_function(**INLINE)
+    def _prods(smem, pch, j):
+        """Block j's 8 products of this thread: (s_x[r0] * s_w[0..3], s_x[r0 + 8] * s_w[0..3]); pch is
+        the chunk of row r0, block 0."""
+        a0, a1, a2, a3 = load_u32x4(smem, pch + np.uint32(BM * j))
+        b0, b1, b2, b3 = load_u32x4(smem, pch + np.uint32(BM * j + 8))
+        return (u32_as_f32(a0), u32_as_f32(a1), u32_as_f32(a2), u32_as_f32(a3),
+                u32_as_f32(b0), u32_as_f32(b1), u32_as_f32(b2), u32_as_f32(b3))
+
+    @device_function(**INLINE)
+    def _block7(smem, acc, pa, d_hi, da, db, pch, j):
+        """v6's `_block6` on the staged products: block j's MMA, its products read under it, the wait,
+        the promotion."""
+        pa = wgmma_fence(pa)
+        pa = wgmma_e4m3(pa, d_hi | np.uint64(np.uint32(da + np.uint32(j * K_STEP16))),
+                        d_hi | np.uint64(np.uint32(db + np.uint32(j * K_STEP16))), smem)
+        wgmma_commit()
+        sj = _prods(smem, pch, j)
+        pa = mma_wait0(pa)
+        return fp8_promote(acc, pa, sj), pa
+
+    @device_function(**INLINE)
+    def _mma_half(smem, p, d_hi, da, db, j, h):
+        """Issue block j's MMA of output half h (B rows 64 h .. 64 h + 63) into the n64 partial p."""
+        p = wgmma_fence(p)
+        p = wgmma_e4m3(p, d_hi | np.uint64(np.uint32(da + np.uint32(j * K_STEP16))),
+                       d_hi | np.uint64(np.uint32(db + np.uint32(j * K_STEP16 + h * HALF_B16))), smem)
+        wgmma_commit()
+        return p
+
+    @device_function(**INLINE)
+    def _tile_split(smem, acc0, acc1, pa, pb, d_hi, da, db, pch):
+        """A k tile on two n64 partials: pa holds half 0, pb half 1; each half is promoted while the
+        other's MMA runs; drained at the end (nothing in flight across the loop edge)."""
+        pa = _mma_half(smem, pa, d_hi, da, db, 0, 0)
+        pb = _mma_half(smem, pb, d_hi, da, db, 0, 1)
+        s = _prods(smem, pch, 0)
+        pa = mma_wait1(pa)
+        acc0 = fp8_promote(acc0, pa, (s[0], s[1], s[4], s[5]))
+        pa = _mma_half(smem, pa, d_hi, da, db, 1, 0)
+        pb = mma_wait1(pb)
+        acc1 = fp8_promote(acc1, pb, (s[2], s[3], s[6], s[7]))
+        pb = _mma_half(smem, pb, d_hi, da, db, 1, 1)
+        s = _prods(smem, pch, 1)
+        pa = mma_wait1(pa)
+        acc0 = fp8_promote(acc0, pa, (s[0], s[1], s[4], s[5]))
+        pa = _mma_half(smem, pa, d_hi, da, db, 2, 0)
+        pb = mma_wait1(pb)
+        acc1 = fp8_promote(acc1, pb, (s[2], s[3], s[6], s[7]))
+        pb = _mma_half(smem, pb, d_hi, da, db, 2, 1)
+        s = _prods(smem, pch, 2)
+        pa = mma_wait1(pa)
+        acc0 = fp8_promote(acc0, pa, (s[0], s[1], s[4], s[5]))
+        pa = _mma_half(smem, pa, d_hi, da, db, 3, 0)
+        pb = mma_wait1(pb)
+        acc1 = fp8_promote(acc1, pb, (s[2], s[3], s[6], s[7]))
+        pb = _mma_half(smem, pb, d_hi, da, db, 3, 1)
+        s = _prods(smem, pch, 3)
+        pa = mma_wait1(pa)
+        acc0 = fp8_promote(acc0, pa, (s[0], s[1], s[4], s[5]))
+        pb = mma_wait0(pb)
+        acc1 = fp8_promote(acc1, pb, (s[2], s[3], s[6], s[7]))
+        return acc0, acc1, pa, pb
+
+    @cuda.jit(**register_cap(V7_THREADS))
+    def gemm_fp8_v7(x32, w32, sx32, sw32, out, T, K):
+        # the arguments of v2..v6's kernel; grid: any number of CTAs <= the output tiles (v7_ctas)
+        smem = cuda.shared.array(0, types.uint32)
+        tid = cuda.threadIdx.x
+        wg = warp_uniform(tid >> 7)                  # 0, 1: MMA warpgroups; 2: the loader warpgroup
+        N = out.shape[1]
+        K16 = np.uint32(K >> 4)
+        NB = np.uint32((N + BLOCK - 1) // BLOCK)
+        n_k = (K16 + np.uint32(7)) >> np.uint32(3)
+        n_mt = np.uint32((T + BM - 1) // BM)
+        tiles = np.uint32(n_mt * np.uint32((N + BN - 1) // BN))
+        c0 = np.uint32(cuda.blockIdx.x)
+        step = np.uint32(cuda.gridDim.x)
+        mine = udiv32(tiles - c0 + step - np.uint32(1), step)             # output tiles of this CTA
+        base = np.int64(shared_address(smem))
+        pad = (1024 - (base & 1023)) & 1023
+        s0 = base + pad
+        padu = np.uint32(pad)
+        if wg == 2:
+            # ---- the loader: one k-tile stream over all of this CTA's output tiles ----
+            lt = tid - V6_CONSUMERS
+            G = np.int32(mine * n_k)                                          # k tiles of this CTA
+            tile = c0
+            kt = np.uint32(0)
+            m0, n0 = _origin7(tile, n_mt)
+            rows = _rows7(m0, n0, T, NB, lt)
+            xs, ws = _scales7(sx32, sw32, kt, T, NB, rows)
+            so = np.uint32(0)                                                 # ring offset of k tile g
+            slot = 0                                                          # its slot
+            fs = 0                                                            # slot of k tile g - LAG
+            for g in range(G):
+                if g >= S:
+                    named_barrier_sync(BAR_EMPTY0 + slot, EMPTY_COUNT)
+                _copy7(smem, padu + so, x32, w32, kt, K16, m0, n0, T, N, lt)
+                cp_async_commit()
+                _products7(smem, so, padu, xs, ws, lt)
+                kt = kt + np.uint32(1)                                        # the next k tile (of this
+                if kt == n_k:                                                 # output tile or the next)
+                    kt = np.uint32(0)
+                    tile = np.uint32(tile + step)
+                    m0, n0 = _origin7(tile, n_mt)
+                    rows = _rows7(m0, n0, T, NB, lt)
+                xs, ws = _scales7(sx32, sw32, kt, T, NB, rows)                 # clamped: in bounds past the last
+                if g >= LAG:
+                    cp_wait_lag()
+                    fence_proxy_async()
+                    named_barrier_arrive(V6_BAR_FULL0 + fs, FULL_COUNT)
+                    named_barrier_arrive(V6_BAR_FULL0 + S + fs, FULL_COUNT)
+                    fs = fs + 1
+                    if fs == S:
+                        fs = 0
+                so = so + np.uint32(V7_STAGE_BYTES)
+                if so == np.uint32(RING):
+                    so = np.uint32(0)
+                slot = slot + 1
+                if slot == S:
+                    slot = 0
+            cp_wait0()
+            fence_proxy_async()
+            for j in range(max(G - LAG, 0), G):
+                named_barrier_arrive(V6_BAR_FULL0 + j % S, FULL_COUNT)
+                named_barrier_arrive(V6_BAR_FULL0 + S + j % S, FULL_COUNT)
+            # every stage is released once: take the releases no refill waited for
+            for j in range(max(G - S, 0), G):
+                named_barrier_sync(BAR_EMPTY0 + j % S, EMPTY_COUNT)
+        else:
+            # ---- the two MMA warpgroups: 64 token rows each ----
+            full0 = V6_BAR_FULL0 + wg * S
+            d_all = wgmma_descriptor(0, 16, GROUP_BYTES, WGMMA_SWIZZLE_128B)
+            d_hi = d_all & np.uint64(0xFFFFFFFF00000000)
+            d_lo = np.uint32(d_all & np.uint64(0xFFFFFFFF))
+            a_wg16 = np.uint32(wg * (64 * ROW_BYTES // 16))     # the warpgroup's A rows, 16-byte units
+            p = tid & 127
+            r0 = wg * 64 + 16 * (p >> 5) + ((p & 31) >> 2)
+            col = 2 * (p & 3)
+            pairs = (N & 1) == 0
+            pa = ZERO
+            pb = ZERO
+            so = np.uint32(0)
+            slot = 0
+            for i in range(mine):
+                m0, n0 = _origin7(np.uint32(c0 + np.uint32(i) * step), n_mt)
+                acc = ZERO
+                acc1 = ZERO
+                for kt in range(n_k):
+                    named_barrier_sync(full0 + slot, FULL_COUNT)
+                    st = np.uint32(s0) + so
+                    da = np.uint32(np.uint32(d_lo | ((st & np.uint32(0x3FFFF)) >> np.uint32(4))) + a_wg16)
+                    db = np.uint32(d_lo | (((st + np.uint32(A_BYTES)) & np.uint32(0x3FFFF)) >> np.uint32(4)))
+                    pch = ((padu + so) >> np.uint32(4)) + np.uint32(PCH) + np.uint32(r0)
+                    if SPLIT:
+                        acc, acc1, pa, pb = _tile_split(smem, acc, acc1, pa, pb, d_hi, da, db, pch)
+                    else:
+                        acc, pa = _block7(smem, acc, pa, d_hi, da, db, pch, 0)
+                        acc, pa = _block7(smem, acc, pa, d_hi, da, db, pch, 1)
+                        acc, pa = _block7(smem, acc, pa, d_hi, da, db, pch, 2)
+                        acc, pa = _block7(smem, acc, pa, d_hi, da, db, pch, 3)
+                    named_barrier_arrive(BAR_EMPTY0 + slot, EMPTY_COUNT)
+                    so = so + np.uint32(V7_STAGE_BYTES)
+                    if so == np.uint32(RING):
+                        so = np.uint32(0)
+                    slot = slot + 1
+                    if slot == S:
+                        slot = 0
+                acc_store_bf16(out, acc, m0 + r0, n0 + col, T, N, pairs)
+                if SPLIT:
+                    acc_store_bf16(out, acc1, m0 + r0, n0 + 64 + col, T, N, pairs)
+
+    return gemm_fp8_v7
+
+
 @cuda.jit
 def gemm_fp8_naive(xq, codes, sx, sw, out):
     # xq: uint8 [T, K] e4m3 codes of x; codes: uint8 [N, K]; sx: float32 stage_scales_shape(T, K);
@@ -1260,6 +1628,22 @@ def kernel_v6(v: V6Variant):
 
 KERNELS["gemm_fp8_v6"] = kernel_v6(V6_VARIANTS["gemm_fp8_v6"])
 
+V7_VARIANTS = {"gemm_fp8_v7": V7Variant(5, persistent=True, split=False)}
+# what tools/fp8_dev.py times beside the record (names are V7Variant.name): each lever alone
+V7_CANDIDATES = {v.name: v for v in (V7Variant(5, persistent=False, split=False), V7Variant(5, True, split=True),
+                                      V7Variant(5, False, split=True), V7Variant(4, True, split=False))}
+_V7_KERNELS: dict = {}
+
+
+def kernel_v7(v: V7Variant):
+    """One kernel object a specialisation."""
+    if v.name not in _V7_KERNELS:
+        _V7_KERNELS[v.name] = make_kernel_v7(v)
+    return _V7_KERNELS[v.name]
+
+
+KERNELS["gemm_fp8_v7"] = kernel_v7(V7_VARIANTS["gemm_fp8_v7"])
+
 
 def geometry(T: int, N: int):
     return (cdiv(T, BM), cdiv(N, BN)), THREADS, SMEM_BYTES
@@ -1268,6 +1652,11 @@ def geometry(T: int, N: int):
 def geometry_v6(T: int, N: int, v: V6Variant = None):
     v = v or V6_VARIANTS["gemm_fp8_v6"]
     return (cdiv(T, BM), cdiv(N, BN)), v.threads, v.smem_bytes
+
+
+def geometry_v7(T: int, N: int, v: V7Variant = None):
+    v = v or V7_VARIANTS["gemm_fp8_v7"]
+    return (v7_ctas(cdiv(T, BM) * cdiv(N, BN), v),), v.threads, v.smem_bytes
 
 
 def geometry_v4(T: int, N: int):
@@ -1352,10 +1741,10 @@ def launcher(rec, x, codes, scales, out, *, stream=0) -> Fp8GemmLaunch:
         grid, block = geometry_naive(T, N)
         gemm = PreparedLaunch(rec.name, kernel, grid, block, stream, (q_codes, codes, x_scales, w_scales, out), out)
         return Fp8GemmLaunch(rec.name, quant, gemm, out, q_codes, x_scales, w_scales)
-    if rec.name == "gemm_fp8_v6" and data_address(out) % 4:
+    if rec.name in ("gemm_fp8_v6", "gemm_fp8_v7") and data_address(out) % 4:
         raise ValueError(f"{rec.name} stores bf16 pairs as 32-bit words: out must be 4-byte aligned")
     grid, block, smem = (geometry_v4 if rec.name == "gemm_fp8_v4" else geometry_v6 if rec.name == "gemm_fp8_v6"
-                         else geometry)(T, N)
+                         else geometry_v7 if rec.name == "gemm_fp8_v7" else geometry)(T, N)
     args = (q_codes.view(np.uint32).reshape(T * K // 4), codes.view(np.uint32).reshape(N * K // 4),
             x_scales.view(np.uint32).reshape(x_scales.size), w_scales.view(np.uint32).reshape(w_scales.size),
             out, T, K)

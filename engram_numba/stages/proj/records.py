@@ -504,7 +504,8 @@ _proj("gemv_q2k_v10",
 # In the simulator bit-identical to `cpu.projection_deepseek_fp8_cpu`; on the GPU within the bound
 # docs/numerics.md states (the tensor core's order inside a k32 step is unspecified).
 
-DEEPSEEK_FP8_VERSIONS = ("gemm_fp8_v1", "gemm_fp8_v2", "gemm_fp8_v3", "gemm_fp8_v4", "gemm_fp8_v5", "gemm_fp8_v6")
+DEEPSEEK_FP8_VERSIONS = ("gemm_fp8_v1", "gemm_fp8_v2", "gemm_fp8_v3", "gemm_fp8_v4", "gemm_fp8_v5", "gemm_fp8_v6",
+                         "gemm_fp8_v7")
 _F32_3D = types.float32[:, :, ::1]
 _FP8_GEMM_ARGS = (_U32_1D, _U32_1D, _U32_1D, _U32_1D, _U16_2D, types.int64, types.int64)   # xq32, w32, sx32, sw32, out, T, K
 _FP8_GEMM_NAIVE_ARGS = (_U8_2D, _U8_2D, _F32_3D, _F32_3D, _U16_2D)                           # xq, codes, sx, sw, out
@@ -567,11 +568,24 @@ for _name, _log, _sim in (
      [(3, 160, 40),             # one tile: rows past T and N (clamped rows), a partial scale tile, K % 128 == 32
       (130, 864, 72)]),         # 2 token tiles (2 rows in the second, clamped), 7 k tiles: the 5-stage ring wraps,
                                 # an odd number of k blocks (27), N % 32 == 8
+    ("gemm_fp8_v7",
+     "gemm_fp8_v6's roles, MMAs and promotion (outputs bit-identical to v6's), with the scale products s_x * s_w "
+     "made once a k tile by the loader warpgroup (from plain global loads issued a k tile ahead) and staged "
+     "[block][row][w tile] beside the operands, so an MMA thread reads a block's 8 products as two 16-byte loads "
+     "(v6: 6 loads and 8 multiplies a block), and a persistent grid (min(tiles, SMs) CTAs, token tile fastest): "
+     "the loader's k-tile stream runs on across output tiles, so the ring never drains and the bf16 stores of one "
+     "tile overlap the next tile's loads. Specialisations (V7_CANDIDATES: one CTA a tile; two n64 partial tiles a "
+     "warpgroup, one half promoted while the other's MMA runs) timed beside it by tools/fp8_dev.py. Not yet timed "
+     "on a GPU",
+     [(3, 160, 40),             # one tile: rows past T and N (clamped rows), a partial scale tile, K % 128 == 32
+      (130, 160, 264)]),        # 6 output tiles on the simulator's 2 persistent CTAs (3 each): the k-tile stream
+                                # runs across tiles (6 k tiles through the 5-stage ring), the last tile 8 wide
 ):
     naive = _name == "gemm_fp8_v1"
     _proj(_name, _log, kernel=cuda_fp8_wgmma.KERNELS[_name],
           geometry=(cuda_fp8_wgmma.geometry_naive if naive else cuda_fp8_wgmma.geometry_v4 if _name == "gemm_fp8_v4"
-                    else cuda_fp8_wgmma.geometry_v6 if _name == "gemm_fp8_v6" else cuda_fp8_wgmma.geometry),
+                    else cuda_fp8_wgmma.geometry_v6 if _name == "gemm_fp8_v6"
+                    else cuda_fp8_wgmma.geometry_v7 if _name == "gemm_fp8_v7" else cuda_fp8_wgmma.geometry),
           args="naive" if naive else "fast",
           specs=_fp8_gemm_specs(_name), encoding="fp8", launcher=cuda_fp8_wgmma.launcher, sim=_sim, exact=naive,
           sweep=(128, 256, 512, 1024, 4096), vector_io=False)

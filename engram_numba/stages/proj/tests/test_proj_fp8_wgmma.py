@@ -1,4 +1,4 @@
-"""DeepSeek's FP8 projection on the FP8 tensor cores (cuda_fp8_wgmma.py: act_quant_kernel, gemm_fp8_v2/_v2)
+"""DeepSeek's FP8 projection on the FP8 tensor cores (cuda_fp8_wgmma.py: act_quant_kernel, gemm_fp8_v2.._v7)
 against the CPU twin of DeepSeek's arithmetic (cpu.act_quant_cpu, cpu.projection_deepseek_fp8_cpu).
 
 - act_quant: codes and scales bit-identical to the twin, in the simulator and on the GPU, at odd T
@@ -144,6 +144,28 @@ def test_fp8_gemm_v6_specialisations_are_bit_identical_to_the_twin(rng, name):
     base = P.prepare_project_q(dev(x), dev(codes), dev(scales), out, weight="fp8", version="gemm_fp8_v6")
     base.quant()
     PreparedLaunch(name, F.kernel_v6(v), base.grid, v.threads, 0, base.gemm.args, out, sharedmem=v.smem_bytes)()
+    np.testing.assert_array_equal(out.copy_to_host(), C.projection_deepseek_fp8_cpu(x, codes, scales))
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name", list(F.V7_CANDIDATES))
+def test_fp8_gemm_v7_specialisations_are_bit_identical_to_the_twin(rng, name):
+    """The gemm_fp8_v7 specialisations tools/fp8_dev.py times beside the record (one CTA a tile, two
+    n64 partial tiles, a 4-stage ring): 6 output tiles (on the simulator's 2 persistent CTAs, 3
+    each: the k-tile stream runs across tiles through the ring), 2 k tiles (the second one block),
+    2 token tiles (the second clamped), the last output tile 8 wide."""
+    if not F.SIMULATOR:
+        pytest.skip("the simulator's wgmma sums in the twin's order")
+    from engram_numba.device.launch import PreparedLaunch
+    T, K, N = 130, 160, 264
+    codes, scales = random_fp8(rng, N, K, 118, 124)
+    x = edge_x(rng, T, K)
+    v = F.V7_CANDIDATES[name]
+    out = poisoned(T, N)
+    base = P.prepare_project_q(dev(x), dev(codes), dev(scales), out, weight="fp8", version="gemm_fp8_v7")
+    base.quant()
+    grid, threads, smem = F.geometry_v7(T, N, v)
+    PreparedLaunch(name, F.kernel_v7(v), grid, threads, 0, base.gemm.args, out, sharedmem=smem)()
     np.testing.assert_array_equal(out.copy_to_host(), C.projection_deepseek_fp8_cpu(x, codes, scales))
 
 
