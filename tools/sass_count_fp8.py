@@ -1,6 +1,12 @@
-"""SASS instruction counts of the FP8 GEMMs' K loop, for sm_90a, on a machine with no GPU.
+"""SASS instruction counts of the FP8 GEMMs' and GEMVs' K loop, for sm_90a, on a machine with no GPU.
 
-    NVDISASM=/path/to/nvdisasm python tools/sass_count_fp8.py [gemm_fp8_v3 gemm_fp8_v5 ...]
+    NVDISASM=/path/to/nvdisasm python tools/sass_count_fp8.py [gemm_fp8_v3 gemm_fp8_v5 gemv_fp8_v2 ...]
+
+GEMVs (gemv_fp8_*, any proj record of the fp8 encoding compiled with its first Spec's argument
+types): the loop's body is counted per weight a warp streams, from its HMMA count (m16n8k16: 16
+rows x 16 k = 256 weights each; v2 and v5 run a trip of 8 tiles = 16 mma = 4096 weights, v3 and v4
+a 64-wide step of 32 rows = 16 mma), with the conversion's share (F2FP, HADD2 and PRMT, the
+opcodes cvt.rn.f16x2.e4m3x2 / cvt.f32.f16 / cvt.rn.bf16x2.f32 / mov.b32 become). For the GEMMs:
 
 Compiles each kernel as the compile tier does (`engram_numba.stages.compile_check`: numba's PTX,
 assembled by nvJitLink for sm_90a), disassembles the cubin with nvdisasm (CUDA toolkit, or the
@@ -30,8 +36,32 @@ def sass_of(name: str) -> str:
     return sass_of_kernel(name, F.KERNELS[name], records._FP8_GEMM_ARGS)
 
 
+def sass_of_gemv(name: str) -> str:
+    from engram_numba.stages import registry
+    from engram_numba.stages.proj import records  # noqa: F401  (registers the records)
+    spec = registry.get("proj", name).specs[0]
+    return sass_of_kernel(name, spec.kernel, spec.argtypes)
+
+
+CONVERT = ("F2FP", "HADD2", "PRMT")
+
+
+def main_gemv(name) -> None:
+    ops = loop_counts(sass_of_gemv(name))
+    total = sum(ops.values())
+    mma = ops.get("HMMA", 0)
+    conv = sum(v for k, v in ops.items() if k in CONVERT)
+    print(f"{name}: {total} instructions a warp a trip, HMMA {mma} ({mma * 256} weights): "
+          f"{total / max(mma * 256, 1):.4f} a weight, {total / max(mma, 1):.1f} an mma; conversion "
+          f"(F2FP/HADD2/PRMT) {conv} = {conv / max(mma, 1):.1f} an mma; LDL/STL {ops.get('LDL', 0)}/{ops.get('STL', 0)}")
+    print("   " + ", ".join(f"{k} {v}" for k, v in ops.most_common(16)))
+
+
 def main(names) -> None:
     for name in names:
+        if name.startswith("gemv_"):
+            main_gemv(name)
+            continue
         ops = loop_counts(sass_of(name))
         total = sum(ops.values())
         print(f"{name}: {total} instructions a warp a trip; FFMA {ops.get('FFMA', 0)}, FMUL {ops.get('FMUL', 0)}, "
