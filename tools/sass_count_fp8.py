@@ -19,7 +19,9 @@ includes ptxas's never-executed `@!PT LDS` padding.
 """
 from __future__ import annotations
 
+import collections
 import os
+import re
 import sys
 from pathlib import Path
 
@@ -46,9 +48,53 @@ def sass_of_gemv(name: str) -> str:
 CONVERT = ("F2FP", "HADD2", "PRMT")
 
 
-def main_gemv(name) -> None:
-    ops = loop_counts(sass_of_gemv(name))
+def fast_path_counts(sass: str) -> collections.Counter | None:
+    """The loop's opcodes along its fall-through path, where its body is `if whole trip: A else: B`
+    laid out as [head, @P BRA B, A, BRA J, B, J: tail]: head + A + tail (gemv_fp8_v5's unchecked
+    trips); None where the loop has no unconditional forward branch inside it."""
+    lines = sass.splitlines()
+    labels = {m.group(1): i for i, ln in enumerate(lines) if (m := re.match(r"^(\.L_x_\d+):", ln))}
+    best = None
+    for i, ln in enumerate(lines):
+        m = re.search(r"BRA `\((\.L_x_\d+)\)", ln)
+        if m and m.group(1) in labels and labels[m.group(1)] < i:
+            if best is None or i - labels[m.group(1)] > best[1] - best[0]:
+                best = (labels[m.group(1)], i)
+    if best is None:
+        return None
+    for i in range(best[0], best[1]):
+        m = re.match(r"^\s+/\*[0-9a-f]+\*/\s+BRA `\((\.L_x_\d+)\)", lines[i])     # unpredicated
+        if m and best[0] < labels.get(m.group(1), -1) < best[1] and labels[m.group(1)] > i:
+            keep = lines[best[0]:i + 1] + lines[labels[m.group(1)]:best[1] + 1]
+            ops = collections.Counter()
+            for ln in keep:
+                m2 = re.match(r"^\s+/\*[0-9a-f]+\*/\s+(?:@!?U?P\w+\s+)?([A-Z0-9_]+)", ln)
+                if m2:
+                    ops[m2.group(1)] += 1
+            return ops
+    return None
+
+
+def report_gemv(label, ops) -> None:
     total = sum(ops.values())
+    mma = ops.get("HMMA", 0)
+    conv = sum(v for k, v in ops.items() if k in CONVERT)
+    print(f"{label}: {total} instructions a warp a trip, HMMA {mma} ({mma * 256} weights): "
+          f"{total / max(mma * 256, 1):.4f} a weight, {total / max(mma, 1):.1f} an mma; conversion "
+          f"(F2FP/HADD2/PRMT) {conv} = {conv / max(mma, 1):.1f} an mma; LDL/STL {ops.get('LDL', 0)}/{ops.get('STL', 0)}")
+    print("   " + ", ".join(f"{k} {v}" for k, v in ops.most_common(16)))
+
+
+def main_gemv(name) -> None:
+    sass = sass_of_gemv(name)
+    fast = fast_path_counts(sass)
+    if fast is not None:
+        report_gemv(f"{name} (whole trips, the fall-through path)", fast)
+    ops = loop_counts(sass)
+    total = sum(ops.values())
+    if fast is not None:
+        print(f"{name} (the whole loop, both paths): {total} instructions")
+        return
     mma = ops.get("HMMA", 0)
     conv = sum(v for k, v in ops.items() if k in CONVERT)
     print(f"{name}: {total} instructions a warp a trip, HMMA {mma} ({mma * 256} weights): "

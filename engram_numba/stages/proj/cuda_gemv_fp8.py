@@ -780,61 +780,90 @@ def tile_mma_f16(c0, c1, c2, c3, wa0, wa1, wb0, wb1, h32, xv, ok_x, s, scratch):
     return c0 + scale * d0, c1 + scale * d1, c2 + scale * d2, c3 + scale * d3
 
 
-@cuda.jit(**bounds(FP8_THREADS, FP8_BLOCKS_PER_SM))
-def _gemv_fp8_v5(h32, w64, scales, xs, out, T, K):
-    # h32: uint32 [T*K/2] flat view of x's f16 copy (x_f16_kernel); w64: uint32 [N*K/4] flat view of
-    # the codes (read as 8-byte pairs); scales: uint8 [ceil(N/32), K/32]; xs: int32 [T] (token t's
-    # copy is x 2^xs[t]); out: uint16 [T, N]. Everything but the operands' type and the last multiply
-    # is _gemv_fp8_v2.
-    red = cuda.shared.array(_RED, float32)
-    scratch = cuda.shared.array(_SCRATCH, types.uint32)
-    tid = cuda.threadIdx.x
-    lane = tid & 31
-    warp = tid >> 5
-    g = lane >> 2
-    t = lane & 3
-    N = out.shape[1]
-    n_tiles = K >> 5
-    n0 = cuda.blockIdx.x * FP8_ROWS
-    tok = cuda.blockIdx.y * FP8_TOKENS + g
-    ok_tok = tok < T
-    x16 = np.int64(min(tok, T - 1)) * (K >> 3)              # token row in 16-byte units
-    row_a = np.int64(min(n0 + g, N - 1)) * (K >> 3)         # codes row in 8-byte units
-    row_b = np.int64(min(n0 + g + 8, N - 1)) * (K >> 3)
-    srow = n0 // TILE
-    per = (n_tiles + FP8_WARPS - 1) // FP8_WARPS            # tiles a warp owns (uniform trip count)
-    k_begin = warp * per
-    k_end = min(k_begin + per, n_tiles)
-    c0 = c1 = c2 = c3 = float32(0.0)
-    wv = cuda.local.array(_WV, types.uint32)
-    for s0 in range(0, per, FP8_UNROLL):
-        kt0 = k_begin + s0
-        for u in range(FP8_UNROLL):
-            load_tile_codes(wv, u, w64, row_a, row_b, kt0 + u, kt0 + u < k_end, t)
-        for u in range(FP8_UNROLL):
-            kt = kt0 + u
-            ok = kt < k_end
-            s = scales[srow, kt] if ok else np.uint8(127)
-            c0, c1, c2, c3 = tile_mma_f16(c0, c1, c2, c3, wv[4 * u], wv[4 * u + 1], wv[4 * u + 2], wv[4 * u + 3],
-                                          h32, x16 + 4 * kt + t, ok_tok and ok, s, scratch)
-    base = (warp * 32 + lane) * 4
-    red[base] = c0
-    red[base + 1] = c1
-    red[base + 2] = c2
-    red[base + 3] = c3
-    cuda.syncthreads()
-    if tid < 128:
-        s = float32(0.0)
-        for w in range(FP8_WARPS):
-            s += red[w * 128 + tid]
-        el = tid >> 2
-        c = tid & 3
-        row = n0 + (el >> 2) + 8 * (c >> 1)
-        tk = cuda.blockIdx.y * FP8_TOKENS + 2 * (el & 3) + (c & 1)
-        if row < N and tk < T:
-            unscale = u32_as_f32(np.uint32(127 - xs[tk]) << np.uint32(23))     # 2^-s, exact
-            out[tk, row] = f32_to_bf16_bits(s * unscale)
+V5_UNROLL = 6                 # tiles of codes a warp loads before converting any (v2: 8; 8 spills here)
+V5_BLOCKS_PER_SM = 3          # the register bound: 85 a thread at 3 blocks of 256 (v2's)
 
+
+def make_gemv_fp8_v5(unroll: int = V5_UNROLL, blocks_per_sm: int = V5_BLOCKS_PER_SM):
+    """The v5 GEMV with `unroll` tiles of codes loaded a trip (v2: 8) and registers bounded for
+    `blocks_per_sm` blocks of 256 threads an SM; registered: V5_UNROLL, V5_BLOCKS_PER_SM.
+    tools/fp8_gemv_dev.py times others."""
+    if unroll < 1 or blocks_per_sm < 1:
+        raise ValueError(f"gemv_fp8_v5 needs unroll >= 1 and blocks_per_sm >= 1, got {unroll}, {blocks_per_sm}")
+    wv_len = 4 * unroll                                     # code words a lane holds a trip
+
+    @cuda.jit(**bounds(FP8_THREADS, blocks_per_sm))
+    def _gemv_fp8_v5(h32, w64, scales, xs, out, T, K):
+        # h32: uint32 [T*K/2] flat view of x's f16 copy (x_f16_kernel); w64: uint32 [N*K/4] flat view of
+        # the codes (read as 8-byte pairs); scales: uint8 [ceil(N/32), K/32]; xs: int32 [T] (token t's
+        # copy is x 2^xs[t]); out: uint16 [T, N]. Everything but the operands' type and the last multiply
+        # is _gemv_fp8_v2.
+        red = cuda.shared.array(_RED, float32)
+        scratch = cuda.shared.array(_SCRATCH, types.uint32)
+        tid = cuda.threadIdx.x
+        lane = tid & 31
+        warp = tid >> 5
+        g = lane >> 2
+        t = lane & 3
+        N = out.shape[1]
+        n_tiles = K >> 5
+        n0 = cuda.blockIdx.x * FP8_ROWS
+        tok = cuda.blockIdx.y * FP8_TOKENS + g
+        ok_tok = tok < T
+        x16 = np.int64(min(tok, T - 1)) * (K >> 3)              # token row in 16-byte units
+        row_a = np.int64(min(n0 + g, N - 1)) * (K >> 3)         # codes row in 8-byte units
+        row_b = np.int64(min(n0 + g + 8, N - 1)) * (K >> 3)
+        srow = n0 // TILE
+        per = (n_tiles + FP8_WARPS - 1) // FP8_WARPS            # tiles a warp owns (uniform trip count)
+        k_begin = warp * per
+        k_end = min(k_begin + per, n_tiles)
+        c0 = c1 = c2 = c3 = float32(0.0)
+        wv = cuda.local.array(wv_len, types.uint32)
+        srow_u = np.uint64(srow)
+        for s0 in range(0, per, unroll):
+            kt0 = k_begin + s0
+            if kt0 + unroll <= k_end:
+                # a whole trip inside K: no checks (a token past T reads token T-1's x: its D columns are
+                # never stored), unsigned scale indices (no negative-index wraparound code)
+                for u in range(unroll):
+                    load_tile_codes(wv, u, w64, row_a, row_b, kt0 + u, True, t)
+                for u in range(unroll):
+                    kt = kt0 + u
+                    s = scales[srow_u, np.uint64(kt)]
+                    c0, c1, c2, c3 = tile_mma_f16(c0, c1, c2, c3, wv[4 * u], wv[4 * u + 1], wv[4 * u + 2],
+                                                  wv[4 * u + 3], h32, x16 + 4 * kt + t, True, s, scratch)
+            else:
+                for u in range(unroll):
+                    load_tile_codes(wv, u, w64, row_a, row_b, kt0 + u, kt0 + u < k_end, t)
+                for u in range(unroll):
+                    kt = kt0 + u
+                    ok = kt < k_end
+                    s = scales[srow, kt] if ok else np.uint8(127)
+                    c0, c1, c2, c3 = tile_mma_f16(c0, c1, c2, c3, wv[4 * u], wv[4 * u + 1], wv[4 * u + 2],
+                                                  wv[4 * u + 3], h32, x16 + 4 * kt + t, ok_tok and ok, s, scratch)
+        base = (warp * 32 + lane) * 4
+        red[base] = c0
+        red[base + 1] = c1
+        red[base + 2] = c2
+        red[base + 3] = c3
+        cuda.syncthreads()
+        if tid < 128:
+            s = float32(0.0)
+            for w in range(FP8_WARPS):
+                s += red[w * 128 + tid]
+            el = tid >> 2
+            c = tid & 3
+            row = n0 + (el >> 2) + 8 * (c >> 1)
+            tk = cuda.blockIdx.y * FP8_TOKENS + 2 * (el & 3) + (c & 1)
+            if row < N and tk < T:
+                unscale = u32_as_f32(np.uint32(127 - xs[tk]) << np.uint32(23))     # 2^-s, exact
+                out[tk, row] = f32_to_bf16_bits(s * unscale)
+
+
+    return _gemv_fp8_v5
+
+
+_gemv_fp8_v5 = make_gemv_fp8_v5()
 
 # ---- the whole wkv to bf16 (the engine's many-token path) ----------------------------------------
 
