@@ -734,38 +734,69 @@ XF16_THREADS = 256
 V5_S_MAX = 126                # 2^-s stays a normal fp32 (s >= -113 from bf16's largest exponent)
 
 
+XF16_CACHE = 4                # 16-byte units of x a thread keeps in registers between the two passes
+_XF16_WORDS = 4 * XF16_CACHE
+
+
+@device_function(**INLINE)
+def _max_magnitude(m, w0, w1, w2, w3):
+    """m and the bf16 magnitudes (sign cleared: ordered as the values' magnitudes) of 4 words."""
+    for w in (w0, w1, w2, w3):
+        a = w & np.uint32(0x7FFF7FFF)
+        m = max(m, a & np.uint32(0xFFFF), a >> np.uint32(16))
+    return m
+
+
+@device_function(**INLINE)
+def _store_f16(h32, i, scale, w0, w1, w2, w3):
+    store_u32x4(h32, i, cvt_pack_f16x2(bf16x2_lo(w0) * scale, bf16x2_hi(w0) * scale),
+                cvt_pack_f16x2(bf16x2_lo(w1) * scale, bf16x2_hi(w1) * scale),
+                cvt_pack_f16x2(bf16x2_lo(w2) * scale, bf16x2_hi(w2) * scale),
+                cvt_pack_f16x2(bf16x2_lo(w3) * scale, bf16x2_hi(w3) * scale))
+
+
 @cuda.jit
 def x_f16_kernel(x32, h32, xs, K):
-    # x32: uint32 [T*K/2] flat view of x (bf16 [T, K]); h32: the same of the f16 copy; xs: int32 [T]
+    # x32: uint32 [T*K/2] flat view of x (bf16 [T, K]); h32: the same of the f16 copy; xs: int32 [T].
+    # One block a token: its largest magnitude (the first XF16_CACHE units of each thread loaded at
+    # once and kept; the rest, K > 8192, loaded twice), reduced in two barriers, then the copy.
     red = cuda.shared.array(XF16_THREADS, types.uint32)
+    v = cuda.local.array(_XF16_WORDS, types.uint32)
     tid = cuda.threadIdx.x
     tok = cuda.blockIdx.x
     n16 = K >> 3                                            # 16-byte units a token
     base = np.int64(tok) * n16
+    for j in range(XF16_CACHE):
+        i = tid + j * XF16_THREADS
+        if i < n16:
+            v[4 * j], v[4 * j + 1], v[4 * j + 2], v[4 * j + 3] = load_u32x4(x32, base + i)
+        else:
+            v[4 * j] = v[4 * j + 1] = v[4 * j + 2] = v[4 * j + 3] = np.uint32(0)
     m = np.uint32(0)
-    for i in range(tid, n16, XF16_THREADS):
+    for j in range(XF16_CACHE):
+        m = _max_magnitude(m, v[4 * j], v[4 * j + 1], v[4 * j + 2], v[4 * j + 3])
+    for i in range(tid + XF16_CACHE * XF16_THREADS, n16, XF16_THREADS):
         w0, w1, w2, w3 = load_u32x4(x32, base + i)
-        for w in (w0, w1, w2, w3):
-            a = w & np.uint32(0x7FFF7FFF)                   # magnitudes: their order is the values'
-            m = max(m, a & np.uint32(0xFFFF), a >> np.uint32(16))
+        m = _max_magnitude(m, w0, w1, w2, w3)
     red[tid] = m
     cuda.syncthreads()
-    step = XF16_THREADS // 2
-    while step > 0:
-        if tid < step:
-            red[tid] = max(red[tid], red[tid + step])
-        cuda.syncthreads()
-        step //= 2
-    e = np.int32(max(red[0] >> np.uint32(7), np.uint32(1))) - 127     # largest exponent (a subnormal: -126)
+    if tid < 32:                                            # each of 32 slots: the max of 8 (only it reads its own)
+        for q in range(1, XF16_THREADS // 32):
+            m = max(m, red[tid + 32 * q])
+        red[tid] = m
+    cuda.syncthreads()
+    for q in range(32):
+        m = max(m, red[q])
+    e = np.int32(max(m >> np.uint32(7), np.uint32(1))) - 127      # largest exponent (a subnormal: -126)
     s = min(15 - e, V5_S_MAX)
     scale = u32_as_f32(np.uint32(127 + s) << np.uint32(23))
-    for i in range(tid, n16, XF16_THREADS):
+    for j in range(XF16_CACHE):
+        i = tid + j * XF16_THREADS
+        if i < n16:
+            _store_f16(h32, base + i, scale, v[4 * j], v[4 * j + 1], v[4 * j + 2], v[4 * j + 3])
+    for i in range(tid + XF16_CACHE * XF16_THREADS, n16, XF16_THREADS):
         w0, w1, w2, w3 = load_u32x4(x32, base + i)
-        h0 = cvt_pack_f16x2(bf16x2_lo(w0) * scale, bf16x2_hi(w0) * scale)
-        h1 = cvt_pack_f16x2(bf16x2_lo(w1) * scale, bf16x2_hi(w1) * scale)
-        h2 = cvt_pack_f16x2(bf16x2_lo(w2) * scale, bf16x2_hi(w2) * scale)
-        h3 = cvt_pack_f16x2(bf16x2_lo(w3) * scale, bf16x2_hi(w3) * scale)
-        store_u32x4(h32, base + i, h0, h1, h2, h3)
+        _store_f16(h32, base + i, scale, w0, w1, w2, w3)
     if tid == 0:
         xs[tok] = s
 

@@ -102,6 +102,23 @@ def test_x_f16_kernel(rng):
     assert (np.abs(hv[fin & ~ok]) <= 2.0 ** -17).all()
 
 
+def test_x_f16_kernel_past_the_register_cache(rng):
+    """K = 8448: 1056 16-byte units a token, more than the 256 x XF16_CACHE a block keeps in registers
+    (the rest loaded twice); the largest magnitude placed in that rest."""
+    T, K = 2, 8448
+    assert K // 8 > C.XF16_THREADS * C.XF16_CACHE
+    x = f32_to_bf16(rng.standard_normal((T, K)).astype(np.float32))
+    x[:, -5] = f32_to_bf16(np.array([3e4, -5e-3], np.float32))
+    x[1, -5] = x[1, -5] | 0x8000
+    xd = cuda.to_device(x)
+    h = cuda.device_array((T, K), np.uint16)
+    xs = cuda.device_array(T, np.int32)
+    C.x_f16_kernel[T, C.XF16_THREADS](xd.view(np.uint32).reshape(-1), h.view(np.uint32).reshape(-1), xs, K)
+    want_h, want_s = x_f16_numpy(x)
+    np.testing.assert_array_equal(xs.copy_to_host(), want_s)
+    np.testing.assert_array_equal(h.copy_to_host(), want_h)
+
+
 @pytest.mark.skipif(not SIMULATOR, reason="calls device helpers from the host (the simulator's twins)")
 def test_e4m3_to_f16_and_f16_pack_helpers():
     """e4m3x4_to_f16x2x2 on every code against ml_dtypes; cvt_pack_f16x2 rounds as numpy does."""
