@@ -720,9 +720,13 @@ _gemv_fp8_v4 = make_gemv_fp8_v4()
 # GEMV) scales token t by 2^s_t, a power of two chosen from the token's largest magnitude
 # (2^15 <= max|x| 2^s < 2^16 < f16's 65504; s in [-113, 126], 126 for a zero token), writes x 2^s_t
 # as f16 [T, K] (rounded to nearest even: exact for every scaled value >= 2^-17, i.e. all but those
-# under ~2^-32 of the token's largest) and s_t into an int32 [T]. The GEMV is v2's, word for word:
-# the same grid, loads (8-byte codes, 16-byte x), k partition into mma slots, tile sums, scale
-# products and warp order; at the end the block's sums are multiplied by 2^-s_t before rounding.
+# under ~2^-32 of the token's largest) and s_t into an int32 [T]. The GEMV keeps v2's arithmetic:
+# the same grid, loads (8-byte codes, 16-byte x), k partition into mma slots, tiles of a warp added
+# in k order, scale products and warp order; at the end the block's sums are multiplied by 2^-s_t
+# before rounding. Two schedule changes leave that order alone: a warp loads V5_UNROLL = 6 tiles of
+# codes a trip (v2 8: 8 spill here, the x loads being hoisted too), and a trip wholly inside K runs
+# unchecked (unsigned scale indices, no masking: a token past T reads token T-1's x, whose D columns
+# are never stored).
 # Every product in the mma is 2^s_t times v2's, exact in both; power-of-two scaling commutes with
 # fp32 rounding, so, with no fp32 overflow or subnormal anywhere (tile sums, scaled tile sums,
 # accumulators, block sums, in v2 or v5), the outputs are v2's bit for bit, given the tensor core
@@ -732,8 +736,6 @@ _gemv_fp8_v4 = make_gemv_fp8_v4()
 
 XF16_THREADS = 256
 V5_S_MAX = 126                # 2^-s stays a normal fp32 (s >= -113 from bf16's largest exponent)
-
-
 XF16_CACHE = 4                # 16-byte units of x a thread keeps in registers between the two passes
 _XF16_WORDS = 4 * XF16_CACHE
 
