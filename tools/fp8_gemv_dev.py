@@ -1,20 +1,26 @@
-"""gemv_fp8_v4 and its variants on the H200: each checked, then timed beside gemv_fp8_v2 (the FP8
-default), gemv_fp8_v3 and cuBLAS on the decoded bf16 weight, at K = 6144, N = 25600, T = 1, 4, 8.
+"""gemv_fp8_v5 and its variants (and, asked for by name, gemv_fp8_v4's) on the H200: each checked,
+then timed beside gemv_fp8_v2 (the FP8 default) and cuBLAS on the decoded bf16 weight, at K = 6144,
+N = 25600, T = 1, 4, 8.
 
     # no GPU: registers and spills of each variant for sm_90a (the compile tier's way)
     python tools/fp8_gemv_dev.py --compile
     # on the H200, from the repository root with PYTHONPATH set (about a minute; --budget caps it)
     timeout 150 python3 tools/fp8_gemv_dev.py --run --out $OUT
+    # v4's variants as well (add about 40 s)
+    timeout 200 python3 tools/fp8_gemv_dev.py --run --out $OUT --only gemv_fp8_v5 gemv_fp8_v4 'v4[depth3]'
 
 Checks, every kernel and T before it is timed: its output against gemv_fp8_v2's on every element
-(bf16 ulp distance; both sum the exact weights in fp32, in other orders) and against the float64
-yardstick on 256 sampled rows (`bench.validate.projection_agrees`: > 1 ulp on under 0.1% of them,
-relative L2 under 2^-8). A kernel that fails a check is reported and not timed; a kernel that raises
-is reported with its error and the others still run. Times are kernel medians by CUDA events with
-L2 flushed between runs (`bench.timing.DeviceTimer`); the floor is the weight's bytes over the
-measured device copy rate. Then the registered v4 is checked (not timed) at an odd shape, K - 32 and
-N - 7 (a last step of one scale tile, a last group past N), T = 3 and 9 (two token groups). Writes
-$OUT/fp8_gemv_dev.json and $OUT/fp8_gemv_dev.txt (the table), also printed at the end.
+(bf16 ulp distance and the share of outputs whose bits differ: v5 claims 0, bit for bit; v3, v4 sum
+in other orders) and against the float64 yardstick on 256 sampled rows
+(`bench.validate.projection_agrees`: > 1 ulp on under 0.1% of them, relative L2 under 2^-8). A
+kernel that fails a check is reported and not timed; a kernel that raises is reported with its error
+and the others still run. Times are kernel medians by CUDA events with L2 flushed between runs
+(`bench.timing.DeviceTimer`); a v5 time is both of its launches (x_f16_kernel, then the GEMV), and
+each is also timed alone (columns x_f16, gemv). The floor is the weight's bytes over the measured
+device copy rate. Then, checked (not timed): the registered v5 (and v4 if run) at an odd shape, K - 32
+and N - 7, T = 3 and 9 (two token groups), and v5 against v2 bit for bit at the released shape on x
+of large dynamic range (tokens at 2^40 .. 2^-60 with values spread over 2^-24 of that, zeros, a zero
+token). Writes $OUT/fp8_gemv_dev.json and $OUT/fp8_gemv_dev.txt (the table), also printed at the end.
 """
 from __future__ import annotations
 
@@ -39,6 +45,15 @@ VARIANTS = {
     "v4[nc]": (16, 1, "", False, 2),
     "v4[12w,depth3]": (12, 1, "L1::no_allocate", False, 3),
 }
+# name -> (tiles of codes a warp loads a trip, blocks an SM the registers are bounded for); the first is
+# the registered gemv_fp8_v5 (unroll 8 at 3 blocks spills 32 bytes: timed to see what that costs)
+V5_VARIANTS = {
+    "gemv_fp8_v5": (6, 3),
+    "v5[u8]": (8, 3),
+    "v5[u4]": (4, 3),
+    "v5[u8,2/SM]": (8, 2),
+    "v5[u3,4/SM]": (3, 4),         # 64 registers: 3.03 waves of 528 blocks at the released shape (3/SM: 4.04)
+}
 TOKENS = (1, 4, 8)
 N, K = 25600, 6144          # --shape K N changes them (a smoke test in the simulator)
 
@@ -53,12 +68,17 @@ def compile_report(names) -> list[dict]:
     cc._patch_current_device()
     rows = []
     for name in names:
-        warps, bps, hint, skip, depth = VARIANTS[name]
-        k = C.make_gemv_fp8_v4(warps, hint, skip, bps, depth)
-        ptx, _ = cuda.compile_ptx(k.py_func, tuple(records._FP8_FAST_ARGS), cc=cc.CC,
+        if name in V5_VARIANTS:
+            k = C.make_gemv_fp8_v5(*V5_VARIANTS[name])
+            argtypes = records._FP8_V5_ARGS
+        else:
+            warps, bps, hint, skip, depth = VARIANTS[name]
+            k = C.make_gemv_fp8_v4(warps, hint, skip, bps, depth)
+            argtypes = records._FP8_FAST_ARGS
+        ptx, _ = cuda.compile_ptx(k.py_func, tuple(argtypes), cc=cc.CC,
                                   launch_bounds=k.targetoptions.get("launch_bounds"))
         rep = cc.ptxas_report(ptx)
-        row = dict(variant=name, shape=VARIANTS[name], registers=rep["registers"],
+        row = dict(variant=name, shape=V5_VARIANTS.get(name) or VARIANTS[name], registers=rep["registers"],
                    spill_bytes=rep.get("spill_stores", -1) + rep.get("spill_loads", -1))
         print(json.dumps(row), flush=True)
         rows.append(row)
@@ -66,8 +86,8 @@ def compile_report(names) -> list[dict]:
 
 
 def table(res) -> str:
-    head = (f"{'kernel':<16} {'T':>2} {'us':>8} {'%floor':>7} {'GB/s':>7}  {'valid':<5} {'ulp>1 ref':>9} "
-            f"{'maxulp v2':>9} {'differs v2':>10}  note")
+    head = (f"{'kernel':<16} {'T':>2} {'us':>8} {'%floor':>7} {'GB/s':>7} {'x_f16':>6} {'gemv':>7}  {'valid':<5} "
+            f"{'ulp>1 ref':>9} {'maxulp v2':>9} {'differs v2':>10}  note")
     lines = [f"FP8 GEMV at K = {K}, N = {N} on {res.get('device')} ({res.get('commit')}): floor "
              f"{res.get('floor_us', 0):.1f} us = {res.get('weight_bytes', 0) / 1e6:.1f} MB at the copy rate "
              f"{res.get('copy_gbps', 0):.0f} GB/s; L2 flushed between runs; target <= 52.5 us at T = 1", head]
@@ -76,14 +96,25 @@ def table(res) -> str:
         pct = f"{r['pct_of_floor']:.1f}" if "pct_of_floor" in r else "-"
         gbps = f"{r['gbps']:.0f}" if "gbps" in r else "-"
         vr = r.get("vs_reference", {})
-        lines.append(f"{r['kernel']:<16} {r['T']:>2} {us:>8} {pct:>7} {gbps:>7}  {str(r.get('valid', '-')):<5} "
+        xf = f"{r['us_x_f16']:.2f}" if "us_x_f16" in r else "-"
+        gm = f"{r['us_gemv']:.2f}" if "us_gemv" in r else "-"
+        lines.append(f"{r['kernel']:<16} {r['T']:>2} {us:>8} {pct:>7} {gbps:>7} {xf:>6} {gm:>7}  "
+                     f"{str(r.get('valid', '-')):<5} "
                      f"{vr.get('frac_gt_1ulp', float('nan')):>9.2e} {r.get('max_ulp_vs_v2', '-'):>9} "
                      f"{r.get('frac_differs_from_v2', float('nan')):>10.2e}  {r.get('error', '')[:60]}")
     for c in res.get("odd_shape_checks", []):
+        extra = (f", differs from v2 on {c['differs_from_v2']} of {c['outputs']} outputs"
+                 if "differs_from_v2" in c else "")
         lines.append(f"odd shape {c['shape']} (T, K, N): {c['kernel']} valid={c['valid']} "
-                     f"(> 1 ulp on {c['vs_reference']['frac_gt_1ulp']:.2e} of sampled outputs)")
-    if "odd_shape_checks_error" in res:
-        lines.append("odd shape checks failed to run: " + res["odd_shape_checks_error"])
+                     f"(> 1 ulp on {c['vs_reference']['frac_gt_1ulp']:.2e} of sampled outputs){extra}")
+    for c in res.get("wide_x_checks", []):
+        lines.append(f"wide-range x at T = {c['T']}: {c['kernel']} differs from v2 on {c['differs_from_v2']} of "
+                     f"{c['outputs']} outputs (max {c['max_ulp_vs_v2']} ulp), valid={c['valid']}")
+    for key in ("odd_shape_checks_error", "wide_x_checks_error"):
+        if key in res:
+            lines.append(f"{key}: {res[key]}")
+    lines.append("reading: v5 rows want 'differs v2' 0.00e+00 (bit-identical to v2) and us <= 52.5 at T = 1 "
+                 "(v2's at T = 4, 8 or less); x_f16 + gemv ~ us less the gap between the two launches")
     lines.append(f"done in {res.get('seconds', 0)} s; skipped: {res.get('skipped', [])}")
     return "\n".join(lines)
 
@@ -142,6 +173,14 @@ def run(names, out_dir: Path | None, budget_s: float) -> dict:
     def by_version(version):
         return lambda T, o: P.prepare_project_q(xs[T], cd, sd, o, weight="fp8", version=version)
 
+    def v5_launch(name, T, o):
+        if name == "gemv_fp8_v5":
+            return P.prepare_project_q(xs[T], cd, sd, o, weight="fp8", version="gemv_fp8_v5")
+        if name not in built:
+            built[name] = C.make_gemv_fp8_v5(*V5_VARIANTS[name])
+        from engram_numba.stages import registry
+        return C.launcher_v5(registry.get("proj", "gemv_fp8_v5"), xs[T], cd, sd, o, kernel=built[name])
+
     wbd = None
 
     def cublas(T, o):
@@ -151,14 +190,15 @@ def run(names, out_dir: Path | None, budget_s: float) -> dict:
             P.prepare_wkv_to_bf16(cd, sd, wbd, weight="fp8")()
         return P.prepare_project(xs[T], wbd, o, version="cublas_v1")
 
-    # the baselines and the registered v4 first: the budget cuts the other variants, never them
-    v4s = [(n, (lambda n: lambda T, o: v4_launch(n, T, o))(n)) for n in names]
-    kernels = [("gemv_fp8_v2", by_version("gemv_fp8_v2"))] + v4s[:1]
-    kernels += [("gemv_fp8_v3", by_version("gemv_fp8_v3")), ("cublas_v1", cublas)] + v4s[1:]
-    res["variants"] = {n: dict(zip(("warps", "blocks_per_sm", "hint", "skip_empty", "depth"), VARIANTS[n]))
+    # the baselines and the registered v5 first: the budget cuts the other variants, never them
+    v5s = [(n, (lambda n: lambda T, o: v5_launch(n, T, o))(n)) for n in names if n in V5_VARIANTS]
+    v4s = [(n, (lambda n: lambda T, o: v4_launch(n, T, o))(n)) for n in names if n in VARIANTS]
+    kernels = [("gemv_fp8_v2", by_version("gemv_fp8_v2"))] + v5s[:1] + [("cublas_v1", cublas)] + v5s[1:] + v4s
+    res["variants"] = {n: (dict(zip(("unroll", "blocks_per_sm"), V5_VARIANTS[n])) if n in V5_VARIANTS else
+                           dict(zip(("warps", "blocks_per_sm", "hint", "skip_empty", "depth"), VARIANTS[n])))
                        for n in names}
     for name, make in kernels:
-        if time.time() - t0 > budget_s and name not in ("gemv_fp8_v2", "gemv_fp8_v4", "gemv_fp8_v3", "cublas_v1"):
+        if time.time() - t0 > budget_s and name not in ("gemv_fp8_v2", "gemv_fp8_v5", "cublas_v1"):
             res["skipped"].append(name)
             print(f"skip {name}: past the {budget_s:.0f} s budget", flush=True)
             continue
@@ -177,11 +217,15 @@ def run(names, out_dir: Path | None, budget_s: float) -> dict:
                 elif T in want:
                     d = bf16_ulp_distance(got, want[T])
                     row.update(max_ulp_vs_v2=int(d.max()), frac_differs_from_v2=float((d > 0).mean()),
+                               bit_identical_to_v2=bool((got == want[T]).all()),
                                nan_outputs=int(((got & 0x7FFF) > 0x7F80).sum()))
                 if ok:
                     us = timer(launch, iters=30)
                     row.update(us=round(us, 2), pct_of_floor=round(100 * res["floor_us"] / us, 1),
                                gbps=round(wbytes / us / 1e3, 1))
+                    if hasattr(launch, "prep"):         # v5: each of its two launches alone
+                        row.update(us_x_f16=round(timer(launch.prep, iters=30), 2),
+                                   us_gemv=round(timer(launch.gemv, iters=30), 2))
                 else:
                     row["error"] = "failed the yardstick check: not timed"
             except Exception as e:                      # one kernel's failure must not end the run
@@ -190,24 +234,57 @@ def run(names, out_dir: Path | None, budget_s: float) -> dict:
             res["rows"].append(row)
             print(json.dumps({k: v for k, v in row.items() if k != "traceback"}), flush=True)
             save()
-    # the registered v4 at an odd shape too (7 rows and one scale tile cut off: a last group past N, a
-    # last step of one tile) and T = 3, 9 (two token groups): checked, not timed
+    # the registered v5 (and v4 if run) at an odd shape too (7 rows and one scale tile cut off: a last
+    # group past N, a last step of one tile) and T = 3, 9 (two token groups): checked, not timed; v5
+    # also against v2 bit for bit
     try:
         No, Ko = N - 7, K - 32
         co, so = np.ascontiguousarray(codes[:No, :Ko]), np.ascontiguousarray(scales[:, :Ko // 32])
         cdo, sdo = cuda.to_device(co), cuda.to_device(so)
         samp = sample[sample < No]
         wb_o = np.concatenate([R.wkv_fp8_bf16(co[n:n + 1], so[n // 32:n // 32 + 1]) for n in samp])
+        odd = ["gemv_fp8_v5"] + (["gemv_fp8_v4"] if "gemv_fp8_v4" in names else [])
         for T in (3, 9):
             xh = f32_to_bf16(rng.standard_normal((T, Ko)).astype(np.float32) * 0.05)
-            o = cuda.device_array((T, No), np.uint16)
-            P.prepare_project_q(cuda.to_device(xh), cdo, sdo, o, weight="fp8", version="gemv_fp8_v4")()
-            ok, agree = projection_agrees(o.copy_to_host()[:, samp], R.projection_exact(xh, wb_o))
-            res.setdefault("odd_shape_checks", []).append(dict(kernel="gemv_fp8_v4", shape=[T, Ko, No], valid=ok,
-                                                               vs_reference=agree))
-            print(json.dumps(res["odd_shape_checks"][-1]), flush=True)
+            xo = cuda.to_device(xh)
+            o2 = cuda.device_array((T, No), np.uint16)
+            P.prepare_project_q(xo, cdo, sdo, o2, weight="fp8", version="gemv_fp8_v2")()
+            for kname in odd:
+                o = cuda.device_array((T, No), np.uint16)
+                P.prepare_project_q(xo, cdo, sdo, o, weight="fp8", version=kname)()
+                got = o.copy_to_host()
+                ok, agree = projection_agrees(got[:, samp], R.projection_exact(xh, wb_o))
+                c = dict(kernel=kname, shape=[T, Ko, No], valid=ok, vs_reference=agree)
+                if kname == "gemv_fp8_v5":
+                    c.update(differs_from_v2=int((got != o2.copy_to_host()).sum()), outputs=int(got.size))
+                res.setdefault("odd_shape_checks", []).append(c)
+                print(json.dumps(res["odd_shape_checks"][-1]), flush=True)
     except Exception as e:
         res["odd_shape_checks_error"] = f"{type(e).__name__}: {e}"
+    save()
+    # v5 against v2 bit for bit on x of large dynamic range at the released shape (T = 4: a zero token)
+    try:
+        T = 4
+        mags = np.array([40, -60, 0, 20])
+        v = rng.standard_normal((T, K)) * 2.0 ** rng.integers(-24, 1, (T, K)) * 2.0 ** mags[:, None]
+        v[rng.random((T, K)) < 0.1] = 0.0
+        v[2] = 0.0
+        xh = f32_to_bf16(v.astype(np.float32))
+        xw = cuda.to_device(xh)
+        outs = {}
+        for kname in ("gemv_fp8_v2", "gemv_fp8_v5"):
+            o = cuda.device_array((T, N), np.uint16)
+            P.prepare_project_q(xw, cd, sd, o, weight="fp8", version=kname)()
+            outs[kname] = o.copy_to_host()
+        got, ref2 = outs["gemv_fp8_v5"], outs["gemv_fp8_v2"]
+        ok, agree = projection_agrees(got[:, sample], R.projection_exact(xh, wb_rows))
+        d = bf16_ulp_distance(got, ref2)
+        res["wide_x_checks"] = [dict(kernel="gemv_fp8_v5", T=T, magnitudes=mags.tolist(), valid=ok,
+                                     vs_reference=agree, differs_from_v2=int((got != ref2).sum()),
+                                     outputs=int(got.size), max_ulp_vs_v2=int(d.max()))]
+        print(json.dumps(res["wide_x_checks"][-1]), flush=True)
+    except Exception as e:
+        res["wide_x_checks_error"] = f"{type(e).__name__}: {e}"
     save()
     print(table(res), flush=True)
     return res
@@ -217,9 +294,10 @@ def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--compile", action="store_true", help="registers and spills, no GPU needed")
     ap.add_argument("--run", action="store_true", help="check and time every kernel on the GPU")
-    ap.add_argument("--only", nargs="*", default=None, help="v4 variant names (default: all)")
+    ap.add_argument("--only", nargs="*", default=None,
+                    help=f"variant names (default: all of v5's); v5: {list(V5_VARIANTS)}, v4: {list(VARIANTS)}")
     ap.add_argument("--budget", type=float, default=70.0,
-                    help="seconds after which the remaining v4 variants are skipped (never the baselines)")
+                    help="seconds after which the remaining variants are skipped (never v2, v5, cuBLAS)")
     ap.add_argument("--shape", type=int, nargs=2, metavar=("K", "N"), default=None,
                     help="another shape than the released K = 6144, N = 25600 (simulator smoke tests)")
     ap.add_argument("--tokens", type=int, nargs="*", default=None, help="token counts (default 1 4 8)")
@@ -234,10 +312,12 @@ def main(argv=None) -> int:
         K, N = args.shape
     if args.tokens:
         TOKENS = tuple(args.tokens)
-    names = args.only if args.only else list(VARIANTS)
-    bad = [n for n in names if n not in VARIANTS]
+    names = args.only if args.only else list(V5_VARIANTS)
+    if "gemv_fp8_v5" not in names:
+        names = ["gemv_fp8_v5"] + names                 # the registered v5 always runs
+    bad = [n for n in names if n not in VARIANTS and n not in V5_VARIANTS]
     if bad:
-        print(f"error: unknown variants {bad}; known: {list(VARIANTS)}", file=sys.stderr)
+        print(f"error: unknown variants {bad}; known: {list(V5_VARIANTS) + list(VARIANTS)}", file=sys.stderr)
         return 2
     if args.out:
         args.out.mkdir(parents=True, exist_ok=True)

@@ -1,6 +1,12 @@
-"""SASS instruction counts of the FP8 GEMMs' K loop, for sm_90a, on a machine with no GPU.
+"""SASS instruction counts of the FP8 GEMMs' and GEMVs' K loop, for sm_90a, on a machine with no GPU.
 
-    NVDISASM=/path/to/nvdisasm python tools/sass_count_fp8.py [gemm_fp8_v3 gemm_fp8_v5 ...]
+    NVDISASM=/path/to/nvdisasm python tools/sass_count_fp8.py [gemm_fp8_v3 gemm_fp8_v5 gemv_fp8_v2 ...]
+
+GEMVs (gemv_fp8_*, any proj record of the fp8 encoding compiled with its first Spec's argument
+types): the loop's body is counted per weight a warp streams, from its HMMA count (m16n8k16: 16
+rows x 16 k = 256 weights each; v2 and v5 run a trip of 8 tiles = 16 mma = 4096 weights, v3 and v4
+a 64-wide step of 32 rows = 16 mma), with the conversion's share (F2FP, HADD2 and PRMT, the
+opcodes cvt.rn.f16x2.e4m3x2 / cvt.f32.f16 / cvt.rn.bf16x2.f32 / mov.b32 become). For the GEMMs:
 
 Compiles each kernel as the compile tier does (`engram_numba.stages.compile_check`: numba's PTX,
 assembled by nvJitLink for sm_90a), disassembles the cubin with nvdisasm (CUDA toolkit, or the
@@ -14,7 +20,9 @@ includes ptxas's never-executed `@!PT LDS` padding.
 """
 from __future__ import annotations
 
+import collections
 import os
+import re
 import sys
 from pathlib import Path
 
@@ -23,10 +31,7 @@ REPO = Path(__file__).resolve().parent.parent
 if str(REPO) not in sys.path:
     sys.path.insert(0, str(REPO))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-import collections  # noqa: E402
-import re  # noqa: E402
-
-from sass_count_q2kr import sass_of_kernel  # noqa: E402  (the same compile and nvdisasm)
+from sass_count_q2kr import loop_counts, sass_of_kernel  # noqa: E402  (the same compile, nvdisasm and loop finder)
 
 
 def sass_of(name: str) -> str:
@@ -77,8 +82,76 @@ def load_loop(sass: str):
     return min(spans, key=lambda lp: lp[1] - lp[0])[2] if spans else None
 
 
+def sass_of_gemv(name: str) -> str:
+    from engram_numba.stages import registry
+    from engram_numba.stages.proj import records  # noqa: F401  (registers the records)
+    spec = registry.get("proj", name).specs[0]
+    return sass_of_kernel(name, spec.kernel, spec.argtypes)
+
+
+CONVERT = ("F2FP", "HADD2", "PRMT")
+
+
+def fast_path_counts(sass: str) -> collections.Counter | None:
+    """The loop's opcodes along its fall-through path, where its body is `if whole trip: A else: B`
+    laid out as [head, @P BRA B, A, BRA J, B, J: tail]: head + A + tail (gemv_fp8_v5's unchecked
+    trips); None where the loop has no unconditional forward branch inside it."""
+    lines = sass.splitlines()
+    labels = {m.group(1): i for i, ln in enumerate(lines) if (m := re.match(r"^(\.L_x_\d+):", ln))}
+    best = None
+    for i, ln in enumerate(lines):
+        m = re.search(r"BRA `\((\.L_x_\d+)\)", ln)
+        if m and m.group(1) in labels and labels[m.group(1)] < i:
+            if best is None or i - labels[m.group(1)] > best[1] - best[0]:
+                best = (labels[m.group(1)], i)
+    if best is None:
+        return None
+    for i in range(best[0], best[1]):
+        m = re.match(r"^\s+/\*[0-9a-f]+\*/\s+BRA `\((\.L_x_\d+)\)", lines[i])     # unpredicated
+        if m and best[0] < labels.get(m.group(1), -1) < best[1] and labels[m.group(1)] > i:
+            keep = lines[best[0]:i + 1] + lines[labels[m.group(1)]:best[1] + 1]
+            ops = collections.Counter()
+            for ln in keep:
+                m2 = re.match(r"^\s+/\*[0-9a-f]+\*/\s+(?:@!?U?P\w+\s+)?([A-Z0-9_]+)", ln)
+                if m2:
+                    ops[m2.group(1)] += 1
+            return ops
+    return None
+
+
+def report_gemv(label, ops) -> None:
+    total = sum(ops.values())
+    mma = ops.get("HMMA", 0)
+    conv = sum(v for k, v in ops.items() if k in CONVERT)
+    print(f"{label}: {total} instructions a warp a trip, HMMA {mma} ({mma * 256} weights): "
+          f"{total / max(mma * 256, 1):.4f} a weight, {total / max(mma, 1):.1f} an mma; conversion "
+          f"(F2FP/HADD2/PRMT) {conv} = {conv / max(mma, 1):.1f} an mma; LDL/STL {ops.get('LDL', 0)}/{ops.get('STL', 0)}")
+    print("   " + ", ".join(f"{k} {v}" for k, v in ops.most_common(16)))
+
+
+def main_gemv(name) -> None:
+    sass = sass_of_gemv(name)
+    fast = fast_path_counts(sass)
+    if fast is not None:
+        report_gemv(f"{name} (whole trips, the fall-through path)", fast)
+    ops = loop_counts(sass)
+    total = sum(ops.values())
+    if fast is not None:
+        print(f"{name} (the whole loop, both paths): {total} instructions")
+        return
+    mma = ops.get("HMMA", 0)
+    conv = sum(v for k, v in ops.items() if k in CONVERT)
+    print(f"{name}: {total} instructions a warp a trip, HMMA {mma} ({mma * 256} weights): "
+          f"{total / max(mma * 256, 1):.4f} a weight, {total / max(mma, 1):.1f} an mma; conversion "
+          f"(F2FP/HADD2/PRMT) {conv} = {conv / max(mma, 1):.1f} an mma; LDL/STL {ops.get('LDL', 0)}/{ops.get('STL', 0)}")
+    print("   " + ", ".join(f"{k} {v}" for k, v in ops.most_common(16)))
+
+
 def main(names) -> None:
     for name in names:
+        if name.startswith("gemv_"):
+            main_gemv(name)
+            continue
         sass = sass_of(name)
         ops = k_loop(sass)
         total = sum(ops.values())

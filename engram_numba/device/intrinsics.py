@@ -41,6 +41,9 @@ Contracts
   the simulator exchanges the fragments through it, sums the 16 exact products in float64, rounds
   that to fp32 and adds c in fp32 (the tensor core's summation order is unspecified: compare in
   ulps, not bits).
+- `mma_f16_16816(...)` is the same mma on IEEE half operands
+  (`mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32`): a/b words are f16x2 (subnormals are
+  operands like any other), the fragments, c/d and the simulator's float64 sum as above.
 - `byte_perm(x, y, s)` is CUDA's `__byte_perm` (one PRMT): byte n of the uint32 result is byte
   `(s >> 4n) & 7` of the 8-byte value `y:x` (x = bytes 0-3); the upper 16 bits of s are ignored.
   The Q2_K decoder uses it as a 4-entry bf16 lookup table.
@@ -148,8 +151,22 @@ if SIMULATOR:
         a[4 * i + 2] = v2
         a[4 * i + 3] = v3
 
+    def _unpack_bf16(words):                            # bf16x2 words [r, 8] -> float64 [r, 16]
+        halves = np.stack([words << np.uint32(16), words & np.uint32(0xFFFF0000)], axis=-1)
+        return halves.reshape(words.shape[0], 16).view(np.float32).astype(np.float64)
+
+    def _unpack_f16(words):                             # f16x2 words [r, 8] -> float64 [r, 16]
+        return np.ascontiguousarray(words).view(np.float16).reshape(words.shape[0], 16).astype(np.float64)
+
     @cuda.jit(device=True)
     def mma_bf16_16816(a0, a1, a2, a3, b0, b1, c0, c1, c2, c3, scratch):
+        return _sim_mma_16816(_unpack_bf16, a0, a1, a2, a3, b0, b1, c0, c1, c2, c3, scratch)
+
+    @cuda.jit(device=True)
+    def mma_f16_16816(a0, a1, a2, a3, b0, b1, c0, c1, c2, c3, scratch):
+        return _sim_mma_16816(_unpack_f16, a0, a1, a2, a3, b0, b1, c0, c1, c2, c3, scratch)
+
+    def _sim_mma_16816(unpack, a0, a1, a2, a3, b0, b1, c0, c1, c2, c3, scratch):
         tid = cuda.threadIdx.x + cuda.blockDim.x * (cuda.threadIdx.y + cuda.blockDim.y * cuda.threadIdx.z)
         lane = tid % 32
         base = 6 * (tid - lane)                         # the warp's 32 x 6 slots
@@ -165,11 +182,6 @@ if SIMULATOR:
             a_words[:8, :4], a_words[8:, :4] = w[:, :, 0], w[:, :, 1]
             a_words[:8, 4:], a_words[8:, 4:] = w[:, :, 2], w[:, :, 3]
             b_words = np.concatenate([w[:, :, 4], w[:, :, 5]], axis=1)                # [n, 8]
-
-            def unpack(words):                          # bf16x2 words [r, 8] -> float64 [r, 16]
-                halves = np.stack([words << np.uint32(16), words & np.uint32(0xFFFF0000)], axis=-1)
-                return halves.reshape(words.shape[0], 16).view(np.float32).astype(np.float64)
-
             prod = (unpack(a_words) @ unpack(b_words).T).astype(np.float32)           # [16, 8]
             frag = np.stack([prod[:8, 0::2], prod[:8, 1::2], prod[8:, 0::2], prod[8:, 1::2]], axis=-1)
             scratch[base:base + 192] = np.pad(frag.reshape(32, 4).view(np.uint32), ((0, 0), (0, 2))).ravel()
@@ -369,6 +381,29 @@ else:
         return _mma_bf16_16816(np.uint32(a0), np.uint32(a1), np.uint32(a2), np.uint32(a3),
                                np.uint32(b0), np.uint32(b1), np.float32(c0), np.float32(c1),
                                np.float32(c2), np.float32(c3))
+
+    @intrinsic
+    def _mma_f16_16816(typingctx, a0, a1, a2, a3, b0, b1, c0, c1, c2, c3):
+        if not (all(v == types.uint32 for v in (a0, a1, a2, a3, b0, b1))
+                and all(v == types.float32 for v in (c0, c1, c2, c3))):
+            return None
+        sig = types.UniTuple(types.float32, 4)(*([types.uint32] * 6 + [types.float32] * 4))
+
+        def codegen(context, builder, signature, args):
+            f32, i32 = ir.FloatType(), ir.IntType(32)
+            fnty = ir.FunctionType(ir.LiteralStructType([f32] * 4), [i32] * 6 + [f32] * 4)
+            asm = ir.InlineAsm(fnty, _MMA_16816.replace(".bf16.bf16.", ".f16.f16."), "=f,=f,=f,=f,r,r,r,r,r,r,f,f,f,f")
+            res = builder.call(asm, list(args))
+            elems = [builder.extract_value(res, k) for k in range(4)]
+            return context.make_tuple(builder, signature.return_type, elems)
+
+        return sig, codegen
+
+    @cuda.jit(device=True)
+    def mma_f16_16816(a0, a1, a2, a3, b0, b1, c0, c1, c2, c3, scratch):
+        return _mma_f16_16816(np.uint32(a0), np.uint32(a1), np.uint32(a2), np.uint32(a3),
+                              np.uint32(b0), np.uint32(b1), np.float32(c0), np.float32(c1),
+                              np.float32(c2), np.float32(c3))
 
     @cuda.jit(device=True)
     def byte_perm(x, y, s):

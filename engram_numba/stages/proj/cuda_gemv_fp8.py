@@ -9,7 +9,8 @@ there is no weight rounding to choose: every version computes the projection of 
 which is also today's bf16 projection of `wkv_bf16()`. gemv_fp8_v1 adds in k order and is
 bit-identical to `projection_reference(x, wkv_fp8_bf16(codes, scales))`; gemv_fp8_v2 sums in other
 orders (within 1 bf16 ulp of the float64 product where fp32 summation noise is under half an ulp),
-and so do gemv_fp8_v3 and gemv_fp8_v4, in yet other orders (not bit-identical to v2 or each other).
+and so do gemv_fp8_v3 and gemv_fp8_v4, in yet other orders (not bit-identical to v2 or each other);
+gemv_fp8_v5 sums in v2's order on operands scaled by powers of two: v2's bits.
 
 Kernel versions
   gemv_fp8_v1  naive: one thread per output column n, 8 tokens at a time, each weight decoded in
@@ -35,6 +36,12 @@ Kernel versions
                T = 1 against v2's 56.8 (bench/results/h200_fp8_gemv_dev_9c531d5.txt): the bytes in
                flight were not v2's limit; the e4m3 -> bf16 conversion's instructions are (128 of a
                step's 309).
+  gemv_fp8_v5  v2 on f16 operands: the codes by one cvt.rn.f16x2.e4m3x2 a pair (exact; v2 also widens
+               them to fp32 and packs them to bf16), x as an f16 copy scaled by a power of two a
+               token (`x_f16_kernel`, launched first), undone on the block sums; v2's grid, loads, k
+               partition and order, so bit-identical to v2 (conditions at the kernel); a trip wholly
+               inside K runs without checks. 179 SASS instructions a 6-tile trip (0.058 a weight,
+               v2 0.150), 80 registers, no spills.
 `dequant_kernel` decodes the whole wkv to bf16 (the engine's path for many tokens, into a GEMM).
 """
 from __future__ import annotations
@@ -43,9 +50,10 @@ import numpy as np
 from numba import cuda, float32, types
 
 from ...device.intrinsics import (SIMULATOR, bf16_bits_to_f32, bf16x2_hi, bf16x2_lo, cvt_pack_bf16x2, device_function,
-                                  f32_to_bf16_bits, load_u32x4, mma_bf16_16816, round_to_bf16, u32_as_f32)
+                                  f32_to_bf16_bits, load_u32x4, mma_bf16_16816, mma_f16_16816, round_to_bf16,
+                                  store_u32x4, u32_as_f32)
 from ...device.hopper import cp_async_16, cp_async_commit, cp_async_waiter
-from .gemv_common import e4m3x4_to_bf16x2x2, load_u32x2, stream_loader
+from .gemv_common import cvt_pack_f16x2, e4m3x4_to_bf16x2x2, e4m3x4_to_f16x2x2, load_u32x2, stream_loader
 from ...device.launch import PreparedLaunch
 from .cuda_common import ALIGN, INLINE, bounds, cdiv
 
@@ -703,6 +711,200 @@ def make_gemv_fp8_v4(warps: int = V4_WARPS, hint: str = V4_HINT, skip_empty: boo
 _gemv_fp8_v4 = make_gemv_fp8_v4()
 
 
+# ---- gemv_fp8_v5: v2 on fp16 operands ------------------------------------------------------------
+#
+# v2's decode of a code word is 2 cvt.rn.f16x2.e4m3x2, 4 widenings to fp32 and 2 packs to bf16: the
+# e4m3 values are exact in f16 already (normal, 2^-9 .. 448), so v5 stops after the first step and
+# runs mma.m16n8k16 on f16 operands. x (bf16) must then be f16 too: bf16's 8-bit significand fits
+# f16's 11 bits, not its exponent range, so `x_f16_kernel` (one block a token, launched before the
+# GEMV) scales token t by 2^s_t, a power of two chosen from the token's largest magnitude
+# (2^15 <= max|x| 2^s < 2^16 < f16's 65504; s in [-113, 126], 126 for a zero token), writes x 2^s_t
+# as f16 [T, K] (rounded to nearest even: exact for every scaled value >= 2^-17, i.e. all but those
+# under ~2^-32 of the token's largest) and s_t into an int32 [T]. The GEMV keeps v2's arithmetic:
+# the same grid, loads (8-byte codes, 16-byte x), k partition into mma slots, tiles of a warp added
+# in k order, scale products and warp order; at the end the block's sums are multiplied by 2^-s_t
+# before rounding. Two schedule changes leave that order alone: a warp loads V5_UNROLL = 6 tiles of
+# codes a trip (v2 8: 8 spill here, the x loads being hoisted too), and a trip wholly inside K runs
+# unchecked (unsigned scale indices, no masking: a token past T reads token T-1's x, whose D columns
+# are never stored).
+# Every product in the mma is 2^s_t times v2's, exact in both; power-of-two scaling commutes with
+# fp32 rounding, so, with no fp32 overflow or subnormal anywhere (tile sums, scaled tile sums,
+# accumulators, block sums, in v2 or v5), the outputs are v2's bit for bit, given the tensor core
+# sums f16 products as it sums bf16 ones (the simulator's mma does). NaN codes (0x7F / 0xFF, absent
+# from checkpoints) become f16 NaN: their rows' outputs are NaN, as in v2. x with inf or NaN: the
+# token's s comes from exponent 255 (-113), its finite values still scale exactly, inf and NaN stay.
+
+XF16_THREADS = 256
+V5_S_MAX = 126                # 2^-s stays a normal fp32 (s >= -113 from bf16's largest exponent)
+XF16_CACHE = 4                # 16-byte units of x a thread keeps in registers between the two passes
+_XF16_WORDS = 4 * XF16_CACHE
+
+
+@device_function(**INLINE)
+def _max_magnitude(m, w0, w1, w2, w3):
+    """m and the bf16 magnitudes (sign cleared: ordered as the values' magnitudes) of 4 words."""
+    for w in (w0, w1, w2, w3):
+        a = w & np.uint32(0x7FFF7FFF)
+        m = max(m, a & np.uint32(0xFFFF), a >> np.uint32(16))
+    return m
+
+
+@device_function(**INLINE)
+def _store_f16(h32, i, scale, w0, w1, w2, w3):
+    store_u32x4(h32, i, cvt_pack_f16x2(bf16x2_lo(w0) * scale, bf16x2_hi(w0) * scale),
+                cvt_pack_f16x2(bf16x2_lo(w1) * scale, bf16x2_hi(w1) * scale),
+                cvt_pack_f16x2(bf16x2_lo(w2) * scale, bf16x2_hi(w2) * scale),
+                cvt_pack_f16x2(bf16x2_lo(w3) * scale, bf16x2_hi(w3) * scale))
+
+
+@cuda.jit
+def x_f16_kernel(x32, h32, xs, K):
+    # x32: uint32 [T*K/2] flat view of x (bf16 [T, K]); h32: the same of the f16 copy; xs: int32 [T].
+    # One block a token: its largest magnitude (the first XF16_CACHE units of each thread loaded at
+    # once and kept; the rest, K > 8192, loaded twice), reduced in two barriers, then the copy.
+    red = cuda.shared.array(XF16_THREADS, types.uint32)
+    v = cuda.local.array(_XF16_WORDS, types.uint32)
+    tid = cuda.threadIdx.x
+    tok = cuda.blockIdx.x
+    n16 = K >> 3                                            # 16-byte units a token
+    base = np.int64(tok) * n16
+    for j in range(XF16_CACHE):
+        i = tid + j * XF16_THREADS
+        if i < n16:
+            v[4 * j], v[4 * j + 1], v[4 * j + 2], v[4 * j + 3] = load_u32x4(x32, base + i)
+        else:
+            v[4 * j] = v[4 * j + 1] = v[4 * j + 2] = v[4 * j + 3] = np.uint32(0)
+    m = np.uint32(0)
+    for j in range(XF16_CACHE):
+        m = _max_magnitude(m, v[4 * j], v[4 * j + 1], v[4 * j + 2], v[4 * j + 3])
+    for i in range(tid + XF16_CACHE * XF16_THREADS, n16, XF16_THREADS):
+        w0, w1, w2, w3 = load_u32x4(x32, base + i)
+        m = _max_magnitude(m, w0, w1, w2, w3)
+    red[tid] = m
+    cuda.syncthreads()
+    if tid < 32:                                            # each of 32 slots: the max of 8 (only it reads its own)
+        for q in range(1, XF16_THREADS // 32):
+            m = max(m, red[tid + 32 * q])
+        red[tid] = m
+    cuda.syncthreads()
+    for q in range(32):
+        m = max(m, red[q])
+    e = np.int32(max(m >> np.uint32(7), np.uint32(1))) - 127      # largest exponent (a subnormal: -126)
+    s = min(15 - e, V5_S_MAX)
+    scale = u32_as_f32(np.uint32(127 + s) << np.uint32(23))
+    for j in range(XF16_CACHE):
+        i = tid + j * XF16_THREADS
+        if i < n16:
+            _store_f16(h32, base + i, scale, v[4 * j], v[4 * j + 1], v[4 * j + 2], v[4 * j + 3])
+    for i in range(tid + XF16_CACHE * XF16_THREADS, n16, XF16_THREADS):
+        w0, w1, w2, w3 = load_u32x4(x32, base + i)
+        _store_f16(h32, base + i, scale, w0, w1, w2, w3)
+    if tid == 0:
+        xs[tok] = s
+
+
+@device_function(**INLINE)
+def tile_mma_f16(c0, c1, c2, c3, wa0, wa1, wb0, wb1, h32, xv, ok_x, s, scratch):
+    """v2's `tile_mma` on f16 operands: the codes as f16 (one cvt a code pair), x's f16 copy."""
+    x0 = x1 = x2 = x3 = np.uint32(0)
+    if ok_x:
+        x0, x1, x2, x3 = load_u32x4(h32, xv)
+    z = float32(0.0)
+    pa0, pa1 = e4m3x4_to_f16x2x2(wa0)
+    pb0, pb1 = e4m3x4_to_f16x2x2(wb0)
+    d0, d1, d2, d3 = mma_f16_16816(pa0, pb0, pa1, pb1, x0, x1, z, z, z, z, scratch)
+    pa0, pa1 = e4m3x4_to_f16x2x2(wa1)
+    pb0, pb1 = e4m3x4_to_f16x2x2(wb1)
+    d0, d1, d2, d3 = mma_f16_16816(pa0, pb0, pa1, pb1, x2, x3, d0, d1, d2, d3, scratch)
+    scale = e8m0_to_f32(s)
+    return c0 + scale * d0, c1 + scale * d1, c2 + scale * d2, c3 + scale * d3
+
+
+V5_UNROLL = 6                 # tiles of codes a warp loads before converting any (v2: 8; 8 spills here)
+V5_BLOCKS_PER_SM = 3          # the register bound: 85 a thread at 3 blocks of 256 (v2's)
+
+
+def make_gemv_fp8_v5(unroll: int = V5_UNROLL, blocks_per_sm: int = V5_BLOCKS_PER_SM):
+    """The v5 GEMV with `unroll` tiles of codes loaded a trip (v2: 8) and registers bounded for
+    `blocks_per_sm` blocks of 256 threads an SM; registered: V5_UNROLL, V5_BLOCKS_PER_SM.
+    tools/fp8_gemv_dev.py times others."""
+    if unroll < 1 or blocks_per_sm < 1:
+        raise ValueError(f"gemv_fp8_v5 needs unroll >= 1 and blocks_per_sm >= 1, got {unroll}, {blocks_per_sm}")
+    wv_len = 4 * unroll                                     # code words a lane holds a trip
+
+    @cuda.jit(**bounds(FP8_THREADS, blocks_per_sm))
+    def _gemv_fp8_v5(h32, w64, scales, xs, out, T, K):
+        # h32: uint32 [T*K/2] flat view of x's f16 copy (x_f16_kernel); w64: uint32 [N*K/4] flat view of
+        # the codes (read as 8-byte pairs); scales: uint8 [ceil(N/32), K/32]; xs: int32 [T] (token t's
+        # copy is x 2^xs[t]); out: uint16 [T, N]. Everything but the operands' type and the last multiply
+        # is _gemv_fp8_v2.
+        red = cuda.shared.array(_RED, float32)
+        scratch = cuda.shared.array(_SCRATCH, types.uint32)
+        tid = cuda.threadIdx.x
+        lane = tid & 31
+        warp = tid >> 5
+        g = lane >> 2
+        t = lane & 3
+        N = out.shape[1]
+        n_tiles = K >> 5
+        n0 = cuda.blockIdx.x * FP8_ROWS
+        tok = cuda.blockIdx.y * FP8_TOKENS + g
+        ok_tok = tok < T
+        x16 = np.int64(min(tok, T - 1)) * (K >> 3)              # token row in 16-byte units
+        row_a = np.int64(min(n0 + g, N - 1)) * (K >> 3)         # codes row in 8-byte units
+        row_b = np.int64(min(n0 + g + 8, N - 1)) * (K >> 3)
+        srow = n0 // TILE
+        per = (n_tiles + FP8_WARPS - 1) // FP8_WARPS            # tiles a warp owns (uniform trip count)
+        k_begin = warp * per
+        k_end = min(k_begin + per, n_tiles)
+        c0 = c1 = c2 = c3 = float32(0.0)
+        wv = cuda.local.array(wv_len, types.uint32)
+        srow_u = np.uint64(srow)
+        for s0 in range(0, per, unroll):
+            kt0 = k_begin + s0
+            if kt0 + unroll <= k_end:
+                # a whole trip inside K: no checks (a token past T reads token T-1's x: its D columns are
+                # never stored), unsigned scale indices (no negative-index wraparound code)
+                for u in range(unroll):
+                    load_tile_codes(wv, u, w64, row_a, row_b, kt0 + u, True, t)
+                for u in range(unroll):
+                    kt = kt0 + u
+                    s = scales[srow_u, np.uint64(kt)]
+                    c0, c1, c2, c3 = tile_mma_f16(c0, c1, c2, c3, wv[4 * u], wv[4 * u + 1], wv[4 * u + 2],
+                                                  wv[4 * u + 3], h32, x16 + 4 * kt + t, True, s, scratch)
+            else:
+                for u in range(unroll):
+                    load_tile_codes(wv, u, w64, row_a, row_b, kt0 + u, kt0 + u < k_end, t)
+                for u in range(unroll):
+                    kt = kt0 + u
+                    ok = kt < k_end
+                    s = scales[srow, kt] if ok else np.uint8(127)
+                    c0, c1, c2, c3 = tile_mma_f16(c0, c1, c2, c3, wv[4 * u], wv[4 * u + 1], wv[4 * u + 2],
+                                                  wv[4 * u + 3], h32, x16 + 4 * kt + t, ok_tok and ok, s, scratch)
+        base = (warp * 32 + lane) * 4
+        red[base] = c0
+        red[base + 1] = c1
+        red[base + 2] = c2
+        red[base + 3] = c3
+        cuda.syncthreads()
+        if tid < 128:
+            s = float32(0.0)
+            for w in range(FP8_WARPS):
+                s += red[w * 128 + tid]
+            el = tid >> 2
+            c = tid & 3
+            row = n0 + (el >> 2) + 8 * (c >> 1)
+            tk = cuda.blockIdx.y * FP8_TOKENS + 2 * (el & 3) + (c & 1)
+            if row < N and tk < T:
+                unscale = u32_as_f32(np.uint32(127 - xs[tk]) << np.uint32(23))     # 2^-s, exact
+                out[tk, row] = f32_to_bf16_bits(s * unscale)
+
+
+    return _gemv_fp8_v5
+
+
+_gemv_fp8_v5 = make_gemv_fp8_v5()
+
 # ---- the whole wkv to bf16 (the engine's many-token path) ----------------------------------------
 
 DEQUANT_THREADS = 256
@@ -741,6 +943,51 @@ def geometry_naive(T: int, N: int):
 
 def geometry_tc(T: int, N: int):
     return (cdiv(N, FP8_ROWS), cdiv(T, FP8_TOKENS)), FP8_THREADS
+
+
+def geometry_x_f16(T: int, K: int):
+    return T, XF16_THREADS
+
+
+class Fp8GemvV5Launch:
+    """x_f16_kernel (x -> its scaled f16 copy and shifts, workspaces allocated at prepare), then
+    _gemv_fp8_v5; calling it launches both and returns `out`."""
+
+    __slots__ = ("name", "prep", "gemv", "out", "grid", "block", "x16", "xs")
+
+    def __init__(self, name, prep, gemv, out, x16, xs):
+        self.name, self.prep, self.gemv, self.out, self.x16, self.xs = name, prep, gemv, out, x16, xs
+        self.grid, self.block = gemv.grid, gemv.block
+
+    def __call__(self):
+        self.prep()
+        self.gemv()
+        return self.out
+
+    def __repr__(self) -> str:
+        return f"Fp8GemvV5Launch({self.name}: x_f16 {self.prep.grid} + gemv {self.grid})"
+
+
+def launcher_v5(rec, x, codes, scales, out, *, stream=0, kernel=None) -> Fp8GemvV5Launch:
+    """The records' launcher for gemv_fp8_v5 (`prepare_project_q` has checked the shapes: x [T, K]
+    bf16, codes [N, K] uint8, scales [ceil(N/32), K/32] uint8, out [T, N]); the f16 copy of x and
+    the shifts are allocated here, once per prepared launch. kernel: another build of the GEMV with
+    v5's arguments (tools/fp8_gemv_dev.py)."""
+    from ...device.devarray import data_address
+    T, K = x.shape
+    N = codes.shape[0]
+    if data_address(x) % 16 or data_address(codes) % 8:
+        raise ValueError(f"{rec.name} reads x as 16-byte chunks and the codes as 8-byte units: x must be 16-byte "
+                         "and the codes 8-byte aligned (use gemv_fp8_v1 or an aligned copy)")
+    x16 = cuda.device_array((T, K), dtype=np.uint16, stream=stream)
+    xs = cuda.device_array(T, dtype=np.int32, stream=stream)
+    x32, h32 = x.view(np.uint32).reshape(T * K // 2), x16.view(np.uint32).reshape(T * K // 2)
+    grid, block = geometry_x_f16(T, K)
+    prep = PreparedLaunch("x_f16", x_f16_kernel, grid, block, stream, (x32, h32, xs, K), (x16, xs))
+    grid, block = geometry_tc(T, N)
+    gemv = PreparedLaunch(rec.name, kernel or _gemv_fp8_v5, grid, block, stream,
+                          (h32, codes.view(np.uint32).reshape(N * K // 4), scales, xs, out, T, K), out)
+    return Fp8GemvV5Launch(rec.name, prep, gemv, out, x16, xs)
 
 
 def geometry_v3(T: int, N: int):

@@ -11,6 +11,11 @@ Contracts
   in the low half). Every finite e4m3 value is exact in bf16 (docs/math.md 4.4), so nothing
   rounds; the NaN codes 0x7F / 0xFF become a bf16 NaN. On the GPU: `cvt.rn.f16x2.e4m3x2` (sm_89+),
   `cvt.f32.f16`, `cvt.rn.bf16x2.f32`.
+- `e4m3x4_to_f16x2x2(word)`: the same four codes as two IEEE f16x2 words (same order), exactly:
+  every finite e4m3 value is a normal f16 (2^-9 .. 448); NaN codes become an f16 NaN. On the GPU
+  two `cvt.rn.f16x2.e4m3x2` and nothing else (the first step of `e4m3x4_to_bf16x2x2`).
+- `cvt_pack_f16x2(lo, hi)` rounds two fp32 values to nearest-even IEEE halves (subnormals kept,
+  overflow to inf) packed low-first in a uint32: one `cvt.rn.f16x2.f32` on the GPU.
 - `stream_loader(hint)(a, i)` reads a[4i:4i+4] of a 1-D uint32 array as one 16-byte load of
   read-only data streamed once (a weight): `ld.global.nc.<hint>.v4.u32` on the GPU, where hint is
   "" or PTX cache qualifiers such as "L1::no_allocate" (keep it out of L1, where x stays) or
@@ -52,6 +57,15 @@ if SIMULATOR:
         w = int(np.uint32(word))
         b = [int(tab[(w >> (8 * k)) & 0xFF]) for k in range(4)]
         return np.uint32(b[0] | (b[1] << 16)), np.uint32(b[2] | (b[3] << 16))
+
+    def e4m3x4_to_f16x2x2(word):
+        import ml_dtypes
+        w = np.array([np.uint32(word)], dtype=np.uint32).view(np.uint8).view(ml_dtypes.float8_e4m3fn)
+        h = w.astype(np.float16).view(np.uint32)
+        return np.uint32(h[0]), np.uint32(h[1])
+
+    def cvt_pack_f16x2(lo, hi):
+        return np.array([lo, hi], dtype=np.float32).astype(np.float16).view(np.uint32)[0]
 
 else:
     from llvmlite import ir
@@ -131,6 +145,45 @@ else:
     @cuda.jit(device=True)
     def e4m3x4_to_bf16x2x2(word):
         return _e4m3x4_to_bf16x2x2(np.uint32(word))
+
+    _E4M3X4_TO_F16 = ("{ .reg .b16 c01, c23; mov.b32 {c01, c23}, $2; "
+                      "cvt.rn.f16x2.e4m3x2 $0, c01; cvt.rn.f16x2.e4m3x2 $1, c23; }")
+
+    @intrinsic
+    def _e4m3x4_to_f16x2x2(typingctx, word):
+        if word != types.uint32:
+            return None
+        sig = types.UniTuple(types.uint32, 2)(types.uint32)
+
+        def codegen(context, builder, signature, args):
+            i32 = ir.IntType(32)
+            fnty = ir.FunctionType(ir.LiteralStructType([i32, i32]), [i32])
+            res = builder.call(ir.InlineAsm(fnty, _E4M3X4_TO_F16, "=r,=r,r"), list(args))
+            return context.make_tuple(builder, signature.return_type,
+                                      [builder.extract_value(res, 0), builder.extract_value(res, 1)])
+
+        return sig, codegen
+
+    @cuda.jit(device=True)
+    def e4m3x4_to_f16x2x2(word):
+        return _e4m3x4_to_f16x2x2(np.uint32(word))
+
+    @intrinsic
+    def _cvt_rn_f16x2_f32(typingctx, hi, lo):
+        if not (hi == types.float32 and lo == types.float32):
+            return None
+        sig = types.uint32(types.float32, types.float32)
+
+        def codegen(context, builder, signature, args):
+            fnty = ir.FunctionType(ir.IntType(32), [ir.FloatType(), ir.FloatType()])
+            # PTX packs its first source into the upper half
+            return builder.call(ir.InlineAsm(fnty, "cvt.rn.f16x2.f32 $0, $1, $2;", "=r,f,f"), list(args))
+
+        return sig, codegen
+
+    @cuda.jit(device=True)
+    def cvt_pack_f16x2(lo, hi):
+        return _cvt_rn_f16x2_f32(np.float32(hi), np.float32(lo))
 
     _STREAM_LOADERS: dict = {}
 

@@ -383,6 +383,23 @@ _proj("gemv_fp8_v4", "v3's fragments and numerics (x as A, a lane's 16 contiguou
       kernel=cuda_gemv_fp8._gemv_fp8_v4, geometry=cuda_gemv_fp8.geometry_v4, args="fast", align=16,
       specs=(Spec("", cuda_gemv_fp8._gemv_fp8_v4, _FP8_FAST_ARGS),), encoding="fp8",
       sim=[(1, 96, 20), (3, 192, 72), (8, 64, 16), (9, 128, 20), (1, 1056, 33)], sweep=QUANT_SWEEP)
+# v5 is v2 on f16 operands, after x_f16_kernel: v2's cases plus K = 32 (one tile, 7 warps idle) and
+# T = 8 (one full token group); test_proj_quant.py also holds it bit-identical to v2
+_FP8_V5_ARGS = (_U32_1D, _U32_1D, _U8_2D, types.int32[::1], _U16_2D, types.int64, types.int64)   # h32, w64, scales, xs, out, T, K
+_proj("gemv_fp8_v5", "v2's grid, loads, k partition, tile sums and warp order on fp16 operands: the codes need one "
+      "cvt.rn.f16x2.e4m3x2 a pair (exact, normal f16; v2 also widens to fp32 and packs to bf16: 8 instructions a "
+      "code word against 2), x a power-of-two-scaled f16 copy made once a call by x_f16_kernel (one block a token: "
+      "2^15 <= max|x| 2^s < 2^16, exact for all values over ~2^-32 of the token's largest), 2^-s applied to the "
+      "block sums before rounding: bit-identical to v2 where no fp32 sum overflows or goes subnormal and the "
+      "tensor core sums f16 products as it sums bf16 ones (two launches a call). A trip of 6 tiles wholly inside K "
+      "runs unchecked: 179 SASS instructions a warp (0.058 a weight; v2 0.150, of which 256 of 616 convert), 80 "
+      "registers, no spills (tools/sass_count_fp8.py). H200: not yet measured (tools/fp8_gemv_dev.py)",
+      kernel=cuda_gemv_fp8._gemv_fp8_v5, geometry=cuda_gemv_fp8.geometry_tc, args="fast", align=8,
+      specs=(Spec("", cuda_gemv_fp8._gemv_fp8_v5, _FP8_V5_ARGS),
+             Spec("[x_f16]", cuda_gemv_fp8.x_f16_kernel, (_U32_1D, _U32_1D, types.int32[::1], types.int64),
+                  spill_free=True)),
+      encoding="fp8", launcher=cuda_gemv_fp8.launcher_v5,
+      sim=[(1, 64, 16), (3, 96, 33), (8, 32, 8), (9, 32, 8), (2, 2080, 16)], sweep=QUANT_SWEEP)
 
 # q2k_r: the same Q2_K weight re-laid out on the device at build (q2k_r.py). Every simulated block
 # runs a whole unit trip of simulated mma (~12 s a block): K = 768 is an odd block count (a zero pad

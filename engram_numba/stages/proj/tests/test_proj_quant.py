@@ -504,7 +504,7 @@ def test_gpu_fp8_edge_codes_tensor_core(rng):
         codes[r] = np.roll(codes[r], r)
     finite = codes.copy()
     finite[(finite & 0x7F) == 0x7F] = 0
-    for version in ("gemv_fp8_v2", "gemv_fp8_v3", "gemv_fp8_v4"):
+    for version in ("gemv_fp8_v2", "gemv_fp8_v3", "gemv_fp8_v4", "gemv_fp8_v5"):
         for s in (3, 246):
             x = f32_to_bf16(bf16_to_f32(random_x(rng, 8, K)) * np.float32(2.0 ** (-24 if s == 246 else 0)))
             scales = np.full((2, K // 32), s, np.uint8)
@@ -555,3 +555,26 @@ def test_gpu_fp8_v3_against_v1_v2(rng, released_fp8_weight, T, cut, version):
     assert_within_tolerance(stats)
     assert stats["max_ulp_vs_gemv_fp8_v1_well_conditioned"] <= 2, stats
     assert stats["max_ulp_vs_gemv_fp8_v2_well_conditioned"] <= 2, stats
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("T", (1, 3, 8, 9))
+@pytest.mark.parametrize("cut", [(0, 0), (7, 32)], ids=["released", "odd"])
+def test_gpu_fp8_v5_is_v2(rng, released_fp8_weight, T, cut):
+    """gemv_fp8_v5 sums v2's products in v2's order on operands scaled by powers of two: on the
+    H200 its outputs must be v2's bits (records.py states the conditions; random x meets them)."""
+    codes, scales, _ = released_fp8_weight
+    N, K = RELEASED_N - cut[0], RELEASED_K - cut[1]
+    codes = np.ascontiguousarray(codes[:N, :K])
+    scales = np.ascontiguousarray(scales[:, :K // 32])
+    x = random_x(rng, T, K)
+    xd, cd, sd = cuda.to_device(x), cuda.to_device(codes), cuda.to_device(scales)
+    got = {}
+    for v in ("gemv_fp8_v2", "gemv_fp8_v5"):
+        out = poisoned(T, N)
+        P.prepare_project_q(xd, cd, sd, out, weight="fp8", version=v)()
+        got[v] = out.copy_to_host()
+    differs = int((got["gemv_fp8_v5"] != got["gemv_fp8_v2"]).sum())
+    RESULTS.append(dict(test="projection-fp8-v5-bits", version="gemv_fp8_v5", shape=[T, K, N], differs_from_v2=differs,
+                        passed=differs == 0))
+    assert differs == 0
