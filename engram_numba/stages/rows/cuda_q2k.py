@@ -183,7 +183,35 @@ def _make_fast(pack, rows_per_group):
             qa, qb, s01, s23, dd = _load_lane_words(w32, src, t)
             decode_lane(qa, qb, s01, s23, dd, out32, row, t)
 
-        return dequant, gather
+        @cuda.jit
+        def gather_pair(w32a, w32b, ids, out32a, out32b, bad):
+            # two layers' gathers in one launch (one decode token's): ids [2n], layer a's n ids
+            # then layer b's; the first half of the blocks gathers layer a (table w32a into
+            # out32a), the second half layer b, each row exactly as `gather` does it
+            n = ids.shape[0] >> 1
+            rows_per_block = cuda.blockDim.x >> 3
+            half = (n + rows_per_block - 1) // rows_per_block
+            blk = np.int64(cuda.blockIdx.x)
+            layer_b = blk >= half
+            if layer_b:
+                blk -= half
+            tid = blk * cuda.blockDim.x + cuda.threadIdx.x
+            row = tid >> 3
+            if row >= n:
+                return
+            t = np.int32(tid & 7)
+            w32 = w32b if layer_b else w32a
+            out32 = out32b if layer_b else out32a
+            src = np.int64(ids[n + row]) if layer_b else np.int64(ids[row])
+            if src < 0 or src >= w32.shape[0]:
+                _nan_lane(out32, row, t)
+                if t == 0:
+                    cuda.atomic.add(bad, 0, np.uint32(1))
+                return
+            qa, qb, s01, s23, dd = _load_lane_words(w32, src, t)
+            decode_lane(qa, qb, s01, s23, dd, out32, row, t)
+
+        return dequant, gather, gather_pair
 
     R = rows_per_group
 
@@ -246,6 +274,6 @@ def _make_fast(pack, rows_per_group):
     return dequant, gather
 
 
-_dequant_v2, _gather_v2 = _make_fast(pack_bf16x2, 1)
-_dequant_v3, _gather_v3 = _make_fast(cvt_pack_bf16x2, 1)
+_dequant_v2, _gather_v2, _gather_pair_v2 = _make_fast(pack_bf16x2, 1)
+_dequant_v3, _gather_v3, _gather_pair_v3 = _make_fast(cvt_pack_bf16x2, 1)
 _dequant_v4, _gather_v4 = _make_fast(cvt_pack_bf16x2, ROWS_PER_GROUP_V4)
