@@ -153,6 +153,17 @@ def _make_fast(pack, rows_per_group):
         decode_chunk(s23 & np.uint32(0xFF), d, dmin, qa, qb, 4, out32, chunk + 8)
         decode_chunk((s23 >> np.uint32(16)) & np.uint32(0xFF), d, dmin, qa, qb, 6, out32, chunk + 12)
 
+    @device_function
+    def gather_lane(w32, src, out32, row, t, bad):
+        # lane t's share of output row `row` from table row src (NaN and counted when out of range)
+        if src < 0 or src >= w32.shape[0]:
+            _nan_lane(out32, row, t)
+            if t == 0:
+                cuda.atomic.add(bad, 0, np.uint32(1))
+            return
+        qa, qb, s01, s23, dd = _load_lane_words(w32, src, t)
+        decode_lane(qa, qb, s01, s23, dd, out32, row, t)
+
     if rows_per_group == 1:
         @cuda.jit
         def dequant(w32, out32):
@@ -200,16 +211,12 @@ def _make_fast(pack, rows_per_group):
             if row >= n:
                 return
             t = np.int32(tid & 7)
-            w32 = w32b if layer_b else w32a
-            out32 = out32b if layer_b else out32a
-            src = np.int64(ids[n + row]) if layer_b else np.int64(ids[row])
-            if src < 0 or src >= w32.shape[0]:
-                _nan_lane(out32, row, t)
-                if t == 0:
-                    cuda.atomic.add(bad, 0, np.uint32(1))
-                return
-            qa, qb, s01, s23, dd = _load_lane_words(w32, src, t)
-            decode_lane(qa, qb, s01, s23, dd, out32, row, t)
+            # one call per layer, not a select between the arrays: a selected pointer loses its
+            # global address space (generic ST.E.128 stores instead of STG.E.128)
+            if layer_b:
+                gather_lane(w32b, np.int64(ids[n + row]), out32b, row, t, bad)
+            else:
+                gather_lane(w32a, np.int64(ids[row]), out32a, row, t, bad)
 
         return dequant, gather, gather_pair
 
