@@ -24,6 +24,9 @@ Each version exists twice: `dequant` (blocks [n, 84] in order) and `gather` (row
 table [rows, 84] picked by an int32/int64 row id array [n], with 64-bit address arithmetic so a
 30 GiB table works). A gathered out-of-range id reads nothing: its output row is NaN (0x7FC0
 words) and a device counter is incremented, which the launcher turns into a ValueError.
+v2 and v3 also have `gather_pair`: two tables' gathers in one launch (ids [2n]: table a's n, then
+table b's; the first half of the blocks gathers table a), each row as `gather` writes it, for the
+one-token decode, whose two per-layer gathers are a block each and pure latency.
 
 Why the v2 lane mapping. Value e of a row sits in output chunk c = e // 8 (16 bytes, 32 chunks a
 row). Chunk c's codes are bits 2j.. of qs bytes 32n + 16h + 8(c & 1) + 0..7 with n = c >> 4,

@@ -159,3 +159,20 @@ def test_zero_tokens_is_a_no_op():
     w = cuda.to_device(np.zeros((2, 64), F32))
     launch = L.prepare_gate_pair(z, kv, w, kv, w)
     assert launch.name == "gate_v3[2 layers]" and launch() is None
+
+
+# ---- GPU tier: the released width, the decode shape and a few others -------------------------------
+
+GPU_CASES = [(1, 4, 5120, None), (1, 3, 5120, None), (16, 4, 5120, None), (5, 4, 5120, "token"), (600, 4, 5120, None),
+             (3, 2, 136, None)]
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("T,hc,dim,layout", GPU_CASES, ids=[f"T{c[0]}-hc{c[1]}-d{c[2]}-{c[3]}" for c in GPU_CASES])
+@pytest.mark.parametrize("residual", ["fp32", "bf16"])
+def test_gpu_pair_is_two_v3_launches_bit_for_bit(rng, gpu_record, T, hc, dim, layout, residual):
+    h, la, lb, mask = _inputs(rng, T, hc, dim, T > 1)
+    want = (True, True, True, True)
+    _same(_pair(h, la, lb, mask, residual, layout, None, want), _sequence(h, la, lb, mask, residual, layout, None, want))
+    gpu_record(test="gate pair == two gate_v3", shape=[T, hc, dim], layout=str(layout), residual=residual,
+               nch=G.geometry_v3(T, hc, dim, layout)["nch"], passed=True)

@@ -70,3 +70,10 @@ def test_default_record_and_refusals(rng):
     with pytest.raises(ValueError, match=r"table must be uint8 \[n, 264\]"):
         RL.prepare_gather_pair(ta, tb, ids, oa, ob, version="q2k_v3", encoding="fp8")
     assert (oa.copy_to_host() == ob.copy_to_host()).all()       # nothing ran
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("version", PAIRED)
+@pytest.mark.parametrize("n", [1, 24, 32, 33, 1000])
+def test_gpu_pair_equals_two_gathers(rng, version, n):
+    test_pair_equals_two_gathers(rng, version, n, np.int64)
