@@ -25,8 +25,12 @@ class DecodeGraph:
     while the graph reading the other may still run).
 
     Device tables: graph = [ids upload (pinned int64 [1, L, C] -> device), mask upload, then per
-    layer: gather + decode, projection, gate]. Host tables: the host reads the token's raw rows
-    into pinned buffers, and the graph uploads them and decodes instead of gathering."""
+    layer: gather + decode, projection, gate]; with two layers, as many of those as the kernels
+    allow are one launch for both (`fuse`, the module doc): at best [ids, mask, gather pair,
+    projection pair, gate pair]. Host tables: the host reads the token's raw rows into pinned
+    buffers, and the graph uploads them and decodes instead of gathering."""
+
+    fuse = True     # fuse the two layers' gathers and gates where the kernels allow (device tables)
 
     def __init__(self, engine, highway, residual: str):
         cfg = engine.config
@@ -64,8 +68,6 @@ class DecodeGraph:
         self.recorded = [False, False]
         self.next = 0
         self._keep = (copies, scratch)
-
-    fuse = True     # fuse the two layers' gathers and gates where the kernels allow (device tables)
 
     def _launches(self, h, residual):
         eng = self.engine
