@@ -1,15 +1,20 @@
 """One-token decode through CUDA graphs: every engram layer's launches for one highway buffer,
 captured once and replayed per token (`EngramV41.decode`). The launches are the layer step's
 own (the engine's gather / decode, projection and gate builders), in the step's order, except
-that two `q2k_r` layers' projections run as one launch."""
+that two engram layers on the device-table path are fused where the same bits allow it: their
+gathers are one launch (`prepare_gather_pair`, when the rows kernel has that form), two `q2k_r`
+layers' projections one launch, and their gates one launch (`prepare_gate_pair`, when each
+layer's own gate would be gate_v3): a layer's kv depends on its token ids only, so both gathers
+and both projections can run before the gates, which then run layer a, layer b in one block."""
 from __future__ import annotations
 
 import numpy as np
 from numba import cuda
 
 from .device.graphs import CapturedGraph, HostToDeviceCopy
+from .stages.gate.launch import prepare_gate_pair
 from .stages.hash.cpu import EngramHasher
-from .stages.rows.launch import prepare_decode
+from .stages.rows.launch import has_gather_pair, pick, prepare_decode, prepare_gather_pair
 
 _LIVE, _DEAD = np.array([True]), np.array([False])
 
@@ -20,8 +25,12 @@ class DecodeGraph:
     while the graph reading the other may still run).
 
     Device tables: graph = [ids upload (pinned int64 [1, L, C] -> device), mask upload, then per
-    layer: gather + decode, projection, gate]. Host tables: the host reads the token's raw rows
-    into pinned buffers, and the graph uploads them and decodes instead of gathering."""
+    layer: gather + decode, projection, gate]; with two layers, as many of those as the kernels
+    allow are one launch for both (`fuse`, the module doc): at best [ids, mask, gather pair,
+    projection pair, gate pair]. Host tables: the host reads the token's raw rows into pinned
+    buffers, and the graph uploads them and decodes instead of gathering."""
+
+    fuse = True     # fuse the two layers' gathers and gates where the kernels allow (device tables)
 
     def __init__(self, engine, highway, residual: str):
         cfg = engine.config
@@ -65,12 +74,19 @@ class DecodeGraph:
         cfg = eng.config
         s = self.stream
         pair = self._pair_projection()
-        if pair is not None:
-            # a layer's kv depends on its token ids only: both gathers, both projections in one
-            # launch over both wkv, then the gates in layer order (the same bits as layer by layer)
-            rows = [self._rows_launch(li, lid) for li, lid in enumerate(cfg.layer_ids)]
-            gates = [self._gate_launch(lid, h, residual) for lid in cfg.layer_ids]
-            return rows + [pair] + gates
+        gates = self._gate_pair(h, residual)
+        if pair is not None or gates is not None:
+            # a layer's kv depends on its token ids only: both gathers (one launch where the rows
+            # kernel has a two-table form), both projections (one launch over both q2k_r wkv),
+            # then the gates in layer order, or both in one launch (the same bits as layer by layer)
+            rows = self._rows_pair()
+            if rows is None:
+                rows = [self._rows_launch(li, lid) for li, lid in enumerate(cfg.layer_ids)]
+            projections = [pair] if pair is not None else [
+                eng._prepare_projection(eng.layers[lid], eng._ws[lid], 1, s) for lid in cfg.layer_ids]
+            if gates is None:
+                gates = [self._gate_launch(lid, h, residual) for lid in cfg.layer_ids]
+            return rows + projections + gates
         out = []
         for li, lid in enumerate(cfg.layer_ids):
             out.append(self._rows_launch(li, lid))
@@ -90,6 +106,46 @@ class DecodeGraph:
         eng = self.engine
         lw, ws = eng.layers[lid], eng._ws[lid]
         return eng._gate_launch(lw, ws, h, ws.kv[:1], self.dev_mask, residual, eng.config.eps, 1, self.stream)
+
+    def _fusable(self) -> bool:
+        """Two layers, both gathering from device tables in this graph."""
+        eng = self.engine
+        return (self.fuse and self.device_tables and len(eng.config.layer_ids) == 2
+                and all(eng.layers[lid].table is not None for lid in eng.config.layer_ids))
+
+    def _rows_pair(self):
+        """Both layers' gathers in one launch ([launch]), or None: both must take the same rows
+        record, one with a two-table gather, and the same table encoding (no separate scales)."""
+        if not self._fusable():
+            return None
+        eng = self.engine
+        C = eng.config.n_hash_cols
+        (a, b) = eng.config.layer_ids
+        la, lb = eng.layers[a], eng.layers[b]
+        if la.encoding != lb.encoding or la.table_scales is not None or lb.table_scales is not None:
+            return None
+        singles = [self._rows_launch(li, lid).name for li, lid in enumerate((a, b))]
+        rec = pick(la.encoding, eng.versions.get("rows"), la.table, eng._ws[a].rows[:C])
+        if singles != [rec.name, rec.name] or not has_gather_pair(rec):
+            return None
+        return [prepare_gather_pair(la.table, lb.table, self.dev_ids[:2 * C], eng._ws[a].rows[:C], eng._ws[b].rows[:C],
+                                    encoding=la.encoding, stream=self.stream, version=rec.name,
+                                    bad_count=eng._decode_bad)]
+
+    def _gate_pair(self, h, residual):
+        """Both layers' gates in one launch ([launch]), or None: each layer's own gate launch
+        must be gate_v3 (the pair is its kernel twice in one block, same geometry)."""
+        if not self._fusable():
+            return None
+        eng = self.engine
+        a, b = eng.config.layer_ids
+        if any(self._gate_launch(lid, h, residual).name != "gate_v3" for lid in (a, b)):
+            return None
+        wa, wb = eng._ws[a], eng._ws[b]
+        return [prepare_gate_pair(h, wa.kv[:1], eng.layers[a].w_gate, wb.kv[:1], eng.layers[b].w_gate,
+                                  token_mask=self.dev_mask, residual=residual, eps=eng.config.eps,
+                                  dot_a=wa.dot[:1], gate_a=wa.gate[:1], dot_b=wb.dot[:1], gate_b=wb.gate[:1],
+                                  stream=self.stream)]
 
     def _pair_projection(self):
         """One launch projecting both layers (q2k_r wkv in one buffer), or None: it must be the
@@ -130,7 +186,10 @@ class HostDecodeGraph(DecodeGraph):
     flight at once, into staged device buffers (`DecodeStaging`); each host layer then decodes
     from its buffer, device layers gather as usual. Two graphs per buffer set b: `full[b]` (ids
     and mask up, the fetch, the layers) for a token decoded straight away, `compute[b]` (the
-    layers only) for a token whose fetch `prefetch_decode` ran ahead on a side stream."""
+    layers only) for a token whose fetch `prefetch_decode` ran ahead on a side stream. The
+    layers' gathers and gates stay one launch per layer here."""
+
+    fuse = False
 
     def __init__(self, engine, highway, residual: str):
         self.engine = engine

@@ -219,6 +219,50 @@ def test_decode_equals_step_in_the_simulator(model, simulator):
     assert hasher.position == 2
 
 
+@pytest.mark.slow     # two tokens of simulated projection
+def test_fused_decode_launches_equal_step_in_the_simulator(model, simulator):
+    """The decode graph's launch list with the two layers fused (one gather launch, one gate
+    launch: the kernels chosen by name, since the simulator's defaults have no pair form), run
+    launch by launch without a graph (the simulator has none), equals step(graph=False) bit for
+    bit, dot and gate of both layers included; a masked token, then a live one."""
+    if not simulator:
+        pytest.skip("on a GPU the graphed decode is tested in the gpu tier")
+    from engram_numba.decode_graph import DecodeGraph
+    versions = {"rows": "q2k_v3", "gate": "gate_v3"}
+    cfg = model.config
+    eng = EngramV41(model, max_tokens=2, device_tables=True, versions=versions)
+    ref = EngramV41(model, max_tokens=2, device_tables=True, versions=versions)
+    g = DecodeGraph.__new__(DecodeGraph)          # its launch list only: no pinned buffers, no capture
+    g.engine, g.stream, g.device_tables = eng, 0, True
+    eng._decode_bad = cuda.to_device(np.zeros(1, np.uint32))
+    g.dev_ids = cuda.to_device(np.zeros(len(cfg.layer_ids) * cfg.n_hash_cols, np.int64))
+    g.dev_mask = cuda.to_device(np.ones(1, np.uint8))
+    h0 = np.random.default_rng(7).standard_normal((1, cfg.hc, cfg.dim)).astype(np.float32)
+    d_h, d_ref = cuda.to_device(h0), cuda.to_device(h0)
+    launches = g._launches(d_h, "fp32")
+    names = [x.name for x in launches]
+    assert names.count("q2k_v3[2 layers]") == 1 and names[-1] == "gate_v3[2 layers]", names
+    assert not any(n in ("q2k_v3", "gate_v3") for n in names), names
+    hasher, ref_hasher = EngramHasher(model.hash_tables), EngramHasher(model.hash_tables)
+    for tok, live in zip(TINY_TOKENS[:2], (False, True)):
+        ids = hasher.hash([int(tok)], None if live else np.array([False]))
+        g.dev_ids.copy_to_device(np.ascontiguousarray(ids.reshape(-1)))
+        g.dev_mask.copy_to_device(np.array([int(live)], np.uint8))
+        for launch in launches:
+            launch()
+        for ws in eng._ws.values():                # as decode marks them after a replay
+            ws.rows_tokens = ws.kv_tokens = ws.gate_tokens = 1
+        ref.step([int(tok)], d_ref, ref_hasher, np.array([live]), graph=False)
+        np.testing.assert_array_equal(d_h.copy_to_host().view(np.uint32), d_ref.copy_to_host().view(np.uint32))
+        for lid in cfg.layer_ids:
+            np.testing.assert_array_equal(eng.rows_bf16(lid).copy_to_host()[:cfg.n_hash_cols],
+                                          ref.rows_bf16(lid).copy_to_host())
+            for got, want in zip(eng.last_gate(lid), ref.last_gate(lid)):
+                np.testing.assert_array_equal(got.copy_to_host().view(np.uint32), want.copy_to_host().view(np.uint32))
+    assert int(eng._decode_bad.copy_to_host()[0]) == 0
+    assert not np.array_equal(d_h.copy_to_host(), h0)
+
+
 def test_decode_refuses_bad_input_before_anything_changes(model):
     cfg = model.config
     eng = EngramV41(model, max_tokens=2, device_tables=True)
@@ -293,7 +337,12 @@ def test_gpu_decode_graph_equals_ungraphed_step(model, device_tables, wkv_format
     assert len(eng._decode_graphs) == 1 and hasher.position == len(DECODE_TOKENS)
     names = next(iter(eng._decode_graphs.values())).names
     if wkv_format is None:     # q2k_r: both layers' projections are one launch between the gathers and the gates
-        assert sum("[2 layers]" in n for n in names) == 1, names
+        assert sum(n.startswith(("gemv_", "proj")) and "[2 layers]" in n for n in names) == 1, names
+    if device_tables:          # both layers' gathers and both gates fused into one launch each
+        assert "q2k_v3[2 layers]" in names and names[-1] == "gate_v3[2 layers]", names
+        assert "gate_v3" not in names and "q2k_v3" not in names, names
+    else:                      # the host-table graph keeps a launch per layer
+        assert not any("[2 layers]" in n for n in names if not n.startswith("gemv_")), names
     if device_tables:
         assert eng.decode_bad_ids() == 0
     # step with one token replays the graph too

@@ -37,6 +37,10 @@ Kernel versions (never delete v1):
         once; every load (h, w, key and value) is issued before the block reduction, in
         straight-line code. One block per (t, c) by default.
 
+    v3 pair  (`gate_v3_pair`, launched by `launch.prepare_gate_pair`): two layers' gates on one
+        highway in one launch, v3's arithmetic for each, bit-identical to two gate_v3 launches
+        in sequence (the one-token decode's two engram layers; see the comment above the kernel).
+
 v2 and v3 are compiled per residual (the fp32 path carries no rounding code), v3 also per nch.
 
 The launcher is `launch.prepare_gate` / `launch.run_gate` (the highway is updated in place); the
@@ -458,6 +462,244 @@ def _make_v3(nch: int, residual_bf16: bool):
     return cuda.jit(gate_v3)
 
 
+# ---- the pair: two layers' gates in one launch (one-token decode) ------------------------------
+#
+# Decode runs the gates of both engram layers back to back on the same highway: layer b's dot of
+# stream c reads only stream c's h after layer a's update, so one block can do both for its
+# (t, c). The pair kernel is v3 twice in one block: the same chunk-to-thread map (the same tps
+# and nch as the gate_v3 launch it replaces), the same per-chunk partial sums, warp sums and
+# block sums, the same scalar and update arithmetic, so each layer's dot, gate and the highway
+# are bit-identical to two gate_v3 launches in sequence. What changes is the traffic: h is read
+# once and written once; both layers' keys, values and weights are loaded up front with h (none
+# depends on a gate), so the second layer costs one more block reduction instead of a launch, a
+# DRAM round trip for h and a graph node.
+#
+# Layer a's update is applied in registers as gate_v3 would store it (`_new_h_word`) and layer b
+# reads those words through `_h_value`, exactly what it would read back from memory. A masked
+# token updates nothing: layer b then sees the original words. Both block reductions use their
+# own shared partials, so the second needs no extra barrier.
+
+@device_function
+def _pair_load(hw, wwa, wwb, kvwa, kvwb, h16, k16, w16, v16, j, chunks, residual_bf16):
+    """Chunk j's loads for both layers and layer a's partial sums -> (in range, clamped index,
+    its 8 h words, layer a's value words, layer b's weight words (two uint32x4), key and value
+    words, hk, hh, kk of layer a); the partial sums are -0 for a chunk past the end."""
+    ok = j < chunks
+    jj = min(j, chunks - 1)
+    ha = load_u32x4(hw, h16 + 2 * jj)
+    hb = load_u32x4(hw, h16 + 2 * jj + 1)
+    wa0 = load_u32x4(wwa, w16 + 2 * jj)
+    wa1 = load_u32x4(wwa, w16 + 2 * jj + 1)
+    wb0 = load_u32x4(wwb, w16 + 2 * jj)
+    wb1 = load_u32x4(wwb, w16 + 2 * jj + 1)
+    ka = load_u32x4(kvwa, k16 + jj)
+    kb = load_u32x4(kvwb, k16 + jj)
+    va = load_u32x4(kvwa, v16 + jj)
+    vb = load_u32x4(kvwb, v16 + jj)
+    x = (ha[0], ha[1], ha[2], ha[3], hb[0], hb[1], hb[2], hb[3])
+    p_hk, p_hh, p_kk = _chunk_sums(
+        _h_value(x[0], residual_bf16), _h_value(x[1], residual_bf16), _h_value(x[2], residual_bf16),
+        _h_value(x[3], residual_bf16), _h_value(x[4], residual_bf16), _h_value(x[5], residual_bf16),
+        _h_value(x[6], residual_bf16), _h_value(x[7], residual_bf16), wa0, wa1, ka)
+    if not ok:
+        p_hk = _NEG_ZERO
+        p_hh = _NEG_ZERO
+        p_kk = _NEG_ZERO
+    return ok, jj, x, va, (wb0, wb1), kb, vb, p_hk, p_hh, p_kk
+
+
+@device_function
+def _pair_word(x, gate, v, live, residual_bf16):
+    """One h word after layer a: as gate_v3 stores it for a live token, unchanged for a masked one."""
+    y = _new_h_word(_h_value(x, residual_bf16), gate, v, residual_bf16)
+    return y if live else x
+
+
+@device_function
+def _pair_mid(x, va, wb, kb, ok, gate, live, residual_bf16):
+    """Layer a's update of one chunk (words x, value va, gate `gate`) and layer b's h values and
+    partial sums on the result -> (8 h values of layer b, hk, hh, kk; -0 past the end)."""
+    y = (_h_value(_pair_word(x[0], gate, bf16x2_lo(va[0]), live, residual_bf16), residual_bf16),
+         _h_value(_pair_word(x[1], gate, bf16x2_hi(va[0]), live, residual_bf16), residual_bf16),
+         _h_value(_pair_word(x[2], gate, bf16x2_lo(va[1]), live, residual_bf16), residual_bf16),
+         _h_value(_pair_word(x[3], gate, bf16x2_hi(va[1]), live, residual_bf16), residual_bf16),
+         _h_value(_pair_word(x[4], gate, bf16x2_lo(va[2]), live, residual_bf16), residual_bf16),
+         _h_value(_pair_word(x[5], gate, bf16x2_hi(va[2]), live, residual_bf16), residual_bf16),
+         _h_value(_pair_word(x[6], gate, bf16x2_lo(va[3]), live, residual_bf16), residual_bf16),
+         _h_value(_pair_word(x[7], gate, bf16x2_hi(va[3]), live, residual_bf16), residual_bf16))
+    p_hk, p_hh, p_kk = _chunk_sums(y[0], y[1], y[2], y[3], y[4], y[5], y[6], y[7], wb[0], wb[1], kb)
+    if not ok:
+        p_hk = _NEG_ZERO
+        p_hh = _NEG_ZERO
+        p_kk = _NEG_ZERO
+    return y, p_hk, p_hh, p_kk
+
+
+PAIR_DOT_A, PAIR_GATE_A, PAIR_DOT_B, PAIR_GATE_B = 1, 2, 4, 8     # the pair kernel's `outs` bits
+
+
+def _make_pair(nch: int, residual_bf16: bool):
+    """gate_v3's pair kernel (two layers in one launch) for NCH = nch chunks a thread and one residual."""
+    NCH = int(nch)
+    RB = bool(residual_bf16)
+    assert 1 <= NCH <= V3_MAX_CHUNKS == 8
+
+    def gate_v3_pair(hw, kvwa, kvwb, wwa, wwb, mask, dot_a, gate_a, dot_b, gate_b, hc, dim, tps, has_mask, outs,
+                     eps):
+        # gate_v3's arguments and block mapping with a second layer's kv and w; dot_a .. gate_b
+        # [T, hc] (or [1, 1] stand-ins), written when their bit of `outs` is set (PAIR_*)
+        scratch = cuda.shared.array(MAX_THREADS, np.float32)    # warp_sum's simulator twin only
+        partial_a = cuda.shared.array((MAX_WARPS, 3), np.float32)
+        partial_b = cuda.shared.array((MAX_WARPS, 3), np.float32)
+        tid = cuda.threadIdx.x
+        spb = cuda.blockDim.x // tps
+        nsb = hc // spb
+        t = cuda.blockIdx.x // nsb
+        c = (cuda.blockIdx.x - t * nsb) * spb + tid // tps
+        ls = tid % tps
+        live = True
+        if has_mask != 0:
+            live = mask[t] != 0
+        if not live and (outs & (PAIR_DOT_A | PAIR_DOT_B)) == 0:
+            if ls == 0:
+                if outs & PAIR_GATE_A:
+                    gate_a[t, c] = np.float32(0.0)
+                if outs & PAIR_GATE_B:
+                    gate_b[t, c] = np.float32(0.0)
+            return              # the whole block returns: no barrier is left waiting
+        chunks = dim // 8
+        h16 = (t * hc + c) * (dim // 4)
+        k16 = (t * (hc + 1) + c) * (dim // 8)
+        w16 = c * (dim // 4)
+        v16 = (t * (hc + 1) + hc) * (dim // 8)
+        s_hk = _NEG_ZERO
+        s_hh = _NEG_ZERO
+        s_kk = _NEG_ZERO
+        ok0, j0, x0, va0, wb0, kb0, vb0, a, b, d = _pair_load(
+            hw, wwa, wwb, kvwa, kvwb, h16, k16, w16, v16, ls, chunks, RB)
+        s_hk += a
+        s_hh += b
+        s_kk += d
+        if NCH > 1:
+            ok1, j1, x1, va1, wb1, kb1, vb1, a, b, d = _pair_load(
+                hw, wwa, wwb, kvwa, kvwb, h16, k16, w16, v16, ls + tps, chunks, RB)
+            s_hk += a
+            s_hh += b
+            s_kk += d
+        if NCH > 2:
+            ok2, j2, x2, va2, wb2, kb2, vb2, a, b, d = _pair_load(
+                hw, wwa, wwb, kvwa, kvwb, h16, k16, w16, v16, ls + 2 * tps, chunks, RB)
+            s_hk += a
+            s_hh += b
+            s_kk += d
+        if NCH > 3:
+            ok3, j3, x3, va3, wb3, kb3, vb3, a, b, d = _pair_load(
+                hw, wwa, wwb, kvwa, kvwb, h16, k16, w16, v16, ls + 3 * tps, chunks, RB)
+            s_hk += a
+            s_hh += b
+            s_kk += d
+        if NCH > 4:
+            ok4, j4, x4, va4, wb4, kb4, vb4, a, b, d = _pair_load(
+                hw, wwa, wwb, kvwa, kvwb, h16, k16, w16, v16, ls + 4 * tps, chunks, RB)
+            s_hk += a
+            s_hh += b
+            s_kk += d
+        if NCH > 5:
+            ok5, j5, x5, va5, wb5, kb5, vb5, a, b, d = _pair_load(
+                hw, wwa, wwb, kvwa, kvwb, h16, k16, w16, v16, ls + 5 * tps, chunks, RB)
+            s_hk += a
+            s_hh += b
+            s_kk += d
+        if NCH > 6:
+            ok6, j6, x6, va6, wb6, kb6, vb6, a, b, d = _pair_load(
+                hw, wwa, wwb, kvwa, kvwb, h16, k16, w16, v16, ls + 6 * tps, chunks, RB)
+            s_hk += a
+            s_hh += b
+            s_kk += d
+        if NCH > 7:
+            ok7, j7, x7, va7, wb7, kb7, vb7, a, b, d = _pair_load(
+                hw, wwa, wwb, kvwa, kvwb, h16, k16, w16, v16, ls + 7 * tps, chunks, RB)
+            s_hk += a
+            s_hh += b
+            s_kk += d
+        hk, hh, kk = _block_sums(s_hk, s_hh, s_kk, scratch, partial_a, tid, tps)
+        dot, gate = _gate_scalars(hk, hh, kk, dim, eps, live)
+        if ls == 0:
+            if outs & PAIR_DOT_A:
+                dot_a[t, c] = dot
+            if outs & PAIR_GATE_A:
+                gate_a[t, c] = gate
+        s_hk = _NEG_ZERO
+        s_hh = _NEG_ZERO
+        s_kk = _NEG_ZERO
+        y0, a, b, d = _pair_mid(x0, va0, wb0, kb0, ok0, gate, live, RB)
+        s_hk += a
+        s_hh += b
+        s_kk += d
+        if NCH > 1:
+            y1, a, b, d = _pair_mid(x1, va1, wb1, kb1, ok1, gate, live, RB)
+            s_hk += a
+            s_hh += b
+            s_kk += d
+        if NCH > 2:
+            y2, a, b, d = _pair_mid(x2, va2, wb2, kb2, ok2, gate, live, RB)
+            s_hk += a
+            s_hh += b
+            s_kk += d
+        if NCH > 3:
+            y3, a, b, d = _pair_mid(x3, va3, wb3, kb3, ok3, gate, live, RB)
+            s_hk += a
+            s_hh += b
+            s_kk += d
+        if NCH > 4:
+            y4, a, b, d = _pair_mid(x4, va4, wb4, kb4, ok4, gate, live, RB)
+            s_hk += a
+            s_hh += b
+            s_kk += d
+        if NCH > 5:
+            y5, a, b, d = _pair_mid(x5, va5, wb5, kb5, ok5, gate, live, RB)
+            s_hk += a
+            s_hh += b
+            s_kk += d
+        if NCH > 6:
+            y6, a, b, d = _pair_mid(x6, va6, wb6, kb6, ok6, gate, live, RB)
+            s_hk += a
+            s_hh += b
+            s_kk += d
+        if NCH > 7:
+            y7, a, b, d = _pair_mid(x7, va7, wb7, kb7, ok7, gate, live, RB)
+            s_hk += a
+            s_hh += b
+            s_kk += d
+        hk, hh, kk = _block_sums(s_hk, s_hh, s_kk, scratch, partial_b, tid, tps)
+        dot, gate = _gate_scalars(hk, hh, kk, dim, eps, live)
+        if ls == 0:
+            if outs & PAIR_DOT_B:
+                dot_b[t, c] = dot
+            if outs & PAIR_GATE_B:
+                gate_b[t, c] = gate
+        if not live:
+            return
+        _v3_store(hw, h16, ok0, j0, y0, vb0, gate, RB)
+        if NCH > 1:
+            _v3_store(hw, h16, ok1, j1, y1, vb1, gate, RB)
+        if NCH > 2:
+            _v3_store(hw, h16, ok2, j2, y2, vb2, gate, RB)
+        if NCH > 3:
+            _v3_store(hw, h16, ok3, j3, y3, vb3, gate, RB)
+        if NCH > 4:
+            _v3_store(hw, h16, ok4, j4, y4, vb4, gate, RB)
+        if NCH > 5:
+            _v3_store(hw, h16, ok5, j5, y5, vb5, gate, RB)
+        if NCH > 6:
+            _v3_store(hw, h16, ok6, j6, y6, vb6, gate, RB)
+        if NCH > 7:
+            _v3_store(hw, h16, ok7, j7, y7, vb7, gate, RB)
+
+    gate_v3_pair.__name__ = gate_v3_pair.__qualname__ = f"gate_v3_pair_nch{NCH}_{'bf16' if RB else 'fp32'}"
+    return cuda.jit(gate_v3_pair)
+
+
 _KERNELS: dict = {}
 
 
@@ -476,6 +718,16 @@ def gate_v3(nch: int, residual_bf16: bool = False):
     key = (3, int(nch), bool(residual_bf16))
     if key not in _KERNELS:
         _KERNELS[key] = _make_v3(int(nch), bool(residual_bf16))
+    return _KERNELS[key]
+
+
+def gate_v3_pair(nch: int, residual_bf16: bool = False):
+    """gate_v3's two-layer kernel for `nch` chunks per thread and one residual (built once, then cached)."""
+    if not 1 <= nch <= V3_MAX_CHUNKS:
+        raise ValueError(f"v3 handles 1..{V3_MAX_CHUNKS} chunks per thread, got {nch}")
+    key = ("pair", int(nch), bool(residual_bf16))
+    if key not in _KERNELS:
+        _KERNELS[key] = _make_pair(int(nch), bool(residual_bf16))
     return _KERNELS[key]
 
 
@@ -591,6 +843,38 @@ def prepare(rec, highway, kv, w, *, mask=None, dot_out=None, gate_out=None, resi
                            eps32))
 
 
+def prepare_pair(rec, highway, kv_a, w_a, kv_b, w_b, *, mask=None, dot_a=None, gate_a=None, dot_b=None,
+                 gate_b=None, residual_bf16=False, eps=NORM_EPS, layout=None, tps=None, stream=0):
+    """Two layers' gates in one launch (arguments checked by `launch.prepare_gate_pair`): record
+    `rec` must be gate_v3 (the pair is its kernel run twice in a block); the launch's name is
+    "gate_v3[2 layers]". Layer a's gate runs first, layer b's on its result, as two gate_v3
+    launches with the same layout and tps would (bit for bit)."""
+    if rec.name != "gate_v3":
+        raise ValueError(f"the two-layer gate is gate_v3's kernel; {rec.name} has no pair form")
+    T, hc, dim = (int(s) for s in highway.shape)
+    for what, arr in (("highway", highway), ("kv_a", kv_a), ("w_a", w_a), ("kv_b", kv_b), ("w_b", w_b)):
+        if data_address(arr) % rec.align:
+            raise ValueError(f"{what}'s data must be {rec.align}-byte aligned for the two-layer {rec.name} "
+                             "(a sliced view?); run the layers' gates one by one (gate_v1) or use aligned copies")
+    cfg = rec.geometry(max(T, 1), hc, dim, layout, tps)
+    name = f"{rec.name}[2 layers]"
+    if T == 0:
+        return NoLaunch(name)
+    outs = 0
+    for bit, arr in ((PAIR_DOT_A, dot_a), (PAIR_GATE_A, gate_a), (PAIR_DOT_B, dot_b), (PAIR_GATE_B, gate_b)):
+        if arr is not None:
+            outs |= bit
+    dot_a, gate_a, dot_b, gate_b = (a if a is not None else dummy("out") for a in (dot_a, gate_a, dot_b, gate_b))
+    hw = highway.reshape(T * hc * dim).view(np.uint32)
+    kvwa = kv_a.reshape(T * (hc + 1) * dim).view(np.uint32)
+    kvwb = kv_b.reshape(T * (hc + 1) * dim).view(np.uint32)
+    wwa = w_a.reshape(hc * dim).view(np.uint32)
+    wwb = w_b.reshape(hc * dim).view(np.uint32)
+    return PreparedLaunch(name, gate_v3_pair(cfg["nch"], bool(residual_bf16)), cfg["grid"], cfg["block"], stream,
+                          (hw, kvwa, kvwb, wwa, wwb, mask if mask is not None else dummy("mask"), dot_a, gate_a,
+                           dot_b, gate_b, hc, dim, cfg["tps"], int(mask is not None), outs, np.float32(eps)))
+
+
 # ---- compile-only targets (sm_90) ---------------------------------------------------------------
 
 _F32_2D = types.float32[:, ::1]
@@ -599,6 +883,7 @@ V1_ARGS = (types.float32[:, :, ::1], types.uint16[:, ::1], _F32_2D, types.uint8[
 FAST_ARGS = (types.uint32[::1], types.uint32[::1], types.uint32[::1], types.uint8[::1], _F32_2D, _F32_2D,
              types.int64, types.int64, types.int64,
              types.int64, types.int64, types.int64, types.float32)
+PAIR_ARGS = (types.uint32[::1],) * 5 + (types.uint8[::1],) + (_F32_2D,) * 4 + (types.int64,) * 5 + (types.float32,)
 
 
 def v3_target_nchs() -> list[int]:

@@ -45,8 +45,17 @@ def _specs(v: int):
     if v == 1:
         return [Spec("", cuda.gate_v1, cuda.V1_ARGS)]
     nchs = cuda.v3_target_nchs() if v == 3 else [0]
-    return [Spec(f"[{'' if v == 2 else f'nch={n},'}{cuda.residual_name(rb)}]", _FAST[v](rb, n), cuda.FAST_ARGS)
-            for n in nchs for rb in (False, True)]
+    out = [Spec(f"[{'' if v == 2 else f'nch={n},'}{cuda.residual_name(rb)}]", _FAST[v](rb, n), cuda.FAST_ARGS)
+           for n in nchs for rb in (False, True)]
+    if v == 3:      # the two-layer form (launch.prepare_gate_pair): the chunk counts a decode step picks
+        out += [Spec(f".pair[nch={n},{cuda.residual_name(rb)}]", cuda.gate_v3_pair(n, rb), cuda.PAIR_ARGS)
+                for n in PAIR_TARGET_NCHS for rb in (False, True)]
+    return out
+
+
+# the pair's compile targets, stream layout (its default): dim 5120 is nch 2 below 512 blocks (one
+# decode token), nch 3 from there on; the tiny dims are nch 1
+PAIR_TARGET_NCHS = (1, 2, 3)
 
 
 def _geometry(v: int):

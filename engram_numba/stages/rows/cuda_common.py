@@ -6,6 +6,10 @@ and `gather` (rows of a device table picked by an int32/int64 id array [n], with
 arithmetic). A gathered out-of-range id reads nothing: its output row is NaN (0x7FC0 words) and
 a device counter is incremented, which the launcher turns into a ValueError (as cuda_q2k does).
 
+Two layers' gathers can be one launch (`prepare_pair`, for records with a `gather_pair` kernel:
+Q2_K v2/v3): the first half of the blocks gathers table a, the second half table b, each row as
+the one-table gather writes it (the one-token decode gathers both engram layers so).
+
 Launch shapes:
   v1 (naive) one thread per output value, 256 threads a block (one row a block).
   fast       8 lanes per row, 256 threads a block (32 rows a block); lane t of a row writes 4
@@ -161,7 +165,31 @@ def specs(rec_kernel: dict, src_t, out_t, extra: tuple = ()) -> tuple:
     out = [Spec(".decode", rec_kernel["decode"], (src_t, out_t))]
     for ids_t, tag in ID_TYPES:
         out.append(Spec(f".gather[{tag}]", rec_kernel["gather"], (src_t,) + tuple(extra) + (ids_t, out_t, U32_1D)))
+    if "gather_pair" in rec_kernel:
+        for ids_t, tag in ID_TYPES:
+            out.append(Spec(f".gather_pair[{tag}]", rec_kernel["gather_pair"], (src_t, src_t, ids_t, out_t, out_t, U32_1D)))
     return tuple(out)
+
+
+def prepare_pair(rec, table_a, table_b, ids, out_a, out_b, *, bad_count, stream=0) -> PreparedLaunch:
+    """One launch gathering rows ids[:n] of table_a into out_a and ids[n:] of table_b into out_b
+    (ids [2n] device int32/int64; out-of-range ids counted into bad_count), each row as record
+    `rec`'s gather writes it; the launch is named "<rec.name>[2 layers]". The record must have a
+    `gather_pair` kernel taking the tables as they are (no extra arguments). Arguments are
+    checked by `launch.prepare_gather_pair`."""
+    how, _, extra = rec.args.partition(",")
+    if "gather_pair" not in rec.kernel or extra or how == "u8":
+        raise ValueError(f"rows kernel {rec.name} has no two-table gather")
+    for what, a in (("table_a", table_a), ("table_b", table_b)):
+        if data_address(a) % rec.align:
+            raise ValueError(f"{rec.name} reads whole {rec.align}-byte units: {what} must be {rec.align}-byte aligned")
+    for what, a in (("out_a", out_a), ("out_b", out_b)):
+        if data_address(a) % 16:
+            raise ValueError(f"{rec.name} writes 16-byte chunks: {what} must be 16-byte aligned")
+    blocks, threads = rec.geometry(out_a.shape[0])
+    return PreparedLaunch(f"{rec.name}[2 layers]", rec.kernel["gather_pair"], 2 * blocks, threads, stream,
+                          (_view(table_a, how), _view(table_b, how), ids, out_words(out_a), out_words(out_b),
+                           bad_count), (out_a, out_b))
 
 
 def out_words(out):

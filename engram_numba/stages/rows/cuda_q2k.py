@@ -24,6 +24,9 @@ Each version exists twice: `dequant` (blocks [n, 84] in order) and `gather` (row
 table [rows, 84] picked by an int32/int64 row id array [n], with 64-bit address arithmetic so a
 30 GiB table works). A gathered out-of-range id reads nothing: its output row is NaN (0x7FC0
 words) and a device counter is incremented, which the launcher turns into a ValueError.
+v2 and v3 also have `gather_pair`: two tables' gathers in one launch (ids [2n]: table a's n, then
+table b's; the first half of the blocks gathers table a), each row as `gather` writes it, for the
+one-token decode, whose two per-layer gathers are a block each and pure latency.
 
 Why the v2 lane mapping. Value e of a row sits in output chunk c = e // 8 (16 bytes, 32 chunks a
 row). Chunk c's codes are bits 2j.. of qs bytes 32n + 16h + 8(c & 1) + 0..7 with n = c >> 4,
@@ -153,6 +156,17 @@ def _make_fast(pack, rows_per_group):
         decode_chunk(s23 & np.uint32(0xFF), d, dmin, qa, qb, 4, out32, chunk + 8)
         decode_chunk((s23 >> np.uint32(16)) & np.uint32(0xFF), d, dmin, qa, qb, 6, out32, chunk + 12)
 
+    @device_function
+    def gather_lane(w32, src, out32, row, t, bad):
+        # lane t's share of output row `row` from table row src (NaN and counted when out of range)
+        if src < 0 or src >= w32.shape[0]:
+            _nan_lane(out32, row, t)
+            if t == 0:
+                cuda.atomic.add(bad, 0, np.uint32(1))
+            return
+        qa, qb, s01, s23, dd = _load_lane_words(w32, src, t)
+        decode_lane(qa, qb, s01, s23, dd, out32, row, t)
+
     if rows_per_group == 1:
         @cuda.jit
         def dequant(w32, out32):
@@ -183,7 +197,31 @@ def _make_fast(pack, rows_per_group):
             qa, qb, s01, s23, dd = _load_lane_words(w32, src, t)
             decode_lane(qa, qb, s01, s23, dd, out32, row, t)
 
-        return dequant, gather
+        @cuda.jit
+        def gather_pair(w32a, w32b, ids, out32a, out32b, bad):
+            # two layers' gathers in one launch (one decode token's): ids [2n], layer a's n ids
+            # then layer b's; the first half of the blocks gathers layer a (table w32a into
+            # out32a), the second half layer b, each row exactly as `gather` does it
+            n = ids.shape[0] >> 1
+            rows_per_block = cuda.blockDim.x >> 3
+            half = (n + rows_per_block - 1) // rows_per_block
+            blk = np.int64(cuda.blockIdx.x)
+            layer_b = blk >= half
+            if layer_b:
+                blk -= half
+            tid = blk * cuda.blockDim.x + cuda.threadIdx.x
+            row = tid >> 3
+            if row >= n:
+                return
+            t = np.int32(tid & 7)
+            # one call per layer, not a select between the arrays: a selected pointer loses its
+            # global address space (generic ST.E.128 stores instead of STG.E.128)
+            if layer_b:
+                gather_lane(w32b, np.int64(ids[n + row]), out32b, row, t, bad)
+            else:
+                gather_lane(w32a, np.int64(ids[row]), out32a, row, t, bad)
+
+        return dequant, gather, gather_pair
 
     R = rows_per_group
 
@@ -246,6 +284,6 @@ def _make_fast(pack, rows_per_group):
     return dequant, gather
 
 
-_dequant_v2, _gather_v2 = _make_fast(pack_bf16x2, 1)
-_dequant_v3, _gather_v3 = _make_fast(cvt_pack_bf16x2, 1)
+_dequant_v2, _gather_v2, _gather_pair_v2 = _make_fast(pack_bf16x2, 1)
+_dequant_v3, _gather_v3, _gather_pair_v3 = _make_fast(cvt_pack_bf16x2, 1)
 _dequant_v4, _gather_v4 = _make_fast(cvt_pack_bf16x2, ROWS_PER_GROUP_V4)

@@ -5,6 +5,9 @@ table by id, in any encoding the registry has kernels for.
     gather_rows(table, row_ids, out=None, *, encoding="q2k", stream=0, version=None,
                 check=True, bad_count=None, scales=None)                        -> out
     prepare_decode / prepare_gather                                             -> PreparedLaunch
+    prepare_gather_pair(table_a, table_b, row_ids, out_a, out_b, *, encoding="q2k", stream=0,
+                        version=None, bad_count=None)  -> PreparedLaunch (two tables, one launch)
+    has_gather_pair(rec)                            -> whether record `rec` has that launch
 
 raw / table: device uint8 [n, row_bytes] (C-contiguous); out: device uint16 [n, 256] bf16 words.
 FP8 tables whose e8m0 scales are a separate tensor (DeepSeek's checkpoint) are gathered from
@@ -151,6 +154,50 @@ def prepare_gather(table, row_ids, out=None, *, encoding: str = "q2k", stream=0,
     extra = {} if scales is None else {"scales": scales}
     return rec.prepare(table, out, ids=row_ids, bad_count=bad_count if bad_count is not None else _scratch_counter(),
                        stream=stream, **extra)
+
+
+def has_gather_pair(rec) -> bool:
+    """Whether rows record `rec` gathers two tables in one launch (`prepare_gather_pair`)."""
+    return isinstance(rec.kernel, dict) and "gather_pair" in rec.kernel
+
+
+def prepare_gather_pair(table_a, table_b, row_ids, out_a, out_b, *, encoding: str = "q2k", stream=0, version=None,
+                        bad_count=None):
+    """Validate once; a PreparedLaunch that gathers rows row_ids[:n] of table_a into out_a [n, 256]
+    and row_ids[n:] of table_b into out_b [n, 256] (row_ids device int32/int64 [2n]) in one launch,
+    bit-identical to two `prepare_gather` launches of the same record, out-of-range ids added to
+    `bad_count` (device uint32 [1]; a shared scratch counter when None). The record (`version`,
+    or the default for these arrays, which must be the same for both tables) must have a
+    two-table gather (`has_gather_pair`): ValueError otherwise, before any launch. Nothing is
+    synchronised: safe in a graph capture."""
+    from .cuda_common import prepare_pair
+    tables = [_check_table(t, encoding, None)[0] for t in (table_a, table_b)]
+    row_ids = as_device_array(row_ids, "row_ids")
+    _check_array(row_ids, "row_ids", (np.int32, np.int64), 1)
+    if bad_count is not None:
+        bad_count = as_device_array(bad_count, "bad_count")
+        check_array(bad_count, "bad_count", np.uint32, shape=(1,))
+    n2 = row_ids.shape[0]
+    if n2 % 2:
+        raise ValueError(f"row_ids must hold layer a's n ids then layer b's n: an even count, got {n2}")
+    n = n2 // 2
+    pick(encoding, version)
+    outs = []
+    for name, o in (("out_a", out_a), ("out_b", out_b)):
+        o = as_device_array(o, name)
+        check_array(o, name, np.uint16, shape=(n, ROW_VALUES), doc=f"[n={n}, {ROW_VALUES}]")
+        outs.append(o)
+    recs = [pick(encoding, version, t, o) for t, o in zip(tables, outs)]
+    if recs[0] is not recs[1]:
+        raise ValueError(f"the two tables would take different rows kernels ({recs[0].name}, {recs[1].name}): "
+                         "an unaligned view? gather them one by one")
+    rec = recs[0]
+    if not has_gather_pair(rec):
+        raise ValueError(f"rows kernel {rec.name} has no two-table gather; gather the tables one by one")
+    if n == 0:
+        return NoLaunch(f"{rec.name}[2 layers]", tuple(outs))
+    return prepare_pair(rec, tables[0], tables[1], row_ids, outs[0], outs[1],
+                        bad_count=bad_count if bad_count is not None else _scratch_counter(), stream=stream)
 
 
 def gather_rows(table, row_ids, out=None, *, encoding: str = "q2k", stream=0, version=None, check=True,

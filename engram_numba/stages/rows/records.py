@@ -28,11 +28,16 @@ def cost(encoding: str):
     return rows_cost
 
 
-def _rows(encoding, version, changelog, *, pair, args, src_t, out_t, extra=(), geometry=None, when=None, rule=None):
+def _rows(encoding, version, changelog, *, pair, args, src_t, out_t, extra=(), geometry=None, when=None, rule=None,
+          gather_pair=None):
     """Register rows record <encoding>_v<version>: `pair` = (decode, gather) kernels, `args` the
-    launcher's argument form (cuda_common.prepare), src_t / out_t / extra the compile-tier types."""
+    launcher's argument form (cuda_common.prepare), src_t / out_t / extra the compile-tier types;
+    `gather_pair`: the kernel gathering two tables' rows in one launch (`launch.prepare_gather_pair`),
+    for the records that have one."""
     naive = args.startswith("u8")
     kernel = {"decode": pair[0], "gather": pair[1]}
+    if gather_pair is not None:
+        kernel["gather_pair"] = gather_pair
     register(KernelRecord(
         stage="rows", name=f"{encoding}_v{version}", encoding=encoding, changelog=changelog, launcher=prepare,
         kernel=kernel, geometry=geometry or (geometry_naive if naive else geometry_fast), args=args,
@@ -56,10 +61,11 @@ _rows("q2k", 1, "naive: one thread per output value, bytes read straight from th
       pair=(cuda_q2k._dequant_v1, cuda_q2k._gather_v1), args="u8", src_t=U8_2D, out_t=U16_2D,
       when="q2k rows, unaligned input or output (a slice at an odd offset)", rule=_rule("q2k", False))
 _rows("q2k", 2, "8 lanes a row, 5 word loads a lane, a byte_perm lookup table of the 4 values per sub-block, "
-      "16-byte stores", pair=(cuda_q2k._dequant_v2, cuda_q2k._gather_v2), **_Q2K_FAST)
+      "16-byte stores", pair=(cuda_q2k._dequant_v2, cuda_q2k._gather_v2), gather_pair=cuda_q2k._gather_pair_v2,
+      **_Q2K_FAST)
 _rows("q2k", 3, "v2 with cvt.rn.bf16x2.f32 rounding (half v2's instructions); the default (H200, T=4096 gather: "
       "23.6 us, 59% of its floor, against v2's 24.1 and v4's 24.7)",
-      pair=(cuda_q2k._dequant_v3, cuda_q2k._gather_v3), **_Q2K_FAST,
+      pair=(cuda_q2k._dequant_v3, cuda_q2k._gather_v3), gather_pair=cuda_q2k._gather_pair_v3, **_Q2K_FAST,
       when="q2k rows, aligned input and output", rule=_rule("q2k", True))
 _rows("q2k", 4, "v3 decoding 2 rows per 8-lane group, every load issued before any decoding",
       pair=(cuda_q2k._dequant_v4, cuda_q2k._gather_v4), **_Q2K_FAST,
