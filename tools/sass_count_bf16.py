@@ -3,8 +3,8 @@ loops), for sm_90a, on a machine with no GPU.
 
     NVDISASM=/path/to/nvdisasm python tools/sass_count_bf16.py [NAME ...]
 
-NAME is a tile on gemm_v4's grid ("gemm_v4", or a key of `cuda_wgmma.V9_TILES`: "lean", "lean1")
-or a persistent kernel ("gemm_v8", "gemm_v9" (= lean), "sk/lean1"). Compiles each kernel as the
+NAME is a tile on gemm_v4's grid ("gemm_v4", or a key of `cuda_wgmma.V9_TILES`: "lean", "lean1", "mbar")
+or a persistent kernel ("gemm_v8", "gemm_v9" (= lean), "sk/lean1", "sk/mbar"). Compiles each kernel as the
 compile tier does (`sass_count_q2kr.sass_of_kernel`), disassembles it and counts the opcodes of the
 k loop's body (the shortest span between a label and a backward branch to it that holds an HGMMA:
 the persistent kernels' unit loop holds the k loop): one trip of a warp is one k tile (4 HGMMA). Prints the total, the CTA-wide barriers (BAR), the copies (LDGSTS), the
@@ -25,7 +25,7 @@ if str(REPO) not in sys.path:
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from sass_count_q2kr import sass_of_kernel  # noqa: E402  (the same compile and nvdisasm)
 
-NAMES = ("gemm_v4", "lean", "lean1", "gemm_v8", "gemm_v9", "sk/lean1")
+NAMES = ("gemm_v4", "lean", "lean1", "mbar", "gemm_v8", "gemm_v9", "sk/lean1", "sk/mbar")
 
 
 def kernel_of(name: str):

@@ -303,8 +303,9 @@ _proj("gemm_v9", "gemm_v8 (persistent CTAs, stream-K tail, fix-up and epilogue u
       "as running offsets, gemm_v4's copies and two barriers a k tile (228 SASS instructions a warp a k tile, "
       "gemm_v8 246, gemm_v4 212 on its grid; 253 registers, no spills); gemm_v4's k order and wgmma chain, so "
       "gemm_v8's bits on the same schedule. Candidates (tools/prefill_dev.py --v9): \"lean1\" (one barrier a "
-      "k tile, 2 tiles of copies in flight instead of 3) on persistent CTAs, and both loops on gemm_v4's grid "
-      "(189 / 186 instructions, gemm_v4's bits)",
+      "k tile, 2 tiles of copies in flight instead of 3) and \"mbar\" (no CTA barrier in the k loop: per-stage "
+      "full/empty mbarriers, cp.async.mbarrier.arrive.noinc) on persistent CTAs, and the three loops on gemm_v4's "
+      "grid (189 / 186 / 221 instructions, gemm_v4's bits)",
       kernel=Factory(lambda T: cuda_wgmma.sk_kernel_for(_V9.tile, _V9.overlap)), geometry=cuda_wgmma.sk_geometry(_V9),
       args="fast",
       specs=lambda: [Spec(f"[sk/{t.name}]", cuda_wgmma.sk_kernel_for(t, True), _SK_ARGS)
