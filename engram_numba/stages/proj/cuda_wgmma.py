@@ -23,12 +23,15 @@ Kernel versions
            last full wave and the ragged one stream-K (equal k ranges a CTA, cut tiles fixed up
            through a global workspace in a fixed order), the next unit's first stages in flight
            during a unit's epilogue. Section "gemm_v8" below.
+  gemm_v9  gemm_v8 on a leaner k loop (`Variant.loop`): the wgmma descriptors made once a unit and
+           stepped by constants, the stage ring as running offsets; candidates drop one CTA-wide
+           barrier ("lean1") or both for per-stage mbarriers ("mbar"). Section "gemm_v9" below.
 
-gemm_v4..v6 come from one kernel factory (`make_kernel(Variant)`), gemm_v8 from another
+gemm_v4..v6 come from one kernel factory (`make_kernel(Variant)`), gemm_v8 and gemm_v9 from another
 (`make_persistent_kernel`), both built on one set of device functions per tile (`parts_for(Variant)`:
-copy assignment, prologue, pipelined k loop, epilogue); `VARIANTS` / `SK_VARIANTS` name the
+copy assignment, prologue, pipelined k loop (gemm_v4's, or `_lean_loop` / `_mbar_loop`), epilogue); `VARIANTS` / `SK_VARIANTS` name the
 specialisations the records use, `CANDIDATES` / `SK_CANDIDATES` what the development script times
-besides them.
+besides them (gemm_v9: `V9_VARIANTS` / `V9_CANDIDATES`).
 
 The pipeline, per k tile kt (buffer kt % STAGES):
     cp.async.wait_group STAGES-2    this thread's copies of tile kt have landed
