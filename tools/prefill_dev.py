@@ -42,6 +42,12 @@ worker that hangs is killed after 100 s and the rest rerun without the variant. 
 a summary: per T each loop's time, its ratio to cuBLAS and to the kernel it rebuilds (gemm_v8 for
 the persistent ones, gemm_v4 for the grid ones), and whether the targets are met.
 
+With --ncu-l2 (alone, a second command): one launch each of gemm_v4, gemm_v9, their "lean" loop on
+gemm_v4's grid and cuBLAS at T = 4096 under Nsight Compute (SpeedOfLight, MemoryWorkloadAnalysis,
+WarpStateStats, and the L2 and DRAM bytes moved): whether cuBLAS moves fewer bytes through L2 than
+our 128 x 256 tiles (15 GB at T = 4096 without multicast), and what our warps stall on. Writes
+DIR/ncu_l2.txt and prints the lines that answer it (~40 s).
+
 Numerics: a check passes when every well-conditioned element (fp32 summation noise under half a
 bf16 ulp) is within 1 bf16 ulp of the float64 product rounded once, and the rest within the noise
 allowance (the yardstick of stages/proj/tests/test_proj_cuda.py).
@@ -407,6 +413,52 @@ def ncu_target(name: str):
         print(f"no SASS: {exc}", flush=True)
 
 
+def ncu_l2_target():
+    """One launch each of gemm_v4, gemm_v9, the lean loop on gemm_v4's grid and cuBLAS at T = 4096
+    (what --ncu-l2 profiles), in that order."""
+    from numba import cuda
+
+    from engram_numba.bf16 import f32_to_bf16
+    from engram_numba.stages.proj import cuda_wgmma as W
+    from engram_numba.stages.proj.launch import prepare_project
+    rng = np.random.default_rng(0)
+    xw = cuda.to_device(f32_to_bf16(rng.standard_normal((4096, K_REL), dtype=np.float32)))
+    ww = cuda.to_device(f32_to_bf16(rng.standard_normal((N_REL, K_REL), dtype=np.float32) * np.float32(0.05)))
+    out = cuda.device_array((4096, N_REL), dtype=np.uint16)
+    launches = [("gemm_v4", lambda: W.prepare_variant("gemm_v4", W.VARIANTS["gemm_v4"], xw, ww, out)),
+                ("gemm_v9", lambda: W.prepare_sk("gemm_v9", W.V9_VARIANTS["gemm_v9"], xw, ww, out)),
+                ("lean", lambda: W.prepare_variant("lean", W.V9_TILES["lean"], xw, ww, out)),
+                ("cublas_v1", lambda: prepare_project(xw, ww, out, version="cublas_v1"))]
+    for name, make in launches:
+        try:
+            launch = make()
+            launch()
+            cuda.synchronize()
+            print(f"launched {name}", flush=True)
+        except Exception as exc:
+            print(f"{name} failed: {type(exc).__name__}: {exc}"[:300], flush=True)
+
+
+def run_ncu_l2(out_dir: Path) -> None:
+    cmd = ["ncu", "--clock-control", "none", "--print-details", "all",
+           "--section", "SpeedOfLight", "--section", "MemoryWorkloadAnalysis", "--section", "WarpStateStats",
+           "--metrics", "lts__t_bytes.sum,dram__bytes_read.sum",
+           "-k", "regex:gemm|nvjet|xmma|sm90", "-c", "4", sys.executable, str(Path(__file__).resolve()),
+           "--ncu-l2-target"]
+    t0 = time.time()
+    try:
+        proc = subprocess.run(cmd, capture_output=True, text=True, timeout=240)
+    except subprocess.TimeoutExpired as exc:
+        proc = subprocess.CompletedProcess(cmd, -1, str(exc.stdout or ""), "ncu timed out")
+    (out_dir / "ncu_l2.txt").write_text(proc.stdout + "\n--- stderr ---\n" + proc.stderr[-20000:])
+    print(f"ncu: rc {proc.returncode} in {time.time() - t0:.0f} s", flush=True)
+    keep = ("launched", "failed", "gemm", "nvjet", "xmma", "Duration", "Compute (SM) Throughput", "Memory Throughput",
+            "DRAM Throughput", "L2 Cache Throughput", "L1/TEX Cache Throughput", "lts__t_bytes.sum",
+            "dram__bytes_read.sum", "Mem Busy", "Max Bandwidth", "L2 Hit Rate", "Warp Cycles Per Issued",
+            "Stall", "stall")
+    print("\n".join(ln for ln in proc.stdout.splitlines() if any(k in ln for k in keep))[:8000], flush=True)
+
+
 # ---- the driver --------------------------------------------------------------------------------------
 
 def _table(records: list) -> str:
@@ -527,6 +579,9 @@ def main(argv=None) -> int:
                     "gemm_v4, gemm_v6 and cuBLAS")
     ap.add_argument("--v9", action="store_true", help="gemm_v9 and its k-loop variants at T = 256 .. 4096 against "
                     "gemm_v4, gemm_v6, gemm_v8 and cuBLAS")
+    ap.add_argument("--ncu-l2", action="store_true", help="gemm_v4, gemm_v9, lean and cuBLAS at T = 4096 under "
+                    "Nsight Compute: L2 / DRAM bytes and stalls (alone)")
+    ap.add_argument("--ncu-l2-target", action="store_true")
     args = ap.parse_args(argv)
     if args.v9 and args.worker_timeout == 240.0:
         args.worker_timeout = 100.0          # a hung persistent CTA costs 100 s, not 240 (the run is ~60 s)
@@ -535,6 +590,12 @@ def main(argv=None) -> int:
     skip = {s for s in args.skip.split(",") if s}
     if args.ncu_target:
         ncu_target(args.ncu_target)
+        return 0
+    if args.ncu_l2_target:
+        ncu_l2_target()
+        return 0
+    if args.ncu_l2:
+        run_ncu_l2(out_dir)
         return 0
     if args.worker:
         ints = lambda a: [int(t) for t in a.split(",") if t]   # noqa: E731
