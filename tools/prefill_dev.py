@@ -3,6 +3,7 @@
     python tools/prefill_dev.py [--out DIR] [--ncu] [--quick]     (from the repository root)
     python tools/prefill_dev.py --v7 [--out DIR] [--ncu]            gemm_v7 and its candidates
     python tools/prefill_dev.py --v8 [--out DIR]                    gemm_v8 and its split choices
+    python tools/prefill_dev.py --v9 [--out DIR]                    gemm_v9 and its k-loop variants
 
 One command does the whole batch (docs/gpu.md): a worker process checks every variant of
 `stages/proj/cuda_wgmma.py` (the records gemm_v4 / gemm_v5 and the other tiles and layouts in
@@ -31,6 +32,21 @@ V8_TOKENS (128 .. 4096), each checked, checked for the same bits over 3 launches
 gemm_v4, gemm_v6 and cuBLAS; a candidate whose schedule is gemm_v8's own at that T is not timed
 twice. The last lines are a summary against the targets (<= 1.05x cuBLAS at T = 256..1024, <= 1.0x
 at T = 4096).
+
+With --v9: gemm_v9 (`stages/proj/cuda_wgmma.py`: gemm_v8 on the lean k loops) and its candidates
+(`V9_CANDIDATES`: the one-barrier "lean1" loop on persistent CTAs, and on gemm_v4's grid "lean" and
+"lean1" with its copy rows hoisted) are checked at the tiny odd shapes and at odd released-size shapes, then at the
+released shape for T in V9_TOKENS (256, 512, 1024, 4096), each checked, checked for the same bits
+over 3 launches (the persistent ones) and timed beside gemm_v4, gemm_v6, gemm_v8 and cuBLAS; a
+worker that hangs is killed after 100 s and the rest rerun without the variant. The last lines are
+a summary: per T each loop's time, its ratio to cuBLAS and to the kernel it rebuilds (gemm_v8 for
+the persistent ones, gemm_v4 for the grid ones), and whether the targets are met.
+
+With --ncu-l2 (alone, a second command): one launch each of gemm_v4, gemm_v9, their "lean" loop on
+gemm_v4's grid and cuBLAS at T = 4096 under Nsight Compute (SpeedOfLight, MemoryWorkloadAnalysis,
+WarpStateStats, and the L2 and DRAM bytes moved): whether cuBLAS moves fewer bytes through L2 than
+our 128 x 256 tiles (15 GB at T = 4096 without multicast), and what our warps stall on. Writes
+DIR/ncu_l2.txt and prints the lines that answer it (~40 s).
 
 Numerics: a check passes when every well-conditioned element (fp32 summation noise under half a
 bf16 ulp) is within 1 bf16 ulp of the float64 product rounded once, and the rest within the noise
@@ -62,6 +78,8 @@ V8_TOKENS = (128, 256, 384, 512, 768, 1024, 2048, 4096)             # --v8: arou
 V8_ODD_RELEASED = [(257, K_REL + 8, N_REL + 8), (33, K_REL, N_REL),   # --v8: N % 256 == 8, a lone token tile
                    (33, K_REL, 512), (300, K_REL + 8, 1000)]        # ~24 / ~8 CTAs cut each tile
 V8_TARGETS = {256: 1.05, 512: 1.05, 1024: 1.05, 4096: 1.0}          # x cuBLAS the brief asks for
+V9_TOKENS = (256, 512, 1024, 4096)                                  # --v9: where the targets are set
+V9_ODD_RELEASED = [(257, K_REL + 8, N_REL + 8), (33, K_REL, 512)]   # --v9: N % 256 == 8; ~24 CTAs cut each tile
 NOISE_SIGMAS, U = 8.0, 2.0 ** -24
 
 
@@ -107,7 +125,7 @@ def _emit(fh, rec):
 
 
 def worker(out_dir: Path, skip: set, quick: bool, smoke: bool, only=None, tokens_arg=None, sweep_arg=None,
-           v7: bool = False, v8: bool = False):
+           v7: bool = False, v8: bool = False, v9: bool = False):
     from numba import cuda
 
     from engram_numba.bf16 import bf16_to_f32, f32_to_bf16
@@ -125,6 +143,12 @@ def worker(out_dir: Path, skip: set, quick: bool, smoke: bool, only=None, tokens
         ws_variants = {}
     if v7:         # gemm_v7 and its candidates against the records' tiles (the other candidates left out)
         variants = {**W.VARIANTS, **ws_variants}
+    if v9:         # gemm_v9 and its loop variants against gemm_v4 / gemm_v6 / gemm_v8
+        sk_variants = {**W.SK_VARIANTS, **W.V9_VARIANTS,
+                       **{k: c for k, c in W.V9_CANDIDATES.items() if isinstance(c, W.SkVariant)}}
+        variants = {"gemm_v4": W.VARIANTS["gemm_v4"], "gemm_v6": W.VARIANTS["gemm_v6"],
+                    **{k: c for k, c in W.V9_CANDIDATES.items() if isinstance(c, W.Variant)}, **sk_variants}
+        ws_variants = {}
     if only:       # --variants: these (and cuBLAS) in every phase
         variants = {k: v for k, v in variants.items() if k in only}
         skip = set(skip) | {n for n in ("gemv_v3", "gemv_v4", "gemm_v3", *W.VARIANTS, *W.CANDIDATES) if n not in only}
@@ -138,6 +162,8 @@ def worker(out_dir: Path, skip: set, quick: bool, smoke: bool, only=None, tokens
         tokens = V7_TOKENS
     if v8 and not smoke:
         tokens, odd_rel = V8_TOKENS, V8_ODD_RELEASED
+    if v9 and not smoke:
+        tokens, odd_rel = V9_TOKENS, V9_ODD_RELEASED
     tokens = tuple(tokens_arg) if tokens_arg else tokens
 
     def rand_bf16(shape, scale, seed):       # host bf16 words (fresh normal draws, never zeros)
@@ -208,7 +234,9 @@ def worker(out_dir: Path, skip: set, quick: bool, smoke: bool, only=None, tokens
             + ["gemm_v4", "gemm_v6", *ws_variants, "cublas_v1"])) for T in tokens}
     if v8:         # every T: gemm_v8, its split choices, the tiles it competes with and cuBLAS
         per_T = {T: ["gemm_v8", *W.SK_CANDIDATES, "gemm_v4", "gemm_v6", "cublas_v1"] for T in tokens}
-    if only and v8:
+    if v9:         # every T: gemm_v9, its candidates, the kernels they rebuild and cuBLAS
+        per_T = {T: ["gemm_v9", *W.V9_CANDIDATES, "gemm_v8", "gemm_v4", "gemm_v6", "cublas_v1"] for T in tokens}
+    if only and (v8 or v9):
         per_T = {T: [n for n in names if n in only or n == "cublas_v1"] for T, names in per_T.items()}
     if smoke:
         per_T = {T: [n for n in names if n in ("gemm_v4", "gemm_v5", "gemm_v3", "cublas_v1", *sk_variants)]
@@ -222,7 +250,7 @@ def worker(out_dir: Path, skip: set, quick: bool, smoke: bool, only=None, tokens
     def same_as_v8(name, T, N, K):
         """A split choice that would launch gemm_v8's own kernel on gemm_v8's own schedule."""
         a, b = sk_variants[name], sk_variants["gemm_v8"]
-        if name == "gemm_v8" or a.tile is not b.tile or a.overlap != b.overlap:
+        if name == "gemm_v8" or a.tile is not b.tile or a.overlap != b.overlap or v9:
             return False
         sa, sb = (W.sk_schedule(T, N, K, v, W.WS.device_ctas()) for v in (a, b))
         return bool(np.array_equal(sa[0], sb[0]) and np.array_equal(sa[1], sb[1]))
@@ -269,7 +297,7 @@ def worker(out_dir: Path, skip: set, quick: bool, smoke: bool, only=None, tokens
                            "error": f"{type(exc).__name__}: {exc}"[:400]})
 
     # 2b. where the defaults change hands: every candidate at the token counts between
-    sweep = (2, 48) if smoke and not v8 else tuple(sweep_arg) if sweep_arg is not None else () if v7 or v8 \
+    sweep = (2, 48) if smoke and not (v8 or v9) else tuple(sweep_arg) if sweep_arg is not None else () if v7 or v8 or v9 \
         else SWEEP_TOKENS
     for T in sweep:
         x_t = rand_bf16((T, k_rel), 1.0, 200 + T)
@@ -333,7 +361,10 @@ def worker(out_dir: Path, skip: set, quick: bool, smoke: bool, only=None, tokens
             names = ["gemm_v4", *ws_variants, "cublas_v1"]
         if v8:
             names = [n for n in ["gemm_v4", *sk_variants, "cublas_v1"] if not only or n in only or n == "cublas_v1"]
-        if smoke and v8:
+        if v9:
+            names = [n for n in ["gemm_v4", *W.V9_CANDIDATES, *W.V9_VARIANTS, "gemm_v8", "cublas_v1"]
+                     if not only or n in only or n == "cublas_v1"]
+        if smoke and (v8 or v9):
             names = [n for n in names if n != "cublas_v1"]
         for name in names:
             if name in skip:
@@ -382,6 +413,52 @@ def ncu_target(name: str):
         print(f"no SASS: {exc}", flush=True)
 
 
+def ncu_l2_target():
+    """One launch each of gemm_v4, gemm_v9, the lean loop on gemm_v4's grid and cuBLAS at T = 4096
+    (what --ncu-l2 profiles), in that order."""
+    from numba import cuda
+
+    from engram_numba.bf16 import f32_to_bf16
+    from engram_numba.stages.proj import cuda_wgmma as W
+    from engram_numba.stages.proj.launch import prepare_project
+    rng = np.random.default_rng(0)
+    xw = cuda.to_device(f32_to_bf16(rng.standard_normal((4096, K_REL), dtype=np.float32)))
+    ww = cuda.to_device(f32_to_bf16(rng.standard_normal((N_REL, K_REL), dtype=np.float32) * np.float32(0.05)))
+    out = cuda.device_array((4096, N_REL), dtype=np.uint16)
+    launches = [("gemm_v4", lambda: W.prepare_variant("gemm_v4", W.VARIANTS["gemm_v4"], xw, ww, out)),
+                ("gemm_v9", lambda: W.prepare_sk("gemm_v9", W.V9_VARIANTS["gemm_v9"], xw, ww, out)),
+                ("lean", lambda: W.prepare_variant("lean", W.V9_TILES["lean"], xw, ww, out)),
+                ("cublas_v1", lambda: prepare_project(xw, ww, out, version="cublas_v1"))]
+    for name, make in launches:
+        try:
+            launch = make()
+            launch()
+            cuda.synchronize()
+            print(f"launched {name}", flush=True)
+        except Exception as exc:
+            print(f"{name} failed: {type(exc).__name__}: {exc}"[:300], flush=True)
+
+
+def run_ncu_l2(out_dir: Path) -> None:
+    cmd = ["ncu", "--clock-control", "none", "--print-details", "all",
+           "--section", "SpeedOfLight", "--section", "MemoryWorkloadAnalysis", "--section", "WarpStateStats",
+           "--metrics", "lts__t_bytes.sum,dram__bytes_read.sum",
+           "-k", "regex:gemm|nvjet|xmma|sm90", "-c", "4", sys.executable, str(Path(__file__).resolve()),
+           "--ncu-l2-target"]
+    t0 = time.time()
+    try:
+        proc = subprocess.run(cmd, capture_output=True, text=True, timeout=240)
+    except subprocess.TimeoutExpired as exc:
+        proc = subprocess.CompletedProcess(cmd, -1, str(exc.stdout or ""), "ncu timed out")
+    (out_dir / "ncu_l2.txt").write_text(proc.stdout + "\n--- stderr ---\n" + proc.stderr[-20000:])
+    print(f"ncu: rc {proc.returncode} in {time.time() - t0:.0f} s", flush=True)
+    keep = ("launched", "failed", "gemm", "nvjet", "xmma", "Duration", "Compute (SM) Throughput", "Memory Throughput",
+            "DRAM Throughput", "L2 Cache Throughput", "L1/TEX Cache Throughput", "lts__t_bytes.sum",
+            "dram__bytes_read.sum", "Mem Busy", "Max Bandwidth", "L2 Hit Rate", "Warp Cycles Per Issued",
+            "Stall", "stall")
+    print("\n".join(ln for ln in proc.stdout.splitlines() if any(k in ln for k in keep))[:8000], flush=True)
+
+
 # ---- the driver --------------------------------------------------------------------------------------
 
 def _table(records: list) -> str:
@@ -417,7 +494,10 @@ def _table(records: list) -> str:
             lines.append(f"  T={T:5d} " + "  ".join(
                 f"{r['variant']}{'*' if r['variant'] == best else ''} {r['time_us']:.1f}{'' if r['ok'] else ' BAD'}"
                 for r in rs) + "".join(f"  {r['variant']} ERROR" for r in sweep if r["T"] == T and "time_us" not in r))
-    if any(r["variant"] == "gemm_v8" for r in rel):
+    if any(r["variant"] == "gemm_v9" for r in rel):
+        lines.append(_v9_summary(rel, {r["T"]: r["time_us"] for r in rel
+                                       if r["variant"] == "cublas_v1" and "time_us" in r}))
+    elif any(r["variant"] == "gemm_v8" for r in rel):
         lines.append(_v8_summary(rel, {r["T"]: r["time_us"] for r in rel
                                        if r["variant"] == "cublas_v1" and "time_us" in r}))
     bad = [r for r in records if r.get("phase") in ("odd", "odd_released", "sweep") and not r.get("ok")]
@@ -454,6 +534,32 @@ def _v8_summary(rel: list, blas: dict) -> str:
     return "\n".join(lines)
 
 
+def _v9_summary(rel: list, blas: dict) -> str:
+    """Per T and k loop: the time, x cuBLAS, and the ratio to the kernel it rebuilds (the persistent
+    ones to gemm_v8, the grid ones to gemm_v4: below 1 is the loop's gain), with the targets."""
+    from engram_numba.stages.proj import cuda_wgmma as W
+    rebuilt = {k: "gemm_v8" if isinstance(c, W.SkVariant) else "gemm_v4"
+               for k, c in {**W.V9_VARIANTS, **W.V9_CANDIDATES}.items()}
+    lines = ["gemm_v9 summary (us; x = time / cuBLAS; vs = time / the kernel it rebuilds; BAD = failed check):"]
+    for T in sorted({r["T"] for r in rel}):
+        rs = {r["variant"]: r for r in rel if r["T"] == T and "time_us" in r}
+        us = {k: r["time_us"] for k, r in rs.items() if r.get("ok")}
+        b = blas.get(T)
+        base = "  ".join(f"{k} {us[k]:.1f}" if k in us else f"{k} {'BAD' if k in rs else '-'}"
+                         for k in ("cublas_v1", "gemm_v4", "gemm_v6", "gemm_v8"))
+        lines.append(f"T={T:5d}  {base}")
+        for k, ref in rebuilt.items():
+            if k not in us:
+                lines.append(f"         {k:28} {'BAD' if k in rs else '-'}")
+                continue
+            x = us[k] / b if b else float("nan")
+            vs = us[k] / us[ref] if ref in us else float("nan")
+            tgt = V8_TARGETS.get(T)
+            verdict = "" if tgt is None else f"target <= {tgt:.2f}: " + ("MET" if x <= tgt else "missed")
+            lines.append(f"         {k:28} {us[k]:8.1f}  x {x:5.2f}  vs {ref} {vs:5.3f}  {verdict}")
+    return "\n".join(lines)
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--out", default=os.environ.get("OUT", "prefill_dev_out"))
@@ -471,18 +577,31 @@ def main(argv=None) -> int:
                     help="seconds before a worker is killed as hung (0: never); the rest rerun without the variant")
     ap.add_argument("--v8", action="store_true", help="gemm_v8 and its split choices at T = 128 .. 4096 against "
                     "gemm_v4, gemm_v6 and cuBLAS")
+    ap.add_argument("--v9", action="store_true", help="gemm_v9 and its k-loop variants at T = 256 .. 4096 against "
+                    "gemm_v4, gemm_v6, gemm_v8 and cuBLAS")
+    ap.add_argument("--ncu-l2", action="store_true", help="gemm_v4, gemm_v9, lean and cuBLAS at T = 4096 under "
+                    "Nsight Compute: L2 / DRAM bytes and stalls (alone)")
+    ap.add_argument("--ncu-l2-target", action="store_true")
     args = ap.parse_args(argv)
+    if args.v9 and args.worker_timeout == 240.0:
+        args.worker_timeout = 100.0          # a hung persistent CTA costs 100 s, not 240 (the run is ~60 s)
     out_dir = Path(args.out)
     out_dir.mkdir(parents=True, exist_ok=True)
     skip = {s for s in args.skip.split(",") if s}
     if args.ncu_target:
         ncu_target(args.ncu_target)
         return 0
+    if args.ncu_l2_target:
+        ncu_l2_target()
+        return 0
+    if args.ncu_l2:
+        run_ncu_l2(out_dir)
+        return 0
     if args.worker:
         ints = lambda a: [int(t) for t in a.split(",") if t]   # noqa: E731
         worker(out_dir, skip, args.quick, args.smoke, only={s for s in args.variants.split(",") if s},
                tokens_arg=ints(args.tokens), sweep_arg=None if args.sweep is None else ints(args.sweep), v7=args.v7,
-               v8=args.v8)
+               v8=args.v8, v9=args.v9)
         return 0
 
     log = out_dir / "prefill_dev.jsonl"
@@ -495,7 +614,7 @@ def main(argv=None) -> int:
             + (["--smoke"] if args.smoke else []) + (["--variants", args.variants] if args.variants else []) \
             + (["--tokens", args.tokens] if args.tokens else []) \
             + (["--sweep", args.sweep] if args.sweep is not None else []) + (["--v7"] if args.v7 else []) \
-            + (["--v8"] if args.v8 else [])
+            + (["--v8"] if args.v8 else []) + (["--v9"] if args.v9 else [])
         try:        # a kernel that never returns (a persistent CTA waiting for a flag nobody raises) is a death too
             proc = subprocess.run(cmd, capture_output=True, text=True, timeout=args.worker_timeout or None)
         except subprocess.TimeoutExpired as exc:

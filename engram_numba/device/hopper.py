@@ -57,6 +57,17 @@ asynchrony, so a kernel that reads data before waiting for it fails in the simul
   n`, kind "inc" or "dec"): a whole warpgroup raises or lowers its per-thread register budget
   (warp-specialised kernels: the loading warpgroup gives registers to the MMA warpgroups). A no-op
   in the simulator.
+- mbarriers (8-byte shared-memory barriers, at byte `off` of the shared array `smem`, 8-aligned):
+  `mbar_init(smem, off, count)` (`mbarrier.init`: one thread, then a CTA barrier before any other
+  use; the bytes must not hold a valid mbarrier: `mbar_inval(smem, off)` ends one, once it is idle), `mbar_arrive(smem, off)` (one arrival), `cp_async_mbar_arrive(smem, off)`
+  (`cp.async.mbarrier.arrive.noinc`: one arrival made once every cp.async this thread issued before
+  it has landed; the count given to `mbar_init` includes it), and `mbar_try_wait(smem, off, parity)`
+  -> 1 once the phase of that parity has completed (the barrier's current phase has the other
+  parity), else 0 (`mbarrier.try_wait.parity`; callers loop on it). A phase completes when `count`
+  arrivals have come; the next one starts at once. Memory written before an arrival (and copies an
+  arrival tracks) is visible to a thread whose wait saw the phase complete (wgmma reads still need
+  `fence_proxy_async` after the wait). In the simulator `cp_async_mbar_arrive` lands the thread's
+  copies at once, then arrives.
 - `flag_wait(flags, i)`: spins until the int32 `flags[i]` is non-zero (read atomically, so another
   CTA's `cuda.atomic.exch(flags, i, 1)` after a `cuda.threadfence()` is seen), for waits between
   CTAs. The simulator runs blocks one after another, so a flag a CTA waits for must come from a
@@ -276,6 +287,75 @@ if SIMULATOR:
         def set_max_registers():
             pass
         return set_max_registers
+
+    def _mbar_state(off):
+        th = threading.current_thread()
+        mgr = getattr(th, "_manager", None)
+        if mgr is None:
+            raise RuntimeError("mbarriers run only inside a simulated kernel")
+        if not hasattr(mgr, "mbarriers"):
+            mgr.__dict__.setdefault("mbarriers", {})
+        return th, mgr.mbarriers, int(off)
+
+    class _Mbar:
+        """An mbarrier of the simulator: arrival k belongs to phase k // count (itertools.count is
+        atomic under the GIL), and that phase's last arrival sets its Event."""
+
+        def __init__(self, count):
+            self.count, self.arrivals, self.done = count, itertools.count(), {}
+
+        def arrive(self):
+            k = next(self.arrivals)
+            event = self.done.setdefault(k // self.count, threading.Event())
+            if k % self.count == self.count - 1:
+                event.set()
+
+        def completed(self):
+            c = 0
+            while c in self.done and self.done[c].is_set():
+                c += 1
+            return c
+
+    def mbar_init(smem, off, count):
+        _, bars, off = _mbar_state(off)
+        if off in bars:
+            raise RuntimeError(f"mbar_init: byte {off} holds a valid mbarrier (mbar_inval it first)")
+        if off % 8 or not 0 <= off <= _bytes(smem).size - 8 or int(count) <= 0:
+            raise ValueError(f"mbar_init: byte {off} (8-aligned, inside the shared array), count {count} > 0")
+        bars[off] = _Mbar(int(count))
+
+    def _mbar(off):
+        th, bars, off = _mbar_state(off)
+        if off not in bars:
+            raise RuntimeError(f"mbarrier at byte {off} used before mbar_init")
+        return th, bars[off]
+
+    def mbar_arrive(smem, off):
+        _mbar(off)[1].arrive()
+
+    def mbar_inval(smem, off):
+        _, bars, off = _mbar_state(off)
+        if bars.pop(off, None) is None:
+            raise RuntimeError(f"mbar_inval: no mbarrier at byte {off}")
+
+    def cp_async_mbar_arrive(smem, off):
+        q = _QUEUES
+        for group in q.cp_groups + [q.cp_open]:
+            for land in group:
+                land()
+        q.cp_groups, q.cp_open = [], []
+        _mbar(off)[1].arrive()
+
+    def mbar_try_wait(smem, off, parity):
+        th, bar = _mbar(off)
+        c = bar.completed()
+        if c % 2 != int(parity) & 1:
+            return 1
+        event = bar.done.setdefault(c, threading.Event())
+        event.wait(0.001)
+        if th.abort:
+            raise RuntimeError("abort flag set while waiting on an mbarrier")
+        return 0
 
     def flag_wait(flags, i):
         if int(flags[i]) == 0:
@@ -521,6 +601,54 @@ else:
                 return types.void(), codegen
             _SETMAXNREG[kind, n] = set_max_registers
         return _SETMAXNREG[kind, n]
+
+    def _mbar_address(context, builder, signature, args):
+        arr_t, off_t = signature.args[0], signature.args[1]
+        return builder.add(_shared_address_of(context, builder, arr_t, args[0]),
+                           context.cast(builder, args[1], off_t, types.uint32))
+
+    @intrinsic
+    def mbar_init(typingctx, smem, off, count):
+        if not (isinstance(smem, types.Array) and isinstance(off, types.Integer) and isinstance(count, types.Integer)):
+            return None
+
+        def codegen(context, builder, signature, args):
+            addr = _mbar_address(context, builder, signature, args)
+            c = context.cast(builder, args[2], signature.args[2], types.uint32)
+            _inline(builder, ir.VoidType(), [_I32, _I32], "mbarrier.init.shared::cta.b64 [$0], $1;",
+                    "r,r,~{memory}", [addr, c])
+            return context.get_dummy_value()
+        return types.void(smem, off, count), codegen
+
+    def _mbar_op(text):
+        @intrinsic
+        def op(typingctx, smem, off):
+            if not (isinstance(smem, types.Array) and isinstance(off, types.Integer)):
+                return None
+
+            def codegen(context, builder, signature, args):
+                _inline(builder, ir.VoidType(), [_I32], text, "r,~{memory}",
+                        [_mbar_address(context, builder, signature, args)])
+                return context.get_dummy_value()
+            return types.void(smem, off), codegen
+        return op
+
+    mbar_arrive = _mbar_op("{ .reg .b64 st; mbarrier.arrive.shared::cta.b64 st, [$0]; }")
+    mbar_inval = _mbar_op("mbarrier.inval.shared::cta.b64 [$0];")
+    cp_async_mbar_arrive = _mbar_op("cp.async.mbarrier.arrive.noinc.shared::cta.b64 [$0];")
+
+    @intrinsic
+    def mbar_try_wait(typingctx, smem, off, parity):
+        if not (isinstance(smem, types.Array) and isinstance(off, types.Integer) and isinstance(parity, types.Integer)):
+            return None
+
+        def codegen(context, builder, signature, args):
+            addr = _mbar_address(context, builder, signature, args)
+            par = context.cast(builder, args[2], signature.args[2], types.uint32)
+            return _inline(builder, _I32, [_I32, _I32],
+                           "{ .reg .pred p; mbarrier.try_wait.parity.shared::cta.b64 p, [$1], $2; "
+                           "selp.u32 $0, 1, 0, p; }", "=r,r,r,~{memory}", [addr, par])
+        return types.int32(smem, off, parity), codegen
 
     @device_function(forceinline=True)
     def flag_wait(flags, i):

@@ -23,12 +23,15 @@ Kernel versions
            last full wave and the ragged one stream-K (equal k ranges a CTA, cut tiles fixed up
            through a global workspace in a fixed order), the next unit's first stages in flight
            during a unit's epilogue. Section "gemm_v8" below.
+  gemm_v9  gemm_v8 on a leaner k loop (`Variant.loop`): the wgmma descriptors made once a unit and
+           stepped by constants, the stage ring as running offsets; candidates drop one CTA-wide
+           barrier ("lean1") or both for per-stage mbarriers ("mbar"). Section "gemm_v9" below.
 
-gemm_v4..v6 come from one kernel factory (`make_kernel(Variant)`), gemm_v8 from another
+gemm_v4..v6 come from one kernel factory (`make_kernel(Variant)`), gemm_v8 and gemm_v9 from another
 (`make_persistent_kernel`), both built on one set of device functions per tile (`parts_for(Variant)`:
-copy assignment, prologue, pipelined k loop, epilogue); `VARIANTS` / `SK_VARIANTS` name the
+copy assignment, prologue, pipelined k loop (gemm_v4's, or `_lean_loop` / `_mbar_loop`), epilogue); `VARIANTS` / `SK_VARIANTS` name the
 specialisations the records use, `CANDIDATES` / `SK_CANDIDATES` what the development script times
-besides them.
+besides them (gemm_v9: `V9_VARIANTS` / `V9_CANDIDATES`).
 
 The pipeline, per k tile kt (buffer kt % STAGES):
     cp.async.wait_group STAGES-2    this thread's copies of tile kt have landed
@@ -49,9 +52,9 @@ from numba import cuda, types
 from ...device.devarray import data_address
 from ...device.intrinsics import device_function
 from ...device.hopper import (WGMMA_NO_SWIZZLE, WGMMA_SWIZZLE_128B, acc_add_f32, acc_store_f32, cp_async_16,
-                              cp_async_commit, cp_async_waiter, fence_proxy_async, flag_wait, shared_address,
-                              wgmma_bf16, wgmma_commit, wgmma_descriptor, wgmma_fence, wgmma_store_bf16x2,
-                              wgmma_waiter)
+                              cp_async_commit, cp_async_mbar_arrive, cp_async_waiter, fence_proxy_async, flag_wait,
+                              mbar_arrive, mbar_init, mbar_inval, mbar_try_wait, shared_address, wgmma_bf16, wgmma_commit,
+                              wgmma_descriptor, wgmma_fence, wgmma_store_bf16x2, wgmma_waiter)
 from ...device.launch import PreparedLaunch, allow_dynamic_shared
 from . import cuda_wgmma_ws as WS
 from .cuda_common import INLINE, bounds, cdiv, fast_launch, flat_u32
@@ -63,12 +66,19 @@ ROW_BYTES = 2 * BK
 GROUP_BYTES = 8 * ROW_BYTES     # 8 rows: one 1024-byte atom (swizzled) or 8 core matrices (not)
 ALIGN_SLACK = 1024              # the 128-byte swizzle needs its atoms 1024-byte aligned
 SM_SHARED_BYTES = 228 * 1024    # shared memory of an H100/H200 SM
+LOOPS = ("v4", "lean", "lean1", "mbar")  # the k loop's forms (`Variant.loop`)
 
 
 class Variant:
     """One specialisation of the kernel: tile, pipeline depth and shared-memory layout."""
 
-    def __init__(self, bm: int, bn: int, stages: int, swizzle: bool):
+    def __init__(self, bm: int, bn: int, stages: int, swizzle: bool, loop: str = "v4"):
+        # loop: the k loop's form (`_make_parts`): "v4" (gemm_v4's), "lean" (gemm_v4's schedule, the
+        # descriptors and ring offsets carried from k tile to k tile) or "lean1" (lean, one barrier a
+        # k tile, STAGES-2 tiles of copies in flight) or "mbar" (lean, the stages handed over on
+        # per-stage mbarriers instead of CTA-wide barriers); gemm_v9's section says why
+        assert loop in LOOPS, loop
+        self.loop = loop
         # 2 warpgroups: split the 128 token rows (m64 each), or share 64 rows and split the outputs;
         # a warpgroup's wgmma takes n = wg_n, a multiple of 8 (accumulator quads) up to 256
         self.wg_n = bn if bm == 128 else bn // 2
@@ -80,10 +90,15 @@ class Variant:
         # (+4j), 32 distinct banks
         self.stash_stride = bn // 2 + (4 - bn // 2) % 8
         self.smem_bytes = max(stages * self.stage_bytes, bm * self.stash_stride * 4) + ALIGN_SLACK
+        # "mbar": 2 x STAGES mbarriers past the stages and either place of the epilogue's tile
+        self.mbar_at = max(stages * self.stage_bytes, (stages - 1) * self.stage_bytes + bm * self.stash_stride * 4)
+        if loop == "mbar":
+            self.smem_bytes = self.mbar_at + 16 * stages + ALIGN_SLACK
         assert self.smem_bytes <= 227 * 1024, self.smem_bytes
         # CTAs an SM holds: 228 KiB of shared memory, 1 KiB of it reserved per CTA
         self.blocks_per_sm = min(4, SM_SHARED_BYTES // (self.smem_bytes + 1024))
-        self.name = f"{bm}x{bn}x{BK}/s{stages}/{'sw128' if swizzle else 'noswz'}"
+        self.name = f"{bm}x{bn}x{BK}/s{stages}/{'sw128' if swizzle else 'noswz'}" + ("" if loop == "v4" else f"/{loop}")
+        assert loop == "v4" or swizzle, "the lean loops step descriptors in the swizzled layout only"
 
 
 class Parts:
@@ -238,7 +253,211 @@ def _make_parts(v: Variant):
                 if n + 1 < N:
                     out[t, n + 1] = np.uint16(word >> np.uint32(16))
 
+    if v.loop == "mbar":
+        _prologue, _k_loop, _k_tiles = _mbar_loop(v, _issue_stage)
+    elif v.loop != "v4":
+        _prologue, _k_loop, _k_tiles = _lean_loop(v, _issue_stage)
     return _copy_slot, _operand_offsets, _prologue, _k_loop, _k_tiles, _store_tile
+
+
+def _lean_loop(v: Variant, _issue_stage):
+    """gemm_v9's k loops on tile v (`Variant.loop` "lean" or "lean1"): (prologue, k_loop, k_tiles)
+    with the contracts of `_make_parts`' own, the same copies (`_issue_stage`) and the same wgmma
+    chain in the same k order, so the accumulators are gemm_v4's bits. Section "gemm_v9" below."""
+    assert v.swizzle, v.name
+    STAGES = v.stages
+    STAGE_BYTES = v.stage_bytes
+    A_BYTES = v.bm * ROW_BYTES
+    ONE_BARRIER = v.loop == "lean1"
+    AHEAD = STAGES - 2 if ONE_BARRIER else STAGES - 1     # k tiles of copies issued before the first MMA
+    RING = STAGES * STAGE_BYTES
+    NACC = v.wg_n // 2
+    ZERO = tuple(np.float32(0.0) for _ in range(NACC))
+    # descriptor steps: the address field is (address & 0x3FFFF) >> 4 in the low 14 bits; shared
+    # memory ends below 2^18 bytes, so adding a byte offset >> 4 to it never carries out of the field
+    D_KSTEP = np.uint64(32 >> 4)                          # a k16 step: 32 bytes along a swizzled row
+    D_STAGE = np.uint64(STAGE_BYTES >> 4)
+    D_RING = np.uint64(RING >> 4)
+    D_A = np.uint64(A_BYTES >> 4)
+    cp_wait = cp_async_waiter(AHEAD - 1)
+    mma_wait1 = wgmma_waiter(1)
+    mma_wait0 = wgmma_waiter(0)
+    cp_wait0 = cp_async_waiter(0)
+
+    @device_function(**INLINE)
+    def _prologue(smem, base, s0, x32, w32, m0, n0, T, N, K8, kb, ke, row0, q, off0):
+        """The pipeline's first AHEAD commit groups: k tiles kb .. kb+AHEAD-1 (those before ke) into
+        stages 0 .. AHEAD-1."""
+        n = ke - kb
+        for s in range(AHEAD):
+            if s < n:
+                _issue_stage(smem, s0 - base + s * STAGE_BYTES, x32, w32, m0, n0, T, N, K8, kb + s, row0, q, off0)
+            cp_async_commit()
+
+    @device_function(**INLINE)
+    def _k_loop(smem, base, s0, x32, w32, m0, n0, T, N, K8, kb, ke, row0, q, off0, a_wg, b_wg):
+        """After `_prologue` of the same unit: this warpgroup's accumulators of the tile at (m0, n0)
+        over k tiles kb .. ke-1; returns once every copy and MMA has retired and all threads have
+        passed a barrier, so shared memory is free again."""
+        n = ke - kb
+        d_hi = wgmma_descriptor(0, 16, GROUP_BYTES, WGMMA_SWIZZLE_128B)
+        da = d_hi | wgmma_descriptor(s0 + a_wg, 0, 0, 0)        # stage 0's descriptors, then carried
+        db = d_hi | wgmma_descriptor(s0 + b_wg, 0, 0, 0) + D_A
+        da_end = da + D_RING
+        w_off = s0 - base + AHEAD * STAGE_BYTES                 # byte offset of the stage the next copies fill
+        w_end = s0 - base + RING
+        kn = kb + AHEAD                                         # the k tile they bring
+        acc = ZERO
+        for j in range(n):
+            cp_wait()                                           # this thread's copies of tile j have landed
+            fence_proxy_async()
+            cuda.syncthreads()                                  # ... everyone's; lean1: and every MMA of j-2
+            if ONE_BARRIER:
+                if kn < ke:
+                    _issue_stage(smem, w_off, x32, w32, m0, n0, T, N, K8, kn, row0, q, off0)
+                cp_async_commit()
+                kn += 1
+                w_off += STAGE_BYTES
+                if w_off == w_end:
+                    w_off -= RING
+            acc = wgmma_fence(acc)
+            for ks in range(BK // 16):
+                acc = wgmma_bf16(acc, da + np.uint64(ks) * D_KSTEP, db + np.uint64(ks) * D_KSTEP, smem)
+            wgmma_commit()
+            da += D_STAGE
+            db += D_STAGE
+            if da == da_end:
+                da -= D_RING
+                db -= D_RING
+            acc = mma_wait1(acc)                                # this warpgroup's MMAs of tile j-1 are done
+            if not ONE_BARRIER:
+                cuda.syncthreads()                              # ... and the other's: their stage is free
+                if kn < ke:
+                    _issue_stage(smem, w_off, x32, w32, m0, n0, T, N, K8, kn, row0, q, off0)
+                cp_async_commit()
+                kn += 1
+                w_off += STAGE_BYTES
+                if w_off == w_end:
+                    w_off -= RING
+        acc = mma_wait0(acc)
+        cp_wait0()
+        cuda.syncthreads()                                      # every MMA has read its last stage
+        return acc
+
+    @device_function(**INLINE)
+    def _k_tiles(smem, base, s0, x32, w32, m0, n0, T, N, K8, kb, ke, row0, q, off0, a_wg, b_wg):
+        """`_prologue` then `_k_loop`: the tile's accumulators over k tiles kb .. ke-1."""
+        _prologue(smem, base, s0, x32, w32, m0, n0, T, N, K8, kb, ke, row0, q, off0)
+        return _k_loop(smem, base, s0, x32, w32, m0, n0, T, N, K8, kb, ke, row0, q, off0, a_wg, b_wg)
+
+    return _prologue, _k_loop, _k_tiles
+
+
+def _mbar_loop(v: Variant, _issue_stage):
+    """gemm_v9's "mbar" k loop on tile v: (prologue, k_loop, k_tiles) as `_lean_loop`'s, the stages
+    handed over on mbarriers: FULL[s] (count THREADS: each thread's `cp_async_mbar_arrive` once its
+    copies of the stage have landed) and EMPTY[s] (count 8: lane 0 of each warp once its warpgroup's
+    wgmma.wait_group 1 has retired the stage's MMAs; every thread in the simulator). Iteration j waits FULL[j % S] (phase parity
+    (j // S) & 1) instead of cp.async.wait_group + a CTA barrier, and the copies of tile j+S-1 into
+    tile j-1's stage wait EMPTY of that stage instead of a CTA barrier. The prologue initialises
+    the barriers (thread 0, then a CTA barrier), the k loop's end invalidates them (thread 0, after
+    its final CTA barrier: all idle), so each unit starts from phase 0. The same copies, wgmma chain
+    and k order as gemm_v4: gemm_v4's bits."""
+    assert v.swizzle, v.name
+    STAGES = v.stages
+    STAGE_BYTES = v.stage_bytes
+    A_BYTES = v.bm * ROW_BYTES
+    RING = STAGES * STAGE_BYTES
+    FULL0 = v.mbar_at                                      # bytes from stage 0: FULL[s] at +8 s, EMPTY[s] after
+    EMPTY0 = v.mbar_at + 8 * STAGES
+    NACC = v.wg_n // 2
+    ZERO = tuple(np.float32(0.0) for _ in range(NACC))
+    D_KSTEP = np.uint64(32 >> 4)
+    D_STAGE = np.uint64(STAGE_BYTES >> 4)
+    D_RING = np.uint64(RING >> 4)
+    D_A = np.uint64(A_BYTES >> 4)
+    mma_wait1 = wgmma_waiter(1)
+    mma_wait0 = wgmma_waiter(0)
+    # EMPTY arrivals: lane 0 of each warp (wgmma.wait_group is warp-synchronous on a GPU); the
+    # simulator's threads are not in lockstep, and its wgmma twin reads shared memory at the wait, so
+    # there every thread arrives
+    EMPTY_COUNT = THREADS if WS.SIMULATOR else THREADS // 32
+
+    @device_function(**INLINE)
+    def _prologue(smem, base, s0, x32, w32, m0, n0, T, N, K8, kb, ke, row0, q, off0):
+        """Barriers (re)initialised, then k tiles kb .. kb+STAGES-2 (those before ke) into stages
+        0 .. STAGES-2, each tracked by its FULL barrier."""
+        n = ke - kb
+        o = s0 - base
+        if cuda.threadIdx.x == 0:
+            for s in range(STAGES):
+                mbar_init(smem, o + FULL0 + 8 * s, THREADS)
+                mbar_init(smem, o + EMPTY0 + 8 * s, EMPTY_COUNT)
+        cuda.syncthreads()
+        for s in range(STAGES - 1):
+            if s < n:
+                _issue_stage(smem, o + s * STAGE_BYTES, x32, w32, m0, n0, T, N, K8, kb + s, row0, q, off0)
+                cp_async_mbar_arrive(smem, o + FULL0 + 8 * s)
+
+    @device_function(**INLINE)
+    def _k_loop(smem, base, s0, x32, w32, m0, n0, T, N, K8, kb, ke, row0, q, off0, a_wg, b_wg):
+        """After `_prologue` of the same unit: this warpgroup's accumulators over k tiles kb .. ke-1;
+        returns once every MMA has retired and all threads have passed a barrier."""
+        n = ke - kb
+        o = s0 - base
+        lane0 = WS.SIMULATOR or cuda.laneid == 0
+        d_hi = wgmma_descriptor(0, 16, GROUP_BYTES, WGMMA_SWIZZLE_128B)
+        da = d_hi | wgmma_descriptor(s0 + a_wg, 0, 0, 0)
+        db = d_hi | wgmma_descriptor(s0 + b_wg, 0, 0, 0) + D_A
+        da_end = da + D_RING
+        r_st = 0                                            # stage of tile j, and its fill's parity
+        r_par = 0
+        p_st = STAGES - 1                                   # stage of tile j-1 (= of tile j+S-1)
+        p_par = 1                                           # parity of tile j-1's fill of it (j = 0: none)
+        acc = ZERO
+        for j in range(n):
+            while mbar_try_wait(smem, o + FULL0 + 8 * r_st, r_par) == 0:
+                pass                                        # every thread's copies of tile j have landed
+            fence_proxy_async()
+            acc = wgmma_fence(acc)
+            for ks in range(BK // 16):
+                acc = wgmma_bf16(acc, da + np.uint64(ks) * D_KSTEP, db + np.uint64(ks) * D_KSTEP, smem)
+            wgmma_commit()
+            da += D_STAGE
+            db += D_STAGE
+            if da == da_end:
+                da -= D_RING
+                db -= D_RING
+            acc = mma_wait1(acc)                            # this warpgroup's MMAs of tile j-1 are done
+            if j > 0 and lane0:
+                mbar_arrive(smem, o + EMPTY0 + 8 * p_st)
+            nj = j + STAGES - 1
+            if nj < n:
+                if j > 0:                                   # both warpgroups are done with tile j-1's stage
+                    while mbar_try_wait(smem, o + EMPTY0 + 8 * p_st, p_par) == 0:
+                        pass
+                _issue_stage(smem, o + p_st * STAGE_BYTES, x32, w32, m0, n0, T, N, K8, kb + nj, row0, q, off0)
+                cp_async_mbar_arrive(smem, o + FULL0 + 8 * p_st)
+            p_st = r_st
+            p_par = r_par
+            r_st += 1
+            if r_st == STAGES:
+                r_st = 0
+                r_par ^= 1
+        acc = mma_wait0(acc)
+        cuda.syncthreads()                                  # every MMA has read its last stage
+        if cuda.threadIdx.x == 0:                           # every barrier is idle: the next prologue inits
+            for s in range(STAGES):
+                mbar_inval(smem, o + FULL0 + 8 * s)
+                mbar_inval(smem, o + EMPTY0 + 8 * s)
+        return acc
+
+    @device_function(**INLINE)
+    def _k_tiles(smem, base, s0, x32, w32, m0, n0, T, N, K8, kb, ke, row0, q, off0, a_wg, b_wg):
+        _prologue(smem, base, s0, x32, w32, m0, n0, T, N, K8, kb, ke, row0, q, off0)
+        return _k_loop(smem, base, s0, x32, w32, m0, n0, T, N, K8, kb, ke, row0, q, off0, a_wg, b_wg)
+
+    return _prologue, _k_loop, _k_tiles
 
 
 _PARTS: dict = {}
@@ -376,7 +595,8 @@ class SkVariant:
         self.bn = tile.bn
         self.group_m = 0              # token tiles fastest (the schedule's tile order)
         self.smem_bytes = sk_smem_bytes(tile, overlap)
-        self.name = f"sk/{tile.bm}x{tile.bn}/{split}" + ("" if overlap else "/nolap") + ("" if banded else "/noband")
+        self.name = f"sk/{tile.bm}x{tile.bn}/{split}" + ("" if overlap else "/nolap") + ("" if banded else "/noband") \
+            + ("" if tile.loop == "v4" else f"/{tile.loop}")
 
     def plan(self, T: int, N: int, K: int, ctas: int) -> "_Split":
         split = choose_split(T, N, K, self.bn, ctas) if self.split == "auto" else self.split
@@ -417,6 +637,7 @@ def sk_smem_bytes(v: Variant, overlap: bool) -> int:
     if not overlap:
         return v.smem_bytes
     b = max(v.stages * v.stage_bytes, (v.stages - 1) * v.stage_bytes + v.bm * v.stash_stride * 4) + ALIGN_SLACK
+    b = max(b, v.smem_bytes)                         # "mbar": its mbarriers past both
     assert b <= 227 * 1024, b
     return b
 
@@ -508,6 +729,41 @@ SK_CANDIDATES = {v.name: v for v in (
     SkVariant(VARIANTS["gemm_v4"], "sk2"),
     SkVariant(VARIANTS["gemm_v6"], "auto"),     # gemm_v6's 128 x 200 tile: 128 output tiles at N = 25600
 )}
+
+# ---- gemm_v9: gemm_v8 on a leaner k loop ------------------------------------------------------------
+#
+# What changes against gemm_v8: the k loop only (`_lean_loop`, picked by `Variant.loop`); the
+# persistent CTAs, schedule, fix-up and epilogue are gemm_v8's. gemm_v4's loop (212 SASS instructions
+# a warp a k tile: `tools/sass_count_bf16.py`) rebuilds the 4 x 2 wgmma descriptors from the stage's
+# shared address before each wgmma (mask, shift, or, moves into uniform registers: ~45 instructions),
+# keeps the stage ring as j % STAGES on a signed 64-bit j, and meets two CTA-wide barriers:
+#   "lean"   gemm_v4's schedule (copies of tile j+STAGES-1 after the second barrier), with each
+#            operand's descriptor made once a unit and stepped by constants (the stage's bytes >> 4,
+#            32 >> 4 a k16 step: the 14-bit address field never carries, shared memory ends below
+#            2^18 bytes), and the stage ring kept as running offsets (a compare, no division):
+#            189 instructions on gemm_v4's grid, 228 on persistent CTAs (gemm_v8: 246);
+#   "lean1"  lean with one barrier a k tile: the barrier before tile j's MMAs also proves that both
+#            warpgroups have passed their wgmma.wait_group 1 of iteration j-1 (tile j-2's MMAs are
+#            retired), so the copies issued right after it go into tile j-2's stage: tile
+#            j+STAGES-2, so STAGES-2 tiles of copies are in flight (gemm_v4: STAGES-1) in exchange
+#            for the second barrier; 186 instructions on gemm_v4's grid, 299 on persistent CTAs
+#            (ptxas, at 253 registers there, recomputes the copies' row clamps every k tile);
+#   "mbar"   lean with no CTA-wide barrier in the k loop: per-stage mbarriers (`_mbar_loop`), FULL
+#            (each thread's cp.async.mbarrier.arrive.noinc) in place of cp.async.wait_group and the
+#            first barrier, EMPTY (lane 0 of each warp after its wgmma.wait_group 1) in place of the
+#            second, so a warpgroup waits only for the copies of the stage it reads and a producer only
+#            for the MMAs of the stage it refills; STAGES-1 tiles in flight as gemm_v4; 221
+#            instructions on gemm_v4's grid (the spin loops included), 341 on persistent CTAs.
+# Both keep gemm_v4's k order and wgmma chain, so within a unit the accumulators are gemm_v4's bits:
+# gemm_v9 returns gemm_v8's bits on the same schedule, and gemm_v4's where nothing is cut.
+# (A fifth stage, which would give lean1 gemm_v4's depth, does not fit: 5 x 48 KiB > 227 KiB.)
+
+V9_TILES = {loop: Variant(128, 256, 4, swizzle=True, loop=loop) for loop in ("lean", "lean1", "mbar")}
+V9_VARIANTS = {"gemm_v9": SkVariant(V9_TILES["lean"])}
+# what the development script times beside the record: lean1 and mbar on persistent CTAs, and the three
+# loops on gemm_v4's grid (one tile a CTA: gemm_v4's bits everywhere, where T = 4096 is decided)
+V9_CANDIDATES = {**{sv.name: sv for sv in (SkVariant(V9_TILES["lean1"]), SkVariant(V9_TILES["mbar"]))},
+                 **{t.name: t for t in V9_TILES.values()}}
 _SK_KERNELS: dict = {}
 _SCHEDULES: dict = {}
 
@@ -602,5 +858,5 @@ def prepare_sk(name: str, sv: SkVariant, x, wkv, out, *, stream=0, ctas: int | N
 
 
 def sk_launcher(rec, x, wkv, out, *, stream=0) -> PreparedLaunch:
-    """gemm_v8's record launcher (`prepare_project(..., version="gemm_v8")` has checked the shapes)."""
-    return prepare_sk(rec.name, SK_VARIANTS[rec.name], x, wkv, out, stream=stream)
+    """gemm_v8's and gemm_v9's record launcher (`prepare_project(..., version=...)` has checked the shapes)."""
+    return prepare_sk(rec.name, {**SK_VARIANTS, **V9_VARIANTS}[rec.name], x, wkv, out, stream=stream)

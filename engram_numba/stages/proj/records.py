@@ -295,6 +295,30 @@ _proj("gemm_v8", "gemm_v4's CTA tile, mainloop and epilogue (the same device fun
                                     # a partial, a finisher then a whole tile; outputs past N
       sweep=(128, 256, 512, 1024, 4096))
 
+# ---- gemm_v9: gemm_v8 on a leaner k loop (cuda_wgmma.py, "gemm_v9") ---------------------------------
+# Arguments as gemm_v8's; picked by name only until the H200 says where it wins.
+_V9 = cuda_wgmma.V9_VARIANTS["gemm_v9"]
+_proj("gemm_v9", "gemm_v8 (persistent CTAs, stream-K tail, fix-up and epilogue unchanged) on a leaner k loop "
+      "(`Variant.loop` \"lean\"): the wgmma descriptors made once a unit and stepped by constants, the stage ring "
+      "as running offsets, gemm_v4's copies and two barriers a k tile (228 SASS instructions a warp a k tile, "
+      "gemm_v8 246, gemm_v4 212 on its grid; 253 registers, no spills); gemm_v4's k order and wgmma chain, so "
+      "gemm_v8's bits on the same schedule. Candidates (tools/prefill_dev.py --v9): \"lean1\" (one barrier a "
+      "k tile, 2 tiles of copies in flight instead of 3) and \"mbar\" (no CTA barrier in the k loop: per-stage "
+      "full/empty mbarriers, cp.async.mbarrier.arrive.noinc) on persistent CTAs, and the three loops on gemm_v4's "
+      "grid (189 / 186 / 221 instructions, gemm_v4's bits)",
+      kernel=Factory(lambda T: cuda_wgmma.sk_kernel_for(_V9.tile, _V9.overlap)), geometry=cuda_wgmma.sk_geometry(_V9),
+      args="fast",
+      specs=lambda: [Spec(f"[sk/{t.name}]", cuda_wgmma.sk_kernel_for(t, True), _SK_ARGS)
+                     for t in cuda_wgmma.V9_TILES.values()]
+      + [Spec(f"[{t.name}]", cuda_wgmma.kernel_for(t), FAST_ARGS) for t in cuda_wgmma.V9_TILES.values()],
+      launcher=cuda_wgmma.sk_launcher, vector_io=False,
+      # 3 simulated CTAs: one tile of 6 k tiles (the last a 1-chunk K tail) cut over 3 CTAs (two partials
+      # and the finisher, each unit shorter than the ring); 2 x 2 tiles of 3 k tiles, stream-K (a CTA runs
+      # a whole tile then a partial: the next unit's prologue during the epilogue)
+      sim=[(33, 328, 9),
+           (130, 136, 260)],
+      sweep=(256, 512, 1024, 4096))
+
 # cuBLAS: the comparison backend; nothing of ours to compile, no simulator (it needs a GPU)
 _proj("cublas_v1", "cuBLAS through torch.matmul on the device arrays (no copies), fp32 accumulation: the comparison "
       "backend, never a default", kernel=None, geometry=None, args="external", specs=(), launcher=cublas.launcher,

@@ -1,0 +1,95 @@
+"""gemm_v9 (cuda_wgmma.py: gemm_v8 on the lean k loops): the lean loops keep gemm_v4's k order and
+wgmma chain, so on gemm_v4's grid they return gemm_v4's bits, and on persistent CTAs gemm_v8's bits
+on the same schedule; checked in the simulator at odd small shapes (rows past T and N, a 1-chunk K
+tail, units shorter than the stage ring, a ring that wraps).
+
+The record's own simulator cases run with every other version's in test_proj_cuda.py; the compile
+tier (tests/test_compile_tier.py) checks its sm_90a builds."""
+import numpy as np
+import pytest
+from numba import cuda
+
+from engram_numba.bf16 import f32_to_bf16
+from engram_numba.stages.proj import cuda_wgmma as W
+
+from .conftest import poisoned
+
+
+def make_inputs(rng, T, K, N):
+    return (f32_to_bf16(rng.standard_normal((T, K), dtype=np.float32)),
+            f32_to_bf16(rng.standard_normal((N, K), dtype=np.float32) * np.float32(0.05)))
+
+
+def run_grid(v, x, w):
+    out = poisoned(x.shape[0], w.shape[0])
+    W.prepare_variant(v.name, v, cuda.to_device(x), cuda.to_device(w), out)()
+    return out.copy_to_host()
+
+
+def run_sk(sv, x, w, ctas):
+    out = poisoned(x.shape[0], w.shape[0])
+    W.prepare_sk(sv.name, sv, cuda.to_device(x), cuda.to_device(w), out, ctas=ctas)()
+    return out.copy_to_host()
+
+
+def test_mbar_smem_fits_past_both_epilogue_places():
+    t = W.V9_TILES["mbar"]
+    assert t.mbar_at >= t.stages * t.stage_bytes and t.mbar_at % 8 == 0
+    assert t.smem_bytes == t.mbar_at + 16 * t.stages + W.ALIGN_SLACK <= 227 * 1024
+    assert W.sk_smem_bytes(t, True) == t.smem_bytes
+
+
+def test_lean_variants_are_named_apart():
+    names = {W.VARIANTS["gemm_v4"].name, *(t.name for t in W.V9_TILES.values())}
+    assert len(names) == 4 and W.VARIANTS["gemm_v4"].loop == "v4"
+    assert W.V9_VARIANTS["gemm_v9"].name != W.SK_VARIANTS["gemm_v8"].name
+    with pytest.raises(AssertionError):
+        W.Variant(128, 256, 4, swizzle=True, loop="lean2")
+
+
+# (T, K, N): 6 k tiles (the last a 1-chunk K tail) through the 4-stage ring, rows past T and N; and 2 x 2
+# tiles of 2 k tiles (fewer than the copies issued ahead)
+GRID_CASES = [(33, 328, 264), (130, 72, 260)]
+
+
+@pytest.mark.parametrize("loop", ["lean", "lean1", "mbar"])
+@pytest.mark.parametrize("shape", GRID_CASES, ids=[f"{t}x{k}x{n}" for t, k, n in GRID_CASES])
+def test_lean_loops_return_gemm_v4_bits(rng, loop, shape):
+    x, w = make_inputs(rng, *shape[:2], shape[2])
+    np.testing.assert_array_equal(run_grid(W.V9_TILES[loop], x, w), run_grid(W.VARIANTS["gemm_v4"], x, w))
+
+
+@pytest.mark.parametrize("name", ["gemm_v9", "sk/128x256/auto/lean1", "sk/128x256/auto/mbar"])
+def test_persistent_lean_loops_return_gemm_v8_bits(rng, name):
+    """One tile of 6 k tiles cut over 3 CTAs (two partials and the finisher): units of 2 k tiles,
+    shorter than the ring, and the next unit's prologue in flight across the fix-up."""
+    sv = {**W.V9_VARIANTS, **W.V9_CANDIDATES}[name]
+    x, w = make_inputs(rng, 33, 328, 9)
+    np.testing.assert_array_equal(run_sk(sv, x, w, 3), run_sk(W.SK_VARIANTS["gemm_v8"], x, w, 3))
+
+
+def test_mbar_twins_phase_parity():
+    """The simulator's mbarrier twins: a phase completes at its count-th arrival, try_wait answers
+    for the phase of the given parity, inval/init guard reuse."""
+    from engram_numba.device.hopper import mbar_arrive, mbar_init, mbar_inval, mbar_try_wait
+
+    @cuda.jit
+    def k(smem_out, res):
+        sm = cuda.shared.array(4, np.uint32)
+        t = cuda.threadIdx.x
+        if t == 0:
+            mbar_init(sm, 8, 2)
+        cuda.syncthreads()
+        res[t, 0] = mbar_try_wait(sm, 8, 0)          # phase 0 not complete
+        cuda.syncthreads()
+        mbar_arrive(sm, 8)                             # 2 threads: phase 0 completes
+        while mbar_try_wait(sm, 8, 0) == 0:
+            pass
+        res[t, 1] = mbar_try_wait(sm, 8, 1)          # phase 1 not complete
+        cuda.syncthreads()
+        if t == 0:
+            mbar_inval(sm, 8)
+
+    res = np.full((2, 2), 7, np.int32)
+    k[1, 2](np.zeros(1), res)
+    assert (res == 0).all()
