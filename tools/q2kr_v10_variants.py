@@ -40,10 +40,13 @@ VARIANTS = [(2, 2, 14, True, True, True),      # v10 as registered: pairj, early
             (2, 2, 14, True, True, False),     # early without split
             (2, 3, 10, True, True, True),      # the registered pair shape as a single launch (95 registers)
             (2, 2, 14, False, True, True)]     # the ring changes without pairj
-# gemv_q2k_v11: the same shapes with v11's decode (the 7th field); the first is the registered one
-VARIANTS_V11 = [(2, 2, 14, True, True, True, True),      # v11 as registered (v10's shape)
-                (2, 3, 10, True, True, True, True),      # its pair shape as a single launch
-                (2, 2, 14, True, False, False, True)]    # v9's ring (no early, no split)
+# gemv_q2k_v11: v10's shapes with v11's decode (the 7th field) and the d/dmin plane copied once
+# (dd_once, the 8th); the first is the registered one
+VARIANTS_V11 = [(2, 2, 14, True, True, True, True, True),      # v11 as registered (v10's shape), dd copied once
+                (2, 2, 14, True, True, True, True, False),     # v11's decode alone (each lane copies its g's dd)
+                (2, 3, 10, True, True, True, True, True),      # its pair shape as a single launch
+                (2, 2, 14, True, True, False, True, True),     # one commit group a unit (no split)
+                (2, 2, 14, True, False, False, True, False)]   # v11's decode on v9's ring
 VER = "v10"                        # the family this run builds (main's --version)
 CHECK_TOKENS = (1, 4, 8)
 ODD_SHAPES = [(3, 3328, 13),               # a pad block, rows past N, warp 1 with one unit and empty shares
@@ -54,7 +57,8 @@ N, K = 25600, 6144
 
 def name_of(v) -> str:
     fam = "v11" if len(v) > 6 and v[6] else "v10"
-    return fam + "[team=%d,stages=%d,per_sm=%d,pairj=%d,early=%d,split=%d]" % tuple(v[:6])
+    return fam + "[team=%d,stages=%d,per_sm=%d,pairj=%d,early=%d,split=%d%s]" % (
+        tuple(v[:6]) + (",dd_once=%d" % v[7] if len(v) > 7 else "",))
 
 
 def compile_report(variants) -> list[dict]:

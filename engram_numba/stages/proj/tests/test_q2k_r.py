@@ -328,6 +328,26 @@ def test_v11_is_v4_bit_for_bit(rng):
     np.testing.assert_array_equal(outs["gemv_q2k_v11"].copy_to_host(), outs["gemv_q2k_v4"].copy_to_host())
 
 
+@pytest.mark.parametrize("shape", [(2, 2, 14, True, True, True, True, True),     # v11, d/dmin copied once
+                                   (2, 3, 10, True, True, False, True, True)])   # 3 slots, one group a unit
+def test_v11_dd_once_is_v4_bit_for_bit(rng, shape):
+    """v11 with each unit's d/dmin plane copied once by lanes 0..7 and read by every lane of its g
+    after a warp barrier (the simulator lands a copy only at its copier's wait: a missing barrier
+    reads a stale slot): v4's kv bit for bit over 3 units through the ring (K/256 = 6), rows past N,
+    tokens past T."""
+    from engram_numba.device.launch import PreparedLaunch
+    from engram_numba.stages.proj.cuda_common import flat_u32
+    N, K, T = 13, 1536, 2
+    w = cuda.to_device(repack_q2k_r(random_q2k(rng, N, K), K))
+    x = cuda.to_device(random_x(rng, T, K))
+    want = cuda.to_device(np.full((T, N), POISON, np.uint16))
+    P.project_q(x, w, None, want, weight="q2k_r", version="gemv_q2k_v4")
+    got = cuda.to_device(np.full((T, N), POISON, np.uint16))
+    gemv, _ = C._make_gemv10(*shape)
+    PreparedLaunch(f"v11{shape}", gemv, (1, 1), 64, 0, (flat_u32(x), flat_u32(w), got, T, K), got)()
+    np.testing.assert_array_equal(got.copy_to_host(), want.copy_to_host())
+
+
 def test_v11_table_is_v9s_table():
     """lut_pairs11 (scale = fma(d, 2^23 + sc, -d*2^23), -offset = fma(-dmin, 2^23 + m, dmin*2^23))
     gives lut_pairs9's pair words for every nibble pair and d, dmin of both signs, subnormal, zero
@@ -363,6 +383,8 @@ def test_v10_shape_is_checked():
         C._make_gemv10(2, 2, 17)
     with pytest.raises(ValueError, match="need the early ring"):
         C._make_gemv10(2, 2, 14, True, False, True)
+    with pytest.raises(ValueError, match="needs the early ring"):
+        C._make_gemv10(2, 2, 14, True, False, False, True, True)
 
 
 @pytest.mark.slow
