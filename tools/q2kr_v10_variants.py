@@ -1,6 +1,7 @@
-"""gemv_q2k_v10's variants on the H200: each (warps a block, unit slots a warp, blocks an SM, pairj,
-early, split) shape built from the registered kernel's factory (`cuda_gemv_q2kr._make_gemv10`), checked bit
-for bit against gemv_q2k_v4 on every output, and only then timed beside v9 (the T = 1 default) and v4.
+"""gemv_q2k_v10's (or, --version v11, gemv_q2k_v11's) variants on the H200: each (warps a block, unit
+slots a warp, blocks an SM, pairj, early, split[, v11]) shape built from the registered kernel's factory
+(`cuda_gemv_q2kr._make_gemv10`), checked bit for bit against gemv_q2k_v4 on every output, and only then
+timed beside v9 (the T = 1 default) and v4 (and, for v11, v10).
 
     # no GPU: registers, spills and shared memory of each variant for sm_90a (the compile tier's way)
     python tools/q2kr_v10_variants.py --compile
@@ -9,6 +10,8 @@ for bit against gemv_q2k_v4 on every output, and only then timed beside v9 (the 
     # as the two-layer launch; then CUDA-event medians (DeviceTimer, L2 flushed) at T = 1 of every
     # variant and of v9 and v4, single and two-layer; JSON and a text table into --out (a folder)
     python3 tools/q2kr_v10_variants.py --run --out $OUT
+    # gemv_q2k_v11 and its variants instead (v11_variants.json / .txt; v10 timed beside it at T = 1, 4, 8)
+    python3 tools/q2kr_v10_variants.py --version v11 --run --out $OUT
 
 The variants separate v10's changes: pairj (sub-blocks decoded in pairs, the mma alternating between
 the two accumulator chains) against v9's decode order with v10's 16-byte fragment stores; early (the
@@ -37,6 +40,12 @@ VARIANTS = [(2, 2, 14, True, True, True),      # v10 as registered: pairj, early
             (2, 2, 14, True, True, False),     # early without split
             (2, 3, 10, True, True, True),      # the registered pair shape as a single launch (95 registers)
             (2, 2, 14, False, True, True)]     # the ring changes without pairj
+# gemv_q2k_v11: v10's shapes with v11's decode (the 7th field) and the d/dmin plane copied once
+# (dd_once, the 8th); the registered gemv_q2k_v11 (V11_SHAPE: dd_once) is timed as itself
+VARIANTS_V11 = [(2, 2, 14, True, True, True, True, False),     # v11's decode alone (each lane copies its g's dd)
+                (2, 3, 10, True, True, True, True, True),      # its pair shape as a single launch
+                (2, 2, 14, True, False, False, True, False)]   # v11's decode on v9's ring
+VER = "v10"                        # the family this run builds (main's --version)
 CHECK_TOKENS = (1, 4, 8)
 ODD_SHAPES = [(3, 3328, 13),               # a pad block, rows past N, warp 1 with one unit and empty shares
               (9, 1536, 40),               # 2 token groups, 3 units: warp 1 has none
@@ -45,7 +54,9 @@ N, K = 25600, 6144
 
 
 def name_of(v) -> str:
-    return "v10[team=%d,stages=%d,per_sm=%d,pairj=%d,early=%d,split=%d]" % tuple(v)
+    fam = "v11" if len(v) > 6 and v[6] else "v10"
+    return fam + "[team=%d,stages=%d,per_sm=%d,pairj=%d,early=%d,split=%d%s]" % (
+        tuple(v[:6]) + (",dd_once=%d" % v[7] if len(v) > 7 else "",))
 
 
 def compile_report(variants) -> list[dict]:
@@ -77,7 +88,7 @@ def run(variants, out_dir: Path | None) -> dict:
     def save():
         res["seconds"] = round(time.time() - t0, 1)
         if out_dir:
-            (out_dir / "v10_variants.json").write_text(json.dumps(res, indent=1))
+            (out_dir / f"{VER}_variants.json").write_text(json.dumps(res, indent=1))
 
     made = {}
 
@@ -111,7 +122,10 @@ def run(variants, out_dir: Path | None) -> dict:
 
     # the candidates: each variant (single and two-layer kernels of its own shape) and the registered
     # gemv_q2k_v10 (its pair kernel has V10_PAIR_SHAPE), all team 2 (launch_config's block)
-    cands = {"gemv_q2k_v10": (C.V10_SHAPE, C.KERNELS["gemv_q2k_v10"], C.PAIR_KERNELS["gemv_q2k_v10"])}
+    reg = f"gemv_q2k_{VER}"
+    reg_shape, reg_pair_shape = (C.V11_SHAPE, C.V11_PAIR_SHAPE) if VER == "v11" else (C.V10_SHAPE, C.V10_PAIR_SHAPE)
+    res["version"] = reg
+    cands = {reg: (reg_shape, C.KERNELS[reg], C.PAIR_KERNELS[reg])}
     for v in variants:
         try:
             g, gp = C._make_gemv10(*v)
@@ -166,7 +180,7 @@ def run(variants, out_dir: Path | None) -> dict:
         res["timings"].append(row)
         print(json.dumps(row), flush=True)
 
-    for ref in ("gemv_q2k_v9", "gemv_q2k_v4"):
+    for ref in (("gemv_q2k_v10",) if VER == "v11" else ()) + ("gemv_q2k_v9", "gemv_q2k_v4"):
         o = cuda.device_array((T, N), np.uint16)
         oa, ob = cuda.device_array((T, N), np.uint16), cuda.device_array((T, N), np.uint16)
         timed(ref, "single", prepare_project_q(xs[0], w[0], None, o, weight="q2k_r", version=ref), 1)
@@ -186,13 +200,13 @@ def run(variants, out_dir: Path | None) -> dict:
         except Exception:
             pass
         timed(name, "single", single, 1, info)
-        pair_shape = C.V10_PAIR_SHAPE if name == "gemv_q2k_v10" else v
+        pair_shape = reg_pair_shape if name == reg else v
         timed(name, "pair", two, 2, dict(pair_shape=list(pair_shape)))
         save()
     # 3. the registered single launches at T = 4, 8 (where v4 is the default), same weights
     for T2 in (4, 8):
         x2 = cuda.to_device(random_x(rng, T2, K))
-        for ref in ("gemv_q2k_v10", "gemv_q2k_v9", "gemv_q2k_v4"):
+        for ref in ((reg,) if VER == "v11" else ()) + ("gemv_q2k_v10", "gemv_q2k_v9", "gemv_q2k_v4"):
             if ref in bad:
                 continue
             try:
@@ -206,14 +220,14 @@ def run(variants, out_dir: Path | None) -> dict:
     res["not_timed_differ_or_failed"] = sorted(bad)
     save()
     if out_dir:
-        (out_dir / "v10_variants.txt").write_text(table(res))
+        (out_dir / f"{VER}_variants.txt").write_text(table(res))
     print(table(res), flush=True)
     return res
 
 
 def table(res: dict) -> str:
     """The timings at T = 1 as text, fastest single launch first, and the bit checks in one line each."""
-    lines = [f"gemv_q2k_v10 variants, {res['device']} at {res['commit']}: K x N = {res['shape']}, T = 1, L2 flushed, "
+    lines = [f"{res.get('version', 'gemv_q2k_v10')} variants, {res['device']} at {res['commit']}: K x N = {res['shape']}, T = 1, L2 flushed, "
              f"one-layer floor {res['floor_us_one_layer']} us (copy {res['copy_gbps']} GB/s)", ""]
     by, more = {}, {}
     for r in res["timings"]:
@@ -222,10 +236,10 @@ def table(res: dict) -> str:
         else:
             more.setdefault(r["kernel"], {})[r["T"]] = r
     order = sorted(by, key=lambda k: by[k].get("single", {}).get("us", 1e9))
-    lines.append(f"{'kernel':58s} {'single us':>10s} {'pair us':>9s} {'regs':>5s}")
+    lines.append(f"{'kernel':68s} {'single us':>10s} {'pair us':>9s} {'regs':>5s}")
     for k in order:
         s, p = by[k].get("single", {}), by[k].get("pair", {})
-        lines.append(f"{k:58s} {s.get('us', s.get('error', '-'))!s:>10.10s} {p.get('us', p.get('error', '-'))!s:>9.9s} "
+        lines.append(f"{k:68s} {s.get('us', s.get('error', '-'))!s:>10.10s} {p.get('us', p.get('error', '-'))!s:>9.9s} "
                      f"{s.get('registers', '')!s:>5s}")
     if more:
         lines += ["", "registered kernels, single launch, T = 4 / 8 (us):"]
@@ -233,10 +247,10 @@ def table(res: dict) -> str:
             lines.append(f"  {k:20s} " + "  ".join(f"T={t}: {r.get('us', r.get('error', '-'))}" for t, r in sorted(rows.items())))
     lines += ["", "bits against gemv_q2k_v4 (outputs differing single / two-layer; all must be 0):"]
     for r in res["checks"]:
-        lines.append(f"  {r['kernel']:58s} {'x'.join(map(str, r['shape'])):>14s} "
+        lines.append(f"  {r['kernel']:68s} {'x'.join(map(str, r['shape'])):>14s} "
                      f"{r.get('outputs_differing_from_v4', 'ERR')!s:>6s} {r.get('pair_outputs_differing_from_v4', 'ERR')!s:>6s}")
     if res["errors"]:
-        lines += ["", f"errors ({len(res['errors'])}): see v10_variants.json"]
+        lines += ["", f"errors ({len(res['errors'])}): see {VER}_variants.json"]
         lines += [f"  {e['kernel']} [{e['stage']}]: {e['error'].strip().splitlines()[-1][:150]}" for e in res["errors"]]
     lines.append(f"not timed (differ or failed): {res.get('not_timed_differ_or_failed', [])}; {res.get('seconds')} s")
     return "\n".join(lines) + "\n"
@@ -246,10 +260,14 @@ def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--compile", action="store_true", help="registers and spills of each variant (no GPU needed)")
     ap.add_argument("--run", action="store_true", help="check against v4 and time each variant (GPU)")
-    ap.add_argument("--out", type=Path, default=None, help="folder for --run's v10_variants.json / .txt")
+    ap.add_argument("--out", type=Path, default=None, help="folder for --run's <version>_variants.json / .txt")
     ap.add_argument("--only", type=int, default=None, help="the first N variants only")
+    ap.add_argument("--version", choices=("v10", "v11"), default="v10", help="the family: v10 (default) or v11")
     a = ap.parse_args(argv)
-    variants = VARIANTS[:a.only] if a.only else VARIANTS
+    global VER
+    VER = a.version
+    pool = VARIANTS_V11 if VER == "v11" else VARIANTS
+    variants = pool[:a.only] if a.only else pool
     if not (a.compile or a.run):
         ap.error("pass --compile or --run")
     if a.compile:

@@ -2,7 +2,7 @@
 
     prepare_repack(raw, packed, N, K)      Q2_K blocks uint8 [N, K/256*84] -> q2k_r, on the device
     prepare_decode_q2k_r(packed, out)      q2k_r -> bf16 words uint16 [N, K], through the GEMV's decode
-    gemv_q2k_v4 .. v10                     kv = bf16(x @ W^T) for a few tokens, W read as q2k_r
+    gemv_q2k_v4 .. v11                     kv = bf16(x @ W^T) for a few tokens, W read as q2k_r
 
 The math is gemv_q2k_v2's (bf16-rounded weights: each weight is the reference decoder's fp32 value
 `(d*sc)*q - dmin*m` rounded to bf16, picked from a byte_perm table of the sub-block's 4 values, fed
@@ -52,6 +52,13 @@ blockIdx.z picks the layer) giving each layer the bits of its own launch.
                (V10_PAIR_SHAPE). On the H200 level with v9: 38.9 us against 39.2 at T = 1
                (L2 flushed by reading), both layers 65.7 against 66.1, every switch alone within
                1 us (bench/results/h200_q2kr_v10_variants_813426d.txt). Kept for comparison.
+  gemv_q2k_v11 v10 (bit-identical to v4) with each sub-block table built in 10 instructions, not 12
+               (d*sc and -dmin*m each one exact fma on the nibble's 2^23 + n), and each unit's d/dmin
+               plane copied once by lanes 0..7 and read by the 4 lanes of a g after a warp barrier
+               (every lane copying its g's chunk was 55-65% of v9's and v10's excess shared-memory
+               wavefronts, Nsight Compute): 72 registers, no spills, 746 SASS instructions a unit
+               (737 without the shared d/dmin copy). Its two-layer launch: v10's pair shape. Picked
+               by name; not yet timed on the H200 (tools/gpu_dev_q2kr_v11.sh).
 """
 from __future__ import annotations
 
@@ -60,7 +67,7 @@ from numba import cuda, float32, types
 
 from ...device.devarray import data_address
 from ...device.hopper import cp_async_16, cp_async_commit, cp_async_waiter
-from ...device.intrinsics import (SIMULATOR, byte_perm, cvt_pack_bf16x2, device_function, f32_to_bf16_bits,
+from ...device.intrinsics import (SIMULATOR, add_rn, byte_perm, cvt_pack_bf16x2, device_function, f32_to_bf16_bits,
                                   load_f32x4, load_u32x4, mma_bf16_16816, mul_rn, store_f32x4, store_u32x4, sub_rn,
                                   u32_as_f32)
 from ...device.launch import PreparedLaunch
@@ -1349,18 +1356,78 @@ def _cp_job_split(sm, off, w32, base16, lane, g, ok):
     cp_async_commit()
 
 
-def _make_unit10(pairj: bool, mid_wait=None):
-    """_unit9 with `_block10` (pairj) or v9's `_block9`; `mid_wait` (split copies): the wait for
-    the second block's group, before its words are read."""
-    block = _block10 if pairj else _block9
+@device_function(**INLINE)
+def _dd_once(sm, off, w32, base16, lane, ok):
+    """The unit's d/dmin plane (8 chunks) copied once: lane L < 8 copies chunk L to its own slot's
+    d/dmin position (off + 2560), where lanes with g = L read it (after a warp barrier)."""
+    if SIMULATOR:
+        live = ok and lane < 8
+        cp_async_16(sm, off + 2560, w32, (base16 + DD_CHUNK + lane) if live else np.int64(0), 16 if live else 0)
+    elif ok and lane < 8:
+        cp_async_16(sm, off + 2560, w32, base16 + DD_CHUNK + lane, 16)
+
+
+@device_function(**INLINE)
+def _cp_job_dd(sm, off, w32, base16, lane, g, ok):
+    """`_cp_job` with the d/dmin plane copied once (`_dd_once`)."""
+    if SIMULATOR:
+        n = 16 if ok else 0
+        src = base16 if ok else np.int64(0)
+        cp_async_16(sm, off, w32, src + lane, n)
+        cp_async_16(sm, off + 512, w32, src + 32 + lane, n)
+        cp_async_16(sm, off + 1024, w32, src + 64 + lane, n)
+        cp_async_16(sm, off + 1536, w32, src + 96 + lane, n)
+        cp_async_16(sm, off + 2048, w32, src + SC_CHUNK + lane, n)
+    elif ok:
+        cp_async_16(sm, off, w32, base16 + lane, 16)
+        cp_async_16(sm, off + 512, w32, base16 + 32 + lane, 16)
+        cp_async_16(sm, off + 1024, w32, base16 + 64 + lane, 16)
+        cp_async_16(sm, off + 1536, w32, base16 + 96 + lane, 16)
+        cp_async_16(sm, off + 2048, w32, base16 + SC_CHUNK + lane, 16)
+    _dd_once(sm, off, w32, base16, lane, ok)
+    cp_async_commit()
+
+
+@device_function(**INLINE)
+def _cp_job_split_dd(sm, off, w32, base16, lane, g, ok):
+    """`_cp_job_split` with the d/dmin plane copied once (`_dd_once`), in the first group."""
+    if SIMULATOR:
+        n = 16 if ok else 0
+        src = base16 if ok else np.int64(0)
+        cp_async_16(sm, off, w32, src + lane, n)
+        cp_async_16(sm, off + 512, w32, src + 32 + lane, n)
+        cp_async_16(sm, off + 2048, w32, src + SC_CHUNK + lane, n)
+        _dd_once(sm, off, w32, base16, lane, ok)
+        cp_async_commit()
+        cp_async_16(sm, off + 1024, w32, src + 64 + lane, n)
+        cp_async_16(sm, off + 1536, w32, src + 96 + lane, n)
+    else:
+        if ok:
+            cp_async_16(sm, off, w32, base16 + lane, 16)
+            cp_async_16(sm, off + 512, w32, base16 + 32 + lane, 16)
+            cp_async_16(sm, off + 2048, w32, base16 + SC_CHUNK + lane, 16)
+        _dd_once(sm, off, w32, base16, lane, ok)
+        cp_async_commit()
+        if ok:
+            cp_async_16(sm, off + 1024, w32, base16 + 64 + lane, 16)
+            cp_async_16(sm, off + 1536, w32, base16 + 96 + lane, 16)
+    cp_async_commit()
+
+
+def _make_unit10(pairj: bool, mid_wait=None, block=None):
+    """_unit9 with `_block10` (pairj) or v9's `_block9` (or `block`: v11's); `mid_wait` (split
+    copies): the wait for the second block's group, before its words are read."""
+    if block is None:
+        block = _block10 if pairj else _block9
     split = mid_wait is not None
     if not split:
         mid_wait = cp_async_waiter(0)      # never called (numba needs a function to close over)
 
     @device_function(**INLINE)
-    def unit(c0, c1, c2, c3, e0, e1, e2, e3, sm, q, x32, xv, ok_x, second, bias, magic, scratch):
+    def unit(c0, c1, c2, c3, e0, e1, e2, e3, sm, q, qd, x32, xv, ok_x, second, bias, magic, scratch):
+        # qd: the 16-byte index of the lane's d/dmin chunk (q + 160, or its g's copy: dd_once)
         s0, s1, _, _ = load_u32x4(sm, q + 128)
-        d0, d1, _, _ = load_u32x4(sm, q + 160)
+        d0, d1, _, _ = load_u32x4(sm, qd)
         a0, a1, a2, a3 = load_u32x4(sm, q)
         b0, b1, b2, b3 = load_u32x4(sm, q + 32)
         c0, c1, c2, c3, e0, e1, e2, e3 = block(c0, c1, c2, c3, e0, e1, e2, e3, a0, a1, a2, a3, b0, b1, b2, b3,
@@ -1369,7 +1436,7 @@ def _make_unit10(pairj: bool, mid_wait=None):
             mid_wait()
         if SIMULATOR or second:
             _, _, s2, s3 = load_u32x4(sm, q + 128)
-            _, _, d2, d3 = load_u32x4(sm, q + 160)
+            _, _, d2, d3 = load_u32x4(sm, qd)
             a0, a1, a2, a3 = load_u32x4(sm, q + 64)
             b0, b1, b2, b3 = load_u32x4(sm, q + 96)
             c0, c1, c2, c3, e0, e1, e2, e3 = block(c0, c1, c2, c3, e0, e1, e2, e3, a0, a1, a2, a3, b0, b1, b2, b3,
@@ -1384,7 +1451,7 @@ v10_shared_bytes = v9_shared_bytes     # the same slots and share fragments
 
 
 def _make_gemv10(team: int, stages: int, blocks_per_sm: int, pairj: bool = True, early: bool = False,
-                 split: bool = False):
+                 split: bool = False, v11: bool = False, dd_once: bool = False):
     """gemv_q2k_v10 and its two-layer launch (the section's comment): v9's blocks of `team` warps (1,
     2, 3 or 6) on one item, `stages` unit slots a warp, launch bounds for `blocks_per_sm` blocks an
     SM; `pairj`: sub-blocks decoded in pairs, their mma alternating between the two chains; `early`:
@@ -1392,9 +1459,14 @@ def _make_gemv10(team: int, stages: int, blocks_per_sm: int, pairj: bool = True,
     freed), not after: as many units in flight during a decode as v9's ring with one slot more,
     and a start burst of stages - 1 units a warp instead of stages; `split` (with early): each unit
     copied as two commit groups (`_cp_job_split`), its first block decoded once the first has
-    landed: a warp's first wait is for 2 KB, not 2.6."""
+    landed: a warp's first wait is for 2 KB, not 2.6. `v11`: gemv_q2k_v11's decode (`_block11`;
+    its section's comment) in the same blocks and ring. `dd_once` (with early): a unit's d/dmin plane
+    (8 chunks, one a g) is copied once, by lanes 0..7, and each lane reads its g's copy after a warp
+    barrier (`_cp_job_dd`), instead of every lane copying its g's chunk into its own slot."""
     if split and not early:
         raise ValueError("gemv_q2k_v10's split copies need the early ring (early=True)")
+    if dd_once and not early:
+        raise ValueError("gemv_q2k_v10's shared d/dmin copy (dd_once) needs the early ring (early=True)")
     if 6 % team or stages < 2:
         raise ValueError(f"gemv_q2k_v10 needs a team of 1, 2, 3 or 6 warps and >= 2 stages, got {team}, {stages}")
     if blocks_per_sm * (v9_shared_bytes(team, stages) + 1024) > SM_SHARED_BYTES:
@@ -1408,12 +1480,13 @@ def _make_gemv10(team: int, stages: int, blocks_per_sm: int, pairj: bool = True,
     scratch_size = 6 * threads if SIMULATOR else 1
     if split:                                      # two groups a unit: units k .. k+stages-2 pending at the top
         wait_oldest = cp_async_waiter(2 * stages - 3)            # the first group of unit k has landed
-        unit10 = _make_unit10(pairj, cp_async_waiter(2 * stages - 2))   # ... its second (k + stages - 1 issued)
-        job = _cp_job_split
+        unit10 = _make_unit10(pairj, cp_async_waiter(2 * stages - 2),   # ... its second (k + stages - 1 issued)
+                              _block11 if v11 else None)
+        job = _cp_job_split_dd if dd_once else _cp_job_split
     else:
         wait_oldest = cp_async_waiter(stages - 2 if early else stages - 1)
-        unit10 = _make_unit10(pairj)
-        job = _cp_job
+        unit10 = _make_unit10(pairj, None, _block11 if v11 else None)
+        job = _cp_job_dd if dd_once else _cp_job
     ahead = stages - 1 if early else stages        # units copied before the first decode
 
     @device_function(**INLINE)
@@ -1451,6 +1524,7 @@ def _make_gemv10(team: int, stages: int, blocks_per_sm: int, pairj: bool = True,
         nu = np.int32(NU)
         qs = np.int32(qs)
         qlast = np.int32(qs + (stages - 1) * 192)
+        ddoff = np.int32(160 + g - lane if dd_once else 160)   # the lane's d/dmin chunk, from its slot's chunk 0
         z = float32(0.0)
         c0 = c1 = c2 = c3 = e0 = e1 = e2 = e3 = z
         ku = np.int32(0)
@@ -1460,11 +1534,17 @@ def _make_gemv10(team: int, stages: int, blocks_per_sm: int, pairj: bool = True,
         k = np.int32(0)
         while k < jobs:
             wait_oldest()                          # unit k has landed
+            if dd_once:                            # ... lanes 0..7's d/dmin copies too, for every lane; and
+                if SIMULATOR:                      # every lane is done with the slot the next copy overwrites
+                    cuda.syncthreads()             # (the simulator has no syncwarp; its loop is block-uniform)
+                else:
+                    cuda.syncwarp()
             if early:                              # unit k + stages - 1 into the free slot, then decode k
                 job(sm, qfree * 16, w32, wnext, lane, g, np.int32(k + stages - 1) < live)
                 wnext += UNIT_CHUNKS
             if k < live or (SIMULATOR and k < nu):
-                c0, c1, c2, c3, e0, e1, e2, e3 = unit10(c0, c1, c2, c3, e0, e1, e2, e3, sm, q, x32, xk,
+                c0, c1, c2, c3, e0, e1, e2, e3 = unit10(c0, c1, c2, c3, e0, e1, e2, e3, sm, q,
+                                                        q + ddoff, x32, xk,
                                                         tok < T and k < live, k != pad, bias, magic, scratch)
             if not early:                          # v9: unit k + stages into the slot just decoded
                 _cp_job(sm, q * 16, w32, wnext, lane, g, np.int32(k + stages) < live)
@@ -1528,6 +1608,127 @@ def _make_gemv10(team: int, stages: int, blocks_per_sm: int, pairj: bool = True,
     return gemv, gemv_pair
 
 
+# ---- gemv_q2k_v11: v10 with fewer instructions a weight ---------------------------------------------
+# v9 / v10 issue 764 SASS instructions a unit (24 a mma): per 4 weights of a quant word and sub-block
+# j, a shift (mul.hi, j > 0), a LOP3 (mask | bias), an IMAD and an IMAD.HI (the two prmt selectors)
+# and the two prmt; per table (a row's sub-block) two nibble floats (prmt + FADD each), two FMUL,
+# four fma/add and two cvt. v11 keeps v10's blocks, ring, shares, values and summation order (its kv
+# is v4's, bit for bit) and builds the same selectors and tables with fewer instructions:
+#   - selectors: the codes of sub-block j masked to bits 0, 8, 16, 24 (no bias) and one
+#     `mad.wide.u32` by 0x00220022 plus 0x1010 in each half: its low word holds the selector of
+#     values 0, 1 (2q, 2q + 1 in nibbles 0..3) and its high word that of values 2, 3 (the cross
+#     products land in bits 16..31 of each word, which prmt ignores, and stay under 2^32: no carry
+#     into the high word). j = 3 needs no shift: the codes at bits 6, 14, 22, 30 are masked in place
+#     and each selector is one `mad.hi.u32` (by 0x88000000 and 0x8800, + 0x1010). Per quant word and
+#     its 4 sub-blocks: 11 selector instructions against 15 (`pick4w`);
+#   - tables: a nibble's float is 2^23 + n (one prmt under 2^23's exponent, as v7's) and the fma
+#     d * (2^23 + sc) - d * 2^23 (the second term one multiply a block row) is d*sc exactly (an
+#     11-bit by 4-bit product), so the FADD that took 2^23 away goes; -dmin*m likewise: 10
+#     instructions a table against 12 (`lut_pairs11`). Only the sign of a zero table entry can
+#     differ from v10's (+0 where v10 had -0), and a zero weight adds a zero product to an fp32
+#     sum that starts at +0: the kv bits are the same;
+#   - the d/dmin plane (128 bytes a unit, one 16-byte chunk a g) is copied once, by lanes 0..7 into
+#     their own slots' d/dmin position (`_cp_job_dd`), and each lane reads its g's copy after a
+#     `syncwarp` that follows its wait (v10: each lane copies its g's chunk, 4 copies of each, and
+#     Nsight Compute counts that cp.async at 32 shared wavefronts where 4 would do: 55-65% of the
+#     kernel's excess wavefronts). The same barrier orders the next copy into a slot after every
+#     lane's reads of it. Needs the early ring (the copy into the freed slot comes after the wait).
+# Per unit (sm_90a SASS, tools/sass_count_q2kr.py): 746 instructions (v10: 764; 737 without the
+# shared d/dmin copy: its barrier and the separate d/dmin reads cost 9). The selector path (15 of
+# the 23 instructions of a quant word's 4 sub-blocks are selector arithmetic) stays v10's: its
+# per-sub-block shift could go only for j = 3 (codes at bits 6, 14, 22, 30, each selector one
+# mad.hi by 0x88000000 / 0x8800), and ptxas gives mad.hi's addend a 64-bit register pair (two MOVs
+# each) while no bias OR-ed into the codes serves both multipliers (searched exhaustively); the
+# one-instruction pair of selectors by mad.wide.u32 (by 0x00220022 plus 0x1010 in each half) is
+# split by ptxas into IMAD.WIDE + IADD3 + IADD3.X. Neither is fewer instructions.
+
+
+TWO23 = 8388608.0
+
+
+@device_function(**INLINE)
+def lut_pairs11(msc, mm, d, nd23, ndmin, dmin23):
+    """lut_pairs9's pair words from the nibble floats msc = 2^23 + sc, mm = 2^23 + m (nd23 = -d*2^23,
+    ndmin = -dmin, dmin23 = dmin*2^23): scale = d*sc and -offset = -dmin*m, each one exact fma."""
+    scale = fma_rn(d, msc, nd23)
+    neg = fma_rn(ndmin, mm, dmin23)
+    y0 = fma_rn(np.float32(0.0), scale, neg)
+    y1 = add_rn(scale, neg)
+    y2 = fma_rn(np.float32(2.0), scale, neg)
+    y3 = fma_rn(np.float32(3.0), scale, neg)
+    return cvt_pack_bf16x2(y0, y1), cvt_pack_bf16x2(y2, y3)
+
+
+@device_function(**INLINE)
+def _nib_f(n4, j, magic):
+    """Byte j of n4 (< 16) under 2^23's exponent: 2^23 + n as fp32 (one prmt)."""
+    return u32_as_f32(prmt(n4, magic, np.uint32(0x7440 + j)))
+
+
+@device_function(**INLINE)
+def _pair11(c0, c1, c2, c3, e0, e1, e2, e3, la, ha, lb, hb, j, da, nda, ndmina, dmina23, db, ndb, ndminb, dminb23,
+            qa0, qa1, qa2, qa3, qb0, qb1, qb2, qb3, x32, xv, ok_x, bias, magic, scratch):
+    """_pair10 with lut_pairs11's tables (the same values, the same mma in the same order)."""
+    x0, x1, x2, x3, x4, x5, x6, x7 = _x16(x32, xv, ok_x)
+    y0, y1, y2, y3, y4, y5, y6, y7 = _x16(x32, xv + 4, ok_x)
+    ca01, ca23 = lut_pairs11(_nib_f(la, j, magic), _nib_f(ha, j, magic), da, nda, ndmina, dmina23)
+    cb01, cb23 = lut_pairs11(_nib_f(lb, j, magic), _nib_f(hb, j, magic), db, ndb, ndminb, dminb23)
+    ea01, ea23 = lut_pairs11(_nib_f(la, j + 1, magic), _nib_f(ha, j + 1, magic), da, nda, ndmina, dmina23)
+    eb01, eb23 = lut_pairs11(_nib_f(lb, j + 1, magic), _nib_f(hb, j + 1, magic), db, ndb, ndminb, dminb23)
+    je = j + 1
+    a0, a1 = pick4p(ca01, ca23, qa0, 2 * j, bias)
+    b0, b1 = pick4p(cb01, cb23, qb0, 2 * j, bias)
+    c0, c1, c2, c3 = mma_bf16_16816(a0, b0, a1, b1, x0, x1, c0, c1, c2, c3, scratch)
+    a0, a1 = pick4p(ea01, ea23, qa0, 2 * je, bias)
+    b0, b1 = pick4p(eb01, eb23, qb0, 2 * je, bias)
+    e0, e1, e2, e3 = mma_bf16_16816(a0, b0, a1, b1, y0, y1, e0, e1, e2, e3, scratch)
+    a0, a1 = pick4p(ca01, ca23, qa1, 2 * j, bias)
+    b0, b1 = pick4p(cb01, cb23, qb1, 2 * j, bias)
+    c0, c1, c2, c3 = mma_bf16_16816(a0, b0, a1, b1, x2, x3, c0, c1, c2, c3, scratch)
+    a0, a1 = pick4p(ea01, ea23, qa1, 2 * je, bias)
+    b0, b1 = pick4p(eb01, eb23, qb1, 2 * je, bias)
+    e0, e1, e2, e3 = mma_bf16_16816(a0, b0, a1, b1, y2, y3, e0, e1, e2, e3, scratch)
+    a0, a1 = pick4p(ca01, ca23, qa2, 2 * j, bias)
+    b0, b1 = pick4p(cb01, cb23, qb2, 2 * j, bias)
+    c0, c1, c2, c3 = mma_bf16_16816(a0, b0, a1, b1, x4, x5, c0, c1, c2, c3, scratch)
+    a0, a1 = pick4p(ea01, ea23, qa2, 2 * je, bias)
+    b0, b1 = pick4p(eb01, eb23, qb2, 2 * je, bias)
+    e0, e1, e2, e3 = mma_bf16_16816(a0, b0, a1, b1, y4, y5, e0, e1, e2, e3, scratch)
+    a0, a1 = pick4p(ca01, ca23, qa3, 2 * j, bias)
+    b0, b1 = pick4p(cb01, cb23, qb3, 2 * j, bias)
+    c0, c1, c2, c3 = mma_bf16_16816(a0, b0, a1, b1, x6, x7, c0, c1, c2, c3, scratch)
+    a0, a1 = pick4p(ea01, ea23, qa3, 2 * je, bias)
+    b0, b1 = pick4p(eb01, eb23, qb3, 2 * je, bias)
+    e0, e1, e2, e3 = mma_bf16_16816(a0, b0, a1, b1, y6, y7, e0, e1, e2, e3, scratch)
+    return c0, c1, c2, c3, e0, e1, e2, e3
+
+
+@device_function(**INLINE)
+def _block11(c0, c1, c2, c3, e0, e1, e2, e3, qa0, qa1, qa2, qa3, qb0, qb1, qb2, qb3, sa, sb, dda, ddb,
+             x32, xv, ok_x, bias, magic, scratch):
+    """_block10 with v11's decode."""
+    da, dmina = f16x2_to_f32x2(dda)
+    db, dminb = f16x2_to_f32x2(ddb)
+    nda = mul_rn(da, np.float32(-TWO23))        # exact: a power of two times a finite fp16
+    ndb = mul_rn(db, np.float32(-TWO23))
+    dmina23 = mul_rn(dmina, np.float32(TWO23))
+    dminb23 = mul_rn(dminb, np.float32(TWO23))
+    m = np.uint32(0x0F0F0F0F)
+    la, ha = sa & m, (sa >> np.uint32(4)) & m
+    lb, hb = sb & m, (sb >> np.uint32(4)) & m
+    c0, c1, c2, c3, e0, e1, e2, e3 = _pair11(c0, c1, c2, c3, e0, e1, e2, e3, la, ha, lb, hb, 0,
+                                             da, nda, -dmina, dmina23, db, ndb, -dminb, dminb23,
+                                             qa0, qa1, qa2, qa3, qb0, qb1, qb2, qb3, x32, xv, ok_x, bias,
+                                             magic, scratch)
+    return _pair11(c0, c1, c2, c3, e0, e1, e2, e3, la, ha, lb, hb, 2,
+                   da, nda, -dmina, dmina23, db, ndb, -dminb, dminb23,
+                   qa0, qa1, qa2, qa3, qb0, qb1, qb2, qb3, x32, xv + 8, ok_x, bias, magic, scratch)
+
+
+V11_SHAPE = V10_SHAPE + (True, True)            # v10's blocks and ring, v11's decode, d/dmin copied once
+V11_PAIR_SHAPE = V10_PAIR_SHAPE + (True, True)
+
+
 _SM_COUNT = []
 SM_SHARED_BYTES = 228 * 1024      # shared memory an sm_90 SM holds (1 KB of it reserved a block)
 
@@ -1572,6 +1773,8 @@ V9_PAIR_SHAPE = (V9_TEAM, 3, 10)    # the two-layer launch: 3 slots, 10 blocks a
 _BUILT["gemv_q2k_v9"] = (_make_gemv9(*SHAPES["gemv_q2k_v9"])[0], _make_gemv9(*V9_PAIR_SHAPE)[1])
 SHAPES["gemv_q2k_v10"] = V10_SHAPE  # (warps, unit slots, blocks an SM, pairj, early, split); two layers: V10_PAIR_SHAPE
 _BUILT["gemv_q2k_v10"] = (_make_gemv10(*V10_SHAPE)[0], _make_gemv10(*V10_PAIR_SHAPE)[1])
+SHAPES["gemv_q2k_v11"] = V11_SHAPE  # v10's shape, v11's decode and d/dmin copy; two layers: V11_PAIR_SHAPE
+_BUILT["gemv_q2k_v11"] = (_make_gemv10(*V11_SHAPE)[0], _make_gemv10(*V11_PAIR_SHAPE)[1])
 KERNELS = {name: built[0] for name, built in _BUILT.items()}
 PAIR_KERNELS = {name: built[1] for name, built in _BUILT.items()}
 

@@ -538,6 +538,25 @@ _proj("gemv_q2k_v10",
                              (9, 768, 20)],    # a pad block, 2 tiles x 2 token groups, tokens past T
       sweep=QUANT_SWEEP, vector_io=True)
 
+# gemv_q2k_v11: v10 with v11's table decode and shared d/dmin copy (cuda_gemv_q2kr.py, "gemv_q2k_v11"). Picked by name until
+# the H200 has timed it (tools/gpu_dev_q2kr_v11.sh).
+_proj("gemv_q2k_v11",
+      "v10's blocks, ring, K shares and summation order (bit-identical kv to v4) with each sub-block table "
+      "built in 10 instructions instead of 12 (a scale nibble's float 2^23 + sc times d minus d*2^23 in one fma "
+      "is d*sc exactly, likewise -dmin*m: the FADDs that took 2^23 away and the FMULs go) and each unit's "
+      "d/dmin plane copied once by lanes 0..7, read by each g's 4 lanes after a warp barrier (v10: every lane "
+      "copies its g's chunk, most of its excess shared wavefronts); 72 registers, no spills, 746 SASS "
+      "instructions a unit (v10: 764); the two-layer launch v10's pair shape (3 slots, 10 blocks an SM, 96 "
+      "registers). Not yet timed on the H200 (tools/gpu_dev_q2kr_v11.sh)",
+      when="never (pick it by name)", rule=None,
+      kernel=cuda_gemv_q2kr.KERNELS["gemv_q2k_v11"], geometry=cuda_gemv_q2kr.geometry("gemv_q2k_v11"),
+      args="fast",
+      specs=_q2kr_specs("gemv_q2k_v11", cuda_gemv_q2kr.KERNELS["gemv_q2k_v11"],
+                        cuda_gemv_q2kr.PAIR_KERNELS["gemv_q2k_v11"]),
+      encoding="q2k_r", sim=[(1, 512, 5),      # one unit: warp 1 has none, rows past N
+                             (9, 768, 20)],    # a pad block, 2 tiles x 2 token groups, tokens past T
+      sweep=QUANT_SWEEP, vector_io=True)
+
 # ---- DeepSeek's FP8 arithmetic on Hopper's FP8 tensor cores (cuda_fp8_wgmma.py) ---------------------
 # An FP8 wkv read as it is stored, with DeepSeek's arithmetic (`reference.projection_deepseek_fp8`),
 # not the bf16 projection of the exact weights the other fp8 records compute: picked by name

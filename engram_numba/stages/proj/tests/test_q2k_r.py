@@ -256,12 +256,12 @@ def test_v9_is_v4_bit_for_bit(rng):
     np.testing.assert_array_equal(outs["gemv_q2k_v9"].copy_to_host(), outs["gemv_q2k_v4"].copy_to_host())
 
 
-@pytest.mark.parametrize("version", ["gemv_q2k_v9", "gemv_q2k_v10"])
+@pytest.mark.parametrize("version", ["gemv_q2k_v9", "gemv_q2k_v10", "gemv_q2k_v11"])
 def test_v9_v10_two_layer_launch_equals_its_single_launches(rng, version):
     """The two-layer launch (layer on grid z, layer b at its offset in the pair buffer; v9's and
     v10's each with its own shape) gives each layer the bits of the version's launch on it alone
     (which are v4's: test_v9_is_v4_bit_for_bit, test_v10_is_v4_bit_for_bit)."""
-    team = {"gemv_q2k_v9": C.V9_TEAM, "gemv_q2k_v10": C.V10_SHAPE[0]}[version]
+    team = {"gemv_q2k_v9": C.V9_TEAM, "gemv_q2k_v10": C.V10_SHAPE[0], "gemv_q2k_v11": C.V11_SHAPE[0]}[version]
     N, K, T = 5, 256, 1
     raws = [repack_q2k_r(random_q2k(rng, N, K), K) for _ in range(2)]
     xs = [cuda.to_device(random_x(rng, T, K)) for _ in range(2)]
@@ -314,6 +314,61 @@ def test_v10_is_v4_bit_for_bit(rng, shape):
     np.testing.assert_array_equal(got.copy_to_host(), want.copy_to_host())
 
 
+def test_v11_is_v4_bit_for_bit(rng):
+    """v11 (v10 with its tables built by exact fma on 2^23 + nibble) gives v4's kv bit for bit: K/256
+    = 3 (a pad block), rows past N, tokens past T, d and dmin finite of both signs (random_q2k), so
+    every scale and offset nibble 0..15 meets both signs."""
+    N, K, T = 13, 768, 2
+    w = cuda.to_device(repack_q2k_r(random_q2k(rng, N, K), K))
+    x = cuda.to_device(random_x(rng, T, K))
+    outs = {}
+    for v in ("gemv_q2k_v4", "gemv_q2k_v11"):
+        outs[v] = cuda.to_device(np.full((T, N), POISON, np.uint16))
+        P.project_q(x, w, None, outs[v], weight="q2k_r", version=v)
+    np.testing.assert_array_equal(outs["gemv_q2k_v11"].copy_to_host(), outs["gemv_q2k_v4"].copy_to_host())
+
+
+@pytest.mark.parametrize("shape", [(2, 2, 14, True, True, True, True, True),     # v11, d/dmin copied once
+                                   (2, 3, 10, True, True, False, True, True)])   # 3 slots, one group a unit
+def test_v11_dd_once_is_v4_bit_for_bit(rng, shape):
+    """v11 with each unit's d/dmin plane copied once by lanes 0..7 and read by every lane of its g
+    after a warp barrier (the simulator lands a copy only at its copier's wait: a missing barrier
+    reads a stale slot): v4's kv bit for bit over 3 units through the ring (K/256 = 6), rows past N,
+    tokens past T."""
+    from engram_numba.device.launch import PreparedLaunch
+    from engram_numba.stages.proj.cuda_common import flat_u32
+    N, K, T = 13, 1536, 2
+    w = cuda.to_device(repack_q2k_r(random_q2k(rng, N, K), K))
+    x = cuda.to_device(random_x(rng, T, K))
+    want = cuda.to_device(np.full((T, N), POISON, np.uint16))
+    P.project_q(x, w, None, want, weight="q2k_r", version="gemv_q2k_v4")
+    got = cuda.to_device(np.full((T, N), POISON, np.uint16))
+    gemv, _ = C._make_gemv10(*shape)
+    PreparedLaunch(f"v11{shape}", gemv, (1, 1), 64, 0, (flat_u32(x), flat_u32(w), got, T, K), got)()
+    np.testing.assert_array_equal(got.copy_to_host(), want.copy_to_host())
+
+
+def test_v11_table_is_v9s_table():
+    """lut_pairs11 (scale = fma(d, 2^23 + sc, -d*2^23), -offset = fma(-dmin, 2^23 + m, dmin*2^23))
+    gives lut_pairs9's pair words for every nibble pair and d, dmin of both signs, subnormal, zero
+    and the largest fp16, up to the sign of a zero entry (which adds a zero product to the kv sum)."""
+    ds = np.array([0.0, -0.0, 6e-8, -6e-8, 1e-3, -0.0371, 1.0, 3.14159, -65504.0, 65504.0, 2.5e-5],
+                  np.float16).astype(np.float32)
+    two23 = np.float32(C.TWO23)
+    for d in ds:
+        for dmin in ds:
+            for sc in range(16):
+                for m in range(16):
+                    want = C.lut_pairs9(np.float32(sc), np.float32(m), d, dmin)
+                    got = C.lut_pairs11(two23 + np.float32(sc), two23 + np.float32(m), d, np.float32(d * -two23),
+                                        np.float32(-dmin), np.float32(dmin * two23))
+                    for a, b in zip(got, want):
+                        a, b = int(a), int(b)
+                        for sh in (0, 16):
+                            ha, hb = (a >> sh) & 0xFFFF, (b >> sh) & 0xFFFF
+                            assert ha == hb or (ha & 0x7FFF) == (hb & 0x7FFF) == 0, (d, dmin, sc, m)
+
+
 def test_v10_shape_is_checked():
     """v10's factory refuses what v9's does; both registered shapes fit an SM's shared memory and
     share one block size (launch_config serves both launches)."""
@@ -328,6 +383,8 @@ def test_v10_shape_is_checked():
         C._make_gemv10(2, 2, 17)
     with pytest.raises(ValueError, match="need the early ring"):
         C._make_gemv10(2, 2, 14, True, False, True)
+    with pytest.raises(ValueError, match="needs the early ring"):
+        C._make_gemv10(2, 2, 14, True, False, False, True, True)
 
 
 @pytest.mark.slow
@@ -463,3 +520,15 @@ def test_gpu_v10_is_v4_bit_for_bit(rng, gpu_record, T, K, N):
     """gemv_q2k_v10 (v9 with paired sub-blocks, alternating mma chains) against v4 on every output,
     alone and as the two-layer launch."""
     _gpu_against_v4(rng, gpu_record, "gemv_q2k_v10", T, K, N)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("T,K,N", [(1, 6144, 25600), (4, 6144, 25600), (8, 6144, 25600),
+                                   (16, 6144, 25600),   # 2 token groups
+                                   (9, 1536, 5),        # 3 units: warp 1 has none (GPU: skipped)
+                                   (3, 768, 13),        # a pad block (GPU: skipped), rows past N
+                                   (2, 6656, 40)])      # 13 units: 4-unit shares, some of them empty
+def test_gpu_v11_is_v4_bit_for_bit(rng, gpu_record, T, K, N):
+    """gemv_q2k_v11 (v10 with fma-built tables) against v4 on every output, alone and as the
+    two-layer launch."""
+    _gpu_against_v4(rng, gpu_record, "gemv_q2k_v11", T, K, N)
