@@ -141,6 +141,9 @@ class DecodeGraph:
         a, b = eng.config.layer_ids
         if any(self._gate_launch(lid, h, residual).name != "gate_v3" for lid in (a, b)):
             return None
+        from .stages.gate.cuda import geometry_v3, pair_fits
+        if not pair_fits(geometry_v3(1, eng.config.hc, eng.config.dim)):
+            return None
         wa, wb = eng._ws[a], eng._ws[b]
         return [prepare_gate_pair(h, wa.kv[:1], eng.layers[a].w_gate, wb.kv[:1], eng.layers[b].w_gate,
                                   token_mask=self.dev_mask, residual=residual, eps=eng.config.eps,

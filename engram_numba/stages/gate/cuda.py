@@ -843,6 +843,19 @@ def prepare(rec, highway, kv, w, *, mask=None, dot_out=None, gate_out=None, resi
                            eps32))
 
 
+# The pair keeps both layers' inputs in registers, so a block of it holds more registers than a
+# gate_v3 block: 78 / 118 / 154 a thread at nch = 1 / 2 / 3 with the fp32 residual, 86 / 128 / 168
+# with bf16 (compile tier, sm_90a), up to 255 past that; a block may hold 65,536. Larger blocks
+# fail to launch on the GPU (the token layout at dim 5120 and hc 4: nch 5 on 512 threads did).
+PAIR_MAX_BLOCK = {1: 736, 2: 512, 3: 384}
+PAIR_MAX_BLOCK_PAST = 256           # nch >= 4: 255 registers a thread, 8 warps
+
+
+def pair_fits(cfg: dict) -> bool:
+    """Whether the pair kernel can launch with gate_v3's geometry `cfg` (`geometry_v3`)."""
+    return cfg["block"] <= PAIR_MAX_BLOCK.get(cfg["nch"], PAIR_MAX_BLOCK_PAST)
+
+
 def prepare_pair(rec, highway, kv_a, w_a, kv_b, w_b, *, mask=None, dot_a=None, gate_a=None, dot_b=None,
                  gate_b=None, residual_bf16=False, eps=NORM_EPS, layout=None, tps=None, stream=0):
     """Two layers' gates in one launch (arguments checked by `launch.prepare_gate_pair`): record
@@ -857,6 +870,11 @@ def prepare_pair(rec, highway, kv_a, w_a, kv_b, w_b, *, mask=None, dot_a=None, g
             raise ValueError(f"{what}'s data must be {rec.align}-byte aligned for the two-layer {rec.name} "
                              "(a sliced view?); run the layers' gates one by one (gate_v1) or use aligned copies")
     cfg = rec.geometry(max(T, 1), hc, dim, layout, tps)
+    if not pair_fits(cfg):
+        raise ValueError(f"the two-layer gate cannot hold {cfg['nch']} chunks a thread on {cfg['block']}-thread "
+                         f"blocks ({cfg['layout']} layout, dim {dim}, hc {hc}): more registers than a block may "
+                         f"hold (at most {PAIR_MAX_BLOCK.get(cfg['nch'], PAIR_MAX_BLOCK_PAST)} threads at that "
+                         "nch); use layout='stream', another tps, or the layers' gates one by one (prepare_gate)")
     name = f"{rec.name}[2 layers]"
     if T == 0:
         return NoLaunch(name)

@@ -153,6 +153,18 @@ def test_unaligned_views_are_refused(rng):
                             cuda.to_device(lb[1]))
 
 
+def test_blocks_past_the_register_file_are_refused(rng):
+    # the token layout at the released width puts 5 chunks a thread on 512 threads: the pair's
+    # registers for that do not fit a block (it failed to launch on the H200), so it is refused
+    h, la, lb, mask = _inputs(rng, 5, 4, 5120, False)
+    cfg = G.geometry_v3(5, 4, 5120, "token")
+    assert (cfg["nch"], cfg["block"]) == (5, 512) and not G.pair_fits(cfg)
+    with pytest.raises(ValueError, match="5 chunks a thread on 512-thread blocks.*layout='stream'"):
+        L.prepare_gate_pair(cuda.to_device(h), cuda.to_device(la[0]), cuda.to_device(la[1]), cuda.to_device(lb[0]),
+                            cuda.to_device(lb[1]), layout="token")
+    assert G.pair_fits(G.geometry_v3(1, 4, 5120)) and G.pair_fits(G.geometry_v3(5, 4, 2048, "token"))
+
+
 def test_zero_tokens_is_a_no_op():
     z = cuda.to_device(np.zeros((0, 2, 64), F32))
     kv = cuda.to_device(np.zeros((0, 3 * 64), np.uint16))
@@ -163,7 +175,7 @@ def test_zero_tokens_is_a_no_op():
 
 # ---- GPU tier: the released width, the decode shape and a few others -------------------------------
 
-GPU_CASES = [(1, 4, 5120, None), (1, 3, 5120, None), (16, 4, 5120, None), (5, 4, 5120, "token"), (600, 4, 5120, None),
+GPU_CASES = [(1, 4, 5120, None), (1, 3, 5120, None), (16, 4, 5120, None), (5, 4, 2048, "token"), (600, 4, 5120, None),
              (3, 2, 136, None)]
 
 
