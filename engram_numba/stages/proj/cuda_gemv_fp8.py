@@ -723,7 +723,7 @@ _gemv_fp8_v4 = make_gemv_fp8_v4()
 # under ~2^-32 of the token's largest) and s_t into an int32 [T]. The GEMV keeps v2's arithmetic:
 # the same grid, loads (8-byte codes, 16-byte x), k partition into mma slots, tiles of a warp added
 # in k order, scale products and warp order; at the end the block's sums are multiplied by 2^-s_t
-# before rounding. Two schedule changes leave that order alone: a warp loads V5_UNROLL = 6 tiles of
+# before rounding. Two schedule changes leave that order alone: a warp loads V5_UNROLL = 4 tiles of
 # codes a trip (v2 8: 8 spill here, the x loads being hoisted too), and a trip wholly inside K runs
 # unchecked (unsigned scale indices, no masking: a token past T reads token T-1's x, whose D columns
 # are never stored).
@@ -820,7 +820,8 @@ def tile_mma_f16(c0, c1, c2, c3, wa0, wa1, wb0, wb1, h32, xv, ok_x, s, scratch):
     return c0 + scale * d0, c1 + scale * d1, c2 + scale * d2, c3 + scale * d3
 
 
-V5_UNROLL = 6                 # tiles of codes a warp loads before converting any (v2: 8; 8 spills here)
+V5_UNROLL = 4                 # tiles of codes a warp loads before converting any (v2: 8; 8 spills here;
+                              # 4 ran fastest on the H200: 52.7 us at T = 1 against 57.6 with 6)
 V5_BLOCKS_PER_SM = 3          # the register bound: 85 a thread at 3 blocks of 256 (v2's)
 
 
