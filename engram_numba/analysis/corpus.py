@@ -62,12 +62,12 @@ SPLITS = ("line", "paragraph", "file")
 SYNTHETIC_CORPUS = ("synthetic (N(0,1) by position in the sequence, seed 0, as Pipeline.run draws it; "
                     "no transformer blocks)")
 REDUCER_THREADS = 8                # > 1: a chunk's statistics on L + (max_ngram - 1) lanes (5 at the released shapes)
-LANES = "contexts"                 # "contexts": the context orders on lanes, each chunk's layers run on the pool
-                                   # and waited for; "all": the layers on lanes of their own too. The same
-                                   # statistics either way. Which is faster on the H200 host is not settled: the
-                                   # runs so far each favoured the variant timed second (the first compiled the
-                                   # context tables' prune mid-run; docs/research.md section 5);
-                                   # tools/gpu_corpus_lanes.sh times both models x both modes, alternating.
+LANES = "all"                      # "all": each chunk's layers on lanes of their own, as the context orders;
+                                   # "contexts": the context orders on lanes, the layers on the pool, waited
+                                   # for. The same statistics either way. On the H200 host "all" won for both
+                                   # models, every run agreeing (fec6e6c, tools/gpu_corpus_lanes.sh: Q2_K
+                                   # 753,842 vs 752,043 tokens/s, FP8 736,889 vs 710,618; docs/research.md
+                                   # section 5); earlier runs favoured whichever variant was timed second.
 _TRIM_HISTORY = 1 << 20            # continuous mode: keep the hasher's history below this many tokens
 
 

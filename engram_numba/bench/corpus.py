@@ -22,9 +22,9 @@ Records (stage "corpus_stats", one per highway source), each with:
     time_us             wall time per 4096-token chunk (= 4096 / tokens_per_s)
     ratio_to_device_sum time_us / device_sum_us (1.0 = the host work hides entirely behind the GPU)
 highway sources: "device" (already on the device: a device-to-device refresh per chunk, as the gate
-updates it in place; the reducer's default arrangement, analysis.corpus.LANES = "contexts": each
-chunk's layers on the pool, waited for), "device, layers on lanes" (the same with each layer on a
-lane of its own too: LANES = "all"; also with --quick), "device, gate
+updates it in place; the reducer's arrangement LANES = "contexts": each chunk's layers on the pool,
+waited for), "device, layers on lanes" (the same with each layer on a lane of its own too:
+analysis.corpus.LANES = "all", the default; also with --quick), "device, gate
 statistics only" (contexts and row bitmaps off: what the host reduction costs), "host pinned" and
 "host pageable" (the highway copied from host memory every chunk: 4096 x 4 x 5120 x 4 B = 335 MB,
 so PCIe bounds it; `h2d_gbps` and `h2d_bound_tokens_per_s` say where). Plus peak host memory
@@ -600,7 +600,7 @@ def run(shape: BenchShape = RELEASED, quick: bool = False, log=print, table_gb: 
     from ..analysis import corpus as corpus_mod
     for name, source, full, highway_us in variants:
         # "layers on lanes": each layer on a lane of its own as well as each context order (LANES =
-        # "all"); the default keeps the layers on the pool, waited for; the same statistics either way
+        # "all", the default); "device" keeps the layers on the pool, waited for; the same statistics
         lanes_default = corpus_mod.LANES
         corpus_mod.LANES = "all" if name.endswith("layers on lanes") else "contexts"
         try:
