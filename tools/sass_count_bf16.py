@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import collections
 import os
-import re
 import sys
 from pathlib import Path
 
@@ -23,7 +22,7 @@ REPO = Path(__file__).resolve().parent.parent
 if str(REPO) not in sys.path:
     sys.path.insert(0, str(REPO))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from sass_count_q2kr import sass_of_kernel  # noqa: E402  (the same compile and nvdisasm)
+from sass_count_q2kr import loops, sass_of_kernel  # noqa: E402  (the same compile, nvdisasm and loop finder)
 
 NAMES = ("gemm_v4", "lean", "lean1", "mbar", "gemm_v8", "gemm_v9", "sk/lean1", "sk/mbar")
 
@@ -39,23 +38,11 @@ def kernel_of(name: str):
 
 
 def loop_counts(sass: str) -> collections.Counter:
-    lines = sass.splitlines()
-    labels = {m.group(1): i for i, ln in enumerate(lines) if (m := re.match(r"^(\.L_x_\d+):", ln))}
-    best = None
-    for i, ln in enumerate(lines):
-        m = re.search(r"BRA `\((\.L_x_\d+)\)", ln)
-        if m and m.group(1) in labels and labels[m.group(1)] < i:
-            span = (labels[m.group(1)], i)
-            if any("HGMMA" in x for x in lines[span[0]:span[1]]) and (best is None or span[1] - span[0] < best[1] - best[0]):
-                best = span
-    if best is None:
+    """Opcodes of the k loop: the innermost (shortest) loop that issues wgmma (HGMMA)."""
+    spans = [lp for lp in loops(sass) if lp[2].get("HGMMA", 0)]
+    if not spans:
         raise SystemExit("error: no loop with an HGMMA found in the SASS")
-    ops = collections.Counter()
-    for ln in lines[best[0]:best[1] + 1]:
-        m = re.match(r"^\s+/\*[0-9a-f]+\*/\s+(?:@!?U?P\w+\s+)?([A-Z0-9_]+)", ln)
-        if m:
-            ops[m.group(1)] += 1
-    return ops
+    return min(spans, key=lambda lp: lp[1] - lp[0])[2]
 
 
 def main(names) -> None:

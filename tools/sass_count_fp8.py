@@ -31,7 +31,7 @@ REPO = Path(__file__).resolve().parent.parent
 if str(REPO) not in sys.path:
     sys.path.insert(0, str(REPO))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from sass_count_q2kr import loop_counts, sass_of_kernel  # noqa: E402  (the same compile, nvdisasm and loop finder)
+from sass_count_q2kr import loop_counts, loops, opcode_counts, sass_of_kernel  # noqa: E402  (the same compile, nvdisasm, loop finder)
 
 
 def sass_of(name: str) -> str:
@@ -44,27 +44,6 @@ def sass_of(name: str) -> str:
     else:
         kernel = F.kernel_v6(F.V6_CANDIDATES[name])
     return sass_of_kernel(name, kernel, records._FP8_GEMM_ARGS)
-
-
-def _ops(lines) -> collections.Counter:
-    ops = collections.Counter()
-    for ln in lines:
-        m = re.match(r"^\s+/\*[0-9a-f]+\*/\s+(?:@!?U?P\w+\s+)?([A-Z0-9_]+)", ln)
-        if m:
-            ops[m.group(1)] += 1
-    return ops
-
-
-def loops(sass: str) -> list:
-    """Every loop (span from a label to a backward branch to it) as (first line, last line, opcode counts)."""
-    lines = sass.splitlines()
-    labels = {m.group(1): i for i, ln in enumerate(lines) if (m := re.match(r"^(\.L_x_\d+):", ln))}
-    out = []
-    for i, ln in enumerate(lines):
-        m = re.search(r"BRA `\((\.L_x_\d+)\)", ln)
-        if m and m.group(1) in labels and labels[m.group(1)] < i:
-            out.append((labels[m.group(1)], i, _ops(lines[labels[m.group(1)]:i + 1])))
-    return out
 
 
 def k_loop(sass: str) -> collections.Counter:
@@ -98,24 +77,14 @@ def fast_path_counts(sass: str) -> collections.Counter | None:
     trips); None where the loop has no unconditional forward branch inside it."""
     lines = sass.splitlines()
     labels = {m.group(1): i for i, ln in enumerate(lines) if (m := re.match(r"^(\.L_x_\d+):", ln))}
-    best = None
-    for i, ln in enumerate(lines):
-        m = re.search(r"BRA `\((\.L_x_\d+)\)", ln)
-        if m and m.group(1) in labels and labels[m.group(1)] < i:
-            if best is None or i - labels[m.group(1)] > best[1] - best[0]:
-                best = (labels[m.group(1)], i)
-    if best is None:
+    spans = loops(sass)
+    if not spans:
         return None
+    best = max(spans, key=lambda lp: lp[1] - lp[0])[:2]
     for i in range(best[0], best[1]):
         m = re.match(r"^\s+/\*[0-9a-f]+\*/\s+BRA `\((\.L_x_\d+)\)", lines[i])     # unpredicated
         if m and best[0] < labels.get(m.group(1), -1) < best[1] and labels[m.group(1)] > i:
-            keep = lines[best[0]:i + 1] + lines[labels[m.group(1)]:best[1] + 1]
-            ops = collections.Counter()
-            for ln in keep:
-                m2 = re.match(r"^\s+/\*[0-9a-f]+\*/\s+(?:@!?U?P\w+\s+)?([A-Z0-9_]+)", ln)
-                if m2:
-                    ops[m2.group(1)] += 1
-            return ops
+            return opcode_counts(lines[best[0]:i + 1] + lines[labels[m.group(1)]:best[1] + 1])
     return None
 
 
@@ -135,16 +104,10 @@ def main_gemv(name) -> None:
     if fast is not None:
         report_gemv(f"{name} (whole trips, the fall-through path)", fast)
     ops = loop_counts(sass)
-    total = sum(ops.values())
     if fast is not None:
-        print(f"{name} (the whole loop, both paths): {total} instructions")
+        print(f"{name} (the whole loop, both paths): {sum(ops.values())} instructions")
         return
-    mma = ops.get("HMMA", 0)
-    conv = sum(v for k, v in ops.items() if k in CONVERT)
-    print(f"{name}: {total} instructions a warp a trip, HMMA {mma} ({mma * 256} weights): "
-          f"{total / max(mma * 256, 1):.4f} a weight, {total / max(mma, 1):.1f} an mma; conversion "
-          f"(F2FP/HADD2/PRMT) {conv} = {conv / max(mma, 1):.1f} an mma; LDL/STL {ops.get('LDL', 0)}/{ops.get('STL', 0)}")
-    print("   " + ", ".join(f"{k} {v}" for k, v in ops.most_common(16)))
+    report_gemv(name, ops)
 
 
 def main(names) -> None:

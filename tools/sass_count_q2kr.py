@@ -62,24 +62,34 @@ def sass_of(name: str) -> str:
     return sass_of_kernel(name, C.KERNELS[name], records.FAST_ARGS)
 
 
-def loop_counts(sass: str) -> collections.Counter:
-    lines = sass.splitlines()
-    labels = {m.group(1): i for i, ln in enumerate(lines) if (m := re.match(r"^(\.L_x_\d+):", ln))}
-    best = None
-    for i, ln in enumerate(lines):
-        m = re.search(r"BRA `\((\.L_x_\d+)\)", ln)
-        if m and m.group(1) in labels and labels[m.group(1)] < i:
-            span = (labels[m.group(1)], i)
-            if best is None or span[1] - span[0] > best[1] - best[0]:
-                best = span
-    if best is None:
-        raise SystemExit("error: no backward branch (loop) found in the SASS")
+def opcode_counts(lines) -> collections.Counter:
+    """Opcodes of SASS lines (nvdisasm's text; a guard predicate is skipped)."""
     ops = collections.Counter()
-    for ln in lines[best[0]:best[1] + 1]:
+    for ln in lines:
         m = re.match(r"^\s+/\*[0-9a-f]+\*/\s+(?:@!?U?P\w+\s+)?([A-Z0-9_]+)", ln)
         if m:
             ops[m.group(1)] += 1
     return ops
+
+
+def loops(sass: str) -> list:
+    """Every loop (a label to a backward branch to it) as (first line, last line, opcode counts)."""
+    lines = sass.splitlines()
+    labels = {m.group(1): i for i, ln in enumerate(lines) if (m := re.match(r"^(\.L_x_\d+):", ln))}
+    out = []
+    for i, ln in enumerate(lines):
+        m = re.search(r"BRA `\((\.L_x_\d+)\)", ln)
+        if m and m.group(1) in labels and labels[m.group(1)] < i:
+            out.append((labels[m.group(1)], i, opcode_counts(lines[labels[m.group(1)]:i + 1])))
+    return out
+
+
+def loop_counts(sass: str) -> collections.Counter:
+    """Opcodes of the longest loop (a GEMV's unit loop)."""
+    spans = loops(sass)
+    if not spans:
+        raise SystemExit("error: no backward branch (loop) found in the SASS")
+    return max(spans, key=lambda lp: lp[1] - lp[0])[2]
 
 
 def main(names) -> None:
