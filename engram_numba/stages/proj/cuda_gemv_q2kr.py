@@ -1609,7 +1609,7 @@ def _make_gemv10(team: int, stages: int, blocks_per_sm: int, pairj: bool = True,
 
 
 # ---- gemv_q2k_v11: v10 with fewer instructions a weight ---------------------------------------------
-# v9 / v10 issue 764 SASS instructions a unit (24 a mma): per 4 weights of a quant word and sub-block
+# v9 / v10 execute 764 SASS instructions a unit (24 a mma): per 4 weights of a quant word and sub-block
 # j, a shift (mul.hi, j > 0), a LOP3 (mask | bias), an IMAD and an IMAD.HI (the two prmt selectors)
 # and the two prmt; per table (a row's sub-block) two nibble floats (prmt + FADD each), two FMUL,
 # four fma/add and two cvt. v11 keeps v10's blocks, ring, shares, values and summation order (its kv
