@@ -722,15 +722,18 @@ _gemv_fp8_v4 = make_gemv_fp8_v4()
 # as f16 [T, K] (rounded to nearest even: exact for every scaled value >= 2^-17, i.e. all but those
 # under ~2^-32 of the token's largest) and s_t into an int32 [T]. The GEMV keeps v2's arithmetic:
 # the same grid, loads (8-byte codes, 16-byte x), k partition into mma slots, tiles of a warp added
-# in k order, scale products and warp order; at the end the block's sums are multiplied by 2^-s_t
-# before rounding. Two schedule changes leave that order alone: a warp loads V5_UNROLL = 4 tiles of
+# in k order, scale products and warp order; each tile's mma result is multiplied by its token's
+# 2^-s_t before the tile's scale (exact: it gives back v2's tile sum), so the accumulators, block
+# sums and rounding are v2's. (Applying 2^-s_t to the block sums instead, as v5 first did, let the
+# scaled tile sums overflow at huge tile scales, e.g. 2^119 with x ~ 2^-24, where v2's stay finite.) Two schedule changes leave that order alone: a warp loads V5_UNROLL = 4 tiles of
 # codes a trip (v2 8: 8 spill here, the x loads being hoisted too), and a trip wholly inside K runs
 # unchecked (unsigned scale indices, no masking: a token past T reads token T-1's x, whose D columns
 # are never stored).
 # Every product in the mma is 2^s_t times v2's, exact in both; power-of-two scaling commutes with
-# fp32 rounding, so, with no fp32 overflow or subnormal anywhere (tile sums, scaled tile sums,
-# accumulators, block sums, in v2 or v5), the outputs are v2's bit for bit, given the tensor core
-# sums f16 products as it sums bf16 ones (the simulator's mma does). NaN codes (0x7F / 0xFF, absent
+# fp32 rounding, so the tile sums are 2^s_t times v2's (they stay under 2^31: scaled |x| < 2^16, codes
+# <= 448, 32 terms) and, unless v2's tile sum is an fp32 subnormal, 2^-s_t gives v2's back exactly:
+# the outputs are v2's bit for bit, given the tensor core sums f16 products as it sums bf16 ones (the
+# simulator's mma does; the H200's did at the released shape). NaN codes (0x7F / 0xFF, absent
 # from checkpoints) become f16 NaN: their rows' outputs are NaN, as in v2. x with inf or NaN: the
 # token's s comes from exponent 255 (-113), its finite values still scale exactly, inf and NaN stay.
 
@@ -804,8 +807,10 @@ def x_f16_kernel(x32, h32, xs, K):
 
 
 @device_function(**INLINE)
-def tile_mma_f16(c0, c1, c2, c3, wa0, wa1, wb0, wb1, h32, xv, ok_x, s, scratch):
-    """v2's `tile_mma` on f16 operands: the codes as f16 (one cvt a code pair), x's f16 copy."""
+def tile_mma_f16(c0, c1, c2, c3, wa0, wa1, wb0, wb1, h32, xv, ok_x, s, u0, u1, scratch):
+    """v2's `tile_mma` on f16 operands: the codes as f16 (one cvt a code pair), x's f16 copy; the
+    tile's sums of tokens 2t and 2t+1 (the lane's D columns) are multiplied by their 2^-s (u0, u1,
+    exact) before the tile's scale, so the accumulators hold v2's values."""
     x0 = x1 = x2 = x3 = np.uint32(0)
     if ok_x:
         x0, x1, x2, x3 = load_u32x4(h32, xv)
@@ -817,7 +822,7 @@ def tile_mma_f16(c0, c1, c2, c3, wa0, wa1, wb0, wb1, h32, xv, ok_x, s, scratch):
     pb0, pb1 = e4m3x4_to_f16x2x2(wb1)
     d0, d1, d2, d3 = mma_f16_16816(pa0, pb0, pa1, pb1, x2, x3, d0, d1, d2, d3, scratch)
     scale = e8m0_to_f32(s)
-    return c0 + scale * d0, c1 + scale * d1, c2 + scale * d2, c3 + scale * d3
+    return c0 + scale * (d0 * u0), c1 + scale * (d1 * u1), c2 + scale * (d2 * u0), c3 + scale * (d3 * u1)
 
 
 V5_UNROLL = 4                 # tiles of codes a warp loads before converting any (v2: 8; 8 spills here;
@@ -861,6 +866,10 @@ def make_gemv_fp8_v5(unroll: int = V5_UNROLL, blocks_per_sm: int = V5_BLOCKS_PER
         c0 = c1 = c2 = c3 = float32(0.0)
         wv = cuda.local.array(wv_len, types.uint32)
         srow_u = np.uint64(srow)
+        tk0 = min(cuda.blockIdx.y * FP8_TOKENS + 2 * t, T - 1)      # the lane's D columns: tokens 2t, 2t+1
+        tk1 = min(tk0 + 1, T - 1)
+        u0 = u32_as_f32(np.uint32(127 - xs[tk0]) << np.uint32(23))     # 2^-s, exact (s in [-113, 126])
+        u1 = u32_as_f32(np.uint32(127 - xs[tk1]) << np.uint32(23))
         for s0 in range(0, per, unroll):
             kt0 = k_begin + s0
             if kt0 + unroll <= k_end:
@@ -872,7 +881,7 @@ def make_gemv_fp8_v5(unroll: int = V5_UNROLL, blocks_per_sm: int = V5_BLOCKS_PER
                     kt = kt0 + u
                     s = scales[srow_u, np.uint64(kt)]
                     c0, c1, c2, c3 = tile_mma_f16(c0, c1, c2, c3, wv[4 * u], wv[4 * u + 1], wv[4 * u + 2],
-                                                  wv[4 * u + 3], h32, x16 + 4 * kt + t, True, s, scratch)
+                                                  wv[4 * u + 3], h32, x16 + 4 * kt + t, True, s, u0, u1, scratch)
             else:
                 for u in range(unroll):
                     load_tile_codes(wv, u, w64, row_a, row_b, kt0 + u, kt0 + u < k_end, t)
@@ -881,7 +890,8 @@ def make_gemv_fp8_v5(unroll: int = V5_UNROLL, blocks_per_sm: int = V5_BLOCKS_PER
                     ok = kt < k_end
                     s = scales[srow, kt] if ok else np.uint8(127)
                     c0, c1, c2, c3 = tile_mma_f16(c0, c1, c2, c3, wv[4 * u], wv[4 * u + 1], wv[4 * u + 2],
-                                                  wv[4 * u + 3], h32, x16 + 4 * kt + t, ok_tok and ok, s, scratch)
+                                                  wv[4 * u + 3], h32, x16 + 4 * kt + t, ok_tok and ok, s, u0, u1,
+                                                  scratch)
         base = (warp * 32 + lane) * 4
         red[base] = c0
         red[base + 1] = c1
@@ -897,8 +907,7 @@ def make_gemv_fp8_v5(unroll: int = V5_UNROLL, blocks_per_sm: int = V5_BLOCKS_PER
             row = n0 + (el >> 2) + 8 * (c >> 1)
             tk = cuda.blockIdx.y * FP8_TOKENS + 2 * (el & 3) + (c & 1)
             if row < N and tk < T:
-                unscale = u32_as_f32(np.uint32(127 - xs[tk]) << np.uint32(23))     # 2^-s, exact
-                out[tk, row] = f32_to_bf16_bits(s * unscale)
+                out[tk, row] = f32_to_bf16_bits(s)
 
 
     return _gemv_fp8_v5

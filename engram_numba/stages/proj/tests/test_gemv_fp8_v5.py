@@ -60,6 +60,21 @@ def test_v5_is_v2_bit_for_bit(rng, T, K, N):
                                   run_q("gemv_fp8_v2", "fp8", x, codes, scales))
 
 
+@pytest.mark.parametrize("scale_byte,x_exp", [(246, -24), (8, 24)], ids=["huge-scale-small-x", "tiny-scale-big-x"])
+def test_v5_is_v2_at_extreme_tile_scales(rng, scale_byte, x_exp):
+    """Tile scales at the ends of e8m0 with x that puts v2's tile sums far from them: x is scaled by 2^s
+    in the mma, and 2^-s goes back on each tile's sum before its scale, so v5's sums never leave v2's
+    range (applied to the block sums instead, 2^119 tiles with x ~ 2^-24 overflowed)."""
+    T, K, N = 3, 96, 20
+    x = f32_to_bf16((rng.standard_normal((T, K)) * 2.0 ** x_exp).astype(np.float32))
+    codes, _ = random_fp8(rng, N, K)
+    scales = np.full((-(-N // 32), K // 32), scale_byte, np.uint8)
+    want = run_q("gemv_fp8_v2", "fp8", x, codes, scales)
+    got = run_q("gemv_fp8_v5", "fp8", x, codes, scales)
+    assert np.isfinite(bf16_to_f32(want)).all()
+    np.testing.assert_array_equal(got, want)
+
+
 def x_f16_numpy(x):
     """x_f16_kernel's contract in numpy: (f16 copy [T, K] as uint16, shifts [T])."""
     xf = bf16_to_f32(x).astype(np.float64)
