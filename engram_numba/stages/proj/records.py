@@ -18,8 +18,9 @@ flushed, K = 6144, N = 25600; older timings from f7da6aa, bench/results/h200.jso
   T = 2048  gemm_v8 976.3, gemm_v4 992.0; T = 4096: gemm_v4 1940.0, gemm_v8 1971.0, cuBLAS 1635.2
 q2k / fp8 weights (read in their file encoding, `launch.prepare_project_q`): the naive
 gemv_q2k_v1 / gemv_fp8_v1 in the simulator or for unaligned data, the tensor-core gemv_q2k_v2 /
-gemv_fp8_v2 on a GPU, for any T (8 tokens a weight pass; the engine decodes the weight to bf16
-and runs the bf16 GEMM above QUANT_GEMV_MAX_TOKENS). gemv_q2k_v3 (factored, exact weights) is
+gemv_fp8_v2 on a GPU (gemv_fp8_v5, v2 on f16 operands with v2's bits, up to 8 tokens), for any T
+(8 tokens a weight pass; the engine decodes the weight to bf16 and runs the bf16 GEMM above
+QUANT_GEMV_MAX_TOKENS). gemv_q2k_v3 (factored, exact weights) is
 picked by name.
 q2k_r weights (the Q2_K blocks re-laid out on the device, q2k_r.py): gemv_q2k_v4 (register-staged),
 the fastest of v4..v7 at T = 1, 4 and 8 on the H200 (bench/results/h200_decode_dev_b4a1848.json and
@@ -80,6 +81,14 @@ Q2KR_FEW_MAX_TOKENS = 8   # gemv_q2k_v10 measured against v4 up to here (one 8-t
 def _few_default(ctx) -> bool:
     """The q2k_r contexts of gemv_q2k_v10: 2..Q2KR_FEW_MAX_TOKENS tokens on a GPU (module doc)."""
     return ctx["weight"] == "q2k_r" and not ctx["simulator"] and 1 < ctx["T"] <= Q2KR_FEW_MAX_TOKENS
+
+
+FP8_FEW_MAX_TOKENS = 8    # gemv_fp8_v5 measured against v2 up to here (one 8-token group)
+
+
+def _fp8_few(ctx) -> bool:
+    """The fp8 contexts of gemv_fp8_v5: 1..FP8_FEW_MAX_TOKENS tokens on a GPU, aligned data."""
+    return ctx["weight"] == "fp8" and _fast(ctx) and ctx["T"] <= FP8_FEW_MAX_TOKENS
 
 
 def _hopper(ctx) -> bool:
@@ -373,7 +382,8 @@ _proj("gemv_fp8_v2", "tensor cores: cvt.rn.f16x2.e4m3x2 codes (exact) as A, x's 
       "scaled once by its power-of-two scale (157 MB a pass)",
       kernel=cuda_gemv_fp8._gemv_fp8_v2, geometry=cuda_gemv_fp8.geometry_tc, args="fast", align=8,
       specs=(Spec("", cuda_gemv_fp8._gemv_fp8_v2, _FP8_FAST_ARGS),), encoding="fp8",
-      when="fp8 weights, GPU, aligned", rule=lambda c: c["weight"] == "fp8" and _fast(c),
+      when=f"fp8 weights, GPU, aligned, T > {FP8_FEW_MAX_TOKENS}",
+      rule=lambda c: c["weight"] == "fp8" and _fast(c) and not _fp8_few(c),
       sim=[(1, 64, 16), (5, 96, 33), (9, 32, 8), (2, 2080, 16)], sweep=QUANT_SWEEP)
 # v3's cases: K % 64 = 32 (a last step of one scale tile), N past a block's 32 rows (rows past N), two
 # token groups, and more steps a warp than its ring holds (K = 544: 9 steps, runs of 5 and 4 > 4 slots:
@@ -421,14 +431,17 @@ _proj("gemv_fp8_v5", "v2's grid, loads, k partition, tile sums and warp order on
       "of the H200's variants: T = 1 / 4 / 8 52.7 / 53.0 / 57.5 us against v2's 56.7 / 57.6 / 60.1 in the same "
       "run (70.3% of the copy floor at T = 1; 6 tiles: 57.6 / 59.4 / 63.2), every output v2's bits "
       "(bench/results/h200_fp8_gemv_dev_fec6e6c.json); main bench at cb93a1b: 52.8 / 54.4 / 56.3 us against v2's "
-      "58.1 / 58.9 / 60.8 (69.8% of the floor at T = 1). Picked by name: it applies 2^-s after the tile scales, so "
-      "a huge tile scale with small x overflows its scaled tile sums where v2's stay finite (the GPU edge-code test, "
-      "scale byte 246 with x ~ 2^-24, an expected failure until 2^-s moves before the scale)",
+      "58.1 / 58.9 / 60.8. Each tile's sum gets its token's 2^-s before the tile scale (applied to the block sums "
+      "at first, the scaled tile sums overflowed at 2^119 tiles with x ~ 2^-24); so fixed, on the H200: 52.9 / "
+      "55.1 / 60.1 us against v2's 56.9 / 58.2 / 60.5 (70.1% of the floor at T = 1), v2's bits at the released and "
+      "odd shapes, wide-range x and the edge codes (bench/results/h200_fp8_gemv_dev_v5fix.txt). The default for "
+      "1..8 tokens on a GPU",
       kernel=cuda_gemv_fp8._gemv_fp8_v5, geometry=cuda_gemv_fp8.geometry_tc, args="fast", align=8,
       specs=(Spec("", cuda_gemv_fp8._gemv_fp8_v5, _FP8_V5_ARGS),
              Spec("[x_f16]", cuda_gemv_fp8.x_f16_kernel, (_U32_1D, _U32_1D, types.int32[::1], types.int64),
                   spill_free=True)),
       encoding="fp8", launcher=cuda_gemv_fp8.launcher_v5,
+      when=f"fp8 weights, GPU, aligned, T <= {FP8_FEW_MAX_TOKENS}", rule=_fp8_few,
       sim=[(1, 64, 16), (3, 96, 33), (8, 32, 8), (9, 32, 8), (2, 2080, 16)], sweep=QUANT_SWEEP)
 
 # q2k_r: the same Q2_K weight re-laid out on the device at build (q2k_r.py). Every simulated block
