@@ -127,20 +127,25 @@ else:
         # cvt.rn.bf16x2.f32 packs its first source into the upper half
         "cvt.rn.bf16x2.f32 $0, f1, f0; cvt.rn.bf16x2.f32 $1, f3, f2; }")
 
-    @intrinsic
-    def _e4m3x4_to_bf16x2x2(typingctx, word):
-        if word != types.uint32:
-            return None
-        sig = types.UniTuple(types.uint32, 2)(types.uint32)
+    def _word_to_pair(asm):
+        """An intrinsic running `asm` on one uint32 ($2) into two ($0, $1)."""
+        @intrinsic
+        def word_to_pair(typingctx, word):
+            if word != types.uint32:
+                return None
+            sig = types.UniTuple(types.uint32, 2)(types.uint32)
 
-        def codegen(context, builder, signature, args):
-            i32 = ir.IntType(32)
-            fnty = ir.FunctionType(ir.LiteralStructType([i32, i32]), [i32])
-            res = builder.call(ir.InlineAsm(fnty, _E4M3X4_TO_BF16, "=r,=r,r"), list(args))
-            return context.make_tuple(builder, signature.return_type,
-                                      [builder.extract_value(res, 0), builder.extract_value(res, 1)])
+            def codegen(context, builder, signature, args):
+                i32 = ir.IntType(32)
+                fnty = ir.FunctionType(ir.LiteralStructType([i32, i32]), [i32])
+                res = builder.call(ir.InlineAsm(fnty, asm, "=r,=r,r"), list(args))
+                return context.make_tuple(builder, signature.return_type,
+                                          [builder.extract_value(res, 0), builder.extract_value(res, 1)])
 
-        return sig, codegen
+            return sig, codegen
+        return word_to_pair
+
+    _e4m3x4_to_bf16x2x2 = _word_to_pair(_E4M3X4_TO_BF16)
 
     @cuda.jit(device=True)
     def e4m3x4_to_bf16x2x2(word):
@@ -149,20 +154,7 @@ else:
     _E4M3X4_TO_F16 = ("{ .reg .b16 c01, c23; mov.b32 {c01, c23}, $2; "
                       "cvt.rn.f16x2.e4m3x2 $0, c01; cvt.rn.f16x2.e4m3x2 $1, c23; }")
 
-    @intrinsic
-    def _e4m3x4_to_f16x2x2(typingctx, word):
-        if word != types.uint32:
-            return None
-        sig = types.UniTuple(types.uint32, 2)(types.uint32)
-
-        def codegen(context, builder, signature, args):
-            i32 = ir.IntType(32)
-            fnty = ir.FunctionType(ir.LiteralStructType([i32, i32]), [i32])
-            res = builder.call(ir.InlineAsm(fnty, _E4M3X4_TO_F16, "=r,=r,r"), list(args))
-            return context.make_tuple(builder, signature.return_type,
-                                      [builder.extract_value(res, 0), builder.extract_value(res, 1)])
-
-        return sig, codegen
+    _e4m3x4_to_f16x2x2 = _word_to_pair(_E4M3X4_TO_F16)
 
     @cuda.jit(device=True)
     def e4m3x4_to_f16x2x2(word):
