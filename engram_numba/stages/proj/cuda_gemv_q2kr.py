@@ -2,7 +2,7 @@
 
     prepare_repack(raw, packed, N, K)      Q2_K blocks uint8 [N, K/256*84] -> q2k_r, on the device
     prepare_decode_q2k_r(packed, out)      q2k_r -> bf16 words uint16 [N, K], through the GEMV's decode
-    gemv_q2k_v4 .. v11                     kv = bf16(x @ W^T) for a few tokens, W read as q2k_r
+    gemv_q2k_v4 .. v12                     kv = bf16(x @ W^T) for a few tokens, W read as q2k_r
 
 The math is gemv_q2k_v2's (bf16-rounded weights: each weight is the reference decoder's fp32 value
 `(d*sc)*q - dmin*m` rounded to bf16, picked from a byte_perm table of the sub-block's 4 values, fed
@@ -59,6 +59,12 @@ blockIdx.z picks the layer) giving each layer the bits of its own launch.
                wavefronts, Nsight Compute): 72 registers, no spills, 746 SASS instructions a unit
                (737 without the shared d/dmin copy). Its two-layer launch: v10's pair shape. Picked
                by name; not yet timed on the H200 (tools/gpu_dev_q2kr_v11.sh).
+  gemv_q2k_v12 v11 (bit-identical to v4) with table entry 0 taken as -dmin*m itself (v11's
+               fma(0, d*sc, -dmin*m) is always that value) and the ring's copies without a branch
+               (zero-filling cp.async where there is nothing to copy): 72 registers, no spills, 714 SASS
+               instructions a unit. Its selectors stay v11's: why no re-layout of the quant plane
+               removes their shifts is in its section. Two-layer launch: v11's pair shape. Picked by
+               name; not yet timed on the H200 (VERSION=v12 tools/gpu_dev_q2kr_variants.sh).
 """
 from __future__ import annotations
 
@@ -1756,8 +1762,13 @@ V11_PAIR_SHAPE = V10_PAIR_SHAPE + (True, True)
 # word) would need the selector constant 0x1010 of each half from bias bits OR-ed into the codes,
 # and no such bias exists (exhaustive over the 2^24 free-bit patterns, for the pair-word, byte-swapped
 # and split table layouts and codes at bits 0 or 1 of each byte); with the constant as a 64-bit
-# addend ptxas emits IMAD.WIDE + IADD3 + IADD3.X. So a re-laid-out quant plane can save at most
-# the shifts of j = 1..3 less one a word (2 of 15 selector instructions a word).
+# addend ptxas emits IMAD.WIDE + IADD3 + IADD3.X. A LOP3-masked word serves two selectors only as
+# v11's j = 0 does (IMAD's pair at bits 0, 8, IMAD.HI's at 16, 24) or as codes at 6, 14 and 22, 30
+# (two IMAD.HI, and no common bias exists: exhaustive again); any other selector costs its own
+# LOP3. Counting per quant word (8 selectors, 8 multiplies): 3 for the unshifted word's j = 0 use,
+# then each further two-selector use needs a shifted copy (1 + 3) and each one-selector one a LOP3
+# and a multiply (2): 15 with 0..3 shifts, v11's count. So no re-layout of the quant plane (a
+# `q2k_r2`) lowers the selector cost in this instruction set; v12 keeps q2k_r.
 
 
 @device_function(**INLINE)

@@ -584,7 +584,7 @@ _proj("gemv_q2k_v12",
       "copies without a branch (a copy past the warp's units, or of the d/dmin plane by a lane past 7, is a "
       "zero-filling cp.async into the lane's own slot): 714 SASS instructions a unit (v11: 746), 72 registers, "
       "no spills; the two-layer launch v11's pair shape. The prmt selectors stay v11's: no re-layout of the "
-      "quant plane removes the shifts of a dense 2-bit packing (the section's comment). Not yet timed on the "
+      "quant plane makes them cheaper in this instruction set (the section's comment). Not yet timed on the "
       "H200 (VERSION=v12 tools/gpu_dev_q2kr_variants.sh)",
       when="never (pick it by name)", rule=None,
       kernel=cuda_gemv_q2kr.KERNELS["gemv_q2k_v12"], geometry=cuda_gemv_q2kr.geometry("gemv_q2k_v12"),

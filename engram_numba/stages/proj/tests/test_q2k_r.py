@@ -388,8 +388,10 @@ def test_v12_table_is_v11s_table():
 
 
 @pytest.mark.parametrize("shape", [None,                                                       # registered v12
-                                   (2, 2, 14, True, True, False, False, True, True, True),     # one group a unit
-                                   (2, 3, 10, True, True, True, False, True, True, True)])     # the pair shape
+                                   pytest.param((2, 2, 14, True, True, False, False, True, True, True),
+                                                marks=pytest.mark.slow),                       # one group a unit
+                                   pytest.param((2, 3, 10, True, True, True, False, True, True, True),
+                                                marks=pytest.mark.slow)])                      # the pair shape
 def test_v12_is_v4_bit_for_bit(rng, shape):
     """v12 (v11 with entry 0 = -dmin*m and the ring's copies as zero fills where there is nothing to
     copy, no branch) gives v4's kv bit for bit: K/256 = 13 (a pad block; warp 1 with one unit and
