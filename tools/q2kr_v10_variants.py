@@ -51,7 +51,7 @@ VARIANTS_V11 = [(2, 2, 14, True, True, True, True, False),     # v11's decode al
 # the 10th); the registered gemv_q2k_v12 (V12_SHAPE: split copies) is timed as itself
 VARIANTS_V12 = [(2, 2, 14, True, True, False, False, True, True, True),   # one commit group a unit
                 (2, 3, 10, True, True, False, False, True, True, True),   # 3 slots, one group a unit
-                (2, 2, 14, True, True, True, False, True, True, False)]   # v12's tables, v11's branching copies
+                (3, 2, 10, True, True, True, False, True, True, True)]    # 3 warps a block: 64 registers, 30 warps an SM
 # the versions timed beside each family's registered kernel (single and pair at T = 1; single at T = 4, 8)
 BASELINES = {"v10": ("gemv_q2k_v9", "gemv_q2k_v4"),
              "v11": ("gemv_q2k_v10", "gemv_q2k_v9", "gemv_q2k_v4"),
