@@ -1,7 +1,7 @@
-"""gemv_q2k_v10's (or, --version v11, gemv_q2k_v11's) variants on the H200: each (warps a block, unit
-slots a warp, blocks an SM, pairj, early, split[, v11]) shape built from the registered kernel's factory
-(`cuda_gemv_q2kr._make_gemv10`), checked bit for bit against gemv_q2k_v4 on every output, and only then
-timed beside v9 (the T = 1 default) and v4 (and, for v11, v10).
+"""gemv_q2k_v10's (or, --version v11 / v12, gemv_q2k_v11's / v12's) variants on the H200: each (warps a
+block, unit slots a warp, blocks an SM, pairj, early, split[, v11, dd_once[, v12, zfill]]) shape built from
+the registered kernel's factory (`cuda_gemv_q2kr._make_gemv10`), checked bit for bit against gemv_q2k_v4
+on every output, and only then timed beside v9 (the T = 1 default) and v4 (and, for v11, v10; for v12, v11).
 
     # no GPU: registers, spills and shared memory of each variant for sm_90a (the compile tier's way)
     python tools/q2kr_v10_variants.py --compile
@@ -12,6 +12,8 @@ timed beside v9 (the T = 1 default) and v4 (and, for v11, v10).
     python3 tools/q2kr_v10_variants.py --run --out $OUT
     # gemv_q2k_v11 and its variants instead (v11_variants.json / .txt; v10 timed beside it at T = 1, 4, 8)
     python3 tools/q2kr_v10_variants.py --version v11 --run --out $OUT
+    # gemv_q2k_v12 and its variants (v12_variants.json / .txt; v11, v9, v4 timed beside it at T = 1, 4, 8)
+    python3 tools/q2kr_v10_variants.py --version v12 --run --out $OUT
 
 The variants separate v10's changes: pairj (sub-blocks decoded in pairs, the mma alternating between
 the two accumulator chains) against v9's decode order with v10's 16-byte fragment stores; early (the
@@ -45,6 +47,15 @@ VARIANTS = [(2, 2, 14, True, True, True),      # v10 as registered: pairj, early
 VARIANTS_V11 = [(2, 2, 14, True, True, True, True, False),     # v11's decode alone (each lane copies its g's dd)
                 (2, 3, 10, True, True, True, True, True),      # its pair shape as a single launch
                 (2, 2, 14, True, False, False, True, False)]   # v11's decode on v9's ring
+# gemv_q2k_v12: v11's shapes with v12's tables (the 9th field) and branch-free zero-fill copies (zfill,
+# the 10th); the registered gemv_q2k_v12 (V12_SHAPE: split copies) is timed as itself
+VARIANTS_V12 = [(2, 2, 14, True, True, False, False, True, True, True),   # one commit group a unit
+                (2, 3, 10, True, True, False, False, True, True, True),   # 3 slots, one group a unit
+                (3, 2, 10, True, True, True, False, True, True, True)]    # 3 warps a block: 64 registers, 30 warps an SM
+# the versions timed beside each family's registered kernel (single and pair at T = 1; single at T = 4, 8)
+BASELINES = {"v10": ("gemv_q2k_v9", "gemv_q2k_v4"),
+             "v11": ("gemv_q2k_v10", "gemv_q2k_v9", "gemv_q2k_v4"),
+             "v12": ("gemv_q2k_v11", "gemv_q2k_v9", "gemv_q2k_v4")}
 VER = "v10"                        # the family this run builds (main's --version)
 CHECK_TOKENS = (1, 4, 8)
 ODD_SHAPES = [(3, 3328, 13),               # a pad block, rows past N, warp 1 with one unit and empty shares
@@ -54,9 +65,9 @@ N, K = 25600, 6144
 
 
 def name_of(v) -> str:
-    fam = "v11" if len(v) > 6 and v[6] else "v10"
-    return fam + "[team=%d,stages=%d,per_sm=%d,pairj=%d,early=%d,split=%d%s]" % (
-        tuple(v[:6]) + (",dd_once=%d" % v[7] if len(v) > 7 else "",))
+    fam = "v12" if len(v) > 8 and v[8] else ("v11" if len(v) > 6 and v[6] else "v10")
+    return fam + "[team=%d,stages=%d,per_sm=%d,pairj=%d,early=%d,split=%d%s%s]" % (
+        tuple(v[:6]) + (",dd_once=%d" % v[7] if len(v) > 7 else "", ",zfill=%d" % v[9] if len(v) > 9 else ""))
 
 
 def compile_report(variants) -> list[dict]:
@@ -123,7 +134,8 @@ def run(variants, out_dir: Path | None) -> dict:
     # the candidates: each variant (single and two-layer kernels of its own shape) and the registered
     # gemv_q2k_v10 (its pair kernel has V10_PAIR_SHAPE), all team 2 (launch_config's block)
     reg = f"gemv_q2k_{VER}"
-    reg_shape, reg_pair_shape = (C.V11_SHAPE, C.V11_PAIR_SHAPE) if VER == "v11" else (C.V10_SHAPE, C.V10_PAIR_SHAPE)
+    reg_shape, reg_pair_shape = {"v10": (C.V10_SHAPE, C.V10_PAIR_SHAPE), "v11": (C.V11_SHAPE, C.V11_PAIR_SHAPE),
+                                 "v12": (C.V12_SHAPE, C.V12_PAIR_SHAPE)}[VER]
     res["version"] = reg
     cands = {reg: (reg_shape, C.KERNELS[reg], C.PAIR_KERNELS[reg])}
     for v in variants:
@@ -180,7 +192,7 @@ def run(variants, out_dir: Path | None) -> dict:
         res["timings"].append(row)
         print(json.dumps(row), flush=True)
 
-    for ref in (("gemv_q2k_v10",) if VER == "v11" else ()) + ("gemv_q2k_v9", "gemv_q2k_v4"):
+    for ref in BASELINES[VER]:
         o = cuda.device_array((T, N), np.uint16)
         oa, ob = cuda.device_array((T, N), np.uint16), cuda.device_array((T, N), np.uint16)
         timed(ref, "single", prepare_project_q(xs[0], w[0], None, o, weight="q2k_r", version=ref), 1)
@@ -206,7 +218,7 @@ def run(variants, out_dir: Path | None) -> dict:
     # 3. the registered single launches at T = 4, 8 (where v4 is the default), same weights
     for T2 in (4, 8):
         x2 = cuda.to_device(random_x(rng, T2, K))
-        for ref in ((reg,) if VER == "v11" else ()) + ("gemv_q2k_v10", "gemv_q2k_v9", "gemv_q2k_v4"):
+        for ref in ((reg,) if VER != "v10" else ()) + BASELINES[VER] + (("gemv_q2k_v10",) if VER == "v10" else ()):
             if ref in bad:
                 continue
             try:
@@ -262,11 +274,12 @@ def main(argv=None) -> int:
     ap.add_argument("--run", action="store_true", help="check against v4 and time each variant (GPU)")
     ap.add_argument("--out", type=Path, default=None, help="folder for --run's <version>_variants.json / .txt")
     ap.add_argument("--only", type=int, default=None, help="the first N variants only")
-    ap.add_argument("--version", choices=("v10", "v11"), default="v10", help="the family: v10 (default) or v11")
+    ap.add_argument("--version", choices=("v10", "v11", "v12"), default="v10",
+                    help="the family: v10 (default), v11 or v12")
     a = ap.parse_args(argv)
     global VER
     VER = a.version
-    pool = VARIANTS_V11 if VER == "v11" else VARIANTS
+    pool = {"v10": VARIANTS, "v11": VARIANTS_V11, "v12": VARIANTS_V12}[VER]
     variants = pool[:a.only] if a.only else pool
     if not (a.compile or a.run):
         ap.error("pass --compile or --run")

@@ -2,7 +2,7 @@
 
     prepare_repack(raw, packed, N, K)      Q2_K blocks uint8 [N, K/256*84] -> q2k_r, on the device
     prepare_decode_q2k_r(packed, out)      q2k_r -> bf16 words uint16 [N, K], through the GEMV's decode
-    gemv_q2k_v4 .. v11                     kv = bf16(x @ W^T) for a few tokens, W read as q2k_r
+    gemv_q2k_v4 .. v12                     kv = bf16(x @ W^T) for a few tokens, W read as q2k_r
 
 The math is gemv_q2k_v2's (bf16-rounded weights: each weight is the reference decoder's fp32 value
 `(d*sc)*q - dmin*m` rounded to bf16, picked from a byte_perm table of the sub-block's 4 values, fed
@@ -59,6 +59,12 @@ blockIdx.z picks the layer) giving each layer the bits of its own launch.
                wavefronts, Nsight Compute): 72 registers, no spills, 746 SASS instructions a unit
                (737 without the shared d/dmin copy). Its two-layer launch: v10's pair shape. Picked
                by name; not yet timed on the H200 (tools/gpu_dev_q2kr_v11.sh).
+  gemv_q2k_v12 v11 (bit-identical to v4) with table entry 0 taken as -dmin*m itself (v11's
+               fma(0, d*sc, -dmin*m) is always that value) and the ring's copies without a branch
+               (zero-filling cp.async where there is nothing to copy): 72 registers, no spills, 714 SASS
+               instructions a unit. Its selectors stay v11's: why no re-layout of the quant plane
+               removes their shifts is in its section. Two-layer launch: v11's pair shape. Picked by
+               name; not yet timed on the H200 (VERSION=v12 tools/gpu_dev_q2kr_variants.sh).
 """
 from __future__ import annotations
 
@@ -1451,7 +1457,8 @@ v10_shared_bytes = v9_shared_bytes     # the same slots and share fragments
 
 
 def _make_gemv10(team: int, stages: int, blocks_per_sm: int, pairj: bool = True, early: bool = False,
-                 split: bool = False, v11: bool = False, dd_once: bool = False):
+                 split: bool = False, v11: bool = False, dd_once: bool = False, v12: bool = False,
+                 zfill: bool = False):
     """gemv_q2k_v10 and its two-layer launch (the section's comment): v9's blocks of `team` warps (1,
     2, 3 or 6) on one item, `stages` unit slots a warp, launch bounds for `blocks_per_sm` blocks an
     SM; `pairj`: sub-blocks decoded in pairs, their mma alternating between the two chains; `early`:
@@ -1462,7 +1469,11 @@ def _make_gemv10(team: int, stages: int, blocks_per_sm: int, pairj: bool = True,
     landed: a warp's first wait is for 2 KB, not 2.6. `v11`: gemv_q2k_v11's decode (`_block11`;
     its section's comment) in the same blocks and ring. `dd_once` (with early): a unit's d/dmin plane
     (8 chunks, one a g) is copied once, by lanes 0..7, and each lane reads its g's copy after a warp
-    barrier (`_cp_job_dd`), instead of every lane copying its g's chunk into its own slot."""
+    barrier (`_cp_job_dd`), instead of every lane copying its g's chunk into its own slot. `v12`:
+    gemv_q2k_v12's tables (`_block12`); `zfill` (with dd_once): the copies without a branch, zero
+    fills where there is nothing to copy (`_cp_job_zf`; gemv_q2k_v12's section)."""
+    if zfill and not dd_once:
+        raise ValueError("gemv_q2k_v12's branch-free copies (zfill) copy the d/dmin plane once (dd_once=True)")
     if split and not early:
         raise ValueError("gemv_q2k_v10's split copies need the early ring (early=True)")
     if dd_once and not early:
@@ -1478,15 +1489,16 @@ def _make_gemv10(team: int, stages: int, blocks_per_sm: int, pairj: bool = True,
     slot_words = stages * team * CP_SLOT_WORDS
     red_size = 6 * 128                             # [share][lane][c0..c3] fp32: one 16-byte slot a lane
     scratch_size = 6 * threads if SIMULATOR else 1
+    decode = _block12 if v12 else (_block11 if v11 else None)
     if split:                                      # two groups a unit: units k .. k+stages-2 pending at the top
         wait_oldest = cp_async_waiter(2 * stages - 3)            # the first group of unit k has landed
         unit10 = _make_unit10(pairj, cp_async_waiter(2 * stages - 2),   # ... its second (k + stages - 1 issued)
-                              _block11 if v11 else None)
-        job = _cp_job_split_dd if dd_once else _cp_job_split
+                              decode)
+        job = _cp_job_split_zf if zfill else (_cp_job_split_dd if dd_once else _cp_job_split)
     else:
         wait_oldest = cp_async_waiter(stages - 2 if early else stages - 1)
-        unit10 = _make_unit10(pairj, None, _block11 if v11 else None)
-        job = _cp_job_dd if dd_once else _cp_job
+        unit10 = _make_unit10(pairj, None, decode)
+        job = _cp_job_zf if zfill else (_cp_job_dd if dd_once else _cp_job)
     ahead = stages - 1 if early else stages        # units copied before the first decode
 
     @device_function(**INLINE)
@@ -1729,6 +1741,148 @@ V11_SHAPE = V10_SHAPE + (True, True)            # v10's blocks and ring, v11's d
 V11_PAIR_SHAPE = V10_PAIR_SHAPE + (True, True)
 
 
+# ---- gemv_q2k_v12: v11 with fewer instructions a unit -------------------------------------------------
+# v11 keeps 746 SASS instructions a unit. v12 keeps its blocks, ring, shares, values and summation
+# order (its kv is v4's, bit for bit) and removes two costs that are not the decode's arithmetic:
+#   - y0: v11's table entry 0 is fma(0, scale, neg), and neg = fma(-dmin, 2^23 + m, dmin*2^23) is
+#     never -0 (an exact zero sum is +0), so 0*scale + neg is neg itself in every case: the entry is
+#     neg, one fma fewer a table (`lut_pairs12`, the same bits as lut_pairs11);
+#   - the ring's copies carry no branch: a copy outside the warp's units (or, for the d/dmin plane,
+#     by a lane past 7) is a zero-filling cp.async of a chunk inside the weight (src-size 0) into
+#     the lane's own slot, where nothing reads it (`_cp_job_zf`, `_cp_job_split_zf`). v11's copies
+#     sit in two or three predicated regions a unit, each with its branch, its reconvergence
+#     barrier, its address arithmetic and the no-op loads ptxas pads a cp.async group with.
+# What it does not change, and why (checked for this version): the prmt selectors stay v11's
+# (per quant word and sub-block j: a LOP3 of the masked codes with a bias, one IMAD and one IMAD.HI,
+# and for j > 0 a shift). A selector (16 bits, the codes of a bf16 pair each in two nibbles) needs
+# a multiply to duplicate its codes; the low word of a multiply sees only the low bits of its operand,
+# so a selector from IMAD's low word needs its first code at bit 0 or 1, and one from IMAD.HI needs
+# both codes at bit 6 or above: in any dense packing of 16 codes a word, the codes at bits 2..5 need
+# a shift whatever the layout. One IMAD.WIDE for both selectors of a word use (its low and high
+# word) would need the selector constant 0x1010 of each half from bias bits OR-ed into the codes,
+# and no such bias exists (exhaustive over the 2^24 free-bit patterns, for the pair-word, byte-swapped
+# and split table layouts and codes at bits 0 or 1 of each byte); with the constant as a 64-bit
+# addend ptxas emits IMAD.WIDE + IADD3 + IADD3.X. A LOP3-masked word serves two selectors only as
+# v11's j = 0 does (IMAD's pair at bits 0, 8, IMAD.HI's at 16, 24) or as codes at 6, 14 and 22, 30
+# (two IMAD.HI, and no common bias exists: exhaustive again); any other selector costs its own
+# LOP3. Counting per quant word (8 selectors, 8 multiplies): 3 for the unshifted word's j = 0 use,
+# then each further two-selector use needs a shifted copy (1 + 3) and each one-selector one a LOP3
+# and a multiply (2): 15 with 0..3 shifts, v11's count. So no re-layout of the quant plane (a
+# `q2k_r2`) lowers the selector cost in this instruction set; v12 keeps q2k_r.
+
+
+@device_function(**INLINE)
+def lut_pairs12(msc, mm, d, nd23, ndmin, dmin23):
+    """lut_pairs11 with entry 0 = neg (neg is never -0, so fma(0, scale, neg) is neg): one fma fewer,
+    the same bits."""
+    scale = fma_rn(d, msc, nd23)
+    neg = fma_rn(ndmin, mm, dmin23)
+    y1 = add_rn(scale, neg)
+    y2 = fma_rn(np.float32(2.0), scale, neg)
+    y3 = fma_rn(np.float32(3.0), scale, neg)
+    return cvt_pack_bf16x2(neg, y1), cvt_pack_bf16x2(y2, y3)
+
+
+def _make_block11(lut):
+    """_block11 on the table builder `lut` (lut_pairs11's arguments and values): v11's pair and
+    block decode, written once for v11's and v12's tables."""
+
+    @device_function(**INLINE)
+    def pair(c0, c1, c2, c3, e0, e1, e2, e3, la, ha, lb, hb, j, da, nda, ndmina, dmina23, db, ndb, ndminb,
+             dminb23, qa0, qa1, qa2, qa3, qb0, qb1, qb2, qb3, x32, xv, ok_x, bias, magic, scratch):
+        x0, x1, x2, x3, x4, x5, x6, x7 = _x16(x32, xv, ok_x)
+        y0, y1, y2, y3, y4, y5, y6, y7 = _x16(x32, xv + 4, ok_x)
+        ca01, ca23 = lut(_nib_f(la, j, magic), _nib_f(ha, j, magic), da, nda, ndmina, dmina23)
+        cb01, cb23 = lut(_nib_f(lb, j, magic), _nib_f(hb, j, magic), db, ndb, ndminb, dminb23)
+        ea01, ea23 = lut(_nib_f(la, j + 1, magic), _nib_f(ha, j + 1, magic), da, nda, ndmina, dmina23)
+        eb01, eb23 = lut(_nib_f(lb, j + 1, magic), _nib_f(hb, j + 1, magic), db, ndb, ndminb, dminb23)
+        je = j + 1
+        a0, a1 = pick4p(ca01, ca23, qa0, 2 * j, bias)
+        b0, b1 = pick4p(cb01, cb23, qb0, 2 * j, bias)
+        c0, c1, c2, c3 = mma_bf16_16816(a0, b0, a1, b1, x0, x1, c0, c1, c2, c3, scratch)
+        a0, a1 = pick4p(ea01, ea23, qa0, 2 * je, bias)
+        b0, b1 = pick4p(eb01, eb23, qb0, 2 * je, bias)
+        e0, e1, e2, e3 = mma_bf16_16816(a0, b0, a1, b1, y0, y1, e0, e1, e2, e3, scratch)
+        a0, a1 = pick4p(ca01, ca23, qa1, 2 * j, bias)
+        b0, b1 = pick4p(cb01, cb23, qb1, 2 * j, bias)
+        c0, c1, c2, c3 = mma_bf16_16816(a0, b0, a1, b1, x2, x3, c0, c1, c2, c3, scratch)
+        a0, a1 = pick4p(ea01, ea23, qa1, 2 * je, bias)
+        b0, b1 = pick4p(eb01, eb23, qb1, 2 * je, bias)
+        e0, e1, e2, e3 = mma_bf16_16816(a0, b0, a1, b1, y2, y3, e0, e1, e2, e3, scratch)
+        a0, a1 = pick4p(ca01, ca23, qa2, 2 * j, bias)
+        b0, b1 = pick4p(cb01, cb23, qb2, 2 * j, bias)
+        c0, c1, c2, c3 = mma_bf16_16816(a0, b0, a1, b1, x4, x5, c0, c1, c2, c3, scratch)
+        a0, a1 = pick4p(ea01, ea23, qa2, 2 * je, bias)
+        b0, b1 = pick4p(eb01, eb23, qb2, 2 * je, bias)
+        e0, e1, e2, e3 = mma_bf16_16816(a0, b0, a1, b1, y4, y5, e0, e1, e2, e3, scratch)
+        a0, a1 = pick4p(ca01, ca23, qa3, 2 * j, bias)
+        b0, b1 = pick4p(cb01, cb23, qb3, 2 * j, bias)
+        c0, c1, c2, c3 = mma_bf16_16816(a0, b0, a1, b1, x6, x7, c0, c1, c2, c3, scratch)
+        a0, a1 = pick4p(ea01, ea23, qa3, 2 * je, bias)
+        b0, b1 = pick4p(eb01, eb23, qb3, 2 * je, bias)
+        e0, e1, e2, e3 = mma_bf16_16816(a0, b0, a1, b1, y6, y7, e0, e1, e2, e3, scratch)
+        return c0, c1, c2, c3, e0, e1, e2, e3
+
+    @device_function(**INLINE)
+    def block(c0, c1, c2, c3, e0, e1, e2, e3, qa0, qa1, qa2, qa3, qb0, qb1, qb2, qb3, sa, sb, dda, ddb,
+              x32, xv, ok_x, bias, magic, scratch):
+        da, dmina = f16x2_to_f32x2(dda)
+        db, dminb = f16x2_to_f32x2(ddb)
+        nda = mul_rn(da, np.float32(-TWO23))
+        ndb = mul_rn(db, np.float32(-TWO23))
+        dmina23 = mul_rn(dmina, np.float32(TWO23))
+        dminb23 = mul_rn(dminb, np.float32(TWO23))
+        m = np.uint32(0x0F0F0F0F)
+        la, ha = sa & m, (sa >> np.uint32(4)) & m
+        lb, hb = sb & m, (sb >> np.uint32(4)) & m
+        c0, c1, c2, c3, e0, e1, e2, e3 = pair(c0, c1, c2, c3, e0, e1, e2, e3, la, ha, lb, hb, 0,
+                                              da, nda, -dmina, dmina23, db, ndb, -dminb, dminb23,
+                                              qa0, qa1, qa2, qa3, qb0, qb1, qb2, qb3, x32, xv, ok_x, bias,
+                                              magic, scratch)
+        return pair(c0, c1, c2, c3, e0, e1, e2, e3, la, ha, lb, hb, 2,
+                    da, nda, -dmina, dmina23, db, ndb, -dminb, dminb23,
+                    qa0, qa1, qa2, qa3, qb0, qb1, qb2, qb3, x32, xv + 8, ok_x, bias, magic, scratch)
+
+    return block
+
+
+_block12 = _make_block11(lut_pairs12)
+
+
+@device_function(**INLINE)
+def _cp_job_zf(sm, off, w32, base16, lane, g, ok):
+    """`_cp_job_dd` without a branch: when not `ok` every copy is a zero fill (src-size 0) from a
+    chunk inside the weight; lanes past 7 zero-fill their own d/dmin position (never read)."""
+    n = np.uint32(16) if ok else np.uint32(0)
+    src = base16 if ok else np.int64(0)
+    cp_async_16(sm, off, w32, src + lane, n)
+    cp_async_16(sm, off + 512, w32, src + 32 + lane, n)
+    cp_async_16(sm, off + 1024, w32, src + 64 + lane, n)
+    cp_async_16(sm, off + 1536, w32, src + 96 + lane, n)
+    cp_async_16(sm, off + 2048, w32, src + SC_CHUNK + lane, n)
+    cp_async_16(sm, off + 2560, w32, src + DD_CHUNK + (lane & 7), n if lane < 8 else np.uint32(0))
+    cp_async_commit()
+
+
+@device_function(**INLINE)
+def _cp_job_split_zf(sm, off, w32, base16, lane, g, ok):
+    """`_cp_job_split_dd` without a branch (`_cp_job_zf`'s zero fills), in its two commit groups."""
+    n = np.uint32(16) if ok else np.uint32(0)
+    src = base16 if ok else np.int64(0)
+    cp_async_16(sm, off, w32, src + lane, n)
+    cp_async_16(sm, off + 512, w32, src + 32 + lane, n)
+    cp_async_16(sm, off + 2048, w32, src + SC_CHUNK + lane, n)
+    cp_async_16(sm, off + 2560, w32, src + DD_CHUNK + (lane & 7), n if lane < 8 else np.uint32(0))
+    cp_async_commit()
+    cp_async_16(sm, off + 1024, w32, src + 64 + lane, n)
+    cp_async_16(sm, off + 1536, w32, src + 96 + lane, n)
+    cp_async_commit()
+
+# (warps, slots, blocks an SM, pairj, early, split, v11, dd_once, v12, zfill)
+V12_SHAPE = V10_SHAPE + (False, True, True, True)
+V12_PAIR_SHAPE = V10_PAIR_SHAPE + (False, True, True, True)
+
+
 _SM_COUNT = []
 SM_SHARED_BYTES = 228 * 1024      # shared memory an sm_90 SM holds (1 KB of it reserved a block)
 
@@ -1775,6 +1929,8 @@ SHAPES["gemv_q2k_v10"] = V10_SHAPE  # (warps, unit slots, blocks an SM, pairj, e
 _BUILT["gemv_q2k_v10"] = (_make_gemv10(*V10_SHAPE)[0], _make_gemv10(*V10_PAIR_SHAPE)[1])
 SHAPES["gemv_q2k_v11"] = V11_SHAPE  # v10's shape, v11's decode and d/dmin copy; two layers: V11_PAIR_SHAPE
 _BUILT["gemv_q2k_v11"] = (_make_gemv10(*V11_SHAPE)[0], _make_gemv10(*V11_PAIR_SHAPE)[1])
+SHAPES["gemv_q2k_v12"] = V12_SHAPE  # v11's blocks and ring, v12's tables and branch-free copies; two layers: V12_PAIR_SHAPE
+_BUILT["gemv_q2k_v12"] = (_make_gemv10(*V12_SHAPE)[0], _make_gemv10(*V12_PAIR_SHAPE)[1])
 KERNELS = {name: built[0] for name, built in _BUILT.items()}
 PAIR_KERNELS = {name: built[1] for name, built in _BUILT.items()}
 

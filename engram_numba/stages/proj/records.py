@@ -576,6 +576,25 @@ _proj("gemv_q2k_v11",
                              (9, 768, 20)],    # a pad block, 2 tiles x 2 token groups, tokens past T
       sweep=QUANT_SWEEP, vector_io=True)
 
+# gemv_q2k_v12: v11 with one fma fewer a table and branch-free ring copies (cuda_gemv_q2kr.py,
+# "gemv_q2k_v12"). Picked by name until the H200 has timed it (VERSION=v12 tools/gpu_dev_q2kr_variants.sh).
+_proj("gemv_q2k_v12",
+      "v11's blocks, ring, K shares and summation order (bit-identical kv to v4) with table entry 0 taken as "
+      "-dmin*m itself (v11's fma(0, d*sc, -dmin*m) is always that value: the sum is never -0) and the ring's "
+      "copies without a branch (a copy past the warp's units, or of the d/dmin plane by a lane past 7, is a "
+      "zero-filling cp.async into the lane's own slot): 714 SASS instructions a unit (v11: 746), 72 registers, "
+      "no spills; the two-layer launch v11's pair shape. The prmt selectors stay v11's: no re-layout of the "
+      "quant plane makes them cheaper in this instruction set (the section's comment). Not yet timed on the "
+      "H200 (VERSION=v12 tools/gpu_dev_q2kr_variants.sh)",
+      when="never (pick it by name)", rule=None,
+      kernel=cuda_gemv_q2kr.KERNELS["gemv_q2k_v12"], geometry=cuda_gemv_q2kr.geometry("gemv_q2k_v12"),
+      args="fast",
+      specs=_q2kr_specs("gemv_q2k_v12", cuda_gemv_q2kr.KERNELS["gemv_q2k_v12"],
+                        cuda_gemv_q2kr.PAIR_KERNELS["gemv_q2k_v12"]),
+      encoding="q2k_r", sim=[(1, 512, 5),      # one unit: warp 1 has none, rows past N
+                             (9, 768, 20)],    # a pad block, 2 tiles x 2 token groups, tokens past T
+      sweep=QUANT_SWEEP, vector_io=True)
+
 # ---- DeepSeek's FP8 arithmetic on Hopper's FP8 tensor cores (cuda_fp8_wgmma.py) ---------------------
 # An FP8 wkv read as it is stored, with DeepSeek's arithmetic (`reference.projection_deepseek_fp8`),
 # not the bf16 projection of the exact weights the other fp8 records compute: picked by name

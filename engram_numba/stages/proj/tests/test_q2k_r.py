@@ -256,12 +256,13 @@ def test_v9_is_v4_bit_for_bit(rng):
     np.testing.assert_array_equal(outs["gemv_q2k_v9"].copy_to_host(), outs["gemv_q2k_v4"].copy_to_host())
 
 
-@pytest.mark.parametrize("version", ["gemv_q2k_v9", "gemv_q2k_v10", "gemv_q2k_v11"])
+@pytest.mark.parametrize("version", ["gemv_q2k_v9", "gemv_q2k_v10", "gemv_q2k_v11", "gemv_q2k_v12"])
 def test_v9_v10_two_layer_launch_equals_its_single_launches(rng, version):
     """The two-layer launch (layer on grid z, layer b at its offset in the pair buffer; v9's and
     v10's each with its own shape) gives each layer the bits of the version's launch on it alone
     (which are v4's: test_v9_is_v4_bit_for_bit, test_v10_is_v4_bit_for_bit)."""
-    team = {"gemv_q2k_v9": C.V9_TEAM, "gemv_q2k_v10": C.V10_SHAPE[0], "gemv_q2k_v11": C.V11_SHAPE[0]}[version]
+    team = {"gemv_q2k_v9": C.V9_TEAM, "gemv_q2k_v10": C.V10_SHAPE[0], "gemv_q2k_v11": C.V11_SHAPE[0],
+            "gemv_q2k_v12": C.V12_SHAPE[0]}[version]
     N, K, T = 5, 256, 1
     raws = [repack_q2k_r(random_q2k(rng, N, K), K) for _ in range(2)]
     xs = [cuda.to_device(random_x(rng, T, K)) for _ in range(2)]
@@ -367,6 +368,54 @@ def test_v11_table_is_v9s_table():
                         for sh in (0, 16):
                             ha, hb = (a >> sh) & 0xFFFF, (b >> sh) & 0xFFFF
                             assert ha == hb or (ha & 0x7FFF) == (hb & 0x7FFF) == 0, (d, dmin, sc, m)
+
+
+def test_v12_table_is_v11s_table():
+    """lut_pairs12 (entry 0 = -dmin*m itself) gives lut_pairs11's pair words bit for bit, zeros'
+    signs included, for every nibble pair and d, dmin of both signs, subnormal, zero and the largest
+    fp16: fma(0, d*sc, -dmin*m) is -dmin*m because that fma sum is never -0."""
+    ds = np.array([0.0, -0.0, 6e-8, -6e-8, 1e-3, -0.0371, 1.0, 3.14159, -65504.0, 65504.0, 2.5e-5],
+                  np.float16).astype(np.float32)
+    two23 = np.float32(C.TWO23)
+    for d in ds:
+        for dmin in ds:
+            for sc in range(16):
+                for m in range(16):
+                    args = (two23 + np.float32(sc), two23 + np.float32(m), d, np.float32(d * -two23),
+                            np.float32(-dmin), np.float32(dmin * two23))
+                    assert [int(v) for v in C.lut_pairs12(*args)] == [int(v) for v in C.lut_pairs11(*args)], \
+                        (d, dmin, sc, m)
+
+
+@pytest.mark.parametrize("shape", [None,                                                       # registered v12
+                                   pytest.param((2, 2, 14, True, True, False, False, True, True, True),
+                                                marks=pytest.mark.slow),                       # one group a unit
+                                   pytest.param((2, 3, 10, True, True, True, False, True, True, True),
+                                                marks=pytest.mark.slow)])                      # the pair shape
+def test_v12_is_v4_bit_for_bit(rng, shape):
+    """v12 (v11 with entry 0 = -dmin*m and the ring's copies as zero fills where there is nothing to
+    copy, no branch) gives v4's kv bit for bit: K/256 = 13 (a pad block; warp 1 with one unit and
+    empty jobs, whose zero-filled copies must not be read), rows past N, tokens past T."""
+    from engram_numba.device.launch import PreparedLaunch
+    from engram_numba.stages.proj.cuda_common import flat_u32
+    N, K, T = 13, 3328, 2
+    w = cuda.to_device(repack_q2k_r(random_q2k(rng, N, K), K))
+    x = cuda.to_device(random_x(rng, T, K))
+    want = cuda.to_device(np.full((T, N), POISON, np.uint16))
+    P.project_q(x, w, None, want, weight="q2k_r", version="gemv_q2k_v4")
+    got = cuda.to_device(np.full((T, N), POISON, np.uint16))
+    if shape is None:
+        P.project_q(x, w, None, got, weight="q2k_r", version="gemv_q2k_v12")
+    else:
+        gemv, _ = C._make_gemv10(*shape)
+        PreparedLaunch(f"v12{shape}", gemv, (1, 1), 64, 0, (flat_u32(x), flat_u32(w), got, T, K), got)()
+    np.testing.assert_array_equal(got.copy_to_host(), want.copy_to_host())
+
+
+def test_v12_zero_fill_needs_dd_once():
+    """The branch-free copies copy the d/dmin plane once (lanes 0..7): the factory says so."""
+    with pytest.raises(ValueError, match="dd_once"):
+        C._make_gemv10(2, 2, 14, True, True, True, False, False, True, True)
 
 
 def test_v10_shape_is_checked():
@@ -532,3 +581,15 @@ def test_gpu_v11_is_v4_bit_for_bit(rng, gpu_record, T, K, N):
     """gemv_q2k_v11 (v10 with fma-built tables) against v4 on every output, alone and as the
     two-layer launch."""
     _gpu_against_v4(rng, gpu_record, "gemv_q2k_v11", T, K, N)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("T,K,N", [(1, 6144, 25600), (4, 6144, 25600), (8, 6144, 25600),
+                                   (16, 6144, 25600),   # 2 token groups
+                                   (9, 1536, 5),        # 3 units: warp 1 has none (zero-filled copies)
+                                   (3, 768, 13),        # a pad block, rows past N
+                                   (2, 6656, 40)])      # 13 units: 4-unit shares, some of them empty
+def test_gpu_v12_is_v4_bit_for_bit(rng, gpu_record, T, K, N):
+    """gemv_q2k_v12 (v11 with entry 0 = -dmin*m and branch-free ring copies) against v4 on every
+    output, alone and as the two-layer launch."""
+    _gpu_against_v4(rng, gpu_record, "gemv_q2k_v12", T, K, N)
