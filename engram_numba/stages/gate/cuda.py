@@ -62,8 +62,8 @@ from numba import cuda, types
 
 from ...config import GATE_CLAMP, MAX_HC, NORM_EPS
 from ...device.devarray import data_address
-from ...device.intrinsics import (SIMULATOR, add_rn, bf16_bits_to_f32, bf16x2_hi, bf16x2_lo, device_function, f32_as_u32, load_u32x4,
-                                mul_rn, round_to_bf16, store_u32x4, u32_as_f32, warp_sum)
+from ...device.intrinsics import (SIMULATOR, add_rn, bf16_bits_to_f32, bf16x2_hi, bf16x2_lo, device_function,
+                                  f32_as_u32, load_u32x4, mul_rn, round_to_bf16, store_u32x4, u32_as_f32, warp_sum)
 from ...device.launch import NoLaunch, PreparedLaunch
 
 LAYOUTS = ("token", "stream")   # one block per token (all hc streams) / one block per (t, c)
@@ -807,6 +807,8 @@ def _v4_arrive(s_hk, s_hh, s_kk, part, pbase, sync, si, nslice, flag, scratch, p
         old = cuda.atomic.add(sync, si, 1)
         flag[0] = 1 if old % nslice == nslice - 1 else 0
         flag[3] = np.uint32((old // nslice + 1) & V4_TAG_MASK)
+        if old % nslice == nslice - 1:
+            cuda.threadfence()          # the acquire side: the other blocks' partials before our reads
     cuda.syncthreads()
     return flag[0] != 0, np.int64(flag[3])
 
