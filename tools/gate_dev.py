@@ -230,22 +230,24 @@ def kernels_part(Ts, hc, dim, tpss, rng):
     return rows
 
 
-def decode_part(n_tokens, rng):
-    """The v4 engine's decode graph against its step(graph=False); wall and device times of both engines."""
+def decode_part(n_tokens, rng, smoke=False):
+    """The v4 engine's decode graph against its step(graph=False); wall and device times of both
+    engines. smoke: the tiny bench shape in the simulator (the graphs' launch lists run one by one)."""
     sys.path.insert(0, str(Path(__file__).resolve().parent))
     from decode_fused_dev import Path_, device, wall  # the fused-decode tool's paths and timers
 
     from engram_numba.bench.decode import SyntheticModel
-    from engram_numba.bench.timing import RELEASED
+    from engram_numba.bench.timing import RELEASED, SMOKE
     from engram_numba.engine import EngramV41
 
     res = {}
     t0 = time.perf_counter()
-    model = SyntheticModel(RELEASED, 0.25, rng)
+    model = SyntheticModel(SMOKE if smoke else RELEASED, 0.0001 if smoke else 0.25, rng)
     cfg = model.config
-    engines = {"v3": EngramV41(model, max_tokens=16, device_tables=True, wkv_format="q2k_r"),
-               "v4": EngramV41(model, max_tokens=16, device_tables=True, wkv_format="q2k_r",
-                               versions={"gate": "gate_v4"})}
+    kw = dict(max_tokens=16, device_tables=True, wkv_format=None if SIM else "q2k_r")
+    rows = {"rows": "q2k_v3"} if SIM else {}            # the simulator's defaults have no pair forms
+    engines = {"v3": EngramV41(model, **kw, versions={**rows, "gate": "gate_v3"} if SIM else None),   # the default
+               "v4": EngramV41(model, **kw, versions={**rows, "gate": "gate_v4"})}
     res["build_seconds"] = round(time.perf_counter() - t0, 2)
     h0 = rng.standard_normal((1, cfg.hc, cfg.dim)).astype(F32)
     seq = rng.integers(0, model.token_vocab, n_tokens)
@@ -267,6 +269,8 @@ def decode_part(n_tokens, rng):
         graphed["v3"].decode(tok, lv)
     res["check"] = {"tokens": n_tokens, "masked": int((~live).sum()), "v4_graph_equals_v4_step": not mism,
                     "mismatches": mism, "nodes": {k: p.names for k, p in graphed.items()}}
+    if SIM:
+        return res
     paths = [graphed["v3"], graphed["v4"]]
     try:
         res["wall"] = wall(paths, seq, rounds=7, per_round=200)
@@ -357,8 +361,8 @@ def main(argv=None):
     _run("check", res, lambda: check_part(Ts, hc, dim, tpss, rng))
     if not SIM:
         _run("kernels", res, lambda: kernels_part(Ts, hc, dim, tpss, rng))
-        if not args.no_decode:
-            _run("decode", res, lambda: decode_part(args.tokens, rng))
+    if not args.no_decode:
+        _run("decode", res, lambda: decode_part(2 if smoke else args.tokens, rng, smoke))
     res["total_seconds"] = round(time.perf_counter() - t0, 2)
     txt = table(res)
     (out / "gate_dev.json").write_text(json.dumps(res, indent=1, default=str))
