@@ -43,6 +43,7 @@ from numba import cuda  # noqa: E402
 from numba.cuda import config  # noqa: E402
 
 from engram_numba.bench.timing import DeviceTimer, commit, device_name  # noqa: E402
+from engram_numba.stages.gate import cuda as G  # noqa: E402
 from engram_numba.stages.gate import launch as L  # noqa: E402
 from engram_numba.stages.gate.tests.test_gate_cuda import Expected, check, make_inputs  # noqa: E402
 
@@ -93,6 +94,11 @@ class Case:
         return self.d_h.copy_to_host(), [o.copy_to_host() for o in self.outs]
 
 
+def _timeouts(launch) -> int:
+    """gate_v4's wait timeouts (0 unless broken); 0 for other versions."""
+    return G.v4_timeouts(launch) if launch.name.startswith("gate_v4") else 0
+
+
 def _same_bits(a, b) -> list:
     (ha, oa), (hb, ob) = a, b
     bad = [] if np.array_equal(ha.view(np.uint32), hb.view(np.uint32)) else ["highway"]
@@ -120,14 +126,17 @@ def check_part(Ts, hc, dim, tpss, rng):
             for version, tps in [("gate_v3", None)] + [("gate_v4", t) for t in tpss]:
                 def vs_reference(version=version, tps=tps):
                     c.reset()
-                    c.single(version, residual, tps)()
+                    first = c.single(version, residual, tps)
+                    first()
                     h, outs = c.state()
-                    stats = check(exp, (h, outs[0], outs[1]), version=version)
                     c.reset()
-                    c.single(version, residual, tps)()        # a second, fresh launch: the same bits
+                    second = c.single(version, residual, tps)
+                    second()                                  # a second, fresh launch: the same bits
                     again = c.state()
                     diff = _same_bits((h, outs), again)
-                    return {**stats, "reproducible": not diff, "ok": not diff}
+                    waits = _timeouts(first) + _timeouts(second)
+                    stats = check(exp, (h, outs[0], outs[1]), version=version)
+                    return {**stats, "reproducible": not diff, "wait_timeouts": waits, "ok": not diff and not waits}
                 record("vs reference", vs_reference, version=version, tps=tps, T=T, residual=residual)
 
             for version, tps in [("gate_v3", None)] + [("gate_v4", t) for t in tpss]:
@@ -143,8 +152,9 @@ def check_part(Ts, hc, dim, tpss, rng):
                         la()
                         lb()
                     diff = _same_bits(got, c.state())
+                    waits = _timeouts(launch) + _timeouts(la) + _timeouts(lb)
                     return {"launch": launch.name, "grid": launch.grid, "block": launch.block, "differs": diff,
-                            "ok": not diff}
+                            "wait_timeouts": waits, "ok": not diff and not waits}
                 record("pair x3 == two launches x3", pair_vs_two, version=version, tps=tps, T=T, residual=residual)
 
     if not SIM:
@@ -167,7 +177,8 @@ def check_part(Ts, hc, dim, tpss, rng):
             for _ in range(3):
                 direct()
             diff = _same_bits(got, c.state())
-            return {"differs": diff, "ok": not diff}
+            waits = _timeouts(launch) + _timeouts(direct)
+            return {"differs": diff, "wait_timeouts": waits, "ok": not diff and not waits}
         record("v4 pair in a CUDA graph x3 == direct x3", graph_replay, version="gate_v4", T=1, residual="fp32")
     return rows
 
@@ -194,8 +205,9 @@ def kernels_part(Ts, hc, dim, tpss, rng):
             g = CapturedGraph(s, launches, n_tokens=1)
             warm = timer(g.replay, iters=200, warmup=10, flush=False)
             flushed = timer(g.replay, iters=50, warmup=3)
+            waits = sum(_timeouts(x) for x in launches if hasattr(x, "args"))
             rows.append({"name": name, **kw, "nodes": len(launches), "us_warm": round(warm, 2),
-                         "us_flushed": round(flushed, 2),
+                         "us_flushed": round(flushed, 2), "wait_timeouts": waits,
                          "grid": [getattr(x, "grid", None) for x in launches],
                          "block": [getattr(x, "block", None) for x in launches]})
         except Exception as e:
@@ -293,7 +305,7 @@ def table(res) -> str:
     for r in rows:
         if not r["passed"] or r["what"] == "vs reference":
             keys = ("dot_err_ulps", "gate_err_ulps", "highway_err_ulps_of_max_h_gv", "highway_err_bf16_ulps",
-                    "reproducible")
+                    "reproducible", "wait_timeouts")
             extra = ", ".join(f"{k}={r[k]}" for k in keys if k in r)
             lines.append(f"  {'PASS' if r['passed'] else 'FAIL'} {r['what']:<40} {r.get('version')}"
                          f"[{r.get('tps')}] T={r.get('T')} {r.get('residual')}: {extra}"
@@ -311,7 +323,8 @@ def table(res) -> str:
                 lines.append(f"  {r['name']:<22} {r.get('T'):>2} {r.get('residual'):<5} ERROR {r['error'].splitlines()[0]}")
             else:
                 lines.append(f"  {r['name']:<22} {r['T']:>2} {r['residual']:<5} {r['us_warm']:>8} {r['us_flushed']:>8}  "
-                             f"{r['grid']} x {r['block']}")
+                             f"{r['grid']} x {r['block']}" + (f"  WAIT TIMEOUTS {r['wait_timeouts']}"
+                                                              if r.get("wait_timeouts") else ""))
     d = res.get("decode")
     if isinstance(d, dict):
         c = d.get("check", {})

@@ -729,7 +729,7 @@ def _make_pair(nch: int, residual_bf16: bool):
 # grid small enough to be resident at once on the device (`V4_THREADS_PER_SM`), a second reason.
 #
 # Publishing without a reset: each row has 64-bit counters in a per-launch workspace (`sync`,
-# zeroed once when the launch is prepared) that only ever grow, by S a launch per role. A
+# zeroed once when the launch is prepared; `v4_timeouts` reads its wait-timeout counts) that only ever grow, by S a launch per role. A
 # reducer's ticket (its arrival) old gives the launch's epoch old // S and whether it came last
 # (old % S == S - 1); the gate goes out as one 64-bit word, (epoch + 1) << 32 | gate bits, so a
 # waiter (whose own ticket on its role's counter gives the same epoch) reads tag and gate in one
@@ -745,11 +745,14 @@ def _make_pair(nch: int, residual_bf16: bool):
 
 V4_MAX_THREADS = 512            # threads a block (= chunks a slice)
 V4_SYNC = 8                     # int64 words of `sync` a row
-(V4_ARRIVE_A, V4_READY_A, V4_TICKET_U, V4_TICKET_M, V4_ARRIVE_B, V4_READY_B) = range(6)
+(V4_ARRIVE_A, V4_READY_A, V4_TICKET_U, V4_TICKET_M, V4_ARRIVE_B, V4_READY_B, V4_TIMEOUTS) = range(7)
+V4_SPIN_LIMIT = 1 << 22         # polls (~seconds) before a wait gives up and counts sync[V4_TIMEOUTS]:
+                                # a bug then shows as wrong bits and a count, not as a hung GPU
 V4_TAG_MASK = 0x7FFFFFFF        # the epoch tag's bits in a published word (compared for equality)
 # The launcher keeps grid * block <= SMs * V4_THREADS_PER_SM[kernel] and grid <= SMs * 16, which an
-# SM holds at once with the registers the compile tier reports for sm_90a (gate_v4: 56 fp32 / 52
-# bf16, so 1024 threads take 57,344 of 65,536; the pair: 78, so 768 threads take 61,440).
+# SM holds at once with the registers the compile tier reports for sm_90a (gate_v4: 56 fp32 / 54
+# bf16, so 1024 threads take 57,344 of 65,536; the pair: 74, allocated as 80, so 768 threads take
+# 61,440).
 V4_THREADS_PER_SM = {"single": 1024, "pair": 768}
 V4_BLOCKS_PER_SM = 16
 
@@ -766,10 +769,17 @@ if SIMULATOR:
 else:
     @cuda.jit(device=True)
     def _v4_wait(sync, i, tag):
-        """Spin (one thread) until sync[i]'s tag is `tag`; returns the word (tag and gate bits)."""
+        """Spin (one thread) until sync[i]'s tag is `tag`; returns the word (tag and gate bits).
+        Past V4_SPIN_LIMIT polls (never, unless the kernel is broken) it counts a timeout in the
+        row's sync[V4_TIMEOUTS] and returns what it read."""
         w = cuda.atomic.add(sync, i, 0)
+        n = 0
         while (w >> 32) != tag:
             w = cuda.atomic.add(sync, i, 0)
+            n += 1
+            if n > V4_SPIN_LIMIT:
+                cuda.atomic.add(sync, i - i % V4_SYNC + V4_TIMEOUTS, 1)
+                break
         return w
 
 
@@ -1199,6 +1209,13 @@ def _v4_workspace(T: int, hc: int, S: int, layers: int):
     part = cuda.device_array(layers * rows * S * 3, dtype=np.uint32)
     sync = cuda.to_device(np.zeros(rows * V4_SYNC, np.int64))
     return part, sync
+
+
+def v4_timeouts(launch) -> int:
+    """Waits that gave up (V4_SPIN_LIMIT) in every run so far of a prepared gate_v4 launch or
+    pair: 0 unless the kernel is broken (its results are then wrong too)."""
+    sync = next(a for a in launch.args if getattr(a, "dtype", None) == np.int64)
+    return int(sync.copy_to_host().reshape(-1, V4_SYNC)[:, V4_TIMEOUTS].sum())
 
 
 def _check_v4_grid(name, grid, block, T, hc, dim, pair=False):

@@ -81,6 +81,7 @@ def test_v4_launch_again_is_a_new_epoch(rng):
         sync = launch.args[7].copy_to_host().reshape(T * hc, G.V4_SYNC)
         S = G.geometry_v4(T, hc, dim, None, 32)["slices"]
         assert np.all(sync[:, G.V4_ARRIVE_A] == 2 * S) and np.all(sync[:, G.V4_TICKET_U] == 2 * S)
+        assert G.v4_timeouts(launch) == 0
 
 
 # ---- the pair -----------------------------------------------------------------------------------
