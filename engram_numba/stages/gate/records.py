@@ -39,7 +39,8 @@ _RECORDS = [
     (4, False, "few tokens: each (t, c) row over S blocks of one chunk a thread (dim 5120: 20 blocks of 32), "
                "partials to global, the last block to arrive sums them in slice order (deterministic) and "
                "publishes the gate; updater blocks with higher indices, which loaded h and the value already, "
-               "wait for it and store (not measured yet; for T <= ~13 at hc 4, dim 5120: the grid must be resident)",
+               "wait for it and store (not measured yet; the grid must be resident: T <= 13, its pair T <= 8 "
+               "at hc 4, dim 5120 on 132 SMs)",
      "never (pick it by name; the decode graph's gate pair follows the per-layer choice)", None),
 ]
 
