@@ -4,7 +4,7 @@ own (the engine's gather / decode, projection and gate builders), in the step's 
 that two engram layers on the device-table path are fused where the same bits allow it: their
 gathers are one launch (`prepare_gather_pair`, when the rows kernel has that form), two `q2k_r`
 layers' projections one launch, and their gates one launch (`prepare_gate_pair`, when each
-layer's own gate would be gate_v3): a layer's kv depends on its token ids only, so both gathers
+layer's own gate would be gate_v3, or both gate_v4): a layer's kv depends on its token ids only, so both gathers
 and both projections can run before the gates, which then run layer a, layer b in one block."""
 from __future__ import annotations
 
@@ -133,22 +133,29 @@ class DecodeGraph:
                                     bad_count=eng._decode_bad)]
 
     def _gate_pair(self, h, residual):
-        """Both layers' gates in one launch ([launch]), or None: each layer's own gate launch
-        must be gate_v3 (the pair is its kernel twice in one block, same geometry)."""
+        """Both layers' gates in one launch ([launch]), or None: both layers' own gate launches
+        must be gate_v3 (the pair is its kernel twice in one block, same geometry) or both gate_v4
+        (its pair kernel, same slices), so that the pair gives the per-layer path's bits."""
         if not self._fusable():
             return None
         eng = self.engine
         a, b = eng.config.layer_ids
-        if any(self._gate_launch(lid, h, residual).name != "gate_v3" for lid in (a, b)):
-            return None
-        from .stages.gate.cuda import geometry_v3, pair_fits
-        if not pair_fits(geometry_v3(1, eng.config.hc, eng.config.dim)):
+        names = {self._gate_launch(lid, h, residual).name for lid in (a, b)}
+        if names == {"gate_v3"}:
+            from .stages.gate.cuda import geometry_v3, pair_fits
+            if not pair_fits(geometry_v3(1, eng.config.hc, eng.config.dim)):
+                return None
+        elif names == {"gate_v4"}:
+            from .stages.gate.cuda import v4_applies
+            if not v4_applies(1, eng.config.hc, eng.config.dim, pair=True):
+                return None
+        else:
             return None
         wa, wb = eng._ws[a], eng._ws[b]
         return [prepare_gate_pair(h, wa.kv[:1], eng.layers[a].w_gate, wb.kv[:1], eng.layers[b].w_gate,
                                   token_mask=self.dev_mask, residual=residual, eps=eng.config.eps,
                                   dot_a=wa.dot[:1], gate_a=wa.gate[:1], dot_b=wb.dot[:1], gate_b=wb.gate[:1],
-                                  stream=self.stream)]
+                                  stream=self.stream, version=names.pop())]
 
     def _pair_projection(self):
         """One launch projecting both layers (q2k_r wkv in one buffer), or None: it must be the

@@ -220,15 +220,17 @@ def test_decode_equals_step_in_the_simulator(model, simulator):
 
 
 @pytest.mark.slow     # two tokens of simulated projection
-def test_fused_decode_launches_equal_step_in_the_simulator(model, simulator):
+@pytest.mark.parametrize("gate", ["gate_v3", "gate_v4"])
+def test_fused_decode_launches_equal_step_in_the_simulator(model, simulator, gate):
     """The decode graph's launch list with the two layers fused (one gather launch, one gate
     launch: the kernels chosen by name, since the simulator's defaults have no pair form), run
     launch by launch without a graph (the simulator has none), equals step(graph=False) bit for
-    bit, dot and gate of both layers included; a masked token, then a live one."""
+    bit, dot and gate of both layers included; a masked token, then a live one. The gate pair
+    is the per-layer gate's: gate_v3's or gate_v4's."""
     if not simulator:
         pytest.skip("on a GPU the graphed decode is tested in the gpu tier")
     from engram_numba.decode_graph import DecodeGraph
-    versions = {"rows": "q2k_v3", "gate": "gate_v3"}
+    versions = {"rows": "q2k_v3", "gate": gate}
     cfg = model.config
     eng = EngramV41(model, max_tokens=2, device_tables=True, versions=versions)
     ref = EngramV41(model, max_tokens=2, device_tables=True, versions=versions)
@@ -241,8 +243,8 @@ def test_fused_decode_launches_equal_step_in_the_simulator(model, simulator):
     d_h, d_ref = cuda.to_device(h0), cuda.to_device(h0)
     launches = g._launches(d_h, "fp32")
     names = [x.name for x in launches]
-    assert names.count("q2k_v3[2 layers]") == 1 and names[-1] == "gate_v3[2 layers]", names
-    assert not any(n in ("q2k_v3", "gate_v3") for n in names), names
+    assert names.count("q2k_v3[2 layers]") == 1 and names[-1] == f"{gate}[2 layers]", names
+    assert not any(n in ("q2k_v3", gate) for n in names), names
     hasher, ref_hasher = EngramHasher(model.hash_tables), EngramHasher(model.hash_tables)
     for tok, live in zip(TINY_TOKENS[:2], (False, True)):
         ids = hasher.hash([int(tok)], None if live else np.array([False]))
@@ -361,6 +363,23 @@ def test_gpu_decode_graph_equals_ungraphed_step(model, device_tables, wkv_format
     cuda.synchronize()
     gpu_record(test="decode graph == ungraphed step", device_tables=device_tables, wkv_format=str(wkv_format),
                tokens=len(DECODE_TOKENS), decode_host_us_per_token_tiny=round(host_us, 1), passed=True)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("residual", ["fp32", "bf16"])
+def test_gpu_decode_graph_with_gate_v4_equals_ungraphed_step(model, residual, gpu_record):
+    """gate_v4 picked by name: the graph fuses both layers' gates into gate_v4's pair, and the
+    highway after every token is the bits of step(graph=False) running gate_v4 layer by layer
+    (the graph replays the pair's counters as captured: nothing is reset between tokens)."""
+    kw = dict(max_tokens=4, device_tables=True, versions={"gate": "gate_v4"}, residual=residual)
+    eng = EngramV41(model, **kw)
+    got, _ = _run_sequence(eng, model, DECODE_TOKENS, DECODE_MASKS, True)
+    want, _ = _run_sequence(EngramV41(model, **kw), model, DECODE_TOKENS, DECODE_MASKS, False)
+    np.testing.assert_array_equal(got.view(np.uint32), want.view(np.uint32))
+    names = next(iter(eng._decode_graphs.values())).names
+    assert names[-1] == "gate_v4[2 layers]" and "gate_v4" not in names, names
+    gpu_record(test="decode graph with gate_v4 pair == ungraphed step", residual=residual,
+               tokens=len(DECODE_TOKENS), passed=True)
 
 
 @pytest.mark.gpu

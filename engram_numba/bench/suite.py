@@ -325,7 +325,7 @@ def bench_variants(shape: BenchShape = RELEASED, quick: bool = False, log=print,
             for rec in catalog.records("gate"):
                 if T not in tokens(rec):
                     continue
-                for layout in ((None,) if rec.name == "gate_v1" else ("stream", "token")):
+                for layout in ((None,) if rec.name in ("gate_v1", "gate_v4") else ("stream", "token")):   # v4: one map
                     h.copy_to_device(h0)
                     try:
                         launch = prepare_gate(h, kvg, w_gate, dot_out=dot, gate_out=gate, version=rec.name,

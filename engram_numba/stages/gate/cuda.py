@@ -40,8 +40,14 @@ Kernel versions (never delete v1):
     v3 pair  (`gate_v3_pair`, launched by `launch.prepare_gate_pair`): two layers' gates on one
         highway in one launch, v3's arithmetic for each, bit-identical to two gate_v3 launches
         in sequence (the one-token decode's two engram layers; see the comment above the kernel).
+    v4  few tokens: each (t, c) row over S blocks (one chunk of 8 a thread), partial sums to
+        global, the last block to arrive sums them in a fixed order and publishes the gate;
+        blocks with higher indices, holding h and the value already, wait for it and store.
+        No grid-wide barrier, no cooperative launch, nothing to reset between launches (a graph
+        replays it as is). Its pair (`gate_v4_pair`) adds a middle role: bit-identical to two
+        gate_v4 launches. See the comment above `_make_v4`.
 
-v2 and v3 are compiled per residual (the fp32 path carries no rounding code), v3 also per nch.
+v2, v3 and v4 are compiled per residual (the fp32 path carries no rounding code), v3 also per nch.
 
 The launcher is `launch.prepare_gate` / `launch.run_gate` (the highway is updated in place); the
 default rules, kernels and argument types are in records.py; `launch_config` says what a launch will
@@ -56,8 +62,8 @@ from numba import cuda, types
 
 from ...config import GATE_CLAMP, MAX_HC, NORM_EPS
 from ...device.devarray import data_address
-from ...device.intrinsics import (add_rn, bf16_bits_to_f32, bf16x2_hi, bf16x2_lo, device_function, f32_as_u32, load_u32x4,
-                                mul_rn, round_to_bf16, store_u32x4, u32_as_f32, warp_sum)
+from ...device.intrinsics import (SIMULATOR, add_rn, bf16_bits_to_f32, bf16x2_hi, bf16x2_lo, device_function,
+                                  f32_as_u32, load_u32x4, mul_rn, round_to_bf16, store_u32x4, u32_as_f32, warp_sum)
 from ...device.launch import NoLaunch, PreparedLaunch
 
 LAYOUTS = ("token", "stream")   # one block per token (all hc streams) / one block per (t, c)
@@ -700,6 +706,359 @@ def _make_pair(nch: int, residual_bf16: bool):
     return cuda.jit(gate_v3_pair)
 
 
+# ---- v4: many blocks a row, for few tokens ---------------------------------------------------
+#
+# At one token gate_v3 is 4 blocks (one a (t, c) row) on 132 SMs: pure latency. v4 spreads each
+# row over S blocks of B threads (one chunk of 8 elements a thread, so a block covers a slice of
+# B chunks; S = ceil(chunks / B), dim 5120 -> 20 slices of 32 threads by default) and splits the
+# work in roles by block index, so that a block only ever waits for blocks with a LOWER index:
+#
+#   reducers, blocks [0, R*S) (R = T*hc rows): load their slice of h, w and the key, sum it
+#       (`_chunk_sums`, warp sums, warps in order), store the three partial sums, fence, and
+#       count in on the row's arrival counter. The block that arrives last sums the S partials
+#       in slice order (lane s holds slice s, then a warp sum: the same tree whichever block came
+#       last, so the result is bitwise reproducible run to run), computes dot and gate as every
+#       version does (`_gate_scalars`) and publishes the gate;
+#   updaters, blocks [R*S, 2*R*S): load their slice of h and the value at once (before the gate
+#       exists), then one thread waits for the row's gate and the block stores h + gate*v.
+#
+# No block waits for a block with a higher index, which the GPU dispatches no earlier than it
+# (a 1-D grid goes out in index order) and which therefore has started or finished: the waits
+# cannot deadlock, however few blocks are resident; and numba's simulator, which runs blocks one
+# after another, finds every gate published before its updaters run. The launcher also keeps the
+# grid small enough to be resident at once on the device (`V4_THREADS_PER_SM`), a second reason.
+#
+# Publishing without a reset: each row has 64-bit counters in a per-launch workspace (`sync`,
+# zeroed once when the launch is prepared; `v4_timeouts` reads its wait-timeout counts) that only ever grow, by S a launch per role. A
+# reducer's ticket (its arrival) old gives the launch's epoch old // S and whether it came last
+# (old % S == S - 1); the gate goes out as one 64-bit word, (epoch + 1) << 32 | gate bits, so a
+# waiter (whose own ticket on its role's counter gives the same epoch) reads tag and gate in one
+# atomic. Nothing has to be reset between launches, so a captured graph replays as is. Partials
+# are written with plain stores and a fence and read back with atomics (L2, not a stale L1).
+#
+# The pair (`gate_v4_pair`): three roles of R*S blocks: reducers of layer a (as above); middles,
+# which load h, layer a's value and layer b's weight and key, wait for gate a, apply layer a's
+# update in registers (`_pair_word`, what gate_v4 would store) and reduce layer b's slice on the
+# result (the last of them publishes gate b); and updaters, which load h and both values, wait
+# for both gates and store h after both updates. Every product, sum and rounding is the one two
+# gate_v4 launches do, in the same order, so the pair is bit-identical to them.
+
+V4_MAX_THREADS = 512            # threads a block (= chunks a slice)
+V4_SYNC = 8                     # int64 words of `sync` a row
+(V4_ARRIVE_A, V4_READY_A, V4_TICKET_U, V4_TICKET_M, V4_ARRIVE_B, V4_READY_B, V4_TIMEOUTS) = range(7)
+V4_SPIN_LIMIT = 1 << 22         # polls (~seconds) before a wait gives up and counts sync[V4_TIMEOUTS]:
+                                # a bug then shows as wrong bits and a count, not as a hung GPU
+V4_TAG_MASK = 0x7FFFFFFF        # the epoch tag's bits in a published word (compared for equality)
+# The launcher keeps grid * block <= SMs * V4_THREADS_PER_SM[kernel] and grid <= SMs * 16, which an
+# SM holds at once with the registers the compile tier reports for sm_90a (gate_v4: 56 fp32 / 54
+# bf16, so 1024 threads take 57,344 of 65,536; the pair: 74, allocated as 80, so 768 threads take
+# 61,440).
+V4_THREADS_PER_SM = {"single": 1024, "pair": 768}
+V4_BLOCKS_PER_SM = 16
+
+
+if SIMULATOR:
+    def _v4_wait(sync, i, tag):
+        """The word at sync[i] once its tag is `tag`. The simulator runs blocks in index order, so
+        the word is there already (a wait for a later block would hang: raise instead)."""
+        w = cuda.atomic.add(sync, i, 0)
+        if (int(w) >> 32) != int(tag):
+            raise RuntimeError(f"gate_v4: a block waited for sync[{i}] tag {tag}, found {int(w) >> 32}: "
+                               "only blocks with a lower index may publish what a block waits for")
+        return w
+else:
+    @cuda.jit(device=True)
+    def _v4_wait(sync, i, tag):
+        """Spin (one thread) until sync[i]'s tag is `tag`; returns the word (tag and gate bits).
+        Past V4_SPIN_LIMIT polls (never, unless the kernel is broken) it counts a timeout in the
+        row's sync[V4_TIMEOUTS] and returns what it read."""
+        w = cuda.atomic.add(sync, i, 0)
+        n = 0
+        while (w >> 32) != tag:
+            w = cuda.atomic.add(sync, i, 0)
+            n += 1
+            if n > V4_SPIN_LIMIT:
+                cuda.atomic.add(sync, i - i % V4_SYNC + V4_TIMEOUTS, 1)
+                break
+        return w
+
+
+@device_function
+def _v4_ticket_tag(sync, i, nslice):
+    """One ticket on sync[i] -> the epoch tag of this launch (the word a waiter waits for)."""
+    tk = cuda.atomic.add(sync, i, 1)
+    return (tk // nslice + 1) & V4_TAG_MASK
+
+
+@device_function
+def _v4_slice_load(hw, ww, kvw, h16, k16, w16, jj, residual_bf16):
+    """A reducer's chunk jj: its 8 h words and partial sums (h*w)*k, h*h, k*k."""
+    ha = load_u32x4(hw, h16 + 2 * jj)
+    hb = load_u32x4(hw, h16 + 2 * jj + 1)
+    wa = load_u32x4(ww, w16 + 2 * jj)
+    wb = load_u32x4(ww, w16 + 2 * jj + 1)
+    kq = load_u32x4(kvw, k16 + jj)
+    return _chunk_sums(
+        _h_value(ha[0], residual_bf16), _h_value(ha[1], residual_bf16), _h_value(ha[2], residual_bf16),
+        _h_value(ha[3], residual_bf16), _h_value(hb[0], residual_bf16), _h_value(hb[1], residual_bf16),
+        _h_value(hb[2], residual_bf16), _h_value(hb[3], residual_bf16), wa, wb, kq)
+
+
+@device_function
+def _v4_arrive(s_hk, s_hh, s_kk, part, pbase, sync, si, nslice, flag, scratch, partial, tid, nthreads):
+    """A block's slice sums -> its partials at part[pbase:pbase+3]; count in on sync[si]. Every
+    thread calls it; returns (whether this block came last, the launch's epoch tag) to all."""
+    hk, hh, kk = _block_sums(s_hk, s_hh, s_kk, scratch, partial, tid, nthreads)
+    if tid == 0:
+        part[pbase] = f32_as_u32(hk)
+        part[pbase + 1] = f32_as_u32(hh)
+        part[pbase + 2] = f32_as_u32(kk)
+        cuda.threadfence()
+        old = cuda.atomic.add(sync, si, 1)
+        flag[0] = 1 if old % nslice == nslice - 1 else 0
+        flag[3] = np.uint32((old // nslice + 1) & V4_TAG_MASK)
+        if old % nslice == nslice - 1:
+            cuda.threadfence()          # the acquire side: the other blocks' partials before our reads
+    cuda.syncthreads()
+    return flag[0] != 0, np.int64(flag[3])
+
+
+@device_function
+def _v4_total(part, base, nslice, tid, scratch):
+    """The row's three sums from its nslice partials at part[base + 3s ...] (read as atomics: the
+    other blocks wrote them), in a fixed order: lane l adds slices l, l+32, ... in turn, then a
+    warp sum. Every thread of the block calls it; warp 0 gets the totals."""
+    a = _NEG_ZERO
+    b = _NEG_ZERO
+    d = _NEG_ZERO
+    if tid < 32:
+        i = tid
+        while i < nslice:
+            a += u32_as_f32(cuda.atomic.add(part, base + 3 * i, np.uint32(0)))
+            b += u32_as_f32(cuda.atomic.add(part, base + 3 * i + 1, np.uint32(0)))
+            d += u32_as_f32(cuda.atomic.add(part, base + 3 * i + 2, np.uint32(0)))
+            i += 32
+    return warp_sum(a, scratch), warp_sum(b, scratch), warp_sum(d, scratch)
+
+
+@device_function
+def _v4_publish(sync, i, tag, gate):
+    """The gate as one word with its epoch tag (the waiters' one atomic read)."""
+    cuda.atomic.exch(sync, i, (tag << 32) | np.int64(f32_as_u32(gate)))
+
+
+@device_function
+def _v4_gate_of(word):
+    return u32_as_f32(np.uint32(word & 0xFFFFFFFF))
+
+
+@device_function
+def _v4_store(hw, h16, jj, x, v, gate, residual_bf16):
+    """One chunk's h + gate*v from its h words x and value words v (gate_v3's update)."""
+    store_u32x4(hw, h16 + 2 * jj,
+                _new_h_word(_h_value(x[0], residual_bf16), gate, bf16x2_lo(v[0]), residual_bf16),
+                _new_h_word(_h_value(x[1], residual_bf16), gate, bf16x2_hi(v[0]), residual_bf16),
+                _new_h_word(_h_value(x[2], residual_bf16), gate, bf16x2_lo(v[1]), residual_bf16),
+                _new_h_word(_h_value(x[3], residual_bf16), gate, bf16x2_hi(v[1]), residual_bf16))
+    store_u32x4(hw, h16 + 2 * jj + 1,
+                _new_h_word(_h_value(x[4], residual_bf16), gate, bf16x2_lo(v[2]), residual_bf16),
+                _new_h_word(_h_value(x[5], residual_bf16), gate, bf16x2_hi(v[2]), residual_bf16),
+                _new_h_word(_h_value(x[6], residual_bf16), gate, bf16x2_lo(v[3]), residual_bf16),
+                _new_h_word(_h_value(x[7], residual_bf16), gate, bf16x2_hi(v[3]), residual_bf16))
+
+
+@device_function
+def _v4_words(hw, h16, jj):
+    ha = load_u32x4(hw, h16 + 2 * jj)
+    hb = load_u32x4(hw, h16 + 2 * jj + 1)
+    return (ha[0], ha[1], ha[2], ha[3], hb[0], hb[1], hb[2], hb[3])
+
+
+@device_function
+def _v4_after(x, v, gate, residual_bf16):
+    """The 8 h words after one layer's update (what gate_v4 stores), as words."""
+    return (_new_h_word(_h_value(x[0], residual_bf16), gate, bf16x2_lo(v[0]), residual_bf16),
+            _new_h_word(_h_value(x[1], residual_bf16), gate, bf16x2_hi(v[0]), residual_bf16),
+            _new_h_word(_h_value(x[2], residual_bf16), gate, bf16x2_lo(v[1]), residual_bf16),
+            _new_h_word(_h_value(x[3], residual_bf16), gate, bf16x2_hi(v[1]), residual_bf16),
+            _new_h_word(_h_value(x[4], residual_bf16), gate, bf16x2_lo(v[2]), residual_bf16),
+            _new_h_word(_h_value(x[5], residual_bf16), gate, bf16x2_hi(v[2]), residual_bf16),
+            _new_h_word(_h_value(x[6], residual_bf16), gate, bf16x2_lo(v[3]), residual_bf16),
+            _new_h_word(_h_value(x[7], residual_bf16), gate, bf16x2_hi(v[3]), residual_bf16))
+
+
+def _make_v4(residual_bf16: bool):
+    """gate_v4 for one residual (see the comment above)."""
+    RB = bool(residual_bf16)
+
+    def gate_v4(hw, kvw, ww, mask, dot_out, gate_out, part, sync, hc, dim, nslice, has_mask, has_dot, has_gate, eps):
+        # hw, kvw, ww as gate_v2's; part [R*S*3 (or more)] u32 partial sums, sync [R*V4_SYNC] int64
+        # counters (zero before the first launch, never reset); grid 2*R*S blocks (R = T*hc rows)
+        scratch = cuda.shared.array(V4_MAX_THREADS, np.float32)    # warp_sum's simulator twin only
+        partial = cuda.shared.array((MAX_WARPS, 3), np.float32)
+        flag = cuda.shared.array(4, np.uint32)
+        tid = cuda.threadIdx.x
+        nthreads = cuda.blockDim.x
+        nrs = cuda.gridDim.x // 2
+        b = cuda.blockIdx.x
+        role = b // nrs                 # 0 reducer, 1 updater
+        b -= role * nrs
+        row = b // nslice               # t * hc + c
+        s = b - row * nslice
+        t = row // hc
+        c = row - t * hc
+        live = True
+        if has_mask != 0:
+            live = mask[t] != 0
+        if not live and has_dot == 0:
+            if role == 0 and s == 0 and tid == 0 and has_gate != 0:
+                gate_out[t, c] = np.float32(0.0)
+            return              # every block of the row returns: no counter moves, no one waits
+        chunks = dim // 8
+        j = s * nthreads + tid
+        ok = j < chunks
+        jj = min(j, chunks - 1)
+        h16 = row * (dim // 4)
+        v16 = (t * (hc + 1) + hc) * (dim // 8)
+        sb = row * V4_SYNC
+        if role == 1:
+            x = _v4_words(hw, h16, jj)
+            vq = load_u32x4(kvw, v16 + jj)
+            if tid == 0:
+                tag = _v4_ticket_tag(sync, sb + V4_TICKET_U, nslice)
+                if live:
+                    flag[1] = np.uint32(_v4_wait(sync, sb + V4_READY_A, tag) & 0xFFFFFFFF)
+            cuda.syncthreads()
+            if live and ok:
+                _v4_store(hw, h16, jj, x, vq, u32_as_f32(flag[1]), RB)
+            return
+        k16 = (t * (hc + 1) + c) * (dim // 8)
+        w16 = c * (dim // 4)
+        a, bb, d = _v4_slice_load(hw, ww, kvw, h16, k16, w16, jj, RB)
+        if not ok:
+            a = _NEG_ZERO
+            bb = _NEG_ZERO
+            d = _NEG_ZERO
+        last, tag = _v4_arrive(a, bb, d, part, (row * nslice + s) * 3, sync, sb + V4_ARRIVE_A, nslice, flag,
+                               scratch, partial, tid, nthreads)
+        if not last:
+            return
+        hk, hh, kk = _v4_total(part, row * nslice * 3, nslice, tid, scratch)
+        if tid == 0:
+            dot, gate = _gate_scalars(hk, hh, kk, dim, eps, live)
+            if has_dot != 0:
+                dot_out[t, c] = dot
+            if has_gate != 0:
+                gate_out[t, c] = gate
+            _v4_publish(sync, sb + V4_READY_A, tag, gate)
+
+    gate_v4.__name__ = gate_v4.__qualname__ = f"gate_v4_{'bf16' if RB else 'fp32'}"
+    return cuda.jit(gate_v4)
+
+
+def _make_v4_pair(residual_bf16: bool):
+    """gate_v4's two-layer kernel for one residual (see the comment above `_make_v4`)."""
+    RB = bool(residual_bf16)
+
+    def gate_v4_pair(hw, kvwa, kvwb, wwa, wwb, mask, dot_a, gate_a, dot_b, gate_b, part, sync, hc, dim, nslice,
+                     has_mask, outs, eps):
+        # gate_v4's arguments with a second layer's kv and w (gate_v3_pair's outputs and `outs`
+        # bits); part [2*R*S*3] (layer a's partials, then layer b's); grid 3*R*S blocks
+        scratch = cuda.shared.array(V4_MAX_THREADS, np.float32)    # warp_sum's simulator twin only
+        partial = cuda.shared.array((MAX_WARPS, 3), np.float32)
+        flag = cuda.shared.array(4, np.uint32)
+        tid = cuda.threadIdx.x
+        nthreads = cuda.blockDim.x
+        nrs = cuda.gridDim.x // 3
+        b = cuda.blockIdx.x
+        role = b // nrs                 # 0 reducer of layer a, 1 middle (layer a's update, layer b's sums), 2 updater
+        b -= role * nrs
+        row = b // nslice
+        s = b - row * nslice
+        t = row // hc
+        c = row - t * hc
+        live = True
+        if has_mask != 0:
+            live = mask[t] != 0
+        if not live and (outs & (PAIR_DOT_A | PAIR_DOT_B)) == 0:
+            if role == 0 and s == 0 and tid == 0:
+                if outs & PAIR_GATE_A:
+                    gate_a[t, c] = np.float32(0.0)
+                if outs & PAIR_GATE_B:
+                    gate_b[t, c] = np.float32(0.0)
+            return
+        chunks = dim // 8
+        j = s * nthreads + tid
+        ok = j < chunks
+        jj = min(j, chunks - 1)
+        h16 = row * (dim // 4)
+        k16 = (t * (hc + 1) + c) * (dim // 8)
+        w16 = c * (dim // 4)
+        v16 = (t * (hc + 1) + hc) * (dim // 8)
+        sb = row * V4_SYNC
+        if role == 2:
+            x = _v4_words(hw, h16, jj)
+            va = load_u32x4(kvwa, v16 + jj)
+            vb = load_u32x4(kvwb, v16 + jj)
+            if tid == 0:
+                tag = _v4_ticket_tag(sync, sb + V4_TICKET_U, nslice)
+                if live:
+                    flag[1] = np.uint32(_v4_wait(sync, sb + V4_READY_A, tag) & 0xFFFFFFFF)
+                    flag[2] = np.uint32(_v4_wait(sync, sb + V4_READY_B, tag) & 0xFFFFFFFF)
+            cuda.syncthreads()
+            if live and ok:
+                y = _v4_after(x, va, u32_as_f32(flag[1]), RB)
+                _v4_store(hw, h16, jj, y, vb, u32_as_f32(flag[2]), RB)
+            return
+        if role == 1:
+            x = _v4_words(hw, h16, jj)
+            va = load_u32x4(kvwa, v16 + jj)
+            wb0 = load_u32x4(wwb, w16 + 2 * jj)
+            wb1 = load_u32x4(wwb, w16 + 2 * jj + 1)
+            kb = load_u32x4(kvwb, k16 + jj)
+            if tid == 0:
+                tag = _v4_ticket_tag(sync, sb + V4_TICKET_M, nslice)
+                flag[1] = np.uint32(0)
+                if live:
+                    flag[1] = np.uint32(_v4_wait(sync, sb + V4_READY_A, tag) & 0xFFFFFFFF)
+            cuda.syncthreads()
+            ga = u32_as_f32(flag[1])
+            _y, a, bb, d = _pair_mid(x, va, (wb0, wb1), kb, ok, ga, live, RB)
+            last, tag = _v4_arrive(a, bb, d, part, ((nrs + row * nslice + s) * 3), sync, sb + V4_ARRIVE_B, nslice,
+                                   flag, scratch, partial, tid, nthreads)
+            if not last:
+                return
+            hk, hh, kk = _v4_total(part, (nrs + row * nslice) * 3, nslice, tid, scratch)
+            if tid == 0:
+                dot, gate = _gate_scalars(hk, hh, kk, dim, eps, live)
+                if outs & PAIR_DOT_B:
+                    dot_b[t, c] = dot
+                if outs & PAIR_GATE_B:
+                    gate_b[t, c] = gate
+                _v4_publish(sync, sb + V4_READY_B, tag, gate)
+            return
+        a, bb, d = _v4_slice_load(hw, wwa, kvwa, h16, k16, w16, jj, RB)
+        if not ok:
+            a = _NEG_ZERO
+            bb = _NEG_ZERO
+            d = _NEG_ZERO
+        last, tag = _v4_arrive(a, bb, d, part, (row * nslice + s) * 3, sync, sb + V4_ARRIVE_A, nslice, flag,
+                               scratch, partial, tid, nthreads)
+        if not last:
+            return
+        hk, hh, kk = _v4_total(part, row * nslice * 3, nslice, tid, scratch)
+        if tid == 0:
+            dot, gate = _gate_scalars(hk, hh, kk, dim, eps, live)
+            if outs & PAIR_DOT_A:
+                dot_a[t, c] = dot
+            if outs & PAIR_GATE_A:
+                gate_a[t, c] = gate
+            _v4_publish(sync, sb + V4_READY_A, tag, gate)
+
+    gate_v4_pair.__name__ = gate_v4_pair.__qualname__ = f"gate_v4_pair_{'bf16' if RB else 'fp32'}"
+    return cuda.jit(gate_v4_pair)
+
+
 _KERNELS: dict = {}
 
 
@@ -728,6 +1087,22 @@ def gate_v3_pair(nch: int, residual_bf16: bool = False):
     key = ("pair", int(nch), bool(residual_bf16))
     if key not in _KERNELS:
         _KERNELS[key] = _make_pair(int(nch), bool(residual_bf16))
+    return _KERNELS[key]
+
+
+def gate_v4(residual_bf16: bool = False):
+    """The v4 kernel for one residual (built once, then cached)."""
+    key = (4, bool(residual_bf16))
+    if key not in _KERNELS:
+        _KERNELS[key] = _make_v4(bool(residual_bf16))
+    return _KERNELS[key]
+
+
+def gate_v4_pair(residual_bf16: bool = False):
+    """gate_v4's two-layer kernel for one residual (built once, then cached)."""
+    key = ("pair4", bool(residual_bf16))
+    if key not in _KERNELS:
+        _KERNELS[key] = _make_v4_pair(bool(residual_bf16))
     return _KERNELS[key]
 
 
@@ -782,6 +1157,75 @@ def _v3_applies(T: int, hc: int, dim: int, layout: str | None, tps: int | None =
     return launch_config(T, hc, dim, 3, layout, tps)["nch"] <= V3_MAX_CHUNKS
 
 
+def geometry_v4(T: int, hc: int, dim: int, layout: str | None = None, tps: int | None = None) -> dict:
+    """v4's launch configuration (one layer; the pair's grid is 3/2 of it): blocks of tps threads,
+    one chunk of 8 a thread, S = ceil(chunks / tps) slices a row, grid 2 * T * hc * S. `layout`
+    does not apply (v4 has one block map) and is ignored; tps None: the smallest multiple of 32
+    that keeps S <= 32 (dim 5120: 32 threads, 20 slices; dim 4096: 32, 16)."""
+    chunks = dim // 8
+    if tps is None:
+        tps = max(32, _round_up(-(-chunks // 32), 32))
+        if tps > V4_MAX_THREADS:
+            raise ValueError(f"gate_v4 covers at most {32 * V4_MAX_THREADS} chunks of 8 a row (32 slices of "
+                             f"{V4_MAX_THREADS} threads); dim {dim} has {chunks}: use gate_v2")
+    elif not (isinstance(tps, (int, np.integer)) and tps % 32 == 0 and 32 <= tps <= V4_MAX_THREADS):
+        raise ValueError(f"gate_v4's tps (threads a block, chunks a slice) must be a multiple of 32 in "
+                         f"32..{V4_MAX_THREADS}, got {tps!r}")
+    tps = int(tps)
+    S = -(-chunks // tps)
+    return {"version": 4, "layout": "slices", "grid": 2 * T * hc * S, "block": tps, "tps": tps, "nch": 1,
+            "slices": S}
+
+
+def _sm_count() -> int:
+    if SIMULATOR:
+        return 132                  # the H200's, so that the simulator refuses what the GPU would
+    return int(cuda.get_current_device().MULTIPROCESSOR_COUNT)
+
+
+def v4_resident(grid: int, block: int, n_sm: int | None = None, pair: bool = False) -> bool:
+    """Whether a v4 grid (of the pair kernel if `pair`) fits on the device at once (see the
+    comment above `_make_v4`)."""
+    n_sm = _sm_count() if n_sm is None else n_sm
+    per_sm = V4_THREADS_PER_SM["pair" if pair else "single"]
+    return grid * block <= n_sm * per_sm and grid <= n_sm * V4_BLOCKS_PER_SM
+
+
+def v4_applies(T: int, hc: int, dim: int, tps: int | None = None, *, pair: bool = False,
+               n_sm: int | None = None) -> bool:
+    """Whether gate_v4 (or its pair) takes this shape: dim small enough and the grid resident."""
+    try:
+        cfg = geometry_v4(max(T, 1), hc, dim, None, tps)
+    except ValueError:
+        return False
+    grid = cfg["grid"] * 3 // 2 if pair else cfg["grid"]
+    return v4_resident(grid, cfg["block"], n_sm, pair)
+
+
+def _v4_workspace(T: int, hc: int, S: int, layers: int):
+    """(part, sync): partial sums [layers*R*S*3] u32 and the counters [R*V4_SYNC] int64, zeroed
+    (synchronously, so this must not run under stream capture: the launchers run it before)."""
+    rows = max(T, 1) * hc
+    part = cuda.device_array(layers * rows * S * 3, dtype=np.uint32)
+    sync = cuda.to_device(np.zeros(rows * V4_SYNC, np.int64))
+    return part, sync
+
+
+def v4_timeouts(launch) -> int:
+    """Waits that gave up (V4_SPIN_LIMIT) in every run so far of a prepared gate_v4 launch or
+    pair: 0 unless the kernel is broken (its results are then wrong too)."""
+    sync = next(a for a in launch.args if getattr(a, "dtype", None) == np.int64)
+    return int(sync.copy_to_host().reshape(-1, V4_SYNC)[:, V4_TIMEOUTS].sum())
+
+
+def _check_v4_grid(name, grid, block, T, hc, dim, pair=False):
+    if not v4_resident(grid, block, pair=pair):
+        per_sm = V4_THREADS_PER_SM["pair" if pair else "single"]
+        raise ValueError(f"{name} at T={T}, hc={hc}, dim={dim} needs {grid} blocks of {block} threads, more than "
+                         f"the device holds at once ({_sm_count()} SMs x {V4_BLOCKS_PER_SM} blocks / {per_sm} "
+                         "threads): it is meant for a few tokens; use gate_v3 or gate_v2")
+
+
 # ---- prepared launches (arguments are checked by launch.prepare_gate) -------------------------
 
 _DUMMIES: dict = {}
@@ -813,7 +1257,9 @@ def prepare(rec, highway, kv, w, *, mask=None, dot_out=None, gate_out=None, resi
         naive   (highway, kv, w, mask, dot_out, gate_out, has_mask, residual_bf16, has_dot, has_gate, eps)
         words   (highway, kv and w as flat uint32 views, mask, dot_out, gate_out, hc, dim, tps,
                  has_mask, has_dot, has_gate, eps): 16-byte aligned data; the kernel is
-                 `rec.kernel_for(residual_bf16, nch)`"""
+                 `rec.kernel_for(residual_bf16, nch)`
+        v4      the words form with the launch's own workspace (part, sync) after gate_out and the
+                 slice count in place of tps; the block size is the tps of `geometry_v4`"""
     name = rec.name
     T, hc, dim = (int(s) for s in highway.shape)
     if rec.args != "naive":
@@ -833,11 +1279,17 @@ def prepare(rec, highway, kv, w, *, mask=None, dot_out=None, gate_out=None, resi
         return PreparedLaunch(name, rec.kernel_for(), cfg["grid"], cfg["block"], stream,
                               (highway, kv, w, mask, dot_out, gate_out, flags[0], int(residual_bf16), flags[1],
                                flags[2], eps32))
-    if rec.args != "words":
-        raise ValueError(f"gate record {name} has an unknown argument form {rec.args!r}")
     hw = highway.reshape(T * hc * dim).view(np.uint32)
     kvw = kv.reshape(T * (hc + 1) * dim).view(np.uint32)
     ww = w.reshape(hc * dim).view(np.uint32)
+    if rec.args == "v4":
+        _check_v4_grid(name, cfg["grid"], cfg["block"], T, hc, dim)
+        part, sync = _v4_workspace(T, hc, cfg["slices"], 1)
+        return PreparedLaunch(name, rec.kernel_for(bool(residual_bf16), 1), cfg["grid"], cfg["block"], stream,
+                              (hw, kvw, ww, mask, dot_out, gate_out, part, sync, hc, dim, cfg["slices"], flags[0],
+                               flags[1], flags[2], eps32))
+    if rec.args != "words":
+        raise ValueError(f"gate record {name} has an unknown argument form {rec.args!r}")
     return PreparedLaunch(name, rec.kernel_for(bool(residual_bf16), cfg["nch"]), cfg["grid"], cfg["block"], stream,
                           (hw, kvw, ww, mask, dot_out, gate_out, hc, dim, cfg["tps"], flags[0], flags[1], flags[2],
                            eps32))
@@ -859,17 +1311,20 @@ def pair_fits(cfg: dict) -> bool:
 def prepare_pair(rec, highway, kv_a, w_a, kv_b, w_b, *, mask=None, dot_a=None, gate_a=None, dot_b=None,
                  gate_b=None, residual_bf16=False, eps=NORM_EPS, layout=None, tps=None, stream=0):
     """Two layers' gates in one launch (arguments checked by `launch.prepare_gate_pair`): record
-    `rec` must be gate_v3 (the pair is its kernel run twice in a block); the launch's name is
-    "gate_v3[2 layers]". Layer a's gate runs first, layer b's on its result, as two gate_v3
-    launches with the same layout and tps would (bit for bit)."""
-    if rec.name != "gate_v3":
-        raise ValueError(f"the two-layer gate is gate_v3's kernel; {rec.name} has no pair form")
+    `rec` must be gate_v3 (the pair is its kernel run twice in a block) or gate_v4 (its three-role
+    pair kernel); the launch's name is "<record>[2 layers]". Layer a's gate runs first, layer b's
+    on its result, as two launches of the record with the same layout and tps would (bit for bit)."""
+    if rec.name not in ("gate_v3", "gate_v4"):
+        raise ValueError(f"the two-layer gate is gate_v3's or gate_v4's kernel; {rec.name} has no pair form")
     T, hc, dim = (int(s) for s in highway.shape)
     for what, arr in (("highway", highway), ("kv_a", kv_a), ("w_a", w_a), ("kv_b", kv_b), ("w_b", w_b)):
         if data_address(arr) % rec.align:
             raise ValueError(f"{what}'s data must be {rec.align}-byte aligned for the two-layer {rec.name} "
                              "(a sliced view?); run the layers' gates one by one (gate_v1) or use aligned copies")
     cfg = rec.geometry(max(T, 1), hc, dim, layout, tps)
+    if rec.name == "gate_v4":
+        return _prepare_pair_v4(rec, cfg, highway, kv_a, w_a, kv_b, w_b, mask, dot_a, gate_a, dot_b, gate_b,
+                                residual_bf16, eps, stream)
     if not pair_fits(cfg):
         raise ValueError(f"the two-layer gate cannot hold {cfg['nch']} chunks a thread on {cfg['block']}-thread "
                          f"blocks ({cfg['layout']} layout, dim {dim}, hc {hc}): more registers than a block may "
@@ -893,6 +1348,37 @@ def prepare_pair(rec, highway, kv_a, w_a, kv_b, w_b, *, mask=None, dot_a=None, g
                            dot_b, gate_b, hc, dim, cfg["tps"], int(mask is not None), outs, np.float32(eps)))
 
 
+def _pair_outs(dot_a, gate_a, dot_b, gate_b):
+    outs = 0
+    for bit, arr in ((PAIR_DOT_A, dot_a), (PAIR_GATE_A, gate_a), (PAIR_DOT_B, dot_b), (PAIR_GATE_B, gate_b)):
+        if arr is not None:
+            outs |= bit
+    return outs, [a if a is not None else dummy("out") for a in (dot_a, gate_a, dot_b, gate_b)]
+
+
+def _prepare_pair_v4(rec, cfg, highway, kv_a, w_a, kv_b, w_b, mask, dot_a, gate_a, dot_b, gate_b, residual_bf16,
+                     eps, stream):
+    """gate_v4's pair: 3 * T * hc * S blocks (reducers of layer a, middles, updaters), with its
+    own workspace; "gate_v4[2 layers]", bit-identical to two gate_v4 launches of the same tps."""
+    T, hc, dim = (int(s) for s in highway.shape)
+    name = f"{rec.name}[2 layers]"
+    grid = cfg["grid"] * 3 // 2
+    _check_v4_grid(name, grid, cfg["block"], T, hc, dim, pair=True)
+    if T == 0:
+        return NoLaunch(name)
+    outs, (dot_a, gate_a, dot_b, gate_b) = _pair_outs(dot_a, gate_a, dot_b, gate_b)
+    part, sync = _v4_workspace(T, hc, cfg["slices"], 2)
+    hw = highway.reshape(T * hc * dim).view(np.uint32)
+    kvwa = kv_a.reshape(T * (hc + 1) * dim).view(np.uint32)
+    kvwb = kv_b.reshape(T * (hc + 1) * dim).view(np.uint32)
+    wwa = w_a.reshape(hc * dim).view(np.uint32)
+    wwb = w_b.reshape(hc * dim).view(np.uint32)
+    return PreparedLaunch(name, gate_v4_pair(bool(residual_bf16)), grid, cfg["block"], stream,
+                          (hw, kvwa, kvwb, wwa, wwb, mask if mask is not None else dummy("mask"), dot_a, gate_a,
+                           dot_b, gate_b, part, sync, hc, dim, cfg["slices"], int(mask is not None), outs,
+                           np.float32(eps)))
+
+
 # ---- compile-only targets (sm_90) ---------------------------------------------------------------
 
 _F32_2D = types.float32[:, ::1]
@@ -902,6 +1388,8 @@ FAST_ARGS = (types.uint32[::1], types.uint32[::1], types.uint32[::1], types.uint
              types.int64, types.int64, types.int64,
              types.int64, types.int64, types.int64, types.float32)
 PAIR_ARGS = (types.uint32[::1],) * 5 + (types.uint8[::1],) + (_F32_2D,) * 4 + (types.int64,) * 5 + (types.float32,)
+V4_ARGS = FAST_ARGS[:6] + (types.uint32[::1], types.int64[::1]) + FAST_ARGS[6:]
+V4_PAIR_ARGS = PAIR_ARGS[:10] + (types.uint32[::1], types.int64[::1]) + PAIR_ARGS[10:]
 
 
 def v3_target_nchs() -> list[int]:

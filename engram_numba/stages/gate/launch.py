@@ -11,13 +11,16 @@ token_mask [T] uint8/bool, optional: 0 = masked token (gate 0, its streams not w
 residual "fp32" (no rounding) or "bf16" (h rounded to bf16 first, the result rounded to bf16)
 eps      RMS epsilon (1e-20 in the release), finite and >= 0
 dot_out, gate_out  [T, hc] fp32, optional: written for every (t, c), masked tokens included
-version  a record name of the gate stage ("gate_v1", "gate_v2", "gate_v3"); None: the default
+version  a record name of the gate stage ("gate_v1" .. "gate_v4"); None: the default
 layout   "token" / "stream" for v2 and v3 (see `cuda.launch_config`); tps threads per stream
+         (gate_v4: threads a block = chunks a slice, `cuda.geometry_v4`; it ignores layout)
 
     prepare_gate_pair(highway, kv_a, w_a, kv_b, w_b, *, token_mask=None, residual="fp32", eps=1e-20,
-                      dot_a=None, gate_a=None, dot_b=None, gate_b=None, stream=0, layout=None, tps=None)
-        -> PreparedLaunch "gate_v3[2 layers]": layer a's gate (kv_a, w_a, dot_a, gate_a), then
-        layer b's on the result, in one launch; bit-identical to two gate_v3 launches in sequence
+                      dot_a=None, gate_a=None, dot_b=None, gate_b=None, stream=0, layout=None, tps=None,
+                      version="gate_v3")
+        -> PreparedLaunch "gate_v3[2 layers]" (or "gate_v4[2 layers]"): layer a's gate (kv_a, w_a,
+        dot_a, gate_a), then layer b's on the result, in one launch; bit-identical to two launches
+        of that version (same layout and tps) in sequence
 
 Every argument is checked before anything runs: a bad one raises TypeError/ValueError naming it
 and leaves the highway untouched.
@@ -34,6 +37,8 @@ from .. import registry
 from . import records  # noqa: F401  (registers the gate kernels)
 from .cuda import LAYOUTS, launch_config, prepare_pair
 from .reference import RESIDUALS, check_eps
+
+PAIR_VERSIONS = ("gate_v3", "gate_v4")     # the records with a two-layer form
 
 
 def context(T: int, hc: int, dim: int, aligned: bool, layout=None, tps=None) -> dict:
@@ -84,10 +89,11 @@ def _check_outs(outs: dict, T, hc):
 
 def prepare_gate_pair(highway, kv_a, w_a, kv_b, w_b, *, token_mask=None, residual: str = "fp32",
                       eps: float = NORM_EPS, dot_a=None, gate_a=None, dot_b=None, gate_b=None, stream=0,
-                      layout: str | None = None, tps: int | None = None):
-    """Two layers' gates on one highway in one launch (see the module doc): gate_v3's arithmetic,
-    so the data must be 16-byte aligned and dim small enough for gate_v3 (ValueError otherwise,
-    before any launch). One token mask serves both layers."""
+                      layout: str | None = None, tps: int | None = None, version: str = "gate_v3"):
+    """Two layers' gates on one highway in one launch (see the module doc): `version`'s arithmetic
+    (gate_v3 or gate_v4), so the data must be 16-byte aligned and dim small enough for it
+    (ValueError otherwise, before any launch). One token mask serves both layers."""
+    check_choice(version, "version", PAIR_VERSIONS)
     check_choice(residual, "residual", RESIDUALS)
     check_choice(layout, "layout", LAYOUTS, optional=True)
     eps = check_eps(eps)
@@ -98,7 +104,7 @@ def prepare_gate_pair(highway, kv_a, w_a, kv_b, w_b, *, token_mask=None, residua
     oa = _check_outs({"dot_a": dot_a, "gate_a": gate_a}, T, hc)
     ob = _check_outs({"dot_b": dot_b, "gate_b": gate_b}, T, hc)
     launch_config(max(T, 1), hc, dim, 3, layout, tps)   # checks tps
-    return prepare_pair(registry.get("gate", "gate_v3"), highway, kv_a, w_a, kv_b, w_b, mask=mask, **oa, **ob,
+    return prepare_pair(registry.get("gate", version), highway, kv_a, w_a, kv_b, w_b, mask=mask, **oa, **ob,
                         residual_bf16=residual == "bf16", eps=eps, layout=layout, tps=tps, stream=stream)
 
 

@@ -3,7 +3,8 @@
 Default rules, over ctx = {"T", "hc", "dim", "aligned", "simulator", "layout", "tps"}: numba's
 simulator or unaligned data -> gate_v1 (its plain loops are the cheap ones to simulate); on a GPU
 gate_v2 from V2_MIN_T tokens on and wherever v3's registers would not hold a thread's chunks,
-gate_v3 below V2_MIN_T. Timings quoted are from the H200 runs (dim 5120, hc 4; bench/results/h200.json).
+gate_v3 below V2_MIN_T. gate_v4 (many blocks a row, few tokens) is never the default yet: pick it by
+name (`versions={"gate": "gate_v4"}`). Timings quoted are from the H200 runs (dim 5120, hc 4; bench/results/h200.json).
 """
 from __future__ import annotations
 
@@ -35,15 +36,26 @@ _RECORDS = [
                "T=128, 16.9 against 15.5, and T=4096, 286.8 against 249.2; T 17..127 not measured)",
      f"GPU, aligned, T < {V2_MIN_T} and at most {cuda.V3_MAX_CHUNKS} chunks a thread",
      lambda c: not _naive(c) and c["T"] < V2_MIN_T and _v3_fits(c)),
+    (4, False, "few tokens: each (t, c) row over S blocks of one chunk a thread (dim 5120: 20 blocks of 32), "
+               "partials to global, the last block to arrive sums them in slice order (deterministic) and "
+               "publishes the gate; updater blocks with higher indices, which loaded h and the value already, "
+               "wait for it and store (not measured yet; the grid must be resident: T <= 13, its pair T <= 8 "
+               "at hc 4, dim 5120 on 132 SMs)",
+     "never (pick it by name; the decode graph's gate pair follows the per-layer choice)", None),
 ]
 
-_FAST = {2: lambda rb, nch: cuda.gate_v2(rb), 3: lambda rb, nch: cuda.gate_v3(nch, rb)}
+_FAST = {2: lambda rb, nch: cuda.gate_v2(rb), 3: lambda rb, nch: cuda.gate_v3(nch, rb),
+         4: lambda rb, nch: cuda.gate_v4(rb)}
 
 
 def _specs(v: int):
     """Every specialisation the launcher can pick: v2 per residual, v3 per residual and chunk count."""
     if v == 1:
         return [Spec("", cuda.gate_v1, cuda.V1_ARGS)]
+    if v == 4:      # one kernel per residual, and its two-layer form (launch.prepare_gate_pair)
+        return ([Spec(f"[{cuda.residual_name(rb)}]", cuda.gate_v4(rb), cuda.V4_ARGS) for rb in (False, True)]
+                + [Spec(f".pair[{cuda.residual_name(rb)}]", cuda.gate_v4_pair(rb), cuda.V4_PAIR_ARGS)
+                   for rb in (False, True)])
     nchs = cuda.v3_target_nchs() if v == 3 else [0]
     out = [Spec(f"[{'' if v == 2 else f'nch={n},'}{cuda.residual_name(rb)}]", _FAST[v](rb, n), cuda.FAST_ARGS)
            for n in nchs for rb in (False, True)]
@@ -61,6 +73,8 @@ PAIR_TARGET_NCHS = (1, 2, 3)
 def _geometry(v: int):
     if v == 3:
         return cuda.geometry_v3
+    if v == 4:
+        return cuda.geometry_v4
 
     def geometry(T, hc, dim, layout=None, tps=None):
         return cuda.launch_config(T, hc, dim, v, layout, tps)
@@ -84,7 +98,7 @@ for _v, _exact, _log, _when, _rule in _RECORDS:
     register(KernelRecord(
         stage="gate", name=f"gate_v{_v}", changelog=_log, launcher=cuda.prepare,
         kernel=cuda.gate_v1 if _v == 1 else Factory(_FAST[_v]), geometry=_geometry(_v),
-        args="naive" if _v == 1 else "words", align=0 if _v == 1 else 16, specs=(lambda v=_v: _specs(v)),
+        args={1: "naive", 4: "v4"}.get(_v, "words"), align=0 if _v == 1 else 16, specs=(lambda v=_v: _specs(v)),
         spill_free=_v != 1, vector_io=_v != 1,
-        sim_cases=SIM_CASES, bit_exact=_exact, default_when=_when, default_rule=_rule, sweep=(1, 16, 128, 4096),
+        sim_cases=SIM_CASES, bit_exact=_exact, default_when=_when, default_rule=_rule, sweep=(1, 8) if _v == 4 else (1, 16, 128, 4096),
         cost=cost))

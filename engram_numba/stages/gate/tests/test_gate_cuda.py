@@ -596,6 +596,8 @@ def test_gpu_gate_matches_reference(rng, shape, residual):
             version, layout, tps = cfg
             if version == "gate_v3" and not G._v3_applies(shape[0], shape[1], shape[2], layout):
                 continue
+            if version == "gate_v4" and not G.v4_applies(*shape):      # few tokens only: the grid must be resident
+                continue
             got = run_kernel(highway, kv, w, mask, residual, version, layout, tps)
             ran = version or default_name(*shape, layout)
             try:
