@@ -123,7 +123,7 @@ def table(res) -> str:
         lines.append(f"{r['kernel']:<16} {r['T']:>2} {us:>8} {pct:>7} {gbps:>7} {xf:>6} {gm:>7}  "
                      f"{str(r.get('valid', '-')):<5} "
                      f"{vr.get('frac_gt_1ulp', float('nan')):>9.2e} {r.get('max_ulp_vs_v2', '-'):>9} "
-                     f"{r.get('frac_differs_from_v2', float('nan')):>10.2e}  {r.get('error', '')[:60]}")
+                     f"{r.get('frac_differs_from_v2', float('nan')):>10.2e}  {r.get('error', '')[:60] or 'grid ' + r.get('grid', '?')}")
     for c in res.get("odd_shape_checks", []):
         extra = (f", differs from v2 on {c['differs_from_v2']} of {c['outputs']} outputs"
                  if "differs_from_v2" in c else "")
