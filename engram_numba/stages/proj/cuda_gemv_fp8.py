@@ -46,7 +46,8 @@ Kernel versions
   gemv_fp8_v6  v5 in one launch and without a partial wave: each block copies its tokens' x to f16 x 2^s
                in shared memory (v5's shifts) while its first codes load, then its teams of 8 warps (each
                v5's block) work an even share of the 16-row groups; a block an SM at most (no block waits
-               for a slot), so the copy is made once a block. v5's bits.
+               for a slot), so the copy is made once a block. v5's bits. 80 registers, no spills, 169
+               SASS instructions a 4-tile trip (v5 130; 12 of them R2UR, see the kernel).
 `dequant_kernel` decodes the whole wkv to bf16 (the engine's path for many tokens, into a GEMM).
 """
 from __future__ import annotations
@@ -58,7 +59,7 @@ from ...device.intrinsics import (SIMULATOR, bf16_bits_to_f32, bf16x2_hi, bf16x2
                                   f32_as_u32,
                                   f32_to_bf16_bits, load_u32x4, mma_bf16_16816, mma_f16_16816, round_to_bf16,
                                   store_u32x4, u32_as_f32)
-from ...device.hopper import cp_async_16, cp_async_commit, cp_async_waiter, named_barrier_sync
+from ...device.hopper import cp_async_16, cp_async_commit, cp_async_waiter, named_barrier_sync, shared_address
 from .gemv_common import (cvt_pack_f16x2, e4m3x4_to_bf16x2x2, e4m3x4_to_f16x2x2, load_u32x2, prefetch_l2,
                           stream_loader)
 from ...device.launch import PreparedLaunch
@@ -1049,6 +1050,10 @@ def geometry_v4(T: int, N: int, warps: int = V4_WARPS, blocks_per_sm: int = 1):
 #   is left unequal is a team's last group (13 groups over 3 teams: 5, 4, 4).
 # The simulator's mma needs every warp of the block at each call: there every team runs the block's
 # largest group count (the surplus groups compute and store nothing).
+# SASS (tools/sass_count_fp8.py): a whole 4-tile trip is 169 instructions a warp against v5's 130, 12
+# of them R2UR: once the kernel has the copy's global loads of x, ptxas keeps the global-memory
+# descriptor in ordinary registers and re-stages it into uniform ones before each batch of code loads
+# (without those loads: 155 and none; ld.global.nc code loads or uniform copy loops did not help).
 
 V6_TEAMS = 3                  # teams of 8 warps a block (768 threads: v5's 24 warps an SM)
 V6_UNROLL = 4                 # v5's
@@ -1075,10 +1080,12 @@ def _team_barrier(team):
 
 
 def v6_shared_words(T: int, K: int, teams: int) -> int:
-    """Dynamic shared words of a v6 block: the f16 x of min(T, 8) tokens (rows padded), then one region
-    that holds the threads' per-token maxima first and the teams' warp sums after."""
+    """Dynamic shared words of a v6 block: up to 3 words skipped so that the rest starts 16-byte aligned
+    (numba declares the dynamic array 4-byte aligned, after the static ones), the f16 x of min(T, 8)
+    tokens (rows padded), then one region that holds the threads' per-token maxima first and the
+    teams' warp sums after."""
     tg = min(T, FP8_TOKENS)
-    return tg * (K // 2 + _V6_PAD) + max(teams * _RED, tg * FP8_THREADS * teams)
+    return 3 + tg * (K // 2 + _V6_PAD) + max(teams * _RED, tg * FP8_THREADS * teams)     # 3: the alignment slack
 
 
 def make_gemv_fp8_v6(teams: int = V6_TEAMS, unroll: int = V6_UNROLL, blocks_per_sm: int = V6_BLOCKS_PER_SM,
@@ -1097,7 +1104,9 @@ def make_gemv_fp8_v6(teams: int = V6_TEAMS, unroll: int = V6_UNROLL, blocks_per_
         # x32: uint32 [T*K/2] flat view of x (bf16 [T, K]); w64: uint32 [N*K/4] flat view of the codes
         # (read as 8-byte pairs); scales: uint8 [ceil(N/32), K/32]; out: uint16 [T, N]. Dynamic shared:
         # v6_shared_words(T, K, teams) words.
-        smw = cuda.shared.array(0, types.uint32)
+        smd = cuda.shared.array(0, types.uint32)
+        # x's rows are read and written 16 bytes at a time: start them at a 16-byte shared address
+        smw = smd[np.int64((np.uint32(16) - (shared_address(smd) & np.uint32(15))) & np.uint32(15)) >> 2:]
         mred = cuda.shared.array(_V6_MRED, types.uint32)
         xsh = cuda.shared.array(FP8_TOKENS, types.int32)
         scratch = cuda.shared.array(_V6_SCRATCH, types.uint32)

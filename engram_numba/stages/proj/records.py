@@ -453,8 +453,11 @@ _proj("gemv_fp8_v6", "v5's arithmetic (shifts, f16 operands, v2's k partition, t
       "passes over x, maxima reduced in shared memory) while its first trip of codes loads, then its teams of 8 "
       "warps (each one v5 block, a named barrier a team) work an even share of the 16-row groups; the grid is "
       "at most the blocks the SMs hold at once (registered: 3 teams, one 768-thread block an SM, 12 or 13 "
-      "groups a block at the released shape), so no partial wave and one x copy a block. Variants (teams, "
-      "unroll, blocks an SM) timed by tools/fp8_gemv_dev.py. Not yet timed on the H200",
+      "groups a block at the released shape), so no partial wave and one x copy a block. Compile tier: 80 "
+      "registers, no spills, 169 SASS instructions a 4-tile trip (v5 130: 12 R2UR re-stage the global-memory "
+      "descriptor before the code loads, which ptxas does only once the copy of x has global loads; "
+      "tools/sass_count_fp8.py). Variants (teams, unroll, blocks an SM, L2 prefetch) timed by "
+      "tools/fp8_gemv_dev.py. Not yet timed on the H200",
       kernel=cuda_gemv_fp8._gemv_fp8_v6, geometry=cuda_gemv_fp8.geometry_v6, args="fast", align=8,
       specs=(Spec("", cuda_gemv_fp8._gemv_fp8_v6, _FP8_V6_ARGS),), encoding="fp8",
       launcher=cuda_gemv_fp8.launcher_v6,
