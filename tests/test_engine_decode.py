@@ -6,8 +6,8 @@ fp8-resident weights give today's bf16 projection bit for bit with the in-order 
 many-token path (weight decoded to bf16, then the GEMM), decode == step (decode falls back to the
 ungraphed path: there are no graphs in the simulator), refusals before any state changes, the
 hasher's `out=`, and the uploader's file detection. GPU tier (`gpu`): decode through CUDA graphs
-equals the ungraphed step bit for bit over a sequence (device tables and host tables, q2k and bf16
-weights, a masked token), a new highway address captures a new graph, a bad token id leaves
+equals the ungraphed step bit for bit over a sequence (device tables and host tables, q2k, bf16 and
+fp8 weights (gemv_fp8_v5, gemv_fp8_v6), a masked token), a new highway address captures a new graph, a bad token id leaves
 everything untouched, and the pinned uploader's chunks reassemble the array exactly.
 """
 from __future__ import annotations
@@ -220,6 +220,23 @@ def test_decode_equals_step_in_the_simulator(model, simulator):
 
 
 @pytest.mark.slow     # two tokens of simulated projection
+def test_fp8_decode_equals_step_in_the_simulator(fp8_model, simulator):
+    """The FP8-wkv engine (the GPU tier's fp8 cases) without a GPU: decode runs its launches one by
+    one (the simulator's FP8 projection: gemv_fp8_v1) and equals step(graph=False); a masked token,
+    then a live one."""
+    if not simulator:
+        pytest.skip("on a GPU the graphed decode is tested in the gpu tier")
+    kw = dict(max_tokens=2, device_tables=True, wkv_format="fp8")
+    eng = EngramV41(fp8_model, **kw)
+    assert not eng.graphs_available and eng.wkv_format == {1: "fp8", 4: "fp8"}
+    tokens, masks = TINY_TOKENS[:2], [False, None]
+    got, hasher = _run_sequence(eng, fp8_model, tokens, masks, True)
+    want, _ = _run_sequence(EngramV41(fp8_model, **kw), fp8_model, tokens, masks, False)
+    np.testing.assert_array_equal(got, want)
+    assert not np.array_equal(got[1], got[0]) and hasher.position == 2
+
+
+@pytest.mark.slow     # two tokens of simulated projection
 @pytest.mark.parametrize("gate", ["gate_v3", "gate_v4"])
 def test_fused_decode_launches_equal_step_in_the_simulator(model, simulator, gate):
     """The decode graph's launch list with the two layers fused (one gather launch, one gate
@@ -323,21 +340,34 @@ DECODE_TOKENS = np.array([2, 17, 47, 13, 32, 59, 39, 29, 42, 31, 36, 6, 27, 8, 5
 DECODE_MASKS = [None] * 9 + [False] + [None] * 10
 
 
+# the FP8-wkv engine's cases: its one-token projection is the default (gemv_fp8_v5: two launches, x_f16
+# then the GEMV, both captured) or gemv_fp8_v6 by name (one launch)
+FP8_DECODE_VERSIONS = {"fp8-default": None, "fp8-v6": "gemv_fp8_v6"}
+
+
 @pytest.mark.gpu
 @pytest.mark.parametrize("device_tables", [True, False], ids=["device-tables", "host-tables"])
-@pytest.mark.parametrize("wkv_format", [None, "q2k", "bf16"])
-def test_gpu_decode_graph_equals_ungraphed_step(model, device_tables, wkv_format, gpu_record):
+@pytest.mark.parametrize("wkv_format", [None, "q2k", "bf16", *FP8_DECODE_VERSIONS])
+def test_gpu_decode_graph_equals_ungraphed_step(model, fp8_model, device_tables, wkv_format, gpu_record):
     """A 20-token sequence (one dead token) through decode's CUDA graphs and through step(graph=False)
-    on a second engine: the highway after every token is the same bits; step(T=1) uses the graph."""
+    on a second engine: the highway after every token is the same bits; step(T=1) uses the graph.
+    The fp8 cases run the FP8-wkv model (the tiny model's tables, random FP8 wkv)."""
     import time
-    kw = dict(max_tokens=4, device_tables=device_tables, wkv_format=wkv_format)
-    eng = EngramV41(model, **kw)
+    fp8 = wkv_format in FP8_DECODE_VERSIONS
+    m = fp8_model if fp8 else model
+    kw = dict(max_tokens=4, device_tables=device_tables, wkv_format="fp8" if fp8 else wkv_format)
+    if fp8 and FP8_DECODE_VERSIONS[wkv_format]:
+        kw["versions"] = {"proj": FP8_DECODE_VERSIONS[wkv_format]}
+    eng = EngramV41(m, **kw)
     assert eng.graphs_available
-    got, hasher = _run_sequence(eng, model, DECODE_TOKENS, DECODE_MASKS, True)
-    want, _ = _run_sequence(EngramV41(model, **kw), model, DECODE_TOKENS, DECODE_MASKS, False)
+    got, hasher = _run_sequence(eng, m, DECODE_TOKENS, DECODE_MASKS, True)
+    want, _ = _run_sequence(EngramV41(m, **kw), m, DECODE_TOKENS, DECODE_MASKS, False)
     np.testing.assert_array_equal(got, want)
     assert len(eng._decode_graphs) == 1 and hasher.position == len(DECODE_TOKENS)
     names = next(iter(eng._decode_graphs.values())).names
+    if fp8:                    # the graph holds the FP8 GEMV of each layer
+        want_proj = FP8_DECODE_VERSIONS[wkv_format] or "gemv_fp8_v5"
+        assert names.count(want_proj) == len(model.config.layer_ids), names
     if wkv_format is None:     # q2k_r: both layers' projections are one launch between the gathers and the gates
         assert sum(n.startswith(("gemv_", "proj")) and "[2 layers]" in n for n in names) == 1, names
     if device_tables:          # both layers' gathers and both gates fused into one launch each
@@ -349,11 +379,11 @@ def test_gpu_decode_graph_equals_ungraphed_step(model, device_tables, wkv_format
         assert eng.decode_bad_ids() == 0
     # step with one token replays the graph too
     d_h = cuda.to_device(np.ones((1, model.config.hc, model.config.dim), np.float32))
-    eng.step([5], d_h, EngramHasher(model.hash_tables))
+    eng.step([5], d_h, EngramHasher(m.hash_tables))
     assert len(eng._decode_graphs) == 2
     # host time of a decode call (the replay is asynchronous)
     h = cuda.to_device(np.ones((1, model.config.hc, model.config.dim), np.float32))
-    hs = EngramHasher(model.hash_tables, capacity=1024)
+    hs = EngramHasher(m.hash_tables, capacity=1024)
     eng.decode(3, h, hs)
     cuda.synchronize()
     t0 = time.perf_counter()

@@ -80,7 +80,9 @@ def fast_path_counts(sass: str) -> collections.Counter | None:
     spans = loops(sass)
     if not spans:
         return None
-    best = max(spans, key=lambda lp: lp[1] - lp[0])[:2]
+    # the innermost loop holding the mma (gemv_fp8_v6's trip loop sits inside its loop over groups)
+    mma = [lp for lp in spans if lp[2].get("HMMA", 0)] or spans
+    best = min(mma, key=lambda lp: lp[1] - lp[0])[:2]
     for i in range(best[0], best[1]):
         m = re.match(r"^\s+/\*[0-9a-f]+\*/\s+BRA `\((\.L_x_\d+)\)", lines[i])     # unpredicated
         if m and best[0] < labels.get(m.group(1), -1) < best[1] and labels[m.group(1)] > i:

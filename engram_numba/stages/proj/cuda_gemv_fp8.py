@@ -10,7 +10,8 @@ which is also today's bf16 projection of `wkv_bf16()`. gemv_fp8_v1 adds in k ord
 bit-identical to `projection_reference(x, wkv_fp8_bf16(codes, scales))`; gemv_fp8_v2 sums in other
 orders (within 1 bf16 ulp of the float64 product where fp32 summation noise is under half an ulp),
 and so do gemv_fp8_v3 and gemv_fp8_v4, in yet other orders (not bit-identical to v2 or each other);
-gemv_fp8_v5 sums in v2's order on operands scaled by powers of two: v2's bits.
+gemv_fp8_v5 sums in v2's order on operands scaled by powers of two: v2's bits; gemv_fp8_v6 is v5's
+arithmetic rearranged over the machine: v5's bits.
 
 Kernel versions
   gemv_fp8_v1  naive: one thread per output column n, 8 tokens at a time, each weight decoded in
@@ -42,6 +43,11 @@ Kernel versions
                partition and order, so bit-identical to v2 (conditions at the kernel); a trip wholly
                inside K runs without checks. 179 SASS instructions a 6-tile trip (0.058 a weight,
                v2 0.150), 80 registers, no spills.
+  gemv_fp8_v6  v5 in one launch and without a partial wave: each block copies its tokens' x to f16 x 2^s
+               in shared memory (v5's shifts) while its first codes load, then its teams of 8 warps (each
+               v5's block) work an even share of the 16-row groups; a block an SM at most (no block waits
+               for a slot), so the copy is made once a block. v5's bits. 80 registers, no spills, 169
+               SASS instructions a 4-tile trip (v5 130; 12 of them R2UR, see the kernel).
 `dequant_kernel` decodes the whole wkv to bf16 (the engine's path for many tokens, into a GEMM).
 """
 from __future__ import annotations
@@ -50,10 +56,12 @@ import numpy as np
 from numba import cuda, float32, types
 
 from ...device.intrinsics import (SIMULATOR, bf16_bits_to_f32, bf16x2_hi, bf16x2_lo, cvt_pack_bf16x2, device_function,
+                                  f32_as_u32,
                                   f32_to_bf16_bits, load_u32x4, mma_bf16_16816, mma_f16_16816, round_to_bf16,
                                   store_u32x4, u32_as_f32)
-from ...device.hopper import cp_async_16, cp_async_commit, cp_async_waiter
-from .gemv_common import cvt_pack_f16x2, e4m3x4_to_bf16x2x2, e4m3x4_to_f16x2x2, load_u32x2, stream_loader
+from ...device.hopper import cp_async_16, cp_async_commit, cp_async_waiter, named_barrier_sync, shared_address
+from .gemv_common import (cvt_pack_f16x2, e4m3x4_to_bf16x2x2, e4m3x4_to_f16x2x2, load_u32x2, prefetch_l2,
+                          stream_loader)
 from ...device.launch import PreparedLaunch
 from .cuda_common import ALIGN, INLINE, bounds, cdiv
 
@@ -1020,3 +1028,249 @@ def v4_blocks(N: int, blocks_per_sm: int = 1) -> int:
 
 def geometry_v4(T: int, N: int, warps: int = V4_WARPS, blocks_per_sm: int = 1):
     return (v4_blocks(N, blocks_per_sm), cdiv(T, V4_TOKENS)), 32 * warps
+
+
+# ---- gemv_fp8_v6: v5 in one launch, a block an SM, teams of 8 warps --------------------------------
+#
+# v5 is two launches (x_f16_kernel, then the GEMV: ~2.5-3 us of the 52.5 at T = 1) and its 1,600
+# blocks fill 396 slots 4.04 times: a fifth wave of 16 blocks runs alone at the end. v6 keeps v5's
+# arithmetic (the same shifts s_t, f16 copy, mma, k partition, tile order, scale products and warp
+# order: v5's bits, hence v2's) and changes where the work runs:
+# - One launch: every block makes its own f16 copy of its token group's x in shared memory (x is only
+#   T x K bf16: 12 KB a token at the released shape) after issuing its first trip of weight loads:
+#   pass 1 reads the tokens' x for their largest magnitudes (a thread's maxima per token, reduced
+#   through shared memory in two barriers into s_t, as x_f16_kernel), pass 2 reads x again (L1/L2)
+#   and stores x 2^s_t as f16. The warps then read their x fragments from shared memory (each token's
+#   row padded by 64 bytes: the 8 tokens of a fragment load land on different banks).
+# - A grid of at most `blocks_per_sm` x SMs blocks, each an even share of the 16-row groups (at the
+#   released shape and one block an SM: 12 or 13 of the 1,600), worked by `teams` teams of 8 warps:
+#   team i takes the block's groups i, i + teams, ...; a team is v5's block (its 8 warps split K as
+#   v2's do, their sums added in warp order through shared memory, a named barrier a team), so the
+#   x copy is made once a block, not once a group. No block waits for a slot: no partial wave; what
+#   is left unequal is a team's last group (13 groups over 3 teams: 5, 4, 4).
+# The simulator's mma needs every warp of the block at each call: there every team runs the block's
+# largest group count (the surplus groups compute and store nothing).
+# SASS (tools/sass_count_fp8.py): a whole 4-tile trip is 169 instructions a warp against v5's 130, 12
+# of them R2UR: once the kernel has the copy's global loads of x, ptxas keeps the global-memory
+# descriptor in ordinary registers and re-stages it into uniform ones before each batch of code loads
+# (without those loads: 155 and none; ld.global.nc code loads or uniform copy loops did not help).
+
+V6_TEAMS = 3                  # teams of 8 warps a block (768 threads: v5's 24 warps an SM)
+V6_UNROLL = 4                 # v5's
+V6_BLOCKS_PER_SM = 1
+V6_PREFETCH = 8               # tiles of codes a warp asks L2 for before the copy of x (two trips of 4)
+_V6_PAD = 16                  # words after each token's f16 row in shared memory (bank spread)
+_V6_SM_BYTES = 227 * 1024     # shared memory a block may take on sm_90 (an SM has 228 KB)
+_V6_MRED = FP8_TOKENS * 32    # the maxima's second stage: 32 a token
+_V6_SCRATCH = 6 * FP8_THREADS * 4 if SIMULATOR else 1      # the simulator's mma, up to 4 teams
+
+
+@device_function(**INLINE)
+def _team_barrier(team):
+    """bar.sync 1 + team for a team's 256 threads, with the barrier id a constant in each branch (a
+    register id makes ptxas reserve all 16 barriers)."""
+    if team == 0:
+        named_barrier_sync(1, FP8_THREADS)
+    elif team == 1:
+        named_barrier_sync(2, FP8_THREADS)
+    elif team == 2:
+        named_barrier_sync(3, FP8_THREADS)
+    else:
+        named_barrier_sync(4, FP8_THREADS)
+
+
+def v6_shared_words(T: int, K: int, teams: int) -> int:
+    """Dynamic shared words of a v6 block: up to 3 words skipped so that the rest starts 16-byte aligned
+    (numba declares the dynamic array 4-byte aligned, after the static ones), the f16 x of min(T, 8)
+    tokens (rows padded), then one region that holds the threads' per-token maxima first and the
+    teams' warp sums after."""
+    tg = min(T, FP8_TOKENS)
+    return 3 + tg * (K // 2 + _V6_PAD) + max(teams * _RED, tg * FP8_THREADS * teams)     # 3: the alignment slack
+
+
+def make_gemv_fp8_v6(teams: int = V6_TEAMS, unroll: int = V6_UNROLL, blocks_per_sm: int = V6_BLOCKS_PER_SM,
+                     prefetch_tiles: int = None):
+    """The v6 kernel: blocks of `teams` x 8 warps, `unroll` tiles of codes loaded a trip, registers bounded
+    for `blocks_per_sm` such blocks an SM. tools/fp8_gemv_dev.py times other shapes (V6_VARIANTS)."""
+    if teams < 1 or unroll < 1 or blocks_per_sm < 1 or teams > 4:
+        raise ValueError(f"gemv_fp8_v6 needs 1 <= teams <= 4, unroll >= 1, blocks_per_sm >= 1; got {teams}, "
+                         f"{unroll}, {blocks_per_sm}")
+    nthr = FP8_THREADS * teams
+    wv_len = 4 * unroll
+    prefetch_tiles = V6_PREFETCH if prefetch_tiles is None else prefetch_tiles
+
+    @cuda.jit(**bounds(nthr, blocks_per_sm))
+    def _gemv_fp8_v6(x32, w64, scales, out, T, K):
+        # x32: uint32 [T*K/2] flat view of x (bf16 [T, K]); w64: uint32 [N*K/4] flat view of the codes
+        # (read as 8-byte pairs); scales: uint8 [ceil(N/32), K/32]; out: uint16 [T, N]. Dynamic shared:
+        # v6_shared_words(T, K, teams) words.
+        smd = cuda.shared.array(0, types.uint32)
+        # x's rows are read and written 16 bytes at a time: start them at a 16-byte shared address
+        smw = smd[np.int64((np.uint32(16) - (shared_address(smd) & np.uint32(15))) & np.uint32(15)) >> 2:]
+        mred = cuda.shared.array(_V6_MRED, types.uint32)
+        xsh = cuda.shared.array(FP8_TOKENS, types.int32)
+        scratch = cuda.shared.array(_V6_SCRATCH, types.uint32)
+        tid = cuda.threadIdx.x
+        lane = tid & 31
+        warp = tid >> 5
+        team = warp >> 3
+        wl = warp - team * FP8_WARPS                            # the warp's K share (v2's warp index)
+        g = lane >> 2
+        t = lane & 3
+        N = out.shape[1]
+        n_tiles = K >> 5
+        K8 = K >> 3                                             # 16-byte units a token row
+        xrow = (K >> 1) + _V6_PAD                               # words a token row in shared memory
+        ty0 = cuda.blockIdx.y * FP8_TOKENS
+        tg = min(FP8_TOKENS, T - ty0)                           # the block's tokens
+        reg = tg * xrow                                         # word offset of the maxima / warp sums
+        # the block's 16-row groups: an even share
+        G = (N + FP8_ROWS - 1) >> 4                           # 16-row groups
+        nb = cuda.gridDim.x
+        b = cuda.blockIdx.x
+        base = G // nb
+        rem = G - base * nb
+        gb = b * base + min(b, rem)
+        ge = gb + base + (1 if b < rem else 0)
+        n_it = (ge - gb + teams - 1) // teams                   # groups of the busiest team
+        per = (n_tiles + FP8_WARPS - 1) >> 3
+        k_begin = wl * per
+        k_end = min(k_begin + per, n_tiles)
+        wv = cuda.local.array(wv_len, types.uint32)
+        # the first group's first codes asked of L2 (DRAM's latency runs under the copy of x, no register
+        # held): lane t the 32-byte sector of tiles t, t + 4, ... of its two rows
+        if gb + team < ge:
+            n0 = (gb + team) * FP8_ROWS
+            ra = np.int64(min(n0 + g, N - 1)) * (K >> 2)        # in 4-byte units of w64
+            rb = np.int64(min(n0 + g + 8, N - 1)) * (K >> 2)
+            for j in range(prefetch_tiles // 4):
+                kt = k_begin + t + 4 * j
+                if kt < k_end:
+                    prefetch_l2(w64, ra + 8 * kt)
+                    prefetch_l2(w64, rb + 8 * kt)
+        # x -> f16 x 2^s_t in shared memory: pass 1, the tokens' largest magnitudes
+        for tk in range(tg):
+            xb = np.int64(ty0 + tk) * K8
+            m = np.uint32(0)
+            for i in range(tid, K8, nthr):
+                w0, w1, w2, w3 = load_u32x4(x32, xb + i)
+                m = _max_magnitude(m, w0, w1, w2, w3)
+            smw[reg + tk * nthr + tid] = m
+        cuda.syncthreads()
+        if tid < tg * 32:
+            tk = tid >> 5
+            m = np.uint32(0)
+            for q in range(lane, nthr, 32):
+                m = max(m, smw[reg + tk * nthr + q])
+            mred[tid] = m
+        cuda.syncthreads()
+        if tid < tg:
+            m = np.uint32(0)
+            for q in range(32):
+                m = max(m, mred[tid * 32 + q])
+            e = np.int32(max(m >> np.uint32(7), np.uint32(1))) - 127          # x_f16_kernel's shift
+            xsh[tid] = min(15 - e, V5_S_MAX)
+        cuda.syncthreads()
+        # pass 2: the copy (x read again: L1 / L2)
+        for tk in range(tg):
+            xb = np.int64(ty0 + tk) * K8
+            scale = u32_as_f32(np.uint32(127 + xsh[tk]) << np.uint32(23))
+            for i in range(tid, K8, nthr):
+                w0, w1, w2, w3 = load_u32x4(x32, xb + i)
+                _store_f16(smw, ((tk * xrow) >> 2) + i, scale, w0, w1, w2, w3)
+        cuda.syncthreads()
+        x16 = (min(g, tg - 1) * xrow) >> 2                      # token g's row in 16-byte units
+        tk0 = min(2 * t, tg - 1)                                 # the lane's D columns: tokens 2t, 2t+1
+        tk1 = min(tk0 + 1, tg - 1)
+        u0 = u32_as_f32(np.uint32(127 - xsh[tk0]) << np.uint32(23))
+        u1 = u32_as_f32(np.uint32(127 - xsh[tk1]) << np.uint32(23))
+        rbase = reg + team * _RED
+        for it in range(n_it):
+            gi = gb + team + teams * it
+            if gi < ge or SIMULATOR:                          # (the simulator: every team at every mma)
+                grp = min(gi, G - 1)
+                n0 = grp * FP8_ROWS
+                row_a = np.int64(min(n0 + g, N - 1)) * (K >> 3)
+                row_b = np.int64(min(n0 + g + 8, N - 1)) * (K >> 3)
+                srow = n0 >> 5
+                srow_u = np.uint64(srow)
+                c0 = c1 = c2 = c3 = float32(0.0)
+                for s0 in range(0, per, unroll):
+                    kt0 = k_begin + s0
+                    if kt0 + unroll <= k_end:
+                        for u in range(unroll):
+                            load_tile_codes(wv, u, w64, row_a, row_b, kt0 + u, True, t)
+                        for u in range(unroll):
+                            kt = kt0 + u
+                            s = scales[srow_u, np.uint64(kt)]
+                            c0, c1, c2, c3 = tile_mma_f16(c0, c1, c2, c3, wv[4 * u], wv[4 * u + 1], wv[4 * u + 2],
+                                                          wv[4 * u + 3], smw, x16 + 4 * kt + t, True, s, u0, u1,
+                                                          scratch)
+                    else:
+                        for u in range(unroll):
+                            load_tile_codes(wv, u, w64, row_a, row_b, kt0 + u, kt0 + u < k_end, t)
+                        for u in range(unroll):
+                            kt = kt0 + u
+                            ok = kt < k_end
+                            s = scales[srow, kt] if ok else np.uint8(127)
+                            c0, c1, c2, c3 = tile_mma_f16(c0, c1, c2, c3, wv[4 * u], wv[4 * u + 1], wv[4 * u + 2],
+                                                          wv[4 * u + 3], smw, x16 + 4 * kt + t, ok, s, u0, u1,
+                                                          scratch)
+                # the team's 8 warp sums, added in warp order (v2's), through its region
+                rb = rbase + (wl * 32 + lane) * 4
+                smw[rb] = f32_as_u32(c0)
+                smw[rb + 1] = f32_as_u32(c1)
+                smw[rb + 2] = f32_as_u32(c2)
+                smw[rb + 3] = f32_as_u32(c3)
+                _team_barrier(team)
+                tt = tid - team * FP8_THREADS
+                if tt < 128:
+                    s = float32(0.0)
+                    for w in range(FP8_WARPS):
+                        s += u32_as_f32(smw[rbase + w * 128 + tt])
+                    el = tt >> 2
+                    c = tt & 3
+                    row = n0 + (el >> 2) + 8 * (c >> 1)
+                    tk = ty0 + 2 * (el & 3) + (c & 1)
+                    if gi < ge and row < N and tk < T:
+                        out[tk, row] = f32_to_bf16_bits(s)
+                _team_barrier(team)          # the region is free for the next group
+
+    return _gemv_fp8_v6
+
+
+_gemv_fp8_v6 = make_gemv_fp8_v6()
+
+
+def v6_blocks_per_sm(T: int, K: int, teams: int, blocks_per_sm: int) -> int:
+    """Blocks of this shape an SM holds: the register bound's count, fewer if shared memory runs out."""
+    nbytes = 4 * v6_shared_words(T, K, teams) + 4 * (FP8_TOKENS * 33) + 1024   # + static + the driver's 1 KB
+    return max(1, min(blocks_per_sm, (228 * 1024) // nbytes))
+
+
+def geometry_v6(T: int, N: int, K: int = 6144, teams: int = V6_TEAMS, blocks_per_sm: int = V6_BLOCKS_PER_SM):
+    """(grid, block, dynamic shared bytes) of a v6 launch: every block resident at once (at most the SMs x
+    the blocks an SM holds, never more than the 16-row groups), a grid row a token group."""
+    nb = max(1, min(sm_count() * v6_blocks_per_sm(T, K, teams, blocks_per_sm), cdiv(N, FP8_ROWS)))
+    return (nb, cdiv(T, FP8_TOKENS)), FP8_THREADS * teams, 4 * v6_shared_words(T, K, teams)
+
+
+def launcher_v6(rec, x, codes, scales, out, *, stream=0, kernel=None, teams: int = V6_TEAMS,
+                blocks_per_sm: int = V6_BLOCKS_PER_SM) -> PreparedLaunch:
+    """The records' launcher for gemv_fp8_v6 (`prepare_project_q` has checked the shapes); one launch.
+    kernel (with its teams, blocks_per_sm): another build (tools/fp8_gemv_dev.py's variants)."""
+    from ...device.devarray import data_address
+    from ...device.launch import allow_dynamic_shared
+    T, K = x.shape
+    N = codes.shape[0]
+    if data_address(x) % 16 or data_address(codes) % 8:
+        raise ValueError(f"{rec.name} reads x as 16-byte chunks and the codes as 8-byte units: x must be 16-byte "
+                         "and the codes 8-byte aligned (use gemv_fp8_v1 or an aligned copy)")
+    grid, block, nbytes = geometry_v6(T, N, K, teams, blocks_per_sm)
+    if nbytes > _V6_SM_BYTES:
+        raise ValueError(f"{rec.name}: x of {min(T, FP8_TOKENS)} tokens x K = {K} takes {nbytes} bytes of shared "
+                         f"memory with {teams} teams, over the {_V6_SM_BYTES} a block may have (use gemv_fp8_v5)")
+    kernel = kernel or _gemv_fp8_v6
+    args = (x.view(np.uint32).reshape(T * K // 2), codes.view(np.uint32).reshape(N * K // 4), scales, out, T, K)
+    allow_dynamic_shared(kernel, args, nbytes)
+    return PreparedLaunch(rec.name, kernel, grid, block, stream, args, out, sharedmem=nbytes)

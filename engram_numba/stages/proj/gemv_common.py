@@ -16,6 +16,9 @@ Contracts
   two `cvt.rn.f16x2.e4m3x2` and nothing else (the first step of `e4m3x4_to_bf16x2x2`).
 - `cvt_pack_f16x2(lo, hi)` rounds two fp32 values to nearest-even IEEE halves (subnormals kept,
   overflow to inf) packed low-first in a uint32: one `cvt.rn.f16x2.f32` on the GPU.
+- `prefetch_l2(a, i)` asks L2 for the sector holding a[i] of a 1-D uint32 array and waits for
+  nothing (`prefetch.global.L2`; a no-op in the simulator): a kernel's first weight bytes come
+  from DRAM while it does other work, with no register held for them.
 - `stream_loader(hint)(a, i)` reads a[4i:4i+4] of a 1-D uint32 array as one 16-byte load of
   read-only data streamed once (a weight): `ld.global.nc.<hint>.v4.u32` on the GPU, where hint is
   "" or PTX cache qualifiers such as "L1::no_allocate" (keep it out of L1, where x stays) or
@@ -46,6 +49,9 @@ if SIMULATOR:
     def f16x2_to_f32x2(word):
         w = np.array([np.uint32(word)], dtype=np.uint32).view(np.float16).astype(np.float32)
         return w[0], w[1]
+
+    def prefetch_l2(a, i):
+        pass
 
     def stream_loader(hint=""):
         def load_stream_u32x4(a, i):
@@ -176,6 +182,29 @@ else:
     @cuda.jit(device=True)
     def cvt_pack_f16x2(lo, hi):
         return _cvt_rn_f16x2_f32(np.float32(hi), np.float32(lo))
+
+    @intrinsic
+    def _prefetch_l2(typingctx, a, i):
+        if not (isinstance(a, types.Array) and a.dtype == types.uint32 and a.ndim == 1
+                and isinstance(i, types.Integer)):
+            return None
+        sig = types.void(a, i)
+
+        def codegen(context, builder, signature, args):
+            arr, idx = args
+            idx = context.cast(builder, idx, signature.args[1], types.intp)
+            ary = cgutils.create_struct_proxy(signature.args[0])(context, builder, value=arr)
+            ptr = builder.gep(ary.data, [idx])
+            fnty = ir.FunctionType(ir.VoidType(), [ir.IntType(64)])
+            builder.call(ir.InlineAsm(fnty, "prefetch.global.L2 [$0];", "l", side_effect=True),
+                         [builder.ptrtoint(ptr, ir.IntType(64))])
+            return context.get_dummy_value()
+
+        return sig, codegen
+
+    @cuda.jit(device=True, forceinline=True)
+    def prefetch_l2(a, i):
+        _prefetch_l2(a, i)
 
     _STREAM_LOADERS: dict = {}
 

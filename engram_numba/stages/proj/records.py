@@ -443,6 +443,25 @@ _proj("gemv_fp8_v5", "v2's grid, loads, k partition, tile sums and warp order on
       encoding="fp8", launcher=cuda_gemv_fp8.launcher_v5,
       when=f"fp8 weights, GPU, aligned, T <= {FP8_FEW_MAX_TOKENS}", rule=_fp8_few,
       sim=[(1, 64, 16), (3, 96, 33), (8, 32, 8), (9, 32, 8), (2, 2080, 16)], sweep=QUANT_SWEEP)
+# v6 is v5 in one launch on a grid of resident blocks (3 simulated: SIM_V4_BLOCKS); its cases: one group
+# (one block, teams 1 and 2 idle), 3 groups over 3 blocks with rows past N and tokens past T, 7 groups
+# over 3 blocks (3, 2, 2) and two token groups, more tiles than a trip (K = 2080); test_gemv_fp8_v6.py
+# holds it to v5 bit for bit
+_FP8_V6_ARGS = _FP8_FAST_ARGS                                                        # x32, w64, scales, out, T, K
+_proj("gemv_fp8_v6", "v5's arithmetic (shifts, f16 operands, v2's k partition, tile order and warp order: v5's bits, "
+      "hence v2's) in one launch: each block copies its token group's x to f16 x 2^s in shared memory (two "
+      "passes over x, maxima reduced in shared memory) while its first trip of codes loads, then its teams of 8 "
+      "warps (each one v5 block, a named barrier a team) work an even share of the 16-row groups; the grid is "
+      "at most the blocks the SMs hold at once (registered: 3 teams, one 768-thread block an SM, 12 or 13 "
+      "groups a block at the released shape), so no partial wave and one x copy a block. Compile tier: 80 "
+      "registers, no spills, 169 SASS instructions a 4-tile trip (v5 130: 12 R2UR re-stage the global-memory "
+      "descriptor before the code loads, which ptxas does only once the copy of x has global loads; "
+      "tools/sass_count_fp8.py). Variants (teams, unroll, blocks an SM, L2 prefetch) timed by "
+      "tools/fp8_gemv_dev.py. Not yet timed on the H200",
+      kernel=cuda_gemv_fp8._gemv_fp8_v6, geometry=cuda_gemv_fp8.geometry_v6, args="fast", align=8,
+      specs=(Spec("", cuda_gemv_fp8._gemv_fp8_v6, _FP8_V6_ARGS),), encoding="fp8",
+      launcher=cuda_gemv_fp8.launcher_v6,
+      sim=[(1, 64, 16), (3, 96, 40), (9, 32, 100), (2, 2080, 16)], sweep=QUANT_SWEEP)
 
 # q2k_r: the same Q2_K weight re-laid out on the device at build (q2k_r.py). Every simulated block
 # runs a whole unit trip of simulated mma (~12 s a block): K = 768 is an odd block count (a zero pad

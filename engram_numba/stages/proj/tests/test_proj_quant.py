@@ -496,7 +496,7 @@ def test_gpu_naive_quant_versions_bit_exact(rng, released_q_weights):
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("version", ["gemv_fp8_v2", "gemv_fp8_v3", "gemv_fp8_v4", "gemv_fp8_v5"])
+@pytest.mark.parametrize("version", ["gemv_fp8_v2", "gemv_fp8_v3", "gemv_fp8_v4", "gemv_fp8_v5", "gemv_fp8_v6"])
 def test_gpu_fp8_edge_codes_tensor_core(rng, version):
     """The tensor-core FP8 kernels on every code at scale bytes 3 and 246 (exact in bf16) and on
     NaN codes: exact-weight projection within tolerance, NaN exactly where a NaN code is."""
@@ -559,11 +559,13 @@ def test_gpu_fp8_v3_against_v1_v2(rng, released_fp8_weight, T, cut, version):
 
 
 @pytest.mark.gpu
+@pytest.mark.parametrize("version", ("gemv_fp8_v5", "gemv_fp8_v6"))
 @pytest.mark.parametrize("T", (1, 3, 8, 9))
 @pytest.mark.parametrize("cut", [(0, 0), (7, 32)], ids=["released", "odd"])
-def test_gpu_fp8_v5_is_v2(rng, released_fp8_weight, T, cut):
-    """gemv_fp8_v5 sums v2's products in v2's order on operands scaled by powers of two: on the
-    H200 its outputs must be v2's bits (records.py states the conditions; random x meets them)."""
+def test_gpu_fp8_v5_is_v2(rng, released_fp8_weight, T, cut, version):
+    """gemv_fp8_v5 sums v2's products in v2's order on operands scaled by powers of two, and
+    gemv_fp8_v6 is v5's arithmetic in one launch: on the H200 their outputs must be v2's bits
+    (records.py states the conditions; random x meets them)."""
     codes, scales, _ = released_fp8_weight
     N, K = RELEASED_N - cut[0], RELEASED_K - cut[1]
     codes = np.ascontiguousarray(codes[:N, :K])
@@ -571,11 +573,11 @@ def test_gpu_fp8_v5_is_v2(rng, released_fp8_weight, T, cut):
     x = random_x(rng, T, K)
     xd, cd, sd = cuda.to_device(x), cuda.to_device(codes), cuda.to_device(scales)
     got = {}
-    for v in ("gemv_fp8_v2", "gemv_fp8_v5"):
+    for v in ("gemv_fp8_v2", version):
         out = poisoned(T, N)
         P.prepare_project_q(xd, cd, sd, out, weight="fp8", version=v)()
         got[v] = out.copy_to_host()
-    differs = int((got["gemv_fp8_v5"] != got["gemv_fp8_v2"]).sum())
-    RESULTS.append(dict(test="projection-fp8-v5-bits", version="gemv_fp8_v5", shape=[T, K, N], differs_from_v2=differs,
-                        passed=differs == 0))
+    differs = int((got[version] != got["gemv_fp8_v2"]).sum())
+    RESULTS.append(dict(test=f"projection-fp8-{version.split('_')[-1]}-bits", version=version, shape=[T, K, N],
+                        differs_from_v2=differs, passed=differs == 0))
     assert differs == 0
