@@ -3,8 +3,9 @@
 Default rules, over ctx = {"T", "hc", "dim", "aligned", "simulator", "layout", "tps"}: numba's
 simulator or unaligned data -> gate_v1 (its plain loops are the cheap ones to simulate); on a GPU
 gate_v2 from V2_MIN_T tokens on and wherever v3's registers would not hold a thread's chunks,
-gate_v3 below V2_MIN_T. gate_v4 (many blocks a row, few tokens) is never the default yet: pick it by
-name (`versions={"gate": "gate_v4"}`). Timings quoted are from the H200 runs (dim 5120, hc 4; bench/results/h200.json).
+gate_v3 below V2_MIN_T. gate_v4 (many blocks a row, few tokens) is slower than gate_v3 on the H200
+(9.3 against 7.0 us at T = 1, its record) and never the default: pick it by name
+(`versions={"gate": "gate_v4"}`). Timings quoted are from the H200 runs (dim 5120, hc 4; bench/results/h200.json).
 """
 from __future__ import annotations
 
@@ -39,8 +40,11 @@ _RECORDS = [
     (4, False, "few tokens: each (t, c) row over S blocks of one chunk a thread (dim 5120: 20 blocks of 32), "
                "partials to global, the last block to arrive sums them in slice order (deterministic) and "
                "publishes the gate; updater blocks with higher indices, which loaded h and the value already, "
-               "wait for it and store (not measured yet; the grid must be resident: T <= 13, its pair T <= 8 "
-               "at hc 4, dim 5120 on 132 SMs)",
+               "wait for it and store (the grid must be resident: T <= 13, its pair T <= 8 at hc 4, dim 5120 on "
+               "132 SMs). H200, one graph node each, warm: 9.3 us at T = 1 against gate_v3's 7.0 (an empty "
+               "node: 3.5), its pair 14.0 against v3's pair 8.8, decode_step 83.3 against 77.8 us a token: the "
+               "hand-off's L2 round trips (fence, arrival atomic, publish and poll) cost more than v3's 4 "
+               "blocks' serial loads (bench/results/h200_gate_dev_v4_ecbad0d.txt), so v3 stays",
      "never (pick it by name; the decode graph's gate pair follows the per-layer choice)", None),
 ]
 

@@ -47,7 +47,8 @@ Kernel versions
                in shared memory (v5's shifts) while its first codes load, then its teams of 8 warps (each
                v5's block) work an even share of the 16-row groups; a block an SM at most (no block waits
                for a slot), so the copy is made once a block. v5's bits. 80 registers, no spills, 169
-               SASS instructions a 4-tile trip (v5 130; 12 of them R2UR, see the kernel).
+               SASS instructions a 4-tile trip (v5 130; 12 of them R2UR, see the kernel). Slower than
+               v5 on the H200 (59.5 against 53.0 us at T = 1; its record), so picked by name.
 `dequant_kernel` decodes the whole wkv to bf16 (the engine's path for many tokens, into a GEMM).
 """
 from __future__ import annotations

@@ -58,13 +58,15 @@ blockIdx.z picks the layer) giving each layer the bits of its own launch.
                (every lane copying its g's chunk was 55-65% of v9's and v10's excess shared-memory
                wavefronts, Nsight Compute): 72 registers, no spills, 746 SASS instructions a unit
                (737 without the shared d/dmin copy). Its two-layer launch: v10's pair shape. Picked
-               by name; not yet timed on the H200 (tools/gpu_dev_q2kr_v11.sh).
+               by name. H200: 38.4 us at T = 1 (v9 39.3) in v12's run.
   gemv_q2k_v12 v11 (bit-identical to v4) with table entry 0 taken as -dmin*m itself (v11's
                fma(0, d*sc, -dmin*m) is always that value) and the ring's copies without a branch
                (zero-filling cp.async where there is nothing to copy): 72 registers, no spills, 714 SASS
                instructions a unit. Its selectors stay v11's: why no re-layout of the quant plane
-               removes their shifts is in its section. Two-layer launch: v11's pair shape. Picked by
-               name; not yet timed on the H200 (VERSION=v12 tools/gpu_dev_q2kr_variants.sh).
+               removes their shifts is in its section. Two-layer launch: v11's pair shape. H200, L2
+               flushed: 37.6 us at T = 1 (v11 38.4, v9 39.3), both layers 64.4 (v9 66.0), T = 4 / 8
+               39.2 / 40.0 (VERSION=v12 tools/gpu_dev_q2kr_variants.sh): the default for 1..8 tokens
+               on a GPU and so the decode graph's two-layer launch.
 """
 from __future__ import annotations
 

@@ -36,8 +36,11 @@ us, and 68.6 us for both layers with its pair shape, against v8's 44.4 / 72.2 in
 754c9b8 (bench/results/h200_q2kr_v9_variants_754c9b8.json). At T = 4 and 8 v4 stays (46.5 / 46.7,
 level with v8 and v9), until gemv_q2k_v10 (v9's blocks, the same kv bits): 39.9 / 40.8 us at T = 4 / 8
 against v4's 46.1 / 45.7 and 38.6 at T = 1 against v9's 38.7 (efdb45b, L2 flushed by reading), so
-v10 takes 2..8 tokens on a GPU, v9 keeps T = 1 (and the decode graph), v4 more tokens and the
-simulator. `_t1_default` and `_few_default` pick them.
+v10 took 2..8 tokens on a GPU and v9 T = 1, until gemv_q2k_v12 (v11's table decode with one fma fewer a
+table and branch-free ring copies, the same kv bits as v4): 37.6 us at T = 1 against v11's 38.4 and v9's
+39.3, both layers 64.4 against v9's 66.0, T = 4 / 8 39.2 / 40.0 against v11's 40.6 / 41.6 in one run
+(bench/results/h200_q2kr_v12_variants_ecbad0d.txt), so v12 takes 1..8 tokens on a GPU (and the decode
+graph's two-layer launch), v4 more tokens and the simulator. `_few_default` picks it.
 """
 from __future__ import annotations
 
@@ -70,17 +73,12 @@ def _bf16(ctx) -> bool:
     return ctx["weight"] == "bf16"
 
 
-def _t1_default(ctx) -> bool:
-    """The q2k_r contexts of the one-token GEMV (gemv_q2k_v9 now): one token on a GPU (module doc)."""
-    return ctx["weight"] == "q2k_r" and not ctx["simulator"] and ctx["T"] <= 1
-
-
-Q2KR_FEW_MAX_TOKENS = 8   # gemv_q2k_v10 measured against v4 up to here (one 8-token group)
+Q2KR_FEW_MAX_TOKENS = 8   # gemv_q2k_v12 measured against v4 up to here (one 8-token group)
 
 
 def _few_default(ctx) -> bool:
-    """The q2k_r contexts of gemv_q2k_v10: 2..Q2KR_FEW_MAX_TOKENS tokens on a GPU (module doc)."""
-    return ctx["weight"] == "q2k_r" and not ctx["simulator"] and 1 < ctx["T"] <= Q2KR_FEW_MAX_TOKENS
+    """The q2k_r contexts of gemv_q2k_v12: 1..Q2KR_FEW_MAX_TOKENS tokens on a GPU (module doc)."""
+    return ctx["weight"] == "q2k_r" and not ctx["simulator"] and ctx["T"] <= Q2KR_FEW_MAX_TOKENS
 
 
 FP8_FEW_MAX_TOKENS = 8    # gemv_fp8_v5 measured against v2 up to here (one 8-token group)
@@ -457,7 +455,10 @@ _proj("gemv_fp8_v6", "v5's arithmetic (shifts, f16 operands, v2's k partition, t
       "registers, no spills, 169 SASS instructions a 4-tile trip (v5 130: 12 R2UR re-stage the global-memory "
       "descriptor before the code loads, which ptxas does only once the copy of x has global loads; "
       "tools/sass_count_fp8.py). Variants (teams, unroll, blocks an SM, L2 prefetch) timed by "
-      "tools/fp8_gemv_dev.py. Not yet timed on the H200",
+      "tools/fp8_gemv_dev.py. H200, L2 flushed: 59.5 / 63.5 / 67.5 us at T = 1 / 4 / 8 against v5's 53.0 / 55.4 / "
+      "60.6 (v5's x_f16 launch 5.0 us of that, its GEMV 50.5), every variant 59-83 us, every output v2's bits "
+      "(bench/results/h200_fp8_gemv_dev_v6_ecbad0d.txt): one 768-thread block an SM issues too few code loads "
+      "ahead and its trips cost 169 instructions, so v5 stays the default",
       kernel=cuda_gemv_fp8._gemv_fp8_v6, geometry=cuda_gemv_fp8.geometry_v6, args="fast", align=8,
       specs=(Spec("", cuda_gemv_fp8._gemv_fp8_v6, _FP8_V6_ARGS),), encoding="fp8",
       launcher=cuda_gemv_fp8.launcher_v6,
@@ -482,8 +483,8 @@ for _name, _log, _when, _rule, _sim in (
      "v2's math on q2k_r, the Q2_K weight re-laid out at load (same bytes): six 16-byte loads a lane per "
      "16 rows x 512 k, each warp's loads for its whole K share issued into registers before any decode, "
      "6 warps a block (160 registers: 2 blocks an SM); 45.7 / 46.2 / 46.2 us at T = 1 / 4 / 8, L2 cold (v2: 58.9)",
-     "q2k_r weights (on a GPU the engine holds a Q2_K wkv as q2k_r), but gemv_q2k_v9 at T = 1 and gemv_q2k_v10 at 2..8 tokens on a GPU",
-     lambda c: c["weight"] == "q2k_r" and not _t1_default(c) and not _few_default(c),
+     "q2k_r weights (on a GPU the engine holds a Q2_K wkv as q2k_r), but gemv_q2k_v12 at 1..8 tokens on a GPU",
+     lambda c: c["weight"] == "q2k_r" and not _few_default(c),
      [(1, 768, 13)]),
     ("gemv_q2k_v5",
      "v4 with 12 warps a block, each loading one unit (24 words a lane): 79 registers, 24 warps an SM "
@@ -532,8 +533,7 @@ _proj("gemv_q2k_v8",
 
 
 # gemv_q2k_v9: one item a block of 2 warps, a static cp.async ring a warp (cuda_gemv_q2kr.py,
-# "gemv_q2k_v9"). The default at T = 1 on a GPU: the fastest q2k_r GEMV measured there, alone and
-# as the two-layer launch (bench/results/h200_q2kr_v9_variants_754c9b8.json).
+# "gemv_q2k_v9"). The default at T = 1 on a GPU until gemv_q2k_v12 (module doc); picked by name now.
 _proj("gemv_q2k_v9",
       "v4's K shares and summation order (bit-identical kv) on blocks of 2 warps, one item (16-row tile, "
       "8-token group, layer) a block, 3 shares a warp streamed through 2 shared-memory slots by cp.async "
@@ -543,7 +543,7 @@ _proj("gemv_q2k_v9",
       "at T = 1 / 4 / 8 (v8 44.4 / 46.4 / 46.9), both layers at T = 1 68.6 us (v8 72.2); 21.8 warps an SM but "
       "~2 instructions a cycle an SM as v8, ALU pipe 42%, FMA pipe 31%, issue slots 52% busy: dependency-bound, "
       "not occupancy- or pipe-bound (bench/results/h200_ncu_gemv_pipes_dca93e4.txt)",
-      when="q2k_r weights, T = 1, on a GPU", rule=_t1_default,
+      when="never (pick it by name; the T = 1 default before gemv_q2k_v12)", rule=None,
       kernel=cuda_gemv_q2kr.KERNELS["gemv_q2k_v9"], geometry=cuda_gemv_q2kr.geometry("gemv_q2k_v9"), args="fast",
       specs=_q2kr_specs("gemv_q2k_v9", cuda_gemv_q2kr.KERNELS["gemv_q2k_v9"],
                         cuda_gemv_q2kr.PAIR_KERNELS["gemv_q2k_v9"]),
@@ -552,8 +552,7 @@ _proj("gemv_q2k_v9",
       sweep=QUANT_SWEEP, vector_io=True)
 
 # gemv_q2k_v10: v9 with the two mma chains interleaved mma by mma (cuda_gemv_q2kr.py, "gemv_q2k_v10").
-# The default for 2..8 tokens on a GPU: 13% ahead of v4 there in two runs; level with v9 at T = 1
-# (bench/results/h200_q2kr_v10_variants_813426d.txt, the decode section of h200.json at efdb45b).
+# The default for 2..8 tokens on a GPU until gemv_q2k_v12 (module doc); picked by name now.
 _proj("gemv_q2k_v10",
       "v9's blocks, K shares and summation order (bit-identical kv to v4) with sub-blocks decoded in pairs "
       "(the four tables and both x rows of sub-blocks j, j+1 first, then their mma alternating between the c "
@@ -567,7 +566,7 @@ _proj("gemv_q2k_v10",
       "(38.3-39.1, tools/q2kr_v10_variants.py): the chains' interleaving is not what holds v9 back. The main "
       "bench at efdb45b: 38.6 / 39.9 / 40.8 us at T = 1 / 4 / 8 against v9's 38.7 / 41.9 / 43.7 and v4's 45.6 / "
       "46.1 / 45.7",
-      when=f"q2k_r weights, 2 <= T <= {Q2KR_FEW_MAX_TOKENS}, on a GPU", rule=_few_default,
+      when="never (pick it by name; the 2..8-token default before gemv_q2k_v12)", rule=None,
       kernel=cuda_gemv_q2kr.KERNELS["gemv_q2k_v10"], geometry=cuda_gemv_q2kr.geometry("gemv_q2k_v10"),
       args="fast",
       specs=_q2kr_specs("gemv_q2k_v10", cuda_gemv_q2kr.KERNELS["gemv_q2k_v10"],
@@ -596,16 +595,18 @@ _proj("gemv_q2k_v11",
       sweep=QUANT_SWEEP, vector_io=True)
 
 # gemv_q2k_v12: v11 with one fma fewer a table and branch-free ring copies (cuda_gemv_q2kr.py,
-# "gemv_q2k_v12"). Picked by name until the H200 has timed it (VERSION=v12 tools/gpu_dev_q2kr_variants.sh).
+# "gemv_q2k_v12"). The default for 1..8 tokens on a GPU (module doc; VERSION=v12 tools/gpu_dev_q2kr_variants.sh).
 _proj("gemv_q2k_v12",
       "v11's blocks, ring, K shares and summation order (bit-identical kv to v4) with table entry 0 taken as "
       "-dmin*m itself (v11's fma(0, d*sc, -dmin*m) is always that value: the sum is never -0) and the ring's "
       "copies without a branch (a copy past the warp's units, or of the d/dmin plane by a lane past 7, is a "
       "zero-filling cp.async into the lane's own slot): 714 SASS instructions a unit (v11: 746), 72 registers, "
       "no spills; the two-layer launch v11's pair shape. The prmt selectors stay v11's: no re-layout of the "
-      "quant plane makes them cheaper in this instruction set (the section's comment). Not yet timed on the "
-      "H200 (VERSION=v12 tools/gpu_dev_q2kr_variants.sh)",
-      when="never (pick it by name)", rule=None,
+      "quant plane makes them cheaper in this instruction set (the section's comment). H200, L2 flushed: 37.6 us "
+      "at T = 1 (v11 38.4, v9 39.3, v4 45.6), both layers 64.4 (v9 66.0), T = 4 / 8 39.2 / 40.0 (v11 40.6 / "
+      "41.6), every output v4's bits at the released and three odd shapes "
+      "(bench/results/h200_q2kr_v12_variants_ecbad0d.txt)",
+      when=f"q2k_r weights, 1 <= T <= {Q2KR_FEW_MAX_TOKENS}, on a GPU", rule=_few_default,
       kernel=cuda_gemv_q2kr.KERNELS["gemv_q2k_v12"], geometry=cuda_gemv_q2kr.geometry("gemv_q2k_v12"),
       args="fast",
       specs=_q2kr_specs("gemv_q2k_v12", cuda_gemv_q2kr.KERNELS["gemv_q2k_v12"],

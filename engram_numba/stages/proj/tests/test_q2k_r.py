@@ -168,19 +168,18 @@ def test_v8_grid_is_persistent():
         C._make_gemv8(4, 3, 1)
 
 
-def test_q2k_r_defaults_v9_at_one_token_on_a_gpu_only():
-    """The measured split: v9 at T = 1 on a GPU (and so the decode graph's two-layer launch, with
-    its own shape), v10 at 2..8 tokens on a GPU, v4 at more tokens and everywhere in the simulator."""
+def test_q2k_r_defaults_v12_at_few_tokens_on_a_gpu_only():
+    """The measured split: v12 at 1..8 tokens on a GPU (and so the decode graph's two-layer launch,
+    with its own shape), v4 at more tokens and everywhere in the simulator."""
     from engram_numba.stages import registry
     from engram_numba.stages.proj.records import Q2KR_FEW_MAX_TOKENS
     ctx = dict(K=6144, N=25600, aligned=True, weight="q2k_r", cc=(9, 0))
-    assert registry.default("proj", dict(ctx, T=1, simulator=False)).name == "gemv_q2k_v9"
-    for T in (2, 4, Q2KR_FEW_MAX_TOKENS):
-        assert registry.default("proj", dict(ctx, T=T, simulator=False)).name == "gemv_q2k_v10"
+    for T in (1, 2, 4, Q2KR_FEW_MAX_TOKENS):
+        assert registry.default("proj", dict(ctx, T=T, simulator=False)).name == "gemv_q2k_v12"
     for T, sim in ((Q2KR_FEW_MAX_TOKENS + 1, False), (16, False), (1, True), (8, True)):
         assert registry.default("proj", dict(ctx, T=T, simulator=sim)).name == "gemv_q2k_v4"
-    assert C.V9_PAIR_SHAPE[0] == C.V9_TEAM            # one block shape: launch_config serves both launches
-    assert C.PAIR_KERNELS["gemv_q2k_v9"] is not C.KERNELS["gemv_q2k_v9"]
+    assert C.V12_PAIR_SHAPE[0] == C.V12_SHAPE[0]      # one block shape: launch_config serves both launches
+    assert C.PAIR_KERNELS["gemv_q2k_v12"] is not C.KERNELS["gemv_q2k_v12"]
 
 
 def _two_layers_by_v4(rng, N, K, T):
