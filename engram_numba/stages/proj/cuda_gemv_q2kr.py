@@ -1679,66 +1679,6 @@ def _nib_f(n4, j, magic):
     return u32_as_f32(prmt(n4, magic, np.uint32(0x7440 + j)))
 
 
-@device_function(**INLINE)
-def _pair11(c0, c1, c2, c3, e0, e1, e2, e3, la, ha, lb, hb, j, da, nda, ndmina, dmina23, db, ndb, ndminb, dminb23,
-            qa0, qa1, qa2, qa3, qb0, qb1, qb2, qb3, x32, xv, ok_x, bias, magic, scratch):
-    """_pair10 with lut_pairs11's tables (the same values, the same mma in the same order)."""
-    x0, x1, x2, x3, x4, x5, x6, x7 = _x16(x32, xv, ok_x)
-    y0, y1, y2, y3, y4, y5, y6, y7 = _x16(x32, xv + 4, ok_x)
-    ca01, ca23 = lut_pairs11(_nib_f(la, j, magic), _nib_f(ha, j, magic), da, nda, ndmina, dmina23)
-    cb01, cb23 = lut_pairs11(_nib_f(lb, j, magic), _nib_f(hb, j, magic), db, ndb, ndminb, dminb23)
-    ea01, ea23 = lut_pairs11(_nib_f(la, j + 1, magic), _nib_f(ha, j + 1, magic), da, nda, ndmina, dmina23)
-    eb01, eb23 = lut_pairs11(_nib_f(lb, j + 1, magic), _nib_f(hb, j + 1, magic), db, ndb, ndminb, dminb23)
-    je = j + 1
-    a0, a1 = pick4p(ca01, ca23, qa0, 2 * j, bias)
-    b0, b1 = pick4p(cb01, cb23, qb0, 2 * j, bias)
-    c0, c1, c2, c3 = mma_bf16_16816(a0, b0, a1, b1, x0, x1, c0, c1, c2, c3, scratch)
-    a0, a1 = pick4p(ea01, ea23, qa0, 2 * je, bias)
-    b0, b1 = pick4p(eb01, eb23, qb0, 2 * je, bias)
-    e0, e1, e2, e3 = mma_bf16_16816(a0, b0, a1, b1, y0, y1, e0, e1, e2, e3, scratch)
-    a0, a1 = pick4p(ca01, ca23, qa1, 2 * j, bias)
-    b0, b1 = pick4p(cb01, cb23, qb1, 2 * j, bias)
-    c0, c1, c2, c3 = mma_bf16_16816(a0, b0, a1, b1, x2, x3, c0, c1, c2, c3, scratch)
-    a0, a1 = pick4p(ea01, ea23, qa1, 2 * je, bias)
-    b0, b1 = pick4p(eb01, eb23, qb1, 2 * je, bias)
-    e0, e1, e2, e3 = mma_bf16_16816(a0, b0, a1, b1, y2, y3, e0, e1, e2, e3, scratch)
-    a0, a1 = pick4p(ca01, ca23, qa2, 2 * j, bias)
-    b0, b1 = pick4p(cb01, cb23, qb2, 2 * j, bias)
-    c0, c1, c2, c3 = mma_bf16_16816(a0, b0, a1, b1, x4, x5, c0, c1, c2, c3, scratch)
-    a0, a1 = pick4p(ea01, ea23, qa2, 2 * je, bias)
-    b0, b1 = pick4p(eb01, eb23, qb2, 2 * je, bias)
-    e0, e1, e2, e3 = mma_bf16_16816(a0, b0, a1, b1, y4, y5, e0, e1, e2, e3, scratch)
-    a0, a1 = pick4p(ca01, ca23, qa3, 2 * j, bias)
-    b0, b1 = pick4p(cb01, cb23, qb3, 2 * j, bias)
-    c0, c1, c2, c3 = mma_bf16_16816(a0, b0, a1, b1, x6, x7, c0, c1, c2, c3, scratch)
-    a0, a1 = pick4p(ea01, ea23, qa3, 2 * je, bias)
-    b0, b1 = pick4p(eb01, eb23, qb3, 2 * je, bias)
-    e0, e1, e2, e3 = mma_bf16_16816(a0, b0, a1, b1, y6, y7, e0, e1, e2, e3, scratch)
-    return c0, c1, c2, c3, e0, e1, e2, e3
-
-
-@device_function(**INLINE)
-def _block11(c0, c1, c2, c3, e0, e1, e2, e3, qa0, qa1, qa2, qa3, qb0, qb1, qb2, qb3, sa, sb, dda, ddb,
-             x32, xv, ok_x, bias, magic, scratch):
-    """_block10 with v11's decode."""
-    da, dmina = f16x2_to_f32x2(dda)
-    db, dminb = f16x2_to_f32x2(ddb)
-    nda = mul_rn(da, np.float32(-TWO23))        # exact: a power of two times a finite fp16
-    ndb = mul_rn(db, np.float32(-TWO23))
-    dmina23 = mul_rn(dmina, np.float32(TWO23))
-    dminb23 = mul_rn(dminb, np.float32(TWO23))
-    m = np.uint32(0x0F0F0F0F)
-    la, ha = sa & m, (sa >> np.uint32(4)) & m
-    lb, hb = sb & m, (sb >> np.uint32(4)) & m
-    c0, c1, c2, c3, e0, e1, e2, e3 = _pair11(c0, c1, c2, c3, e0, e1, e2, e3, la, ha, lb, hb, 0,
-                                             da, nda, -dmina, dmina23, db, ndb, -dminb, dminb23,
-                                             qa0, qa1, qa2, qa3, qb0, qb1, qb2, qb3, x32, xv, ok_x, bias,
-                                             magic, scratch)
-    return _pair11(c0, c1, c2, c3, e0, e1, e2, e3, la, ha, lb, hb, 2,
-                   da, nda, -dmina, dmina23, db, ndb, -dminb, dminb23,
-                   qa0, qa1, qa2, qa3, qb0, qb1, qb2, qb3, x32, xv + 8, ok_x, bias, magic, scratch)
-
-
 V11_SHAPE = V10_SHAPE + (True, True)            # v10's blocks and ring, v11's decode, d/dmin copied once
 V11_PAIR_SHAPE = V10_PAIR_SHAPE + (True, True)
 
@@ -1786,8 +1726,8 @@ def lut_pairs12(msc, mm, d, nd23, ndmin, dmin23):
 
 
 def _make_block11(lut):
-    """_block11 on the table builder `lut` (lut_pairs11's arguments and values): v11's pair and
-    block decode, written once for v11's and v12's tables."""
+    """v11's decode of a block (two sub-block pairs, each pair's four tables, picks and mma in v10's
+    order) on the table builder `lut` (lut_pairs11's arguments and values): `_block11` and `_block12`."""
 
     @device_function(**INLINE)
     def pair(c0, c1, c2, c3, e0, e1, e2, e3, la, ha, lb, hb, j, da, nda, ndmina, dmina23, db, ndb, ndminb,
@@ -1848,6 +1788,7 @@ def _make_block11(lut):
     return block
 
 
+_block11 = _make_block11(lut_pairs11)     # gemv_q2k_v11's decode
 _block12 = _make_block11(lut_pairs12)
 
 
