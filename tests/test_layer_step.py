@@ -13,6 +13,12 @@ def model():
     return load_gguf(TINY_PATH)
 
 
+# The projection of wkv held as bf16 on the device (gemv_v1) where the test is about values moving,
+# not about the weight's encoding: in the simulator it takes less than half the time of the Q2_K one
+# (the default cuda pipeline on the file's Q2_K wkv: test_pipeline.py, test_pipeline_encodings.py).
+BF16_PROJ = {"proj": "gemv_v1"}
+
+
 @pytest.fixture
 def moves(monkeypatch):
     """Record every copy a Value makes: ("down", shape) device -> host, ("up", shape) host -> device."""
@@ -37,12 +43,13 @@ def moves(monkeypatch):
 def test_kept_rows_and_kv_come_back_once_and_never_go_up_again(model, moves):
     """Keeping rows.bf16, proj.kv, gate.key and gate.value on the cuda backend copies each back
     once for the capture; the projection and the gate still read the device copies (the only
-    uploads are each layer's highway)."""
+    uploads are each layer's highway). The bf16 projection (BF16_PROJ): which values move does not
+    depend on wkv's encoding."""
     cfg = model.config
     tokens, mask = TINY_TOKENS[:3], TINY_MASK[:3]
     ref = Pipeline(model, "reference").run(tokens, token_mask=mask)
     with pytest.warns(UserWarning, match="simulator"):
-        pipe = Pipeline(model, "cuda")
+        pipe = Pipeline(model, "cuda", versions=BF16_PROJ)
     keep = ["L*.rows.bf16", "L*.proj.kv", "L*.gate.key", "L*.gate.value", "L*.highway.out"]
     cap = pipe.run(tokens, token_mask=mask, names_filter=keep, highway=ref["L1.highway.in"])
     T, C = len(tokens), cfg.n_hash_cols
@@ -55,11 +62,12 @@ def test_kept_rows_and_kv_come_back_once_and_never_go_up_again(model, moves):
 
 @pytest.mark.slow
 def test_a_hook_on_device_rows_feeds_its_rows_downstream(model):
-    """A hook's replacement of device rows is what the projection reads (it goes up again)."""
+    """A hook's replacement of device rows is what the projection reads (it goes up again); the
+    bf16 projection (BF16_PROJ), as the test above."""
     tokens, mask = TINY_TOKENS[:2], TINY_MASK[:2]
     ref_pipe = Pipeline(model, "reference")
     with pytest.warns(UserWarning, match="simulator"):
-        pipe = Pipeline(model, "cuda")
+        pipe = Pipeline(model, "cuda", versions=BF16_PROJ)
     swap = lambda rows, name: rows[::-1].copy()                      # noqa: E731
     with ref_pipe.hooks({"L4.rows.bf16": swap}), pipe.hooks({"L4.rows.bf16": swap}):
         ref = ref_pipe.run(tokens, token_mask=mask, names_filter="L4.proj.kv")

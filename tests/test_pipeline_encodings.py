@@ -117,8 +117,12 @@ def test_reference_cpu_and_cuda_agree_on_every_encoding(model):
     tokens, mask = TINY_TOKENS[:2], TINY_MASK[:2]
     ref = Pipeline(model, "reference").run(tokens, token_mask=mask)
     cpu = Pipeline(model, "cpu").run(tokens, token_mask=mask)
+    # fp8 rows with their scales apart differ from the fp8 variant in the rows only: their FP8 wkv
+    # (the same as fp8's, projected by the fp8 case) is held as bf16 and projected by gemv_v1, in the
+    # simulator a fraction of the naive FP8 GEMV's time (both are the reference's bits)
+    versions = {"proj": "gemv_v1"} if model.layers[1].table_scales is not None else None
     with pytest.warns(UserWarning, match="simulator"):
-        cuda_pipe = Pipeline(model, "cuda")
+        cuda_pipe = Pipeline(model, "cuda", versions=versions)
     cuda = cuda_pipe.run(tokens, token_mask=mask)
     for other in (cpu, cuda):
         report = diff(ref, other)

@@ -9,8 +9,8 @@ first ~60 MB of reads then also pay for writing them back. On the H200 (tools/co
 bench/results/h200_cold_timing_*.json) the written flush added 3.4 us to a 49 MB one-token GEMV and
 8-9 us to the 157 / 315 MB ones; read-flushed times match one cold launch and, within 2 us, the
 same GEMVs launched back to back on rotating copies of their weights (a decode step's situation).
-In numba's simulator (the smoke test) there are no events and no L2: host time is returned
-instead, and every figure it gives is meaningless.
+In numba's simulator (the smoke test) there are no events and no L2: the host time of one call is
+returned instead, and every figure it gives is meaningless.
 """
 from __future__ import annotations
 
@@ -125,7 +125,8 @@ class DeviceTimer:
     def __call__(self, fn, iters: int = 50, warmup: int = 3, spin_us: int = 1000, flush: bool = True) -> float:
         cuda = self.cuda
         if self.simulated:
-            fn()
+            # one call, timed on the host: the simulator has nothing to warm up (no JIT, no caches),
+            # and each simulated call of a kernel is seconds of Python in the smoke run
             t0 = time.perf_counter()
             fn()
             return (time.perf_counter() - t0) * 1e6

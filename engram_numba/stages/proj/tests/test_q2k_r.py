@@ -239,20 +239,37 @@ def test_v8_teams_are_v4_bit_for_bit(two_layers_20x512, team, stages):
 
 
 
+@pytest.fixture(scope="module")
+def v4_kv():
+    """(x and w on the device, gemv_q2k_v4's kv) at an (N, K, T), made once for the module's tests
+    of that shape: a simulated v4 launch is seconds, and every version is compared with the same one.
+    Inputs seeded from the shape, whichever test asks first."""
+    import zlib
+    made = {}
+
+    def get(N, K, T):
+        if (N, K, T) not in made:
+            rng = np.random.default_rng(zlib.crc32(repr(("v4_kv", N, K, T)).encode()))
+            w = cuda.to_device(repack_q2k_r(random_q2k(rng, N, K), K))
+            x = cuda.to_device(random_x(rng, T, K))
+            want = cuda.to_device(np.full((T, N), POISON, np.uint16))
+            P.project_q(x, w, None, want, weight="q2k_r", version="gemv_q2k_v4")
+            made[N, K, T] = x, w, want.copy_to_host()
+        return made[N, K, T]
+    return get
+
+
 @pytest.mark.slow
-def test_v9_is_v4_bit_for_bit(rng):
+def test_v9_is_v4_bit_for_bit(v4_kv):
     """v9 (one item a block of 2 warps, 3 shares each through a 2-slot cp.async ring, the shares
     summed after one barrier) gives v4's kv bit for bit: K/256 = 13 is 7 units in 2-unit shares,
     so warp 0 sums shares 0..2 and warp 1 has unit 6 (with the zero pad block) in share 3 and two
     empty shares; rows past N, tokens past T."""
     N, K, T = 13, 3328, 2
-    w = cuda.to_device(repack_q2k_r(random_q2k(rng, N, K), K))
-    x = cuda.to_device(random_x(rng, T, K))
-    outs = {}
-    for v in ("gemv_q2k_v4", "gemv_q2k_v9"):
-        outs[v] = cuda.to_device(np.full((T, N), POISON, np.uint16))
-        P.project_q(x, w, None, outs[v], weight="q2k_r", version=v)
-    np.testing.assert_array_equal(outs["gemv_q2k_v9"].copy_to_host(), outs["gemv_q2k_v4"].copy_to_host())
+    x, w, want = v4_kv(N, K, T)
+    got = cuda.to_device(np.full((T, N), POISON, np.uint16))
+    P.project_q(x, w, None, got, weight="q2k_r", version="gemv_q2k_v9")
+    np.testing.assert_array_equal(got.copy_to_host(), want)
 
 
 @pytest.mark.parametrize("version", ["gemv_q2k_v9", "gemv_q2k_v10", "gemv_q2k_v11", "gemv_q2k_v12"])
@@ -293,7 +310,7 @@ def test_v9_shape_is_checked():
 @pytest.mark.parametrize("shape", [None,                              # the registered gemv_q2k_v10
                                    (2, 2, 14, False, False, False),   # v9's decode order and ring
                                    (2, 3, 10, True, True, True)])     # 3 slots, early, split
-def test_v10_is_v4_bit_for_bit(rng, shape):
+def test_v10_is_v4_bit_for_bit(v4_kv, shape):
     """v10 (v9's blocks; sub-blocks decoded in pairs, their mma alternating between the two chains;
     the early ring; split copies, each lane waiting for its own groups) gives v4's kv bit for bit:
     K/256 = 13 (a pad block, warp 1 with one unit and two empty shares), rows past N, tokens past T.
@@ -301,17 +318,14 @@ def test_v10_is_v4_bit_for_bit(rng, shape):
     from engram_numba.device.launch import PreparedLaunch
     from engram_numba.stages.proj.cuda_common import flat_u32
     N, K, T = 13, 3328, 2
-    w = cuda.to_device(repack_q2k_r(random_q2k(rng, N, K), K))
-    x = cuda.to_device(random_x(rng, T, K))
-    want = cuda.to_device(np.full((T, N), POISON, np.uint16))
-    P.project_q(x, w, None, want, weight="q2k_r", version="gemv_q2k_v4")
+    x, w, want = v4_kv(N, K, T)
     got = cuda.to_device(np.full((T, N), POISON, np.uint16))
     if shape is None:
         P.project_q(x, w, None, got, weight="q2k_r", version="gemv_q2k_v10")
     else:
         gemv, _ = C._make_gemv10(*shape)
         PreparedLaunch(f"v10{shape}", gemv, (1, 1), 64, 0, (flat_u32(x), flat_u32(w), got, T, K), got)()
-    np.testing.assert_array_equal(got.copy_to_host(), want.copy_to_host())
+    np.testing.assert_array_equal(got.copy_to_host(), want)
 
 
 def test_v11_is_v4_bit_for_bit(rng):
@@ -330,7 +344,7 @@ def test_v11_is_v4_bit_for_bit(rng):
 
 @pytest.mark.parametrize("shape", [(2, 2, 14, True, True, True, True, True),     # v11, d/dmin copied once
                                    (2, 3, 10, True, True, False, True, True)])   # 3 slots, one group a unit
-def test_v11_dd_once_is_v4_bit_for_bit(rng, shape):
+def test_v11_dd_once_is_v4_bit_for_bit(v4_kv, shape):
     """v11 with each unit's d/dmin plane copied once by lanes 0..7 and read by every lane of its g
     after a warp barrier (the simulator lands a copy only at its copier's wait: a missing barrier
     reads a stale slot): v4's kv bit for bit over 3 units through the ring (K/256 = 6), rows past N,
@@ -338,14 +352,11 @@ def test_v11_dd_once_is_v4_bit_for_bit(rng, shape):
     from engram_numba.device.launch import PreparedLaunch
     from engram_numba.stages.proj.cuda_common import flat_u32
     N, K, T = 13, 1536, 2
-    w = cuda.to_device(repack_q2k_r(random_q2k(rng, N, K), K))
-    x = cuda.to_device(random_x(rng, T, K))
-    want = cuda.to_device(np.full((T, N), POISON, np.uint16))
-    P.project_q(x, w, None, want, weight="q2k_r", version="gemv_q2k_v4")
+    x, w, want = v4_kv(N, K, T)
     got = cuda.to_device(np.full((T, N), POISON, np.uint16))
     gemv, _ = C._make_gemv10(*shape)
     PreparedLaunch(f"v11{shape}", gemv, (1, 1), 64, 0, (flat_u32(x), flat_u32(w), got, T, K), got)()
-    np.testing.assert_array_equal(got.copy_to_host(), want.copy_to_host())
+    np.testing.assert_array_equal(got.copy_to_host(), want)
 
 
 def test_v11_table_is_v9s_table():
@@ -391,24 +402,21 @@ def test_v12_table_is_v11s_table():
                                                 marks=pytest.mark.slow),                       # one group a unit
                                    pytest.param((2, 3, 10, True, True, True, False, True, True, True),
                                                 marks=pytest.mark.slow)])                      # the pair shape
-def test_v12_is_v4_bit_for_bit(rng, shape):
+def test_v12_is_v4_bit_for_bit(v4_kv, shape):
     """v12 (v11 with entry 0 = -dmin*m and the ring's copies as zero fills where there is nothing to
     copy, no branch) gives v4's kv bit for bit: K/256 = 13 (a pad block; warp 1 with one unit and
     empty jobs, whose zero-filled copies must not be read), rows past N, tokens past T."""
     from engram_numba.device.launch import PreparedLaunch
     from engram_numba.stages.proj.cuda_common import flat_u32
     N, K, T = 13, 3328, 2
-    w = cuda.to_device(repack_q2k_r(random_q2k(rng, N, K), K))
-    x = cuda.to_device(random_x(rng, T, K))
-    want = cuda.to_device(np.full((T, N), POISON, np.uint16))
-    P.project_q(x, w, None, want, weight="q2k_r", version="gemv_q2k_v4")
+    x, w, want = v4_kv(N, K, T)
     got = cuda.to_device(np.full((T, N), POISON, np.uint16))
     if shape is None:
         P.project_q(x, w, None, got, weight="q2k_r", version="gemv_q2k_v12")
     else:
         gemv, _ = C._make_gemv10(*shape)
         PreparedLaunch(f"v12{shape}", gemv, (1, 1), 64, 0, (flat_u32(x), flat_u32(w), got, T, K), got)()
-    np.testing.assert_array_equal(got.copy_to_host(), want.copy_to_host())
+    np.testing.assert_array_equal(got.copy_to_host(), want)
 
 
 def test_v12_zero_fill_needs_dd_once():
