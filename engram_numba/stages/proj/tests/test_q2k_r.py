@@ -306,6 +306,24 @@ def test_v9_shape_is_checked():
     with pytest.raises(ValueError, match="shared memory an SM"):
         C._make_gemv9(2, 2, 17)
 
+
+def _factory_is_v4(v4_kv, version, shape):
+    """`version` (registered, shape None) or `_make_gemv10(*shape)` on one 64-thread block against
+    v4's kv at N, K, T = 13, 3328, 2 (K/256 = 13: a pad block, warp 1 with one unit and empty
+    shares; rows past N, tokens past T), every output."""
+    from engram_numba.device.launch import PreparedLaunch
+    from engram_numba.stages.proj.cuda_common import flat_u32
+    N, K, T = 13, 3328, 2
+    x, w, want = v4_kv(N, K, T)
+    got = cuda.to_device(np.full((T, N), POISON, np.uint16))
+    if shape is None:
+        P.project_q(x, w, None, got, weight="q2k_r", version=version)
+    else:
+        gemv, _ = C._make_gemv10(*shape)
+        PreparedLaunch(f"{version}{shape}", gemv, (1, 1), 64, 0, (flat_u32(x), flat_u32(w), got, T, K), got)()
+    np.testing.assert_array_equal(got.copy_to_host(), want)
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("shape", [None,                              # the registered gemv_q2k_v10
                                    (2, 2, 14, False, False, False),   # v9's decode order and ring
@@ -315,17 +333,7 @@ def test_v10_is_v4_bit_for_bit(v4_kv, shape):
     the early ring; split copies, each lane waiting for its own groups) gives v4's kv bit for bit:
     K/256 = 13 (a pad block, warp 1 with one unit and two empty shares), rows past N, tokens past T.
     The simulator lands a copy only at its wait, so a missing or short wait reads a stale slot."""
-    from engram_numba.device.launch import PreparedLaunch
-    from engram_numba.stages.proj.cuda_common import flat_u32
-    N, K, T = 13, 3328, 2
-    x, w, want = v4_kv(N, K, T)
-    got = cuda.to_device(np.full((T, N), POISON, np.uint16))
-    if shape is None:
-        P.project_q(x, w, None, got, weight="q2k_r", version="gemv_q2k_v10")
-    else:
-        gemv, _ = C._make_gemv10(*shape)
-        PreparedLaunch(f"v10{shape}", gemv, (1, 1), 64, 0, (flat_u32(x), flat_u32(w), got, T, K), got)()
-    np.testing.assert_array_equal(got.copy_to_host(), want)
+    _factory_is_v4(v4_kv, "gemv_q2k_v10", shape)
 
 
 def test_v11_is_v4_bit_for_bit(rng):
@@ -406,17 +414,7 @@ def test_v12_is_v4_bit_for_bit(v4_kv, shape):
     """v12 (v11 with entry 0 = -dmin*m and the ring's copies as zero fills where there is nothing to
     copy, no branch) gives v4's kv bit for bit: K/256 = 13 (a pad block; warp 1 with one unit and
     empty jobs, whose zero-filled copies must not be read), rows past N, tokens past T."""
-    from engram_numba.device.launch import PreparedLaunch
-    from engram_numba.stages.proj.cuda_common import flat_u32
-    N, K, T = 13, 3328, 2
-    x, w, want = v4_kv(N, K, T)
-    got = cuda.to_device(np.full((T, N), POISON, np.uint16))
-    if shape is None:
-        P.project_q(x, w, None, got, weight="q2k_r", version="gemv_q2k_v12")
-    else:
-        gemv, _ = C._make_gemv10(*shape)
-        PreparedLaunch(f"v12{shape}", gemv, (1, 1), 64, 0, (flat_u32(x), flat_u32(w), got, T, K), got)()
-    np.testing.assert_array_equal(got.copy_to_host(), want)
+    _factory_is_v4(v4_kv, "gemv_q2k_v12", shape)
 
 
 def test_v12_zero_fill_needs_dd_once():
