@@ -367,12 +367,16 @@ def test_v11_dd_once_is_v4_bit_for_bit(v4_kv, shape):
     np.testing.assert_array_equal(got.copy_to_host(), want)
 
 
+# d / dmin values the table tests meet: both signs, zero of both signs, an fp16 subnormal, the largest fp16
+D_EDGES = np.array([0.0, -0.0, 6e-8, -6e-8, 1e-3, -0.0371, 1.0, 3.14159, -65504.0, 65504.0, 2.5e-5],
+                   np.float16).astype(np.float32)
+
+
 def test_v11_table_is_v9s_table():
     """lut_pairs11 (scale = fma(d, 2^23 + sc, -d*2^23), -offset = fma(-dmin, 2^23 + m, dmin*2^23))
     gives lut_pairs9's pair words for every nibble pair and d, dmin of both signs, subnormal, zero
     and the largest fp16, up to the sign of a zero entry (which adds a zero product to the kv sum)."""
-    ds = np.array([0.0, -0.0, 6e-8, -6e-8, 1e-3, -0.0371, 1.0, 3.14159, -65504.0, 65504.0, 2.5e-5],
-                  np.float16).astype(np.float32)
+    ds = D_EDGES
     two23 = np.float32(C.TWO23)
     for d in ds:
         for dmin in ds:
@@ -392,8 +396,7 @@ def test_v12_table_is_v11s_table():
     """lut_pairs12 (entry 0 = -dmin*m itself) gives lut_pairs11's pair words bit for bit, zeros'
     signs included, for every nibble pair and d, dmin of both signs, subnormal, zero and the largest
     fp16: fma(0, d*sc, -dmin*m) is -dmin*m because that fma sum is never -0."""
-    ds = np.array([0.0, -0.0, 6e-8, -6e-8, 1e-3, -0.0371, 1.0, 3.14159, -65504.0, 65504.0, 2.5e-5],
-                  np.float16).astype(np.float32)
+    ds = D_EDGES
     two23 = np.float32(C.TWO23)
     for d in ds:
         for dmin in ds:
