@@ -125,7 +125,7 @@ def _emit(fh, rec):
 
 
 def worker(out_dir: Path, skip: set, quick: bool, smoke: bool, only=None, tokens_arg=None, sweep_arg=None,
-           v7: bool = False, v8: bool = False, v9: bool = False):
+           v7: bool = False, v8: bool = False, v9: bool = False, tma: bool = False):
     from numba import cuda
 
     from engram_numba.bf16 import bf16_to_f32, f32_to_bf16
@@ -149,6 +149,14 @@ def worker(out_dir: Path, skip: set, quick: bool, smoke: bool, only=None, tokens
         variants = {"gemm_v4": W.VARIANTS["gemm_v4"], "gemm_v6": W.VARIANTS["gemm_v6"],
                     **{k: c for k, c in W.V9_CANDIDATES.items() if isinstance(c, W.Variant)}, **sk_variants}
         ws_variants = {}
+    same_bits = {}   # variant -> the kernel whose bits it must return (checked at every shape, beside the yardstick)
+    if tma:        # the TMA loop on gemm_v4's grid and on persistent CTAs, against what they rebuild
+        tma_sk = {k: c for k, c in W.TMA_CANDIDATES.items() if isinstance(c, W.SkVariant)}
+        tma_grid = {k: c for k, c in W.TMA_CANDIDATES.items() if isinstance(c, W.Variant)}
+        sk_variants = {**W.SK_VARIANTS, **W.V9_VARIANTS, **tma_sk}
+        variants = {"gemm_v4": W.VARIANTS["gemm_v4"], **tma_grid, **sk_variants}
+        ws_variants = {}
+        same_bits = {**{k: "gemm_v4" for k in tma_grid}, **{k: "gemm_v8" for k in tma_sk}}
     if only:       # --variants: these (and cuBLAS) in every phase
         variants = {k: v for k, v in variants.items() if k in only}
         skip = set(skip) | {n for n in ("gemv_v3", "gemv_v4", "gemm_v3", *W.VARIANTS, *W.CANDIDATES) if n not in only}
@@ -162,7 +170,7 @@ def worker(out_dir: Path, skip: set, quick: bool, smoke: bool, only=None, tokens
         tokens = V7_TOKENS
     if v8 and not smoke:
         tokens, odd_rel = V8_TOKENS, V8_ODD_RELEASED
-    if v9 and not smoke:
+    if (v9 or tma) and not smoke:
         tokens, odd_rel = V9_TOKENS, V9_ODD_RELEASED
     tokens = tuple(tokens_arg) if tokens_arg else tokens
 
@@ -190,7 +198,15 @@ def worker(out_dir: Path, skip: set, quick: bool, smoke: bool, only=None, tokens
         launch = launch_of(name, x, w, out)
         launch()
         cuda.synchronize()
-        return launch, out, yard.check(out.copy_to_host()[rows])
+        chk = yard.check(out.copy_to_host()[rows])
+        if name in same_bits:               # every output, bit for bit, against the kernel it rebuilds
+            ref = cuda.to_device(np.full((T, N), 0xFFFF, np.uint16))
+            launch_of(same_bits[name], x, w, ref)()
+            cuda.synchronize()
+            diff = int(np.count_nonzero(out.copy_to_host() != ref.copy_to_host()))
+            chk[f"differs_from_{same_bits[name]}"] = diff
+            chk["ok"] = bool(chk["ok"] and diff == 0)
+        return launch, out, chk
 
     def start(name):
         print(f"START {name}", flush=True)
@@ -203,6 +219,8 @@ def worker(out_dir: Path, skip: set, quick: bool, smoke: bool, only=None, tokens
         x, w = as_words(x_t), as_words(w_t)
         for name in list(variants) + ["cublas_v1"]:
             if name in skip or (smoke and name not in W.VARIANTS and name not in sk_variants):
+                continue
+            if name in same_bits and K % 8:  # a TMA row is a multiple of 16 bytes
                 continue
             start(name)
             try:
@@ -236,6 +254,8 @@ def worker(out_dir: Path, skip: set, quick: bool, smoke: bool, only=None, tokens
         per_T = {T: ["gemm_v8", *W.SK_CANDIDATES, "gemm_v4", "gemm_v6", "cublas_v1"] for T in tokens}
     if v9:         # every T: gemm_v9, its candidates, the kernels they rebuild and cuBLAS
         per_T = {T: ["gemm_v9", *W.V9_CANDIDATES, "gemm_v8", "gemm_v4", "gemm_v6", "cublas_v1"] for T in tokens}
+    if tma:        # every T: the TMA candidates, the kernels they rebuild, gemm_v9 and cuBLAS
+        per_T = {T: [*W.TMA_CANDIDATES, "gemm_v9", "gemm_v8", "gemm_v4", "cublas_v1"] for T in tokens}
     if only and (v8 or v9):
         per_T = {T: [n for n in names if n in only or n == "cublas_v1"] for T, names in per_T.items()}
     if smoke:
@@ -250,7 +270,7 @@ def worker(out_dir: Path, skip: set, quick: bool, smoke: bool, only=None, tokens
     def same_as_v8(name, T, N, K):
         """A split choice that would launch gemm_v8's own kernel on gemm_v8's own schedule."""
         a, b = sk_variants[name], sk_variants["gemm_v8"]
-        if name == "gemm_v8" or a.tile is not b.tile or a.overlap != b.overlap or v9:
+        if name == "gemm_v8" or a.tile is not b.tile or a.overlap != b.overlap or v9 or tma:
             return False
         sa, sb = (W.sk_schedule(T, N, K, v, W.WS.device_ctas()) for v in (a, b))
         return bool(np.array_equal(sa[0], sb[0]) and np.array_equal(sa[1], sb[1]))
@@ -297,7 +317,7 @@ def worker(out_dir: Path, skip: set, quick: bool, smoke: bool, only=None, tokens
                            "error": f"{type(exc).__name__}: {exc}"[:400]})
 
     # 2b. where the defaults change hands: every candidate at the token counts between
-    sweep = (2, 48) if smoke and not (v8 or v9) else tuple(sweep_arg) if sweep_arg is not None else () if v7 or v8 or v9 \
+    sweep = (2, 48) if smoke and not (v8 or v9) else tuple(sweep_arg) if sweep_arg is not None else () if v7 or v8 or v9 or tma \
         else SWEEP_TOKENS
     for T in sweep:
         x_t = rand_bf16((T, k_rel), 1.0, 200 + T)
@@ -364,6 +384,8 @@ def worker(out_dir: Path, skip: set, quick: bool, smoke: bool, only=None, tokens
         if v9:
             names = [n for n in ["gemm_v4", *W.V9_CANDIDATES, *W.V9_VARIANTS, "gemm_v8", "cublas_v1"]
                      if not only or n in only or n == "cublas_v1"]
+        if tma:
+            names = [*W.TMA_CANDIDATES, "gemm_v8", "cublas_v1"]
         if smoke and (v8 or v9):
             names = [n for n in names if n != "cublas_v1"]
         for name in names:
@@ -414,7 +436,7 @@ def ncu_target(name: str):
 
 
 def ncu_l2_target():
-    """One launch each of gemm_v4, gemm_v9, the lean loop on gemm_v4's grid and cuBLAS at T = 4096
+    """One launch each of gemm_v4, gemm_v9, the lean and tma loops on gemm_v4's grid and cuBLAS at T = 4096
     (what --ncu-l2 profiles), in that order."""
     from numba import cuda
 
@@ -428,6 +450,7 @@ def ncu_l2_target():
     launches = [("gemm_v4", lambda: W.prepare_variant("gemm_v4", W.VARIANTS["gemm_v4"], xw, ww, out)),
                 ("gemm_v9", lambda: W.prepare_sk("gemm_v9", W.V9_VARIANTS["gemm_v9"], xw, ww, out)),
                 ("lean", lambda: W.prepare_variant("lean", W.V9_TILES["lean"], xw, ww, out)),
+                ("tma", lambda: W.prepare_variant("tma", W.TMA_TILE, xw, ww, out)),
                 ("cublas_v1", lambda: prepare_project(xw, ww, out, version="cublas_v1"))]
     for name, make in launches:
         try:
@@ -443,7 +466,7 @@ def run_ncu_l2(out_dir: Path) -> None:
     cmd = ["ncu", "--clock-control", "none", "--print-details", "all",
            "--section", "SpeedOfLight", "--section", "MemoryWorkloadAnalysis", "--section", "WarpStateStats",
            "--metrics", "lts__t_bytes.sum,dram__bytes_read.sum",
-           "-k", "regex:gemm|nvjet|xmma|sm90", "-c", "4", sys.executable, str(Path(__file__).resolve()),
+           "-k", "regex:gemm|nvjet|xmma|sm90", "-c", "5", sys.executable, str(Path(__file__).resolve()),
            "--ncu-l2-target"]
     t0 = time.time()
     try:
@@ -579,11 +602,14 @@ def main(argv=None) -> int:
                     "gemm_v4, gemm_v6 and cuBLAS")
     ap.add_argument("--v9", action="store_true", help="gemm_v9 and its k-loop variants at T = 256 .. 4096 against "
                     "gemm_v4, gemm_v6, gemm_v8 and cuBLAS")
+    ap.add_argument("--tma", action="store_true", help="the TMA k loop on gemm_v4's grid and on persistent CTAs at "
+                    "T = 256 .. 4096, each bit for bit against the kernel it rebuilds, against gemm_v4, gemm_v8, gemm_v9 "
+                    "and cuBLAS")
     ap.add_argument("--ncu-l2", action="store_true", help="gemm_v4, gemm_v9, lean and cuBLAS at T = 4096 under "
                     "Nsight Compute: L2 / DRAM bytes and stalls (alone)")
     ap.add_argument("--ncu-l2-target", action="store_true")
     args = ap.parse_args(argv)
-    if args.v9 and args.worker_timeout == 240.0:
+    if (args.v9 or args.tma) and args.worker_timeout == 240.0:
         args.worker_timeout = 100.0          # a hung persistent CTA costs 100 s, not 240 (the run is ~60 s)
     out_dir = Path(args.out)
     out_dir.mkdir(parents=True, exist_ok=True)
@@ -601,7 +627,7 @@ def main(argv=None) -> int:
         ints = lambda a: [int(t) for t in a.split(",") if t]   # noqa: E731
         worker(out_dir, skip, args.quick, args.smoke, only={s for s in args.variants.split(",") if s},
                tokens_arg=ints(args.tokens), sweep_arg=None if args.sweep is None else ints(args.sweep), v7=args.v7,
-               v8=args.v8, v9=args.v9)
+               v8=args.v8, v9=args.v9, tma=args.tma)
         return 0
 
     log = out_dir / "prefill_dev.jsonl"
@@ -614,7 +640,7 @@ def main(argv=None) -> int:
             + (["--smoke"] if args.smoke else []) + (["--variants", args.variants] if args.variants else []) \
             + (["--tokens", args.tokens] if args.tokens else []) \
             + (["--sweep", args.sweep] if args.sweep is not None else []) + (["--v7"] if args.v7 else []) \
-            + (["--v8"] if args.v8 else []) + (["--v9"] if args.v9 else [])
+            + (["--v8"] if args.v8 else []) + (["--v9"] if args.v9 else []) + (["--tma"] if args.tma else [])
         try:        # a kernel that never returns (a persistent CTA waiting for a flag nobody raises) is a death too
             proc = subprocess.run(cmd, capture_output=True, text=True, timeout=args.worker_timeout or None)
         except subprocess.TimeoutExpired as exc:

@@ -68,6 +68,16 @@ asynchrony, so a kernel that reads data before waiting for it fails in the simul
   arrival tracks) is visible to a thread whose wait saw the phase complete (wgmma reads still need
   `fence_proxy_async` after the wait). In the simulator `cp_async_mbar_arrive` lands the thread's
   copies at once, then arrives.
+- TMA (the tensor memory accelerator; tensor maps from `device/tma.py`):
+  `mbar_arrive_expect_tx(smem, off, nbytes)` (`mbarrier.arrive.expect_tx`: one arrival that also
+  announces nbytes of copies the phase must wait for) and `tma_load_2d(smem, dst_byte, tmap, c0, c1,
+  mbar_off)` (`cp.async.bulk.tensor.2d ... mbarrier::complete_tx::bytes`, one thread: the box of the
+  tensor map `tmap` (its uint8 [128] device array) whose first element is column c0 of row c1 ->
+  bytes dst_byte.. of smem (128-byte aligned; 1024 for a 128-byte-swizzled box), zeros where the
+  box lies past the tensor, its bytes reported to the mbarrier at byte mbar_off). A phase with an
+  expect_tx completes when its arrivals have come and the announced bytes have landed; a thread
+  that waited on it sees the box (wgmma reads it without a further fence). In the simulator the
+  bytes land when a thread's wait first sees their phase complete.
 - `flag_wait(flags, i)`: spins until the int32 `flags[i]` is non-zero (read atomically, so another
   CTA's `cuda.atomic.exch(flags, i, 1)` after a `cuda.threadfence()` is seen), for waits between
   CTAs. The simulator runs blocks one after another, so a flag a CTA waits for must come from a
@@ -298,17 +308,56 @@ if SIMULATOR:
         return th, mgr.mbarriers, int(off)
 
     class _Mbar:
-        """An mbarrier of the simulator: arrival k belongs to phase k // count (itertools.count is
-        atomic under the GIL), and that phase's last arrival sets its Event."""
+        """An mbarrier of the simulator: arrival k belongs to phase k // count, and that phase's last
+        arrival sets its Event. `expect_tx` holds its arrival back until the bytes it announced have
+        been reported by `complete_tx` (a TMA copy's), as the hardware's transaction count does; a
+        TMA copy's bytes land only when a thread's wait sees the phase they belong to complete, so
+        a kernel that reads a stage before waiting on its barrier reads stale bytes here too."""
 
         def __init__(self, count):
-            self.count, self.arrivals, self.done = count, itertools.count(), {}
+            self.count, self.n, self.done = count, 0, {}
+            self.lock = threading.Lock()
+            self.tx, self.held, self.landing, self.lands = 0, 0, [], {}
 
-        def arrive(self):
-            k = next(self.arrivals)
-            event = self.done.setdefault(k // self.count, threading.Event())
+        def _arrive(self):
+            k = self.n
+            self.n += 1
+            phase = k // self.count
+            if self.landing:
+                self.lands.setdefault(phase, []).extend(self.landing)
+                self.landing = []
+            event = self.done.setdefault(phase, threading.Event())
             if k % self.count == self.count - 1:
                 event.set()
+
+        def arrive(self):
+            with self.lock:
+                self._arrive()
+
+        def _release(self):
+            if self.tx == 0 and self.held:
+                for _ in range(self.held):
+                    self._arrive()
+                self.held = 0
+
+        def expect_tx(self, nbytes):
+            with self.lock:
+                self.tx += nbytes
+                self.held += 1
+                self._release()
+
+        def complete_tx(self, nbytes, land):
+            with self.lock:
+                self.tx -= nbytes
+                self.landing.append(land)
+                self._release()
+
+        def land(self, upto):
+            """Run the copies of every phase before `upto` (a waiter saw them complete)."""
+            with self.lock:
+                for phase in [p for p in self.lands if p < upto]:
+                    for f in self.lands.pop(phase):
+                        f()
 
         def completed(self):
             c = 0
@@ -350,12 +399,46 @@ if SIMULATOR:
         th, bar = _mbar(off)
         c = bar.completed()
         if c % 2 != int(parity) & 1:
+            bar.land(c)
             return 1
         event = bar.done.setdefault(c, threading.Event())
         event.wait(0.001)
         if th.abort:
             raise RuntimeError("abort flag set while waiting on an mbarrier")
         return 0
+
+    def mbar_arrive_expect_tx(smem, off, nbytes):
+        _mbar(off)[1].expect_tx(int(nbytes))
+
+    def tma_load_2d(smem, dst_byte, tmap, c0, c1, mbar_off):
+        from .tma import SWIZZLE_128B, sim_map
+        m = sim_map(tmap)
+        dst_byte, c0, c1 = int(dst_byte), int(c0), int(c1)
+        dst_b = _bytes(smem)
+        if dst_byte % 128 or not 0 <= dst_byte <= dst_b.size - m.box_bytes:
+            raise IndexError(f"tma_load_2d: destination byte {dst_byte} (128-byte aligned) and the "
+                             f"{m.box_bytes}-byte box must lie inside the {dst_b.size}-byte shared array")
+        if m.swizzle == SWIZZLE_128B and dst_byte % 1024:
+            raise IndexError(f"tma_load_2d: a 128-byte-swizzled box lands 1024-byte aligned, not at {dst_byte}")
+        rows, cols = m.shape
+        src = np.asarray(m.array)
+        box = np.zeros((m.box_rows, m.box_cols), src.dtype)     # past the tensor's edges: zeros
+        r1, k1 = min(rows, c1 + m.box_rows), min(cols, c0 + m.box_cols)
+        if c1 < r1 and c0 < k1 and c1 >= 0 and c0 >= 0:
+            box[:r1 - c1, :k1 - c0] = src[c1:r1, c0:k1]
+        flat = box.reshape(-1).view(np.uint8)
+        row_bytes = m.box_cols * m.esize
+        if m.swizzle == SWIZZLE_128B:
+            # byte b of the box at L ^ (((L >> 7) & 7) << 4), L = dst + b (128-byte rows)
+            L = dst_byte + np.arange(flat.size)
+            where = L ^ (((L >> 7) & 7) << 4)
+        else:
+            where = dst_byte + np.arange(flat.size)
+        assert row_bytes <= 128 or m.swizzle != SWIZZLE_128B
+
+        def land():
+            dst_b[where] = flat
+        _mbar(mbar_off)[1].complete_tx(m.box_bytes, land)
 
     def flag_wait(flags, i):
         if int(flags[i]) == 0:
@@ -649,6 +732,42 @@ else:
                            "{ .reg .pred p; mbarrier.try_wait.parity.shared::cta.b64 p, [$1], $2; "
                            "selp.u32 $0, 1, 0, p; }", "=r,r,r,~{memory}", [addr, par])
         return types.int32(smem, off, parity), codegen
+
+    @intrinsic
+    def mbar_arrive_expect_tx(typingctx, smem, off, nbytes):
+        if not (isinstance(smem, types.Array) and isinstance(off, types.Integer) and isinstance(nbytes, types.Integer)):
+            return None
+
+        def codegen(context, builder, signature, args):
+            addr = _mbar_address(context, builder, signature, args)
+            n = context.cast(builder, args[2], signature.args[2], types.uint32)
+            _inline(builder, ir.VoidType(), [_I32, _I32],
+                    "{ .reg .b64 st; mbarrier.arrive.expect_tx.shared::cta.b64 st, [$0], $1; }",
+                    "r,r,~{memory}", [addr, n])
+            return context.get_dummy_value()
+        return types.void(smem, off, nbytes), codegen
+
+    @intrinsic
+    def tma_load_2d(typingctx, smem, dst_byte, tmap, c0, c1, mbar_off):
+        if not (isinstance(smem, types.Array) and isinstance(tmap, types.Array)
+                and all(isinstance(v, types.Integer) for v in (dst_byte, c0, c1, mbar_off))):
+            return None
+        sig = types.void(smem, dst_byte, tmap, c0, c1, mbar_off)
+
+        def codegen(context, builder, signature, args):
+            sm, d_off, tm, x0, x1, b_off = args
+            st, dt, tt, t0, t1, bt = signature.args
+            base = _shared_address_of(context, builder, st, sm)
+            dst = builder.add(base, context.cast(builder, d_off, dt, types.uint32))
+            bar = builder.add(base, context.cast(builder, b_off, bt, types.uint32))
+            tptr = builder.ptrtoint(_flat_pointer(context, builder, tt, tm, ir.IntType(8)), _I64)
+            _inline(builder, ir.VoidType(), [_I32, _I64, _I32, _I32, _I32],
+                    "cp.async.bulk.tensor.2d.shared::cluster.global.tile.mbarrier::complete_tx::bytes "
+                    "[$0], [$1, {$2, $3}], [$4];", "r,l,r,r,r,~{memory}",
+                    [dst, tptr, context.cast(builder, x0, t0, types.int32),
+                     context.cast(builder, x1, t1, types.int32), bar])
+            return context.get_dummy_value()
+        return sig, codegen
 
     @device_function(forceinline=True)
     def flag_wait(flags, i):

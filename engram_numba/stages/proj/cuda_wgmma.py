@@ -53,8 +53,9 @@ from ...device.devarray import data_address
 from ...device.intrinsics import device_function
 from ...device.hopper import (WGMMA_NO_SWIZZLE, WGMMA_SWIZZLE_128B, acc_add_f32, acc_store_f32, cp_async_16,
                               cp_async_commit, cp_async_mbar_arrive, cp_async_waiter, fence_proxy_async, flag_wait,
-                              mbar_arrive, mbar_init, mbar_inval, mbar_try_wait, shared_address, wgmma_bf16, wgmma_commit,
-                              wgmma_descriptor, wgmma_fence, wgmma_store_bf16x2, wgmma_waiter)
+                              mbar_arrive, mbar_arrive_expect_tx, mbar_init, mbar_inval, mbar_try_wait, shared_address,
+                              tma_load_2d, wgmma_bf16, wgmma_commit, wgmma_descriptor, wgmma_fence, wgmma_store_bf16x2,
+                              wgmma_waiter)
 from ...device.launch import PreparedLaunch, allow_dynamic_shared
 from . import cuda_wgmma_ws as WS
 from .cuda_common import INLINE, bounds, cdiv, fast_launch, flat_u32
@@ -66,7 +67,7 @@ ROW_BYTES = 2 * BK
 GROUP_BYTES = 8 * ROW_BYTES     # 8 rows: one 1024-byte atom (swizzled) or 8 core matrices (not)
 ALIGN_SLACK = 1024              # the 128-byte swizzle needs its atoms 1024-byte aligned
 SM_SHARED_BYTES = 228 * 1024    # shared memory of an H100/H200 SM
-LOOPS = ("v4", "lean", "lean1", "mbar")  # the k loop's forms (`Variant.loop`)
+LOOPS = ("v4", "lean", "lean1", "mbar", "tma")  # the k loop's forms (`Variant.loop`)
 
 
 class Variant:
@@ -76,7 +77,8 @@ class Variant:
         # loop: the k loop's form (`_make_parts`): "v4" (gemm_v4's), "lean" (gemm_v4's schedule, the
         # descriptors and ring offsets carried from k tile to k tile) or "lean1" (lean, one barrier a
         # k tile, STAGES-2 tiles of copies in flight) or "mbar" (lean, the stages handed over on
-        # per-stage mbarriers instead of CTA-wide barriers); gemm_v9's section says why
+        # per-stage mbarriers instead of CTA-wide barriers); gemm_v9's section says why; "tma" (the
+        # stages filled by TMA copies of one thread, handed over on mbarriers: section "TMA" below)
         assert loop in LOOPS, loop
         self.loop = loop
         # 2 warpgroups: split the 128 token rows (m64 each), or share 64 rows and split the outputs;
@@ -92,7 +94,7 @@ class Variant:
         self.smem_bytes = max(stages * self.stage_bytes, bm * self.stash_stride * 4) + ALIGN_SLACK
         # "mbar": 2 x STAGES mbarriers past the stages and either place of the epilogue's tile
         self.mbar_at = max(stages * self.stage_bytes, (stages - 1) * self.stage_bytes + bm * self.stash_stride * 4)
-        if loop == "mbar":
+        if loop in ("mbar", "tma"):
             self.smem_bytes = self.mbar_at + 16 * stages + ALIGN_SLACK
         assert self.smem_bytes <= 227 * 1024, self.smem_bytes
         # CTAs an SM holds: 228 KiB of shared memory, 1 KiB of it reserved per CTA
@@ -255,6 +257,8 @@ def _make_parts(v: Variant):
 
     if v.loop == "mbar":
         _prologue, _k_loop, _k_tiles = _mbar_loop(v, _issue_stage)
+    elif v.loop == "tma":
+        _prologue, _k_loop, _k_tiles = _tma_loop(v)
     elif v.loop != "v4":
         _prologue, _k_loop, _k_tiles = _lean_loop(v, _issue_stage)
     return _copy_slot, _operand_offsets, _prologue, _k_loop, _k_tiles, _store_tile
@@ -460,6 +464,126 @@ def _mbar_loop(v: Variant, _issue_stage):
     return _prologue, _k_loop, _k_tiles
 
 
+def _tma_loop(v: Variant):
+    """The "tma" k loop on tile v: (prologue, k_loop, k_tiles) with `_make_parts`' contracts, except
+    that the kernel's x32 and w32 arguments are the tensor maps of x [T, K] (box BM x 64) and wkv
+    [N, K] (box BN x 64), 128-byte swizzled (`device/tma.py`; `prepare_variant` and `prepare_sk`
+    make them). Thread 0 is the producer: a k tile is one `mbarrier.arrive.expect_tx` of the
+    stage's bytes on FULL[s] and two TMA copies (the x box and the w box) reporting to it; TMA
+    zero-fills rows past T and N and k past K, so there are no clamps or predicates. The rest is
+    the "mbar" loop's hand-over: every thread waits FULL[j % S] (parity (j // S) & 1) before tile
+    j's MMAs, lane 0 of each warp arrives on EMPTY[s] once its warpgroup's wgmma.wait_group 1 has
+    retired tile j-1's MMAs, and thread 0 waits EMPTY of that stage before refilling it with tile
+    j+S-1. The same wgmma chain and k order as gemm_v4 on the same bytes: gemm_v4's bits."""
+    assert v.swizzle, v.name
+    STAGES = v.stages
+    STAGE_BYTES = v.stage_bytes
+    A_BYTES = v.bm * ROW_BYTES
+    RING = STAGES * STAGE_BYTES
+    FULL0 = v.mbar_at
+    EMPTY0 = v.mbar_at + 8 * STAGES
+    NACC = v.wg_n // 2
+    ZERO = tuple(np.float32(0.0) for _ in range(NACC))
+    D_KSTEP = np.uint64(32 >> 4)
+    D_STAGE = np.uint64(STAGE_BYTES >> 4)
+    D_RING = np.uint64(RING >> 4)
+    D_A = np.uint64(A_BYTES >> 4)
+    mma_wait1 = wgmma_waiter(1)
+    mma_wait0 = wgmma_waiter(0)
+    EMPTY_COUNT = THREADS if WS.SIMULATOR else THREADS // 32     # as the "mbar" loop's
+
+    @device_function(**INLINE)
+    def _fill(smem, o, st, tmx, tmw, m0, n0, kt):
+        """Thread 0: k tile kt of the tile at (m0, n0) into stage st by TMA, reported to FULL[st]."""
+        bar = o + FULL0 + 8 * st
+        stage = o + st * STAGE_BYTES
+        mbar_arrive_expect_tx(smem, bar, STAGE_BYTES)
+        tma_load_2d(smem, stage, tmx, np.int32(kt * BK), np.int32(m0), bar)
+        tma_load_2d(smem, stage + A_BYTES, tmw, np.int32(kt * BK), np.int32(n0), bar)
+
+    @device_function(**INLINE)
+    def _prologue(smem, base, s0, tmx, tmw, m0, n0, T, N, K8, kb, ke, row0, q, off0):
+        """Barriers (re)initialised, then k tiles kb .. kb+STAGES-2 (those before ke) into stages
+        0 .. STAGES-2. The stages it fills hold nothing a thread still reads: in gemm_v4's grid
+        nothing came before; on persistent CTAs the last unit's k loop ended on a CTA barrier and
+        its epilogue's tile lies past stage STAGES-2."""
+        n = ke - kb
+        o = s0 - base
+        if cuda.threadIdx.x == 0:
+            for s in range(STAGES):
+                mbar_init(smem, o + FULL0 + 8 * s, 1)
+                mbar_init(smem, o + EMPTY0 + 8 * s, EMPTY_COUNT)
+        cuda.syncthreads()
+        if cuda.threadIdx.x == 0:
+            fence_proxy_async()                             # generic accesses before, TMA writes after
+            for s in range(STAGES - 1):
+                if s < n:
+                    _fill(smem, o, s, tmx, tmw, m0, n0, kb + s)
+
+    @device_function(**INLINE)
+    def _k_loop(smem, base, s0, tmx, tmw, m0, n0, T, N, K8, kb, ke, row0, q, off0, a_wg, b_wg):
+        """After `_prologue` of the same unit: this warpgroup's accumulators over k tiles kb .. ke-1;
+        returns once every MMA has retired and all threads have passed a barrier."""
+        n = ke - kb
+        o = s0 - base
+        producer = cuda.threadIdx.x == 0
+        lane0 = WS.SIMULATOR or cuda.laneid == 0
+        # stage STAGES-1 may still hold a persistent CTA's previous epilogue tile, read by every thread
+        cuda.syncthreads()
+        if producer:
+            fence_proxy_async()
+        d_hi = wgmma_descriptor(0, 16, GROUP_BYTES, WGMMA_SWIZZLE_128B)
+        da = d_hi | wgmma_descriptor(s0 + a_wg, 0, 0, 0)
+        db = d_hi | wgmma_descriptor(s0 + b_wg, 0, 0, 0) + D_A
+        da_end = da + D_RING
+        r_st = 0
+        r_par = 0
+        p_st = STAGES - 1
+        p_par = 1
+        acc = ZERO
+        for j in range(n):
+            while mbar_try_wait(smem, o + FULL0 + 8 * r_st, r_par) == 0:
+                pass                                        # tile j's bytes have landed
+            acc = wgmma_fence(acc)
+            for ks in range(BK // 16):
+                acc = wgmma_bf16(acc, da + np.uint64(ks) * D_KSTEP, db + np.uint64(ks) * D_KSTEP, smem)
+            wgmma_commit()
+            da += D_STAGE
+            db += D_STAGE
+            if da == da_end:
+                da -= D_RING
+                db -= D_RING
+            acc = mma_wait1(acc)                            # this warpgroup's MMAs of tile j-1 are done
+            if j > 0 and lane0:
+                mbar_arrive(smem, o + EMPTY0 + 8 * p_st)
+            nj = j + STAGES - 1
+            if producer and nj < n:
+                if j > 0:                                   # both warpgroups are done with tile j-1's stage
+                    while mbar_try_wait(smem, o + EMPTY0 + 8 * p_st, p_par) == 0:
+                        pass
+                _fill(smem, o, p_st, tmx, tmw, m0, n0, kb + nj)
+            p_st = r_st
+            p_par = r_par
+            r_st += 1
+            if r_st == STAGES:
+                r_st = 0
+                r_par ^= 1
+        acc = mma_wait0(acc)
+        cuda.syncthreads()                                  # every MMA has read its last stage
+        if producer:                                        # every barrier is idle: the next prologue inits
+            for s in range(STAGES):
+                mbar_inval(smem, o + FULL0 + 8 * s)
+                mbar_inval(smem, o + EMPTY0 + 8 * s)
+        return acc
+
+    @device_function(**INLINE)
+    def _k_tiles(smem, base, s0, tmx, tmw, m0, n0, T, N, K8, kb, ke, row0, q, off0, a_wg, b_wg):
+        _prologue(smem, base, s0, tmx, tmw, m0, n0, T, N, K8, kb, ke, row0, q, off0)
+        return _k_loop(smem, base, s0, tmx, tmw, m0, n0, T, N, K8, kb, ke, row0, q, off0, a_wg, b_wg)
+
+    return _prologue, _k_loop, _k_tiles
+
+
 _PARTS: dict = {}
 
 
@@ -546,8 +670,22 @@ def prepare_variant(name: str, v: Variant, x, wkv, out, *, stream=0) -> Prepared
     T, N = x.shape[0], wkv.shape[0]
     kernel = kernel_for(v)
     launch = fast_launch(name, kernel, grid_for(v, T, N), THREADS, x, wkv, out, stream)
-    allow_dynamic_shared(kernel, launch.args, v.smem_bytes)
-    return PreparedLaunch(name, kernel, launch.grid, launch.block, stream, launch.args, out, sharedmem=v.smem_bytes)
+    args = launch.args
+    if v.loop == "tma":
+        args = tma_maps(v, x, wkv) + args[2:]
+    allow_dynamic_shared(kernel, args, v.smem_bytes)
+    return PreparedLaunch(name, kernel, launch.grid, launch.block, stream, args, out, sharedmem=v.smem_bytes)
+
+
+def tma_maps(v: Variant, x, wkv) -> tuple:
+    """The "tma" loop's two kernel arguments in place of x32 and w32: the device tensor maps of x
+    [T, K] (boxes of BM rows x 64 k) and wkv [N, K] (BN x 64), 128-byte swizzled. Each map holds
+    its array's address, so a launch made with them keeps the maps (and through them the arrays)
+    alive: `PreparedLaunch.args` holds the maps' device arrays, each of which holds its map."""
+    from ...device.tma import SWIZZLE_128B, tensor_map_2d
+    mx = tensor_map_2d(x, v.bm, BK, SWIZZLE_128B)
+    mw = tensor_map_2d(wkv, v.bn, BK, SWIZZLE_128B)
+    return mx.device, mw.device
 
 
 # ---- gemm_v8: gemm_v4's CTA tile on persistent CTAs, the ragged tail stream-K -------------------
@@ -764,6 +902,20 @@ V9_VARIANTS = {"gemm_v9": SkVariant(V9_TILES["lean"])}
 # loops on gemm_v4's grid (one tile a CTA: gemm_v4's bits everywhere, where T = 4096 is decided)
 V9_CANDIDATES = {**{sv.name: sv for sv in (SkVariant(V9_TILES["lean1"]), SkVariant(V9_TILES["mbar"]))},
                  **{t.name: t for t in V9_TILES.values()}}
+
+# ---- TMA: the stages filled by the tensor memory accelerator ----------------------------------------
+#
+# "tma" (`_tma_loop`): gemm_v4's tile, stages, layout and wgmma chain; what changes is who fills a
+# stage. gemm_v4's k tile costs each of its 256 threads 12 cp.async with their 64-bit addresses,
+# row clamps and zero-fill predicates (~100 of its 212 SASS instructions a warp a k tile); here thread
+# 0 issues one `mbarrier.arrive.expect_tx` and two TMA box copies (x: 128 rows x 64 k, w: 256 x 64,
+# both written in the 128-byte swizzle the descriptors read; rows past T and N and k past K arrive as
+# zeros), and the stages are handed over on the "mbar" loop's FULL / EMPTY mbarriers, so there is no
+# CTA-wide barrier in the k loop either. The tensor maps are made on the host per launch
+# (`tma_maps`, `device/tma.py`). Same k order and chain on the same bytes: gemm_v4's bits on its
+# grid, gemm_v8's on a persistent schedule.
+TMA_TILE = Variant(128, 256, 4, swizzle=True, loop="tma")
+TMA_CANDIDATES = {TMA_TILE.name: TMA_TILE, **{sv.name: sv for sv in (SkVariant(TMA_TILE),)}}
 _SK_KERNELS: dict = {}
 _SCHEDULES: dict = {}
 
@@ -852,7 +1004,8 @@ def prepare_sk(name: str, sv: SkVariant, x, wkv, out, *, stream=0, ctas: int | N
     ws = cuda.device_array(max(n_slots, 1) * THREADS * (sv.tile.wg_n // 2), dtype=np.float32, stream=stream)
     flags = cuda.to_device(np.zeros(max(n_slots, 1), dtype=np.int32), stream=stream)
     kernel = sk_kernel_for(sv.tile, sv.overlap)
-    args = (flat_u32(x), flat_u32(wkv), out, d_units, d_counts, ws, flags, T, K)
+    xa, wa = tma_maps(sv.tile, x, wkv) if sv.tile.loop == "tma" else (flat_u32(x), flat_u32(wkv))
+    args = (xa, wa, out, d_units, d_counts, ws, flags, T, K)
     allow_dynamic_shared(kernel, args, sv.smem_bytes)
     return PreparedLaunch(name, kernel, table.shape[0], THREADS, stream, args, out, sharedmem=sv.smem_bytes)
 

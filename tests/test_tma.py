@@ -1,0 +1,113 @@
+"""TMA (`device/tma.py`, `hopper.tma_load_2d`): one box copied into shared memory and written back,
+byte for byte against the box cut from the array in numpy, zero-filled past the tensor's edges and
+laid out in the 128-byte swizzle the wgmma kernels read. In the simulator (the twin) and, in the
+gpu tier, through the driver's tensor map on the H200."""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from numba import cuda, types
+
+from engram_numba.device.hopper import (mbar_arrive_expect_tx, mbar_init, mbar_inval, mbar_try_wait, shared_address,
+                                        tma_load_2d)
+from engram_numba.device.tma import SWIZZLE_128B, SWIZZLE_NONE, tensor_map_2d
+
+THREADS = 64
+
+
+@cuda.jit
+def _tma_probe(tmap, out, c0, c1, nbytes):
+    # out: uint32 [nbytes / 4], the shared-memory bytes the copy wrote
+    smem = cuda.shared.array(0, types.uint32)
+    tid = cuda.threadIdx.x
+    base = np.int64(shared_address(smem))
+    pad = (1024 - (base & 1023)) & 1023
+    bar = pad + nbytes
+    if tid == 0:
+        mbar_init(smem, bar, 1)
+    cuda.syncthreads()
+    if tid == 0:
+        mbar_arrive_expect_tx(smem, bar, nbytes)
+        tma_load_2d(smem, pad, tmap, c0, c1, bar)
+    while mbar_try_wait(smem, bar, 0) == 0:
+        pass
+    for i in range(tid, nbytes >> 2, THREADS):
+        out[i] = smem[(pad >> 2) + i]
+    cuda.syncthreads()
+    if tid == 0:
+        mbar_inval(smem, bar)
+
+
+def expected_box(a: np.ndarray, c0: int, c1: int, box_rows: int, box_cols: int, swizzle: int) -> np.ndarray:
+    """The bytes a TMA copy of box (c0 along the row, c1 rows down) writes at a 1024-aligned address."""
+    box = np.zeros((box_rows, box_cols), a.dtype)
+    r1, k1 = min(a.shape[0], c1 + box_rows), min(a.shape[1], c0 + box_cols)
+    box[:r1 - c1, :k1 - c0] = a[c1:r1, c0:k1]
+    flat = box.reshape(-1).view(np.uint8)
+    out = np.zeros_like(flat)
+    L = np.arange(flat.size)
+    where = L ^ (((L >> 7) & 7) << 4) if swizzle == SWIZZLE_128B else L
+    out[where] = flat
+    return out
+
+
+def run_probe(a: np.ndarray, c0: int, c1: int, box_rows: int, box_cols: int, swizzle: int) -> np.ndarray:
+    d = cuda.to_device(a)
+    m = tensor_map_2d(d, box_rows, box_cols, swizzle)
+    out = cuda.device_array(m.box_bytes // 4, np.uint32)
+    _tma_probe[1, THREADS, 0, m.box_bytes + 2048](m.device, out, c0, c1, m.box_bytes)
+    cuda.synchronize()
+    return out.copy_to_host().view(np.uint8)
+
+
+# (array shape, dtype, box rows, box cols, swizzle, corners (c0, c1)): the wgmma kernels' boxes, and
+# boxes hanging past the last row and the last column
+CASES = [
+    ((300, 200), np.uint16, 128, 64, SWIZZLE_128B, [(0, 0), (64, 128), (192, 256), (136, 3)]),
+    ((70, 136), np.uint16, 256, 64, SWIZZLE_128B, [(0, 0), (128, 0), (64, 64)]),
+    ((90, 160), np.uint8, 64, 128, SWIZZLE_128B, [(0, 0), (128, 40)]),
+    ((50, 40), np.uint16, 32, 16, SWIZZLE_NONE, [(0, 0), (24, 30)]),
+]
+
+
+def _cases():
+    for shape, dt, br, bc, sw, corners in CASES:
+        for c0, c1 in corners:
+            yield pytest.param(shape, dt, br, bc, sw, c0, c1, id=f"{shape[0]}x{shape[1]}-{np.dtype(dt).name}-"
+                               f"box{br}x{bc}-sw{sw}-at{c0},{c1}")
+
+
+def _check(shape, dt, br, bc, sw, c0, c1):
+    rng = np.random.default_rng(c0 * 1000 + c1)
+    a = rng.integers(1, np.iinfo(dt).max, size=shape, dtype=dt)       # no zeros: zero-fill must show
+    got = run_probe(a, c0, c1, br, bc, sw)
+    want = expected_box(a, c0, c1, br, bc, sw)
+    bad = np.flatnonzero(got != want)
+    assert bad.size == 0, f"{bad.size} of {want.size} bytes differ, first at byte {bad[:8]}"
+
+
+@pytest.mark.parametrize("shape,dt,br,bc,sw,c0,c1", list(_cases()))
+def test_tma_box_in_the_simulator(shape, dt, br, bc, sw, c0, c1):
+    from numba.cuda import config
+    if not config.ENABLE_CUDASIM:
+        pytest.skip("the gpu tier runs test_tma_box_on_the_gpu")
+    _check(shape, dt, br, bc, sw, c0, c1)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("shape,dt,br,bc,sw,c0,c1", list(_cases()))
+def test_tma_box_on_the_gpu(shape, dt, br, bc, sw, c0, c1):
+    _check(shape, dt, br, bc, sw, c0, c1)
+
+
+def test_tensor_map_refuses_what_tma_cannot_copy():
+    d = cuda.to_device(np.zeros((8, 100), np.uint16))          # 200-byte rows: not a multiple of 16
+    with pytest.raises(ValueError, match="multiple of 16 bytes"):
+        tensor_map_2d(d, 8, 64)
+    d = cuda.to_device(np.zeros((8, 128), np.uint16))
+    with pytest.raises(ValueError, match="at most 128 bytes"):
+        tensor_map_2d(d, 8, 128, SWIZZLE_128B)
+    with pytest.raises(ValueError, match="1..256"):
+        tensor_map_2d(d, 512, 64)
+    with pytest.raises(ValueError, match="2-D"):
+        tensor_map_2d(cuda.to_device(np.zeros(64, np.uint16)), 8, 64)
