@@ -915,7 +915,10 @@ V9_CANDIDATES = {**{sv.name: sv for sv in (SkVariant(V9_TILES["lean1"]), SkVaria
 # (`tma_maps`, `device/tma.py`). Same k order and chain on the same bytes: gemm_v4's bits on its
 # grid, gemm_v8's on a persistent schedule.
 TMA_TILE = Variant(128, 256, 4, swizzle=True, loop="tma")
-TMA_CANDIDATES = {TMA_TILE.name: TMA_TILE, **{sv.name: sv for sv in (SkVariant(TMA_TILE),)}}
+TMA_VARIANTS = {"gemm_v10": TMA_TILE,                    # gemm_v4's grid
+                "gemm_v11": SkVariant(TMA_TILE)}         # gemm_v8's persistent CTAs and schedule
+# what `tools/prefill_dev.py --tma` times beside gemm_v4 / gemm_v8 / gemm_v9 and cuBLAS
+TMA_CANDIDATES = {TMA_TILE.name: TMA_TILE, TMA_VARIANTS["gemm_v11"].name: TMA_VARIANTS["gemm_v11"]}
 _SK_KERNELS: dict = {}
 _SCHEDULES: dict = {}
 
@@ -1011,5 +1014,10 @@ def prepare_sk(name: str, sv: SkVariant, x, wkv, out, *, stream=0, ctas: int | N
 
 
 def sk_launcher(rec, x, wkv, out, *, stream=0) -> PreparedLaunch:
-    """gemm_v8's and gemm_v9's record launcher (`prepare_project(..., version=...)` has checked the shapes)."""
-    return prepare_sk(rec.name, {**SK_VARIANTS, **V9_VARIANTS}[rec.name], x, wkv, out, stream=stream)
+    """gemm_v8's, gemm_v9's and gemm_v11's record launcher (`prepare_project(..., version=...)` has checked the shapes)."""
+    return prepare_sk(rec.name, {**SK_VARIANTS, **V9_VARIANTS, **TMA_VARIANTS}[rec.name], x, wkv, out, stream=stream)
+
+
+def grid_launcher(rec, x, wkv, out, *, stream=0) -> PreparedLaunch:
+    """gemm_v10's record launcher: gemm_v4's grid on the TMA loop (its tensor maps made here)."""
+    return prepare_variant(rec.name, TMA_VARIANTS[rec.name], x, wkv, out, stream=stream)

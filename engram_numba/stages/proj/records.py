@@ -95,6 +95,7 @@ def _hopper(ctx) -> bool:
 
 
 # argument types of the compile-only tier
+_U8_1D = types.uint8[::1]
 _U8_2D = types.uint8[:, ::1]
 _U16_2D = types.uint16[:, ::1]
 _U32_1D = types.uint32[::1]
@@ -210,7 +211,7 @@ _proj("gemm_v3", "gemm_v2's tiling on the tensor cores: inline-PTX mma.sync m16n
 
 # ---- Hopper (sm_90a): warpgroup MMA, one kernel factory, a Variant (tile, stages, layout) each ------
 
-def _wgmma(name, changelog, *, when, rule, sim, sweep):
+def _wgmma(name, changelog, *, when, rule=None, sim, sweep):
     v = cuda_wgmma.VARIANTS[name]
     _proj(name, changelog, kernel=Factory(lambda T: cuda_wgmma.kernel_for(v)), geometry=cuda_wgmma.geometry(v),
           args="fast", specs=lambda: [Spec(f"[{v.name}]", cuda_wgmma.kernel_for(v), FAST_ARGS)],
@@ -220,8 +221,7 @@ def _wgmma(name, changelog, *, when, rule, sim, sweep):
 _wgmma("gemm_v4", "warpgroup MMA (wgmma m64n256k16, inline PTX) on 128x256 tiles, operands in 128B-swizzled shared "
        "memory fed by a 4-stage cp.async pipeline, 2 warpgroups, token-tile-fastest grid (1.92-1.97 ms = 653-672 "
        "TFLOP/s at T=4096, 84% of cuBLAS's throughput; 103-106 us at T=128, cuBLAS 94)",
-       when=f"Hopper (cc 9.0), aligned, T > {WGMMA_SK_MAX_TOKENS}",
-       rule=lambda c: _bf16(c) and _hopper(c) and c["T"] > WGMMA_SK_MAX_TOKENS,
+       when="never since gemm_v10 (its mainloop on TMA): pick it by name",
        sim=[(33, 264, 200),         # one 128x256 tile: rows past T and N, K % 64 == 8 (a 1-chunk
                                     # last k tile), 5 k tiles through a 4-stage pipeline
             (130, 72, 260)],        # 2 x 2 tiles: 2 rows in the second token tile, 4 outputs in
@@ -286,8 +286,7 @@ _proj("gemm_v8", "gemm_v4's CTA tile, mainloop and epilogue (the same device fun
       "1971.0 us at T = 256 / 384 / 512 / 768 / 1024 / 2048 / 4096 against gemm_v4's 159.9 / 236.7 / 308.4 / "
       "386.7 / 534.0 / 992.0 / 1940.0 and cuBLAS's 120.8 / 168.4 / 219.3 / 327.8 / 411.5 / 820.2 / 1635.2 "
       "(1.14-1.22x cuBLAS: the tail is fixed, gemm_v4's per-tile mainloop is what is left)",
-      when=f"Hopper (cc 9.0), aligned, {WGMMA_MID_MAX_TOKENS} < T <= {WGMMA_SK_MAX_TOKENS}",
-      rule=lambda c: _bf16(c) and _hopper(c) and WGMMA_MID_MAX_TOKENS < c["T"] <= WGMMA_SK_MAX_TOKENS,
+      when="never since gemm_v11 (its mainloop on TMA): pick it by name",
       kernel=Factory(lambda T: cuda_wgmma.sk_kernel_for(_V8.tile, _V8.overlap)), geometry=cuda_wgmma.sk_geometry(_V8),
       args="fast",
       specs=lambda: [Spec(f"[sk/{t.name}{'' if ov else '/nolap'}]", cuda_wgmma.sk_kernel_for(t, ov), _SK_ARGS)
@@ -322,6 +321,46 @@ _proj("gemm_v9", "gemm_v8 (persistent CTAs, stream-K tail, fix-up and epilogue u
       # 3 simulated CTAs: one tile of 6 k tiles (the last a 1-chunk K tail) cut over 3 CTAs (two partials
       # and the finisher, each unit shorter than the ring); 2 x 2 tiles of 3 k tiles, stream-K (a CTA runs
       # a whole tile then a partial: the next unit's prologue during the epilogue)
+      sim=[(33, 328, 9),
+           (130, 136, 260)],
+      sweep=(256, 512, 1024, 4096))
+
+# ---- gemm_v10 / gemm_v11: the stages filled by TMA (cuda_wgmma.py, "TMA") ---------------------------
+# Arguments: x32 and w32 are the tensor maps of x and wkv (uint8 [128] device arrays, `tma_maps`);
+# their launchers make them. Same k order and wgmma chain as gemm_v4 on the same bytes.
+_TMA_ARGS = (_U8_1D, _U8_1D, _U16_2D, types.int64, types.int64)                    # map x, map w, out, T, K
+_TMA_SK_ARGS = (_U8_1D, _U8_1D) + _SK_ARGS[2:]
+_V10 = cuda_wgmma.TMA_VARIANTS["gemm_v10"]
+_V11 = cuda_wgmma.TMA_VARIANTS["gemm_v11"]
+_TMA_H200 = ("H200 (L2 flushed, bench/results/h200_prefill_dev_tma_e1482e0.txt): gemm_v10 1821.9 us at T = 4096 "
+             "(gemm_v4 1949.0, cuBLAS 1648.8: 1.10x); gemm_v11 143.4 / 239.5 / 462.1 us at T = 256 / 512 / 1024 "
+             "(gemm_v8 149.2 / 255.7 / 496.5, cuBLAS 123.1 / 221.1 / 414.9: 1.16x / 1.08x / 1.11x)")
+_proj("gemm_v10", "gemm_v4's grid, tile, stages and wgmma chain with the stages filled by TMA: thread 0 issues one "
+      "mbarrier.arrive.expect_tx and two box copies (x 128 x 64, w 256 x 64, 128-byte swizzled; rows past T and N "
+      "and k past K read as zeros) a k tile, and the stages are handed over on full / empty mbarriers (no CTA "
+      "barrier, no cp.async, no address arithmetic in the k loop); tensor maps made by the driver on the host per "
+      "launch; gemm_v4's bits. " + _TMA_H200,
+      when=f"Hopper (cc 9.0), aligned, T > {WGMMA_SK_MAX_TOKENS}",
+      rule=lambda c: _bf16(c) and _hopper(c) and c["T"] > WGMMA_SK_MAX_TOKENS,
+      kernel=Factory(lambda T: cuda_wgmma.kernel_for(_V10)), geometry=cuda_wgmma.geometry(_V10), args="fast",
+      specs=lambda: [Spec(f"[{_V10.name}]", cuda_wgmma.kernel_for(_V10), _TMA_ARGS)],
+      launcher=cuda_wgmma.grid_launcher, vector_io=False,
+      sim=[(33, 264, 200),          # one tile: box rows past T and N zero-filled, K % 64 == 8 (the last box
+                                    # 8 k wide), 5 k tiles through the 4-stage ring
+           (130, 72, 260)],         # 2 x 2 tiles, 2 k tiles (fewer than the stages filled ahead)
+      sweep=(256, 512, 1024, 4096))
+_proj("gemm_v11", "gemm_v8 (persistent CTAs, stream-K tail, bands, fix-up and epilogue unchanged) on gemm_v10's TMA "
+      "k loop: each unit's prologue re-initialises the barriers and fills STAGES-1 stages by TMA before the last "
+      "unit's epilogue, the k loop starts with a CTA barrier and a proxy fence (the stage the epilogue's tile shares is "
+      "refilled after it); gemm_v8's bits on the same schedule. " + _TMA_H200,
+      when=f"Hopper (cc 9.0), aligned, {WGMMA_MID_MAX_TOKENS} < T <= {WGMMA_SK_MAX_TOKENS}",
+      rule=lambda c: _bf16(c) and _hopper(c) and WGMMA_MID_MAX_TOKENS < c["T"] <= WGMMA_SK_MAX_TOKENS,
+      kernel=Factory(lambda T: cuda_wgmma.sk_kernel_for(_V11.tile, _V11.overlap)),
+      geometry=cuda_wgmma.sk_geometry(_V11), args="fast",
+      specs=lambda: [Spec(f"[sk/{_V11.tile.name}]", cuda_wgmma.sk_kernel_for(_V11.tile, True), _TMA_SK_ARGS)],
+      launcher=cuda_wgmma.sk_launcher, vector_io=False,
+      # as gemm_v9's: one tile of 6 k tiles cut over 3 CTAs (two partials and the finisher); 2 x 2 tiles
+      # of 3 k tiles, stream-K (a whole tile then a partial: the next unit's prologue during the epilogue)
       sim=[(33, 328, 9),
            (130, 136, 260)],
       sweep=(256, 512, 1024, 4096))

@@ -1,6 +1,6 @@
-"""gemm_v9 (cuda_wgmma.py: gemm_v8 on the lean k loops): the lean loops keep gemm_v4's k order and
-wgmma chain, so on gemm_v4's grid they return gemm_v4's bits, and on persistent CTAs gemm_v8's bits
-on the same schedule; checked in the simulator at odd small shapes (rows past T and N, a 1-chunk K
+"""gemm_v9 (cuda_wgmma.py: gemm_v8 on the lean k loops) and gemm_v10 / gemm_v11 (the "tma" loop): the
+lean and TMA loops keep gemm_v4's k order and wgmma chain, so on gemm_v4's grid they return gemm_v4's
+bits, and on persistent CTAs gemm_v8's bits on the same schedule; checked in the simulator at odd small shapes (rows past T and N, a 1-chunk K
 tail, units shorter than the stage ring, a ring that wraps).
 
 The record's own simulator cases run with every other version's in test_proj_cuda.py; the compile
@@ -40,8 +40,9 @@ def test_mbar_smem_fits_past_both_epilogue_places():
 
 
 def test_lean_variants_are_named_apart():
-    names = {W.VARIANTS["gemm_v4"].name, *(t.name for t in W.V9_TILES.values())}
-    assert len(names) == 4 and W.VARIANTS["gemm_v4"].loop == "v4"
+    names = {W.VARIANTS["gemm_v4"].name, *(t.name for t in W.V9_TILES.values()), W.TMA_TILE.name}
+    assert len(names) == 5 and W.VARIANTS["gemm_v4"].loop == "v4"
+    assert W.TMA_VARIANTS["gemm_v11"].name not in {W.V9_VARIANTS["gemm_v9"].name, W.SK_VARIANTS["gemm_v8"].name}
     assert W.V9_VARIANTS["gemm_v9"].name != W.SK_VARIANTS["gemm_v8"].name
     with pytest.raises(AssertionError):
         W.Variant(128, 256, 4, swizzle=True, loop="lean2")
@@ -70,18 +71,19 @@ def baseline_bits():
     return get
 
 
-@pytest.mark.parametrize("loop", ["lean", "lean1", "mbar"])
+@pytest.mark.parametrize("loop", ["lean", "lean1", "mbar", "tma"])
 @pytest.mark.parametrize("shape", GRID_CASES, ids=[f"{t}x{k}x{n}" for t, k, n in GRID_CASES])
 def test_lean_loops_return_gemm_v4_bits(baseline_bits, loop, shape):
+    """gemm_v10 is the "tma" loop on this grid: its boxes hang past T, N and K here."""
     x, w, want = baseline_bits("grid", *shape)
-    np.testing.assert_array_equal(run_grid(W.V9_TILES[loop], x, w), want)
+    np.testing.assert_array_equal(run_grid(W.TMA_TILE if loop == "tma" else W.V9_TILES[loop], x, w), want)
 
 
-@pytest.mark.parametrize("name", ["gemm_v9", "sk/128x256/auto/lean1", "sk/128x256/auto/mbar"])
+@pytest.mark.parametrize("name", ["gemm_v9", "sk/128x256/auto/lean1", "sk/128x256/auto/mbar", "gemm_v11"])
 def test_persistent_lean_loops_return_gemm_v8_bits(baseline_bits, name):
     """One tile of 6 k tiles cut over 3 CTAs (two partials and the finisher): units of 2 k tiles,
     shorter than the ring, and the next unit's prologue in flight across the fix-up."""
-    sv = {**W.V9_VARIANTS, **W.V9_CANDIDATES}[name]
+    sv = {**W.V9_VARIANTS, **W.V9_CANDIDATES, **W.TMA_VARIANTS}[name]
     x, w, want = baseline_bits("sk", 33, 328, 9)
     np.testing.assert_array_equal(run_sk(sv, x, w, 3), want)
 
