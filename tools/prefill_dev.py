@@ -156,7 +156,8 @@ def worker(out_dir: Path, skip: set, quick: bool, smoke: bool, only=None, tokens
         sk_variants = {**W.SK_VARIANTS, **W.V9_VARIANTS, **tma_sk}
         variants = {"gemm_v4": W.VARIANTS["gemm_v4"], **tma_grid, **sk_variants}
         ws_variants = {}
-        same_bits = {**{k: "gemm_v4" for k in tma_grid}, **{k: "gemm_v8" for k in tma_sk}}
+        same_bits = {**{k: "gemm_v4" for k in tma_grid},
+                     **{k: "gemm_v4" if c.split == "dp" else "gemm_v8" for k, c in tma_sk.items()}}
     if only:       # --variants: these (and cuBLAS) in every phase
         variants = {k: v for k, v in variants.items() if k in only}
         skip = set(skip) | {n for n in ("gemv_v3", "gemv_v4", "gemm_v3", *W.VARIANTS, *W.CANDIDATES) if n not in only}

@@ -78,6 +78,16 @@ asynchrony, so a kernel that reads data before waiting for it fails in the simul
   expect_tx completes when its arrivals have come and the announced bytes have landed; a thread
   that waited on it sees the box (wgmma reads it without a further fence). In the simulator the
   bytes land when a thread's wait first sees their phase complete.
+  `tma_store_2d(smem, src_byte, tmap, tmap_byte, c0, c1)` (`cp.async.bulk.tensor.2d.global.shared::cta
+  .bulk_group`, one thread): the box of the map at byte tmap_byte of the uint8 array tmap, read from
+  bytes src_byte.. of smem (laid out as a load would land it) -> the tensor at (c0, c1), the parts past
+  the tensor not written; the thread's `bulk_commit()` closes its stores into a group and
+  `bulk_wait_read0()` returns once they have read shared memory (the tile may be rewritten; the CTA
+  may exit). Every thread that wrote the tile must `fence_proxy_async()`, then a barrier, before
+  the store is issued. `wgmma_store_bf16x2_sw128(smem, base, g, box_words, acc)`: as
+  `wgmma_store_bf16x2`, into 128-byte-swizzled boxes of 64 bf16 columns (32 words a row, box b
+  box_words after box b-1): pair j of row r at word base + (j >> 3) * box_words + 8 h * 32 +
+  4 ((j & 7) ^ g), with base = stash + r0 * 32 + t for the thread's rows r0 = 16 w + g (+ 8 h), t = lane & 3.
 - `flag_wait(flags, i)`: spins until the int32 `flags[i]` is non-zero (read atomically, so another
   CTA's `cuda.atomic.exch(flags, i, 1)` after a `cuda.threadfence()` is seen), for waits between
   CTAs. The simulator runs blocks one after another, so a flag a CTA waits for must come from a
@@ -440,6 +450,54 @@ if SIMULATOR:
             dst_b[where] = flat
         _mbar(mbar_off)[1].complete_tx(m.box_bytes, land)
 
+    class _BulkQueue(threading.local):
+        """Per simulated thread: TMA stores issued and not yet waited for (their bytes are read from
+        shared memory and written at the wait, so a kernel that reuses the tile too early or never
+        waits shows it)."""
+
+        def __init__(self):
+            self.pending = []
+
+    _BULK = _BulkQueue()
+
+    def tma_store_2d(smem, src_byte, tmap, tmap_byte, c0, c1):
+        from .tma import SWIZZLE_128B, sim_map
+        m = sim_map(np.asarray(tmap).reshape(-1).view(np.uint8)[int(tmap_byte):])
+        src_byte, c0, c1 = int(src_byte), int(c0), int(c1)
+        src_b = _bytes(smem)
+        if src_byte % 128 or not 0 <= src_byte <= src_b.size - m.box_bytes:
+            raise IndexError(f"tma_store_2d: source byte {src_byte} (128-byte aligned) and the "
+                             f"{m.box_bytes}-byte box must lie inside the {src_b.size}-byte shared array")
+        if m.swizzle == SWIZZLE_128B and src_byte % 1024:
+            raise IndexError(f"tma_store_2d: a 128-byte-swizzled box is read 1024-byte aligned, not at {src_byte}")
+
+        def land():
+            L = src_byte + np.arange(m.box_bytes)
+            where = L ^ (((L >> 7) & 7) << 4) if m.swizzle == SWIZZLE_128B else L
+            dst = np.asarray(m.array)
+            box = src_b[where].copy().view(dst.dtype).reshape(m.box_rows, m.box_cols)
+            rows, cols = m.shape
+            r1, k1 = min(rows, c1 + m.box_rows), min(cols, c0 + m.box_cols)
+            if c1 < r1 and c0 < k1:                             # what lies past the tensor is not written
+                dst[c1:r1, c0:k1] = box[:r1 - c1, :k1 - c0]
+        _BULK.pending.append(land)
+
+    def bulk_commit():
+        pass
+
+    def bulk_wait_read0():
+        for land in _BULK.pending:
+            land()
+        _BULK.pending = []
+
+    def wgmma_store_bf16x2_sw128(smem, base, g, box_words, acc):
+        vals = acc.read("wgmma_store_bf16x2_sw128") if isinstance(acc, WgmmaAcc) else np.array(acc, np.float32)
+        base, g, box_words = int(base), int(g), int(box_words)
+        for j in range(vals.size // 4):
+            for h in range(2):
+                smem[base + (j >> 3) * box_words + 8 * h * 32 + 4 * ((j & 7) ^ g)] = \
+                    cvt_pack_bf16x2(vals[4 * j + 2 * h], vals[4 * j + 2 * h + 1])
+
     def flag_wait(flags, i):
         if int(flags[i]) == 0:
             raise RuntimeError(f"flag_wait: flag {int(i)} is not set; the simulator runs blocks in index order, "
@@ -768,6 +826,66 @@ else:
                      context.cast(builder, x1, t1, types.int32), bar])
             return context.get_dummy_value()
         return sig, codegen
+
+    @intrinsic
+    def tma_store_2d(typingctx, smem, src_byte, tmap, tmap_byte, c0, c1):
+        if not (isinstance(smem, types.Array) and isinstance(tmap, types.Array)
+                and all(isinstance(v, types.Integer) for v in (src_byte, tmap_byte, c0, c1))):
+            return None
+        sig = types.void(smem, src_byte, tmap, tmap_byte, c0, c1)
+
+        def codegen(context, builder, signature, args):
+            sm, s_off, tm, t_off, x0, x1 = args
+            st, so_t, tt, to_t, t0, t1 = signature.args
+            src = builder.add(_shared_address_of(context, builder, st, sm), context.cast(builder, s_off, so_t, types.uint32))
+            tptr = builder.add(builder.ptrtoint(_flat_pointer(context, builder, tt, tm, ir.IntType(8)), _I64),
+                               context.cast(builder, t_off, to_t, types.int64))
+            _inline(builder, ir.VoidType(), [_I64, _I32, _I32, _I32],
+                    "cp.async.bulk.tensor.2d.global.shared::cta.bulk_group [$0, {$1, $2}], [$3];",
+                    "l,r,r,r,~{memory}",
+                    [tptr, context.cast(builder, x0, t0, types.int32), context.cast(builder, x1, t1, types.int32), src])
+            return context.get_dummy_value()
+        return sig, codegen
+
+    @intrinsic
+    def bulk_commit(typingctx):
+        def codegen(context, builder, signature, args):
+            _inline(builder, ir.VoidType(), [], "cp.async.bulk.commit_group;", "~{memory}", [])
+            return context.get_dummy_value()
+        return types.void(), codegen
+
+    @intrinsic
+    def bulk_wait_read0(typingctx):
+        def codegen(context, builder, signature, args):
+            _inline(builder, ir.VoidType(), [], "cp.async.bulk.wait_group.read 0;", "~{memory}", [])
+            return context.get_dummy_value()
+        return types.void(), codegen
+
+    @intrinsic
+    def wgmma_store_bf16x2_sw128(typingctx, smem, base, g, box_words, acc):
+        if not (isinstance(smem, types.Array) and smem.dtype == types.uint32 and _is_acc(acc)
+                and all(isinstance(v, types.Integer) for v in (base, g, box_words))):
+            return None
+
+        def codegen(context, builder, signature, args):
+            sm_t, b_t, g_t, bw_t, acc_t = signature.args
+            ary = cgutils.create_struct_proxy(sm_t)(context, builder, value=args[0])
+            data = builder.bitcast(ary.data, _I32.as_pointer())
+            base_v = context.cast(builder, args[1], b_t, types.int64)
+            g_v = context.cast(builder, args[2], g_t, types.int64)
+            bw_v = context.cast(builder, args[3], bw_t, types.int64)
+            for j in range(acc_t.count // 4):
+                col = builder.shl(builder.xor(g_v, ir.Constant(_I64, j & 7)), ir.Constant(_I64, 2))
+                box = builder.mul(bw_v, ir.Constant(_I64, j >> 3))
+                for h in range(2):
+                    lo = builder.extract_value(args[4], 4 * j + 2 * h)
+                    hi = builder.extract_value(args[4], 4 * j + 2 * h + 1)
+                    word = _inline(builder, _I32, [_F32, _F32], "cvt.rn.bf16x2.f32 $0, $1, $2;", "=r,f,f",
+                                   [hi, lo], side_effect=False)
+                    idx = builder.add(builder.add(base_v, box), builder.add(col, ir.Constant(_I64, 8 * h * 32)))
+                    builder.store(word, builder.gep(data, [idx]))
+            return context.get_dummy_value()
+        return types.void(smem, base, g, box_words, acc), codegen
 
     @device_function(forceinline=True)
     def flag_wait(flags, i):

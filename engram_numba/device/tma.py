@@ -91,6 +91,15 @@ def tensor_map_2d(array, box_rows: int, box_cols: int, swizzle: int = SWIZZLE_12
     return TensorMap(array, box_rows, box_cols, swizzle)
 
 
+def pack_maps(*maps: TensorMap):
+    """Several maps in one device array, map i at byte 128 i (for a kernel that takes them as one
+    argument); the array keeps the maps, and through them their arrays, alive."""
+    from numba import cuda
+    dev = cuda.to_device(np.concatenate([m.host for m in maps]))
+    dev.tensor_maps = maps
+    return dev
+
+
 def sim_map(tmap_bytes) -> TensorMap:
     """The simulator's map behind the 128 bytes a kernel was given (its key in the first 8)."""
     key = int(np.asarray(tmap_bytes).reshape(-1).view(np.uint8)[:8].copy().view(np.uint64)[0])

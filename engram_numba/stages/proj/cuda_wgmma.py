@@ -54,8 +54,8 @@ from ...device.intrinsics import device_function
 from ...device.hopper import (WGMMA_NO_SWIZZLE, WGMMA_SWIZZLE_128B, acc_add_f32, acc_store_f32, cp_async_16,
                               cp_async_commit, cp_async_mbar_arrive, cp_async_waiter, fence_proxy_async, flag_wait,
                               mbar_arrive, mbar_arrive_expect_tx, mbar_init, mbar_inval, mbar_try_wait, shared_address,
-                              tma_load_2d, wgmma_bf16, wgmma_commit, wgmma_descriptor, wgmma_fence, wgmma_store_bf16x2,
-                              wgmma_waiter)
+                              bulk_commit, bulk_wait_read0, tma_load_2d, tma_store_2d, wgmma_bf16, wgmma_commit,
+                              wgmma_descriptor, wgmma_fence, wgmma_store_bf16x2, wgmma_store_bf16x2_sw128, wgmma_waiter)
 from ...device.launch import PreparedLaunch, allow_dynamic_shared
 from . import cuda_wgmma_ws as WS
 from .cuda_common import INLINE, bounds, cdiv, fast_launch, flat_u32
@@ -73,7 +73,7 @@ LOOPS = ("v4", "lean", "lean1", "mbar", "tma")  # the k loop's forms (`Variant.l
 class Variant:
     """One specialisation of the kernel: tile, pipeline depth and shared-memory layout."""
 
-    def __init__(self, bm: int, bn: int, stages: int, swizzle: bool, loop: str = "v4"):
+    def __init__(self, bm: int, bn: int, stages: int, swizzle: bool, loop: str = "v4", store: str = "v4"):
         # loop: the k loop's form (`_make_parts`): "v4" (gemm_v4's), "lean" (gemm_v4's schedule, the
         # descriptors and ring offsets carried from k tile to k tile) or "lean1" (lean, one barrier a
         # k tile, STAGES-2 tiles of copies in flight) or "mbar" (lean, the stages handed over on
@@ -91,15 +91,22 @@ class Variant:
         # words a row of the bf16x2 output tile, padded to 4 mod 8: lanes (g, t) store word g*stride + t
         # (+4j), 32 distinct banks
         self.stash_stride = bn // 2 + (4 - bn // 2) % 8
-        self.smem_bytes = max(stages * self.stage_bytes, bm * self.stash_stride * 4) + ALIGN_SLACK
+        # store: the epilogue's form: "v4" (the bf16 tile staged in padded rows, then 16-bit global
+        # stores by every thread) or "tma" (staged in 128-byte-swizzled boxes of 64 columns, then one
+        # TMA store a box: `_store_tile_tma`; "tma" loop only, 128 token rows)
+        assert store in ("v4", "tma") and (store == "v4" or (loop == "tma" and bm == 128 and bn % 64 == 0))
+        self.store = store
+        self.stash_bytes = bm * bn * 2 if store == "tma" else bm * self.stash_stride * 4
+        self.smem_bytes = max(stages * self.stage_bytes, self.stash_bytes) + ALIGN_SLACK
         # "mbar": 2 x STAGES mbarriers past the stages and either place of the epilogue's tile
-        self.mbar_at = max(stages * self.stage_bytes, (stages - 1) * self.stage_bytes + bm * self.stash_stride * 4)
+        self.mbar_at = max(stages * self.stage_bytes, (stages - 1) * self.stage_bytes + self.stash_bytes)
         if loop in ("mbar", "tma"):
             self.smem_bytes = self.mbar_at + 16 * stages + ALIGN_SLACK
         assert self.smem_bytes <= 227 * 1024, self.smem_bytes
         # CTAs an SM holds: 228 KiB of shared memory, 1 KiB of it reserved per CTA
         self.blocks_per_sm = min(4, SM_SHARED_BYTES // (self.smem_bytes + 1024))
-        self.name = f"{bm}x{bn}x{BK}/s{stages}/{'sw128' if swizzle else 'noswz'}" + ("" if loop == "v4" else f"/{loop}")
+        self.name = f"{bm}x{bn}x{BK}/s{stages}/{'sw128' if swizzle else 'noswz'}" + ("" if loop == "v4" else f"/{loop}") \
+            + ("" if store == "v4" else "/tmastore")
         assert loop == "v4" or swizzle, "the lean loops step descriptors in the swizzled layout only"
 
 
@@ -112,6 +119,8 @@ class Parts:
         self.variant = v
         (self.copy_slot, self.operand_offsets, self.prologue, self.k_loop, self.k_tiles,
          self.store_tile) = _make_parts(v)
+        if v.store == "tma":
+            self.store_tile = _store_tile_tma(v)
 
 
 def _make_parts(v: Variant):
@@ -464,6 +473,33 @@ def _mbar_loop(v: Variant, _issue_stage):
     return _prologue, _k_loop, _k_tiles
 
 
+def _store_tile_tma(v: Variant):
+    """The "tma" epilogue of tile v: store_tile(smem, word0, tmaps, acc, m0, n0, T, N, tid, wg), in
+    place of `_make_parts`' own (the same arguments, `tmaps` where that one takes `out`). Each
+    thread rounds its accumulators to bf16 pairs into BN / 64 boxes of [128 rows][128 bytes],
+    128-byte swizzled, at word word0 (1024-byte aligned), fences them for the async proxy; after a
+    CTA barrier thread 0 stores each box with one TMA store (the output tensor map at byte 128 of
+    `tmaps`, x's at byte 0; rows past T and outputs past N are not written) and commits them.
+    Returns at once: the stores read the boxes after it, so thread 0 must `bulk_wait_read0` before
+    the boxes' shared memory is written again or the CTA exits (the "tma" k loop's start does)."""
+    BOX_WORDS = v.bm * 32
+    N_BOXES = v.bn // 64
+
+    @device_function(**INLINE)
+    def store_tile(smem, word0, tmaps, acc, m0, n0, T, N, tid, wg):
+        p = tid & 127
+        lane = p & 31
+        g = lane >> 2
+        wgmma_store_bf16x2_sw128(smem, word0 + (16 * (p >> 5) + g + 64 * wg) * 32 + (lane & 3), g, BOX_WORDS, acc)
+        fence_proxy_async()
+        cuda.syncthreads()
+        if tid == 0:
+            for b in range(N_BOXES):
+                tma_store_2d(smem, word0 * 4 + b * BOX_WORDS * 4, tmaps, 128, np.int32(n0 + 64 * b), np.int32(m0))
+            bulk_commit()
+    return store_tile
+
+
 def _tma_loop(v: Variant):
     """The "tma" k loop on tile v: (prologue, k_loop, k_tiles) with `_make_parts`' contracts, except
     that the kernel's x32 and w32 arguments are the tensor maps of x [T, K] (box BM x 64) and wkv
@@ -491,6 +527,7 @@ def _tma_loop(v: Variant):
     mma_wait1 = wgmma_waiter(1)
     mma_wait0 = wgmma_waiter(0)
     EMPTY_COUNT = THREADS if WS.SIMULATOR else THREADS // 32     # as the "mbar" loop's
+    STORE_TMA = v.store == "tma"
 
     @device_function(**INLINE)
     def _fill(smem, o, st, tmx, tmw, m0, n0, kt):
@@ -510,6 +547,8 @@ def _tma_loop(v: Variant):
         n = ke - kb
         o = s0 - base
         if cuda.threadIdx.x == 0:
+            if STORE_TMA:                                   # the last unit's boxes may share stage 0
+                bulk_wait_read0()
             for s in range(STAGES):
                 mbar_init(smem, o + FULL0 + 8 * s, 1)
                 mbar_init(smem, o + EMPTY0 + 8 * s, EMPTY_COUNT)
@@ -529,6 +568,9 @@ def _tma_loop(v: Variant):
         producer = cuda.threadIdx.x == 0
         lane0 = WS.SIMULATOR or cuda.laneid == 0
         # stage STAGES-1 may still hold a persistent CTA's previous epilogue tile, read by every thread
+        # (or, with the "tma" epilogue, by thread 0's TMA stores: it waits for them to have read it)
+        if STORE_TMA and producer:
+            bulk_wait_read0()
         cuda.syncthreads()
         if producer:
             fence_proxy_async()
@@ -600,6 +642,7 @@ def make_kernel(v: Variant):
     parts = parts_for(v)
     copy_slot, operand_offsets, k_tiles, store_tile = parts.copy_slot, parts.operand_offsets, parts.k_tiles, \
         parts.store_tile
+    STORE_TMA = v.store == "tma"
 
     @cuda.jit(**bounds(THREADS, v.blocks_per_sm))
     def gemm_wgmma(x32, w32, out, T, K):
@@ -622,7 +665,12 @@ def make_kernel(v: Variant):
         row0, q, off0 = copy_slot(tid)
         a_wg, b_wg = operand_offsets(wg)
         acc = k_tiles(smem, base, s0, x32, w32, m0, n0, T, N, K8, 0, n_k, row0, q, off0, a_wg, b_wg)
-        store_tile(smem, pad >> 2, out, acc, m0, n0, T, N, tid, wg)
+        if STORE_TMA:                                    # x32: the maps of x and the output (`tma_maps`)
+            store_tile(smem, pad >> 2, x32, acc, m0, n0, T, N, tid, wg)
+            if tid == 0:
+                bulk_wait_read0()                        # the boxes are read before the CTA's memory goes
+        else:
+            store_tile(smem, pad >> 2, out, acc, m0, n0, T, N, tid, wg)
 
     return gemm_wgmma
 
@@ -672,19 +720,21 @@ def prepare_variant(name: str, v: Variant, x, wkv, out, *, stream=0) -> Prepared
     launch = fast_launch(name, kernel, grid_for(v, T, N), THREADS, x, wkv, out, stream)
     args = launch.args
     if v.loop == "tma":
-        args = tma_maps(v, x, wkv) + args[2:]
+        args = tma_maps(v, x, wkv, out) + args[2:]
     allow_dynamic_shared(kernel, args, v.smem_bytes)
     return PreparedLaunch(name, kernel, launch.grid, launch.block, stream, args, out, sharedmem=v.smem_bytes)
 
 
-def tma_maps(v: Variant, x, wkv) -> tuple:
+def tma_maps(v: Variant, x, wkv, out) -> tuple:
     """The "tma" loop's two kernel arguments in place of x32 and w32: the device tensor maps of x
     [T, K] (boxes of BM rows x 64 k) and wkv [N, K] (BN x 64), 128-byte swizzled. Each map holds
     its array's address, so a launch made with them keeps the maps (and through them the arrays)
     alive: `PreparedLaunch.args` holds the maps' device arrays, each of which holds its map."""
-    from ...device.tma import SWIZZLE_128B, tensor_map_2d
+    from ...device.tma import SWIZZLE_128B, pack_maps, tensor_map_2d
     mx = tensor_map_2d(x, v.bm, BK, SWIZZLE_128B)
     mw = tensor_map_2d(wkv, v.bn, BK, SWIZZLE_128B)
+    if v.store == "tma":       # the output's map (boxes of 64 columns) at byte 128 of x's argument
+        return pack_maps(mx, tensor_map_2d(out, v.bm, 64, SWIZZLE_128B)), mw.device
     return mx.device, mw.device
 
 
@@ -734,7 +784,7 @@ class SkVariant:
         self.group_m = 0              # token tiles fastest (the schedule's tile order)
         self.smem_bytes = sk_smem_bytes(tile, overlap)
         self.name = f"sk/{tile.bm}x{tile.bn}/{split}" + ("" if overlap else "/nolap") + ("" if banded else "/noband") \
-            + ("" if tile.loop == "v4" else f"/{tile.loop}")
+            + ("" if tile.loop == "v4" else f"/{tile.loop}") + ("" if tile.store == "v4" else "/tmastore")
 
     def plan(self, T: int, N: int, K: int, ctas: int) -> "_Split":
         split = choose_split(T, N, K, self.bn, ctas) if self.split == "auto" else self.split
@@ -774,7 +824,7 @@ def sk_smem_bytes(v: Variant, overlap: bool) -> int:
     lands meanwhile)."""
     if not overlap:
         return v.smem_bytes
-    b = max(v.stages * v.stage_bytes, (v.stages - 1) * v.stage_bytes + v.bm * v.stash_stride * 4) + ALIGN_SLACK
+    b = max(v.stages * v.stage_bytes, (v.stages - 1) * v.stage_bytes + v.stash_bytes) + ALIGN_SLACK
     b = max(b, v.smem_bytes)                         # "mbar": its mbarriers past both
     assert b <= 227 * 1024, b
     return b
@@ -793,6 +843,7 @@ def make_persistent_kernel(v: Variant, overlap: bool):
     parts = parts_for(v)
     copy_slot, operand_offsets, store_tile = parts.copy_slot, parts.operand_offsets, parts.store_tile
     prologue, k_loop, k_tiles = parts.prologue, parts.k_loop, parts.k_tiles
+    STORE_TMA = v.store == "tma"
 
     @cuda.jit(**bounds(THREADS, 1))
     def gemm_wgmma_sk(x32, w32, out, units, counts, ws, flags, T, K):
@@ -849,10 +900,15 @@ def make_persistent_kernel(v: Variant, overlap: bool):
                     if tid == 0:                         # every partial is read: ready for the next launch
                         for s in range(lo, hi):
                             cuda.atomic.exch(flags, s, np.int32(0))
-                store_tile(smem, (pad >> 2) + STASH_WORD, out, acc, m0, n0, T, N, tid, wg)
+                if STORE_TMA:                            # x32: the maps of x and the output (`tma_maps`)
+                    store_tile(smem, (pad >> 2) + STASH_WORD, x32, acc, m0, n0, T, N, tid, wg)
+                else:
+                    store_tile(smem, (pad >> 2) + STASH_WORD, out, acc, m0, n0, T, N, tid, wg)
                 if not OVERLAP:
                     cuda.syncthreads()                   # the stash is read before the next unit's copies
                 # (overlapped: the next unit's copies into the stash's stage come after its first barrier)
+        if STORE_TMA and tid == 0:
+            bulk_wait_read0()                            # the last boxes are read before the CTA's memory goes
 
     return gemm_wgmma_sk
 
@@ -917,8 +973,13 @@ V9_CANDIDATES = {**{sv.name: sv for sv in (SkVariant(V9_TILES["lean1"]), SkVaria
 TMA_TILE = Variant(128, 256, 4, swizzle=True, loop="tma")
 TMA_VARIANTS = {"gemm_v10": TMA_TILE,                    # gemm_v4's grid
                 "gemm_v11": SkVariant(TMA_TILE)}         # gemm_v8's persistent CTAs and schedule
-# what `tools/prefill_dev.py --tma` times beside gemm_v4 / gemm_v8 / gemm_v9 and cuBLAS
-TMA_CANDIDATES = {TMA_TILE.name: TMA_TILE, TMA_VARIANTS["gemm_v11"].name: TMA_VARIANTS["gemm_v11"]}
+# the "tma" epilogue (`_store_tile_tma`): the bf16 tile stored by TMA from swizzled boxes (output rows
+# a multiple of 16 bytes: N % 8 == 0)
+TMA_STORE_TILE = Variant(128, 256, 4, swizzle=True, loop="tma", store="tma")
+# what `tools/prefill_dev.py --tma` times beside gemm_v4 / gemm_v8 / gemm_v9 and cuBLAS: the records, the TMA
+# epilogue on the grid and on persistent CTAs, and persistent CTAs without stream-K ("dp": gemm_v4's bits)
+TMA_CANDIDATES = {v.name: v for v in (TMA_TILE, TMA_VARIANTS["gemm_v11"], TMA_STORE_TILE, SkVariant(TMA_STORE_TILE),
+                                      SkVariant(TMA_STORE_TILE, "dp"), SkVariant(TMA_TILE, "dp"))}
 _SK_KERNELS: dict = {}
 _SCHEDULES: dict = {}
 
@@ -1007,7 +1068,7 @@ def prepare_sk(name: str, sv: SkVariant, x, wkv, out, *, stream=0, ctas: int | N
     ws = cuda.device_array(max(n_slots, 1) * THREADS * (sv.tile.wg_n // 2), dtype=np.float32, stream=stream)
     flags = cuda.to_device(np.zeros(max(n_slots, 1), dtype=np.int32), stream=stream)
     kernel = sk_kernel_for(sv.tile, sv.overlap)
-    xa, wa = tma_maps(sv.tile, x, wkv) if sv.tile.loop == "tma" else (flat_u32(x), flat_u32(wkv))
+    xa, wa = tma_maps(sv.tile, x, wkv, out) if sv.tile.loop == "tma" else (flat_u32(x), flat_u32(wkv))
     args = (xa, wa, out, d_units, d_counts, ws, flags, T, K)
     allow_dynamic_shared(kernel, args, sv.smem_bytes)
     return PreparedLaunch(name, kernel, table.shape[0], THREADS, stream, args, out, sharedmem=sv.smem_bytes)
