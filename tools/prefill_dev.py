@@ -154,7 +154,7 @@ def worker(out_dir: Path, skip: set, quick: bool, smoke: bool, only=None, tokens
         tma_sk = {k: c for k, c in W.TMA_CANDIDATES.items() if isinstance(c, W.SkVariant)}
         tma_grid = {k: c for k, c in W.TMA_CANDIDATES.items() if isinstance(c, W.Variant)}
         sk_variants = {**W.SK_VARIANTS, **W.V9_VARIANTS, **tma_sk}
-        variants = {"gemm_v4": W.VARIANTS["gemm_v4"], **tma_grid, **sk_variants}
+        variants = {"gemm_v4": W.VARIANTS["gemm_v4"], "gemm_v6": W.VARIANTS["gemm_v6"], **tma_grid, **sk_variants}
         ws_variants = {}
         same_bits = {**{k: "gemm_v4" for k in tma_grid},
                      **{k: "gemm_v4" if c.split == "dp" else "gemm_v8" for k, c in tma_sk.items()}}
@@ -256,7 +256,8 @@ def worker(out_dir: Path, skip: set, quick: bool, smoke: bool, only=None, tokens
     if v9:         # every T: gemm_v9, its candidates, the kernels they rebuild and cuBLAS
         per_T = {T: ["gemm_v9", *W.V9_CANDIDATES, "gemm_v8", "gemm_v4", "gemm_v6", "cublas_v1"] for T in tokens}
     if tma:        # every T: the TMA candidates, the kernels they rebuild, gemm_v9 and cuBLAS
-        per_T = {T: [*W.TMA_CANDIDATES, "gemm_v9", "gemm_v8", "gemm_v4", "cublas_v1"] for T in tokens}
+        per_T = {T: [*W.TMA_CANDIDATES, "gemm_v9", "gemm_v8", "gemm_v4"] + (["gemm_v6"] if T <= 256 else [])
+                 + ["cublas_v1"] for T in tokens}
     if only and (v8 or v9):
         per_T = {T: [n for n in names if n in only or n == "cublas_v1"] for T, names in per_T.items()}
     if smoke:

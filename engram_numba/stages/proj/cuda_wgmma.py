@@ -970,16 +970,28 @@ V9_CANDIDATES = {**{sv.name: sv for sv in (SkVariant(V9_TILES["lean1"]), SkVaria
 # CTA-wide barrier in the k loop either. The tensor maps are made on the host per launch
 # (`tma_maps`, `device/tma.py`). Same k order and chain on the same bytes: gemm_v4's bits on its
 # grid, gemm_v8's on a persistent schedule.
+#
+# The "tma" epilogue (`_store_tile_tma`) stores the bf16 tile by TMA too: each thread writes its pairs
+# into 128-byte-swizzled boxes of 64 columns (conflict-free: a quarter-warp's 8 rows land on 8
+# different 16-byte chunks), and thread 0 stores the 4 boxes with 4 instructions, rows past T and
+# columns past N clipped by the tensor map. gemm_v4's epilogue is 128 16-bit stores a thread with
+# their index arithmetic and bounds, in series with the next tile's fill. A TMA store needs output
+# rows of a multiple of 16 bytes (N % 8 == 0) and a 16-byte-aligned output: otherwise the launchers
+# fall back to gemm_v4's epilogue (`TMA_FALLBACK`). Same accumulators, same rounding: the same bits.
 TMA_TILE = Variant(128, 256, 4, swizzle=True, loop="tma")
-TMA_VARIANTS = {"gemm_v10": TMA_TILE,                    # gemm_v4's grid
-                "gemm_v11": SkVariant(TMA_TILE)}         # gemm_v8's persistent CTAs and schedule
-# the "tma" epilogue (`_store_tile_tma`): the bf16 tile stored by TMA from swizzled boxes (output rows
-# a multiple of 16 bytes: N % 8 == 0)
 TMA_STORE_TILE = Variant(128, 256, 4, swizzle=True, loop="tma", store="tma")
-# what `tools/prefill_dev.py --tma` times beside gemm_v4 / gemm_v8 / gemm_v9 and cuBLAS: the records, the TMA
-# epilogue on the grid and on persistent CTAs, and persistent CTAs without stream-K ("dp": gemm_v4's bits)
-TMA_CANDIDATES = {v.name: v for v in (TMA_TILE, TMA_VARIANTS["gemm_v11"], TMA_STORE_TILE, SkVariant(TMA_STORE_TILE),
-                                      SkVariant(TMA_STORE_TILE, "dp"), SkVariant(TMA_TILE, "dp"))}
+TMA_VARIANTS = {"gemm_v10": TMA_STORE_TILE,                  # gemm_v4's grid
+                "gemm_v11": SkVariant(TMA_STORE_TILE)}       # gemm_v8's persistent CTAs and schedule
+TMA_FALLBACK = {"gemm_v10": TMA_TILE, "gemm_v11": SkVariant(TMA_TILE)}   # their epilogue where N % 8 != 0
+# what `tools/prefill_dev.py --tma` times beside gemm_v4 / gemm_v8 / gemm_v9 and cuBLAS: the records, their
+# fallbacks, and persistent CTAs without stream-K ("dp": gemm_v4's bits)
+TMA_CANDIDATES = {v.name: v for v in (TMA_STORE_TILE, TMA_VARIANTS["gemm_v11"], TMA_TILE, TMA_FALLBACK["gemm_v11"],
+                                      SkVariant(TMA_STORE_TILE, "dp"))}
+
+
+def tma_store_ok(out) -> bool:
+    """Whether the "tma" epilogue can write `out` [T, N]: rows of a multiple of 16 bytes, 16-byte aligned."""
+    return out.shape[1] % 8 == 0 and data_address(out) % 16 == 0
 _SK_KERNELS: dict = {}
 _SCHEDULES: dict = {}
 
@@ -1075,10 +1087,15 @@ def prepare_sk(name: str, sv: SkVariant, x, wkv, out, *, stream=0, ctas: int | N
 
 
 def sk_launcher(rec, x, wkv, out, *, stream=0) -> PreparedLaunch:
-    """gemm_v8's, gemm_v9's and gemm_v11's record launcher (`prepare_project(..., version=...)` has checked the shapes)."""
+    """gemm_v8's, gemm_v9's and gemm_v11's record launcher (`prepare_project(..., version=...)` has checked the
+    shapes); gemm_v11 takes gemm_v4's epilogue where the TMA one cannot write `out` (`tma_store_ok`)."""
+    if rec.name in TMA_VARIANTS and not tma_store_ok(out):
+        return prepare_sk(rec.name, TMA_FALLBACK[rec.name], x, wkv, out, stream=stream)
     return prepare_sk(rec.name, {**SK_VARIANTS, **V9_VARIANTS, **TMA_VARIANTS}[rec.name], x, wkv, out, stream=stream)
 
 
 def grid_launcher(rec, x, wkv, out, *, stream=0) -> PreparedLaunch:
-    """gemm_v10's record launcher: gemm_v4's grid on the TMA loop (its tensor maps made here)."""
-    return prepare_variant(rec.name, TMA_VARIANTS[rec.name], x, wkv, out, stream=stream)
+    """gemm_v10's record launcher: gemm_v4's grid on the TMA loop and epilogue (its tensor maps made here),
+    gemm_v4's epilogue where the TMA one cannot write `out` (`tma_store_ok`)."""
+    v = TMA_VARIANTS[rec.name] if tma_store_ok(out) else TMA_FALLBACK[rec.name]
+    return prepare_variant(rec.name, v, x, wkv, out, stream=stream)

@@ -54,7 +54,8 @@ from .cuda_common import prepare
 GEMV_MAX_TOKENS = 32    # 2 passes of gemv_v4 (~2 x 100 us) beat gemm_v3's latency-bound ~280 us at T <= 128
 GEMV3_MAX_TOKENS = 2    # gemv_v3 at T = 2: 90.0 us against gemm_v5's 92.7 and gemv_v4's 99.7
 WGMMA_SMALL_MAX_TOKENS = 64   # gemm_v5's 64-token tiles read the weight once up to here
-WGMMA_MID_MAX_TOKENS = 256    # gemm_v6's 128 output tiles fill the waves better up to here; gemm_v8 above
+WGMMA_MID_MAX_TOKENS = 128    # gemm_v6's 128 output tiles are one wave up to here; gemm_v11 above (T = 256: 124.7 us
+                              # against gemm_v6's 146.6, bench/results/h200_prefill_dev_tma_b02b7e6.txt, h200.json)
 WGMMA_SK_MAX_TOKENS = 2048    # gemm_v8's stream-K tail beats gemm_v4 up to here (T = 4096: v4 1940 us, v8 1971)
 # Above this many tokens the engine decodes a q2k/fp8 wkv to bf16 (once per layer and call) and
 # runs the bf16 GEMM: the weight-decoding GEMVs stream the weight once per 8 tokens.
@@ -321,43 +322,52 @@ _proj("gemm_v9", "gemm_v8 (persistent CTAs, stream-K tail, fix-up and epilogue u
       # 3 simulated CTAs: one tile of 6 k tiles (the last a 1-chunk K tail) cut over 3 CTAs (two partials
       # and the finisher, each unit shorter than the ring); 2 x 2 tiles of 3 k tiles, stream-K (a CTA runs
       # a whole tile then a partial: the next unit's prologue during the epilogue)
-      sim=[(33, 328, 9),
-           (130, 136, 260)],
+      sim=[(33, 328, 9),            # N % 8 != 0: gemm_v4's epilogue
+           (130, 136, 264)],        # the TMA epilogue, clipped at T and N
       sweep=(256, 512, 1024, 4096))
 
-# ---- gemm_v10 / gemm_v11: the stages filled by TMA (cuda_wgmma.py, "TMA") ---------------------------
+# ---- gemm_v10 / gemm_v11: the stages filled and the tile stored by TMA (cuda_wgmma.py, "TMA") ----------
 # Arguments: x32 and w32 are the tensor maps of x and wkv (uint8 [128] device arrays, `tma_maps`);
 # their launchers make them. Same k order and wgmma chain as gemm_v4 on the same bytes.
 _TMA_ARGS = (_U8_1D, _U8_1D, _U16_2D, types.int64, types.int64)                    # map x, map w, out, T, K
 _TMA_SK_ARGS = (_U8_1D, _U8_1D) + _SK_ARGS[2:]
-_V10 = cuda_wgmma.TMA_VARIANTS["gemm_v10"]
-_V11 = cuda_wgmma.TMA_VARIANTS["gemm_v11"]
-_TMA_H200 = ("H200 (L2 flushed, bench/results/h200_prefill_dev_tma_e1482e0.txt): gemm_v10 1821.9 us at T = 4096 "
-             "(gemm_v4 1949.0, cuBLAS 1648.8: 1.10x); gemm_v11 143.4 / 239.5 / 462.1 us at T = 256 / 512 / 1024 "
-             "(gemm_v8 149.2 / 255.7 / 496.5, cuBLAS 123.1 / 221.1 / 414.9: 1.16x / 1.08x / 1.11x)")
+_V10, _V10F = cuda_wgmma.TMA_VARIANTS["gemm_v10"], cuda_wgmma.TMA_FALLBACK["gemm_v10"]
+_V11, _V11F = cuda_wgmma.TMA_VARIANTS["gemm_v11"], cuda_wgmma.TMA_FALLBACK["gemm_v11"]
+_TMA_H200 = ("H200 (L2 flushed, bench/results/h200_prefill_dev_tma_b02b7e6.txt): gemm_v10 1687.7 us at T = 4096 "
+             "(gemm_v4 1965.9, cuBLAS 1650.4: 1.02x; its TMA loop with gemm_v4's epilogue 1835.9); gemm_v11 124.7 / "
+             "217.1 / 416.3 / 831.6 us at T = 256 / 512 / 1024 / 2048 (gemm_v8 149.3 / 258.4 / 500.9 / 989.2, cuBLAS "
+             "123.2 / 221.9 / 417.1 / 830.5: 1.01x / 0.98x / 1.00x / 1.00x; with gemm_v4's epilogue 142.3 / 241.0 / "
+             "465.4 / 917.9)")
+_TMA_EPILOGUE = ("the bf16 tile written by each thread into 128-byte-swizzled boxes of 64 columns, stored by 4 TMA "
+                 "stores of thread 0 (gemm_v4's epilogue, 128 16-bit stores a thread, where N % 8 != 0 or the output "
+                 "is not 16-byte aligned)")
 _proj("gemm_v10", "gemm_v4's grid, tile, stages and wgmma chain with the stages filled by TMA: thread 0 issues one "
       "mbarrier.arrive.expect_tx and two box copies (x 128 x 64, w 256 x 64, 128-byte swizzled; rows past T and N "
       "and k past K read as zeros) a k tile, and the stages are handed over on full / empty mbarriers (no CTA "
-      "barrier, no cp.async, no address arithmetic in the k loop); tensor maps made by the driver on the host per "
-      "launch; gemm_v4's bits. " + _TMA_H200,
+      "barrier, no cp.async, no address arithmetic in the k loop); " + _TMA_EPILOGUE + "; tensor maps made by the "
+      "driver on the host per launch; gemm_v4's bits. " + _TMA_H200,
       when=f"Hopper (cc 9.0), aligned, T > {WGMMA_SK_MAX_TOKENS}",
       rule=lambda c: _bf16(c) and _hopper(c) and c["T"] > WGMMA_SK_MAX_TOKENS,
       kernel=Factory(lambda T: cuda_wgmma.kernel_for(_V10)), geometry=cuda_wgmma.geometry(_V10), args="fast",
-      specs=lambda: [Spec(f"[{_V10.name}]", cuda_wgmma.kernel_for(_V10), _TMA_ARGS)],
+      specs=lambda: [Spec(f"[{v.name}]", cuda_wgmma.kernel_for(v), _TMA_ARGS) for v in (_V10, _V10F)],
       launcher=cuda_wgmma.grid_launcher, vector_io=False,
       sim=[(33, 264, 200),          # one tile: box rows past T and N zero-filled, K % 64 == 8 (the last box
-                                    # 8 k wide), 5 k tiles through the 4-stage ring
-           (130, 72, 260)],         # 2 x 2 tiles, 2 k tiles (fewer than the stages filled ahead)
+                                    # 8 k wide), 5 k tiles through the 4-stage ring; TMA stores clipped
+                                    # at T and N
+           (130, 72, 260)],         # 2 x 2 tiles, 2 k tiles (fewer than the stages filled ahead); N % 8
+                                    # == 4: gemm_v4's epilogue
       sweep=(256, 512, 1024, 4096))
 _proj("gemm_v11", "gemm_v8 (persistent CTAs, stream-K tail, bands, fix-up and epilogue unchanged) on gemm_v10's TMA "
       "k loop: each unit's prologue re-initialises the barriers and fills STAGES-1 stages by TMA before the last "
       "unit's epilogue, the k loop starts with a CTA barrier and a proxy fence (the stage the epilogue's tile shares is "
-      "refilled after it); gemm_v8's bits on the same schedule. " + _TMA_H200,
+      "refilled after it, once thread 0's TMA stores of the last tile have read it); " + _TMA_EPILOGUE + "; gemm_v8's "
+      "bits on the same schedule. " + _TMA_H200,
       when=f"Hopper (cc 9.0), aligned, {WGMMA_MID_MAX_TOKENS} < T <= {WGMMA_SK_MAX_TOKENS}",
       rule=lambda c: _bf16(c) and _hopper(c) and WGMMA_MID_MAX_TOKENS < c["T"] <= WGMMA_SK_MAX_TOKENS,
       kernel=Factory(lambda T: cuda_wgmma.sk_kernel_for(_V11.tile, _V11.overlap)),
       geometry=cuda_wgmma.sk_geometry(_V11), args="fast",
-      specs=lambda: [Spec(f"[sk/{_V11.tile.name}]", cuda_wgmma.sk_kernel_for(_V11.tile, True), _TMA_SK_ARGS)],
+      specs=lambda: [Spec(f"[sk/{v.tile.name}]", cuda_wgmma.sk_kernel_for(v.tile, True), _TMA_SK_ARGS)
+                     for v in (_V11, _V11F)],
       launcher=cuda_wgmma.sk_launcher, vector_io=False,
       # as gemm_v9's: one tile of 6 k tiles cut over 3 CTAs (two partials and the finisher); 2 x 2 tiles
       # of 3 k tiles, stream-K (a whole tile then a partial: the next unit's prologue during the epilogue)
