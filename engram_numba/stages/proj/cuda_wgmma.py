@@ -26,12 +26,17 @@ Kernel versions
   gemm_v9  gemm_v8 on a leaner k loop (`Variant.loop`): the wgmma descriptors made once a unit and
            stepped by constants, the stage ring as running offsets; candidates drop one CTA-wide
            barrier ("lean1") or both for per-stage mbarriers ("mbar"). Section "gemm_v9" below.
+  gemm_v10 gemm_v4's grid with the stages filled by TMA ("tma" loop: one thread, two box copies a
+           k tile, full / empty mbarriers, no CTA barrier in the loop) and the tile stored by TMA
+           (`_store_tile_tma`: swizzled boxes, 4 stores; gemm_v4's epilogue where N % 8 != 0).
+  gemm_v11 gemm_v8's persistent CTAs and schedule on gemm_v10's loop and epilogue. Section "TMA".
 
 gemm_v4..v6 come from one kernel factory (`make_kernel(Variant)`), gemm_v8 and gemm_v9 from another
 (`make_persistent_kernel`), both built on one set of device functions per tile (`parts_for(Variant)`:
-copy assignment, prologue, pipelined k loop (gemm_v4's, or `_lean_loop` / `_mbar_loop`), epilogue); `VARIANTS` / `SK_VARIANTS` name the
-specialisations the records use, `CANDIDATES` / `SK_CANDIDATES` what the development script times
-besides them (gemm_v9: `V9_VARIANTS` / `V9_CANDIDATES`).
+copy assignment, prologue, pipelined k loop (gemm_v4's, or `_lean_loop` / `_mbar_loop` / `_tma_loop`),
+epilogue (or `_store_tile_tma`)); `VARIANTS` / `SK_VARIANTS` name the specialisations the records use,
+`CANDIDATES` / `SK_CANDIDATES` what the development script times besides them (gemm_v9: `V9_VARIANTS` /
+`V9_CANDIDATES`; gemm_v10 / gemm_v11: `TMA_VARIANTS` / `TMA_FALLBACK` / `TMA_CANDIDATES`).
 
 The pipeline, per k tile kt (buffer kt % STAGES):
     cp.async.wait_group STAGES-2    this thread's copies of tile kt have landed

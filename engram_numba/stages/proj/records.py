@@ -4,8 +4,8 @@ Default rules, over ctx = {"T", "K", "N", "aligned", "simulator", "weight", "cc"
 encoding the weight is read in (the record's `encoding`): every rule claims only its own.
 bf16 weights: numba's simulator, or x/wkv data not 16-byte aligned -> the naive kernels (gemv_v1 at T = 1,
 gemm_v1 above: plain loops are the cheap ones to simulate); on a GPU gemv_v3 for T <= 2; then on
-a Hopper GPU (cc 9.0: the warpgroup MMA) gemm_v5 up to 64 tokens, gemm_v6 up to 256, gemm_v8 (stream-K
-tail) up to 2048, gemm_v4 above; on other GPUs gemv_v4 up to GEMV_MAX_TOKENS tokens and gemm_v3 above. Every boundary is
+a Hopper GPU (cc 9.0: the warpgroup MMA) gemm_v5 up to 64 tokens, gemm_v6 up to 128, gemm_v11 (gemm_v8's
+stream-K schedule with TMA loads and stores) up to 2048, gemm_v10 (gemm_v4's grid, TMA) above; on other GPUs gemv_v4 up to GEMV_MAX_TOKENS tokens and gemm_v3 above. Every boundary is
 where the H200 measurements changed hands (bench/results/h200_prefill_dev_*.json, CUDA events, L2
 flushed, K = 6144, N = 25600; older timings from f7da6aa, bench/results/h200.json):
   T = 2     gemv_v3 90.0 us, gemm_v5 92.7, gemv_v4 99.7, cuBLAS 93.7
@@ -16,6 +16,10 @@ flushed, K = 6144, N = 25600; older timings from f7da6aa, bench/results/h200.jso
   T = 512   gemm_v8 257.9, gemm_v6 277.1, gemm_v4 308.4, cuBLAS 219.3                (9c531d5)
   T = 1024  gemm_v8 494.0, gemm_v4 534.0, gemm_v6 540.5, cuBLAS 411.5                (9c531d5)
   T = 2048  gemm_v8 976.3, gemm_v4 992.0; T = 4096: gemm_v4 1940.0, gemm_v8 1971.0, cuBLAS 1635.2
+  with TMA (b02b7e6, bac3928): T = 128 gemm_v10 84.8, gemm_v6 91.4, gemm_v11 92.5, cuBLAS 80.1;
+  T = 192 gemm_v11 118.7, gemm_v6 143.5, cuBLAS 144.6; T = 256 / 512 / 1024 / 2048 gemm_v11 124.7 /
+  217.1 / 416.3 / 831.6, gemm_v10 139.6 / 265.0 / 456.5 / 857.5; T = 4096 gemm_v10 1687.7, gemm_v11
+  1688.2, cuBLAS 1650.4
 q2k / fp8 weights (read in their file encoding, `launch.prepare_project_q`): the naive
 gemv_q2k_v1 / gemv_fp8_v1 in the simulator or for unaligned data, the tensor-core gemv_q2k_v2 /
 gemv_fp8_v2 on a GPU (gemv_fp8_v5, v2 on f16 operands with v2's bits, up to 8 tokens), for any T
