@@ -47,7 +47,7 @@ class TensorMap:
     `device` is the uint8 [128] device array a kernel passes to `tma_load_2d`; `box_bytes` what
     one copy reports to its mbarrier (the whole box, zero-filled parts included)."""
 
-    def __init__(self, array, box_rows: int, box_cols: int, swizzle: int = SWIZZLE_128B):
+    def __init__(self, array, box_rows: int, box_cols: int, swizzle: int = SWIZZLE_128B, stream=0):
         shape = tuple(int(s) for s in array.shape)
         if len(shape) != 2:
             raise ValueError(f"tensor_map_2d: a 2-D array, got shape {shape}")
@@ -82,21 +82,25 @@ class TensorMap:
             host[:] = _encode_tiled(array, esize, rows, cols, row_bytes, self.box_rows, self.box_cols, self.swizzle)
         from numba import cuda
         self.host = host
-        self.device = cuda.to_device(host)
+        # on the launch's stream: a copy on the legacy default stream would wait for every other stream
+        self.device = cuda.to_device(host, stream=stream)
         self.device.tensor_map = self      # whoever holds the device bytes keeps the map and the array alive
 
 
-def tensor_map_2d(array, box_rows: int, box_cols: int, swizzle: int = SWIZZLE_128B) -> TensorMap:
-    """The tensor map of a 2-D row-major device array for boxes of box_rows x box_cols elements."""
-    return TensorMap(array, box_rows, box_cols, swizzle)
+def tensor_map_2d(array, box_rows: int, box_cols: int, swizzle: int = SWIZZLE_128B, stream=0) -> TensorMap:
+    """The tensor map of a 2-D row-major device array for boxes of box_rows x box_cols elements, its
+    128 bytes copied to the device on `stream` (the stream of the launches that will read it)."""
+    return TensorMap(array, box_rows, box_cols, swizzle, stream)
 
 
-def pack_maps(*maps: TensorMap):
+def pack_maps(*maps: TensorMap, stream=0):
     """Several maps in one device array, map i at byte 128 i (for a kernel that takes them as one
-    argument); the array keeps the maps, and through them their arrays, alive."""
+    argument), copied on `stream`; the array keeps the maps, and through them their arrays (and the
+    host bytes the copy reads), alive."""
     from numba import cuda
-    dev = cuda.to_device(np.concatenate([m.host for m in maps]))
-    dev.tensor_maps = maps
+    host = np.concatenate([m.host for m in maps])
+    dev = cuda.to_device(host, stream=stream)
+    dev.tensor_maps, dev.host = maps, host
     return dev
 
 

@@ -725,21 +725,21 @@ def prepare_variant(name: str, v: Variant, x, wkv, out, *, stream=0) -> Prepared
     launch = fast_launch(name, kernel, grid_for(v, T, N), THREADS, x, wkv, out, stream)
     args = launch.args
     if v.loop == "tma":
-        args = tma_maps(v, x, wkv, out) + args[2:]
+        args = tma_maps(v, x, wkv, out, stream) + args[2:]
     allow_dynamic_shared(kernel, args, v.smem_bytes)
     return PreparedLaunch(name, kernel, launch.grid, launch.block, stream, args, out, sharedmem=v.smem_bytes)
 
 
-def tma_maps(v: Variant, x, wkv, out) -> tuple:
+def tma_maps(v: Variant, x, wkv, out, stream=0) -> tuple:
     """The "tma" loop's two kernel arguments in place of x32 and w32: the device tensor maps of x
     [T, K] (boxes of BM rows x 64 k) and wkv [N, K] (BN x 64), 128-byte swizzled. Each map holds
     its array's address, so a launch made with them keeps the maps (and through them the arrays)
     alive: `PreparedLaunch.args` holds the maps' device arrays, each of which holds its map."""
     from ...device.tma import SWIZZLE_128B, pack_maps, tensor_map_2d
-    mx = tensor_map_2d(x, v.bm, BK, SWIZZLE_128B)
-    mw = tensor_map_2d(wkv, v.bn, BK, SWIZZLE_128B)
+    mx = tensor_map_2d(x, v.bm, BK, SWIZZLE_128B, stream)
+    mw = tensor_map_2d(wkv, v.bn, BK, SWIZZLE_128B, stream)
     if v.store == "tma":       # the output's map (boxes of 64 columns) at byte 128 of x's argument
-        return pack_maps(mx, tensor_map_2d(out, v.bm, 64, SWIZZLE_128B)), mw.device
+        return pack_maps(mx, tensor_map_2d(out, v.bm, 64, SWIZZLE_128B, stream), stream=stream), mw.device
     return mx.device, mw.device
 
 
@@ -1085,7 +1085,7 @@ def prepare_sk(name: str, sv: SkVariant, x, wkv, out, *, stream=0, ctas: int | N
     ws = cuda.device_array(max(n_slots, 1) * THREADS * (sv.tile.wg_n // 2), dtype=np.float32, stream=stream)
     flags = cuda.to_device(np.zeros(max(n_slots, 1), dtype=np.int32), stream=stream)
     kernel = sk_kernel_for(sv.tile, sv.overlap)
-    xa, wa = tma_maps(sv.tile, x, wkv, out) if sv.tile.loop == "tma" else (flat_u32(x), flat_u32(wkv))
+    xa, wa = tma_maps(sv.tile, x, wkv, out, stream) if sv.tile.loop == "tma" else (flat_u32(x), flat_u32(wkv))
     args = (xa, wa, out, d_units, d_counts, ws, flags, T, K)
     allow_dynamic_shared(kernel, args, sv.smem_bytes)
     return PreparedLaunch(name, kernel, table.shape[0], THREADS, stream, args, out, sharedmem=sv.smem_bytes)
