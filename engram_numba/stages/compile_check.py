@@ -92,6 +92,8 @@ WATCHED = {
     "mma": r"\bmma\.sync",
     "wgmma": r"\bwgmma\.mma_async",
     "cp.async": r"\bcp\.async\.c[ag]\b",
+    "tma.load": r"\bcp\.async\.bulk\.tensor\.\w+\.shared::cluster\.global",
+    "tma.store": r"\bcp\.async\.bulk\.tensor\.\w+\.global\.shared::cta",
     "local": r"\.local\b",
 }
 
