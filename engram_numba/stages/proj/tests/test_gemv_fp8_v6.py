@@ -25,9 +25,10 @@ registered build (3 teams: team 2's barrier). Which test covers which edge:
 - another unroll and blocks an SM through the launcher's kernel= path, the grid capped at the
   groups: test_v6_variant_one_team_two_blocks
 test_proj_quant.py runs the registered build through project_q against the yardstick at the
-record's simulator cases (one group; 3 groups over 3 blocks; 7 groups over 3 blocks and two token
-groups; more tiles than a trip). On the GPU tools/fp8_gemv_dev.py and test_proj_quant.py compare
-v6 with v2 at the released shape.
+record's simulator cases (one group; 3 groups over 3 blocks; 7 groups over 3 blocks (3, 2, 2) and
+two token groups; more tiles than a trip): the 7-group split's edges (several groups a block,
+blocks of unequal counts) are the first two cases above, bit for bit. On the GPU
+tools/fp8_gemv_dev.py and test_proj_quant.py compare v6 with v2 at the released shape.
 """
 from __future__ import annotations
 
