@@ -326,8 +326,8 @@ _proj("gemm_v9", "gemm_v8 (persistent CTAs, stream-K tail, fix-up and epilogue u
       # 3 simulated CTAs: one tile of 6 k tiles (the last a 1-chunk K tail) cut over 3 CTAs (two partials
       # and the finisher, each unit shorter than the ring); 2 x 2 tiles of 3 k tiles, stream-K (a CTA runs
       # a whole tile then a partial: the next unit's prologue during the epilogue)
-      sim=[(33, 328, 9),            # N % 8 != 0: gemm_v4's epilogue
-           (130, 136, 264)],        # the TMA epilogue, clipped at T and N
+      sim=[(33, 328, 9),
+           (130, 136, 260)],
       sweep=(256, 512, 1024, 4096))
 
 # ---- gemm_v10 / gemm_v11: the stages filled and the tile stored by TMA (cuda_wgmma.py, "TMA") ----------
@@ -375,8 +375,8 @@ _proj("gemm_v11", "gemm_v8 (persistent CTAs, stream-K tail, bands, fix-up and ep
       launcher=cuda_wgmma.sk_launcher, vector_io=False,
       # as gemm_v9's: one tile of 6 k tiles cut over 3 CTAs (two partials and the finisher); 2 x 2 tiles
       # of 3 k tiles, stream-K (a whole tile then a partial: the next unit's prologue during the epilogue)
-      sim=[(33, 328, 9),
-           (130, 136, 260)],
+      sim=[(33, 328, 9),            # N % 8 != 0: gemm_v4's epilogue
+           (130, 136, 264)],        # the TMA epilogue, clipped at T and N
       sweep=(256, 512, 1024, 4096))
 
 # cuBLAS: the comparison backend; nothing of ours to compile, no simulator (it needs a GPU)
