@@ -490,13 +490,38 @@ if SIMULATOR:
             land()
         _BULK.pending = []
 
-    def wgmma_store_bf16x2_sw128(smem, base, g, box_words, acc):
+    def _sw128_store(smem, base, g, box_words, acc, chunks):
         vals = acc.read("wgmma_store_bf16x2_sw128") if isinstance(acc, WgmmaAcc) else np.array(acc, np.float32)
         base, g, box_words = int(base), int(g), int(box_words)
-        for j in range(vals.size // 4):
+        for j in range(min(vals.size // 4, chunks)):
             for h in range(2):
                 smem[base + (j >> 3) * box_words + 8 * h * 32 + 4 * ((j & 7) ^ g)] = \
                     cvt_pack_bf16x2(vals[4 * j + 2 * h], vals[4 * j + 2 * h + 1])
+
+    def wgmma_store_bf16x2_sw128(smem, base, g, box_words, acc):
+        _sw128_store(smem, base, g, box_words, acc, 1 << 30)
+
+    def sw128_storer(chunks):
+        chunks = int(chunks)
+
+        def sw128_store(smem, base, g, box_words, acc):
+            _sw128_store(smem, base, g, box_words, acc, chunks)
+        return sw128_store
+
+    def acc_tail_storer(j0):
+        j0 = int(j0)
+
+        def acc_store_tail(out, acc, row, col, T, N):
+            vals = _acc_values(acc, "acc_store_tail")
+            row, col, T, N = int(row), int(col), int(T), int(N)
+            for j in range(j0, vals.size // 4):
+                for h in range(2):
+                    r, n = row + 8 * h, col + 8 * j
+                    if r < T and n < N:
+                        word = int(cvt_pack_bf16x2(vals[4 * j + 2 * h], vals[4 * j + 2 * h + 1]))
+                        out[r, n] = np.uint16(word & 0xFFFF)
+                        out[r, n + 1] = np.uint16(word >> 16)
+        return acc_store_tail
 
     def flag_wait(flags, i):
         if int(flags[i]) == 0:
@@ -861,31 +886,78 @@ else:
             return context.get_dummy_value()
         return types.void(), codegen
 
-    @intrinsic
-    def wgmma_store_bf16x2_sw128(typingctx, smem, base, g, box_words, acc):
-        if not (isinstance(smem, types.Array) and smem.dtype == types.uint32 and _is_acc(acc)
-                and all(isinstance(v, types.Integer) for v in (base, g, box_words))):
-            return None
+    def _sw128_intrinsic(chunks):
+        @intrinsic
+        def wgmma_store_bf16x2_sw128(typingctx, smem, base, g, box_words, acc):
+            if not (isinstance(smem, types.Array) and smem.dtype == types.uint32 and _is_acc(acc)
+                    and all(isinstance(v, types.Integer) for v in (base, g, box_words))):
+                return None
 
-        def codegen(context, builder, signature, args):
-            sm_t, b_t, g_t, bw_t, acc_t = signature.args
-            ary = cgutils.create_struct_proxy(sm_t)(context, builder, value=args[0])
-            data = builder.bitcast(ary.data, _I32.as_pointer())
-            base_v = context.cast(builder, args[1], b_t, types.int64)
-            g_v = context.cast(builder, args[2], g_t, types.int64)
-            bw_v = context.cast(builder, args[3], bw_t, types.int64)
-            for j in range(acc_t.count // 4):
-                col = builder.shl(builder.xor(g_v, ir.Constant(_I64, j & 7)), ir.Constant(_I64, 2))
-                box = builder.mul(bw_v, ir.Constant(_I64, j >> 3))
+            def codegen(context, builder, signature, args):
+                sm_t, b_t, g_t, bw_t, acc_t = signature.args
+                ary = cgutils.create_struct_proxy(sm_t)(context, builder, value=args[0])
+                data = builder.bitcast(ary.data, _I32.as_pointer())
+                base_v = context.cast(builder, args[1], b_t, types.int64)
+                g_v = context.cast(builder, args[2], g_t, types.int64)
+                bw_v = context.cast(builder, args[3], bw_t, types.int64)
+                for j in range(min(acc_t.count // 4, chunks)):
+                    col = builder.shl(builder.xor(g_v, ir.Constant(_I64, j & 7)), ir.Constant(_I64, 2))
+                    box = builder.mul(bw_v, ir.Constant(_I64, j >> 3))
+                    for h in range(2):
+                        lo = builder.extract_value(args[4], 4 * j + 2 * h)
+                        hi = builder.extract_value(args[4], 4 * j + 2 * h + 1)
+                        word = _inline(builder, _I32, [_F32, _F32], "cvt.rn.bf16x2.f32 $0, $1, $2;", "=r,f,f",
+                                       [hi, lo], side_effect=False)
+                        idx = builder.add(builder.add(base_v, box), builder.add(col, ir.Constant(_I64, 8 * h * 32)))
+                        builder.store(word, builder.gep(data, [idx]))
+                return context.get_dummy_value()
+            return types.void(smem, base, g, box_words, acc), codegen
+        return wgmma_store_bf16x2_sw128
+
+    wgmma_store_bf16x2_sw128 = _sw128_intrinsic(1 << 30)
+    _SW128_STORERS: dict = {}
+
+    def sw128_storer(chunks):
+        chunks = int(chunks)
+        if chunks not in _SW128_STORERS:
+            _SW128_STORERS[chunks] = _sw128_intrinsic(chunks)
+        return _SW128_STORERS[chunks]
+
+    _TAIL_STORERS: dict = {}
+
+    def acc_tail_storer(j0):
+        j0 = int(j0)
+        if j0 in _TAIL_STORERS:
+            return _TAIL_STORERS[j0]
+
+        @intrinsic
+        def acc_store_tail(typingctx, out, acc, row, col, T, N):
+            if not (isinstance(out, types.Array) and out.dtype == types.uint16 and out.ndim == 2
+                    and out.layout == "C" and _is_acc(acc)
+                    and all(isinstance(v, types.Integer) for v in (row, col, T, N))):
+                return None
+
+            def codegen(context, builder, signature, args):
+                out_t, acc_t, *rest_t = signature.args
+                data16 = _flat_pointer(context, builder, out_t, args[0], ir.IntType(16))
+                row_v, col_v, T_v, N_v = (context.cast(builder, a, t, types.int64) for a, t in zip(args[2:6], rest_t))
                 for h in range(2):
-                    lo = builder.extract_value(args[4], 4 * j + 2 * h)
-                    hi = builder.extract_value(args[4], 4 * j + 2 * h + 1)
-                    word = _inline(builder, _I32, [_F32, _F32], "cvt.rn.bf16x2.f32 $0, $1, $2;", "=r,f,f",
-                                   [hi, lo], side_effect=False)
-                    idx = builder.add(builder.add(base_v, box), builder.add(col, ir.Constant(_I64, 8 * h * 32)))
-                    builder.store(word, builder.gep(data, [idx]))
-            return context.get_dummy_value()
-        return types.void(smem, base, g, box_words, acc), codegen
+                    r = builder.add(row_v, ir.Constant(_I64, 8 * h))
+                    with cgutils.if_likely(builder, builder.icmp_signed("<", r, T_v)):
+                        rbase = builder.mul(r, N_v)
+                        for j in range(j0, acc_t.count // 4):
+                            lo = builder.extract_value(args[1], 4 * j + 2 * h)
+                            hi = builder.extract_value(args[1], 4 * j + 2 * h + 1)
+                            word = _inline(builder, _I32, [_F32, _F32], "cvt.rn.bf16x2.f32 $0, $1, $2;", "=r,f,f",
+                                           [hi, lo], side_effect=False)
+                            n = builder.add(col_v, ir.Constant(_I64, 8 * j))
+                            with cgutils.if_likely(builder, builder.icmp_signed("<", n, N_v)):
+                                p32 = builder.bitcast(builder.gep(data16, [builder.add(rbase, n)]), _I32.as_pointer())
+                                builder.store(word, p32)
+                return context.get_dummy_value()
+            return types.void(out, acc, row, col, T, N), codegen
+        _TAIL_STORERS[j0] = acc_store_tail
+        return acc_store_tail
 
     @device_function(forceinline=True)
     def flag_wait(flags, i):

@@ -60,7 +60,8 @@ from ...device.hopper import (WGMMA_NO_SWIZZLE, WGMMA_SWIZZLE_128B, acc_add_f32,
                               cp_async_commit, cp_async_mbar_arrive, cp_async_waiter, fence_proxy_async, flag_wait,
                               mbar_arrive, mbar_arrive_expect_tx, mbar_init, mbar_inval, mbar_try_wait, shared_address,
                               bulk_commit, bulk_wait_read0, tma_load_2d, tma_store_2d, wgmma_bf16, wgmma_commit,
-                              wgmma_descriptor, wgmma_fence, wgmma_store_bf16x2, wgmma_store_bf16x2_sw128, wgmma_waiter)
+                              wgmma_descriptor, wgmma_fence, wgmma_store_bf16x2, wgmma_store_bf16x2_sw128, wgmma_waiter,
+                              acc_tail_storer, sw128_storer)
 from ...device.launch import PreparedLaunch, allow_dynamic_shared
 from . import cuda_wgmma_ws as WS
 from .cuda_common import INLINE, bounds, cdiv, fast_launch, flat_u32
@@ -98,10 +99,12 @@ class Variant:
         self.stash_stride = bn // 2 + (4 - bn // 2) % 8
         # store: the epilogue's form: "v4" (the bf16 tile staged in padded rows, then 16-bit global
         # stores by every thread) or "tma" (staged in 128-byte-swizzled boxes of 64 columns, then one
-        # TMA store a box: `_store_tile_tma`; "tma" loop only, 128 token rows)
-        assert store in ("v4", "tma") and (store == "v4" or (loop == "tma" and bm == 128 and bn % 64 == 0))
+        # TMA store a box: `_store_tile_tma`; "tma" loop only, 128 token rows; the last bn % 64
+        # columns, if any, stored from registers as bf16 pairs: `store_tail`)
+        assert store in ("v4", "tma") and (store == "v4" or (loop == "tma" and bm == 128 and bn >= 64))
         self.store = store
-        self.stash_bytes = bm * bn * 2 if store == "tma" else bm * self.stash_stride * 4
+        self.tail = bn % 64 if store == "tma" else 0
+        self.stash_bytes = bm * (bn - self.tail) * 2 if store == "tma" else bm * self.stash_stride * 4
         self.smem_bytes = max(stages * self.stage_bytes, self.stash_bytes) + ALIGN_SLACK
         # "mbar": 2 x STAGES mbarriers past the stages and either place of the epilogue's tile
         self.mbar_at = max(stages * self.stage_bytes, (stages - 1) * self.stage_bytes + self.stash_bytes)
@@ -124,8 +127,11 @@ class Parts:
         self.variant = v
         (self.copy_slot, self.operand_offsets, self.prologue, self.k_loop, self.k_tiles,
          self.store_tile) = _make_parts(v)
+        self.store_tail = None
         if v.store == "tma":
             self.store_tile = _store_tile_tma(v)
+            if v.tail:
+                self.store_tail = _store_tail(v)
 
 
 def _make_parts(v: Variant):
@@ -486,16 +492,18 @@ def _store_tile_tma(v: Variant):
     CTA barrier thread 0 stores each box with one TMA store (the output tensor map at byte 128 of
     `tmaps`, x's at byte 0; rows past T and outputs past N are not written) and commits them.
     Returns at once: the stores read the boxes after it, so thread 0 must `bulk_wait_read0` before
-    the boxes' shared memory is written again or the CTA exits (the "tma" k loop's start does)."""
+    the boxes' shared memory is written again or the CTA exits (the "tma" k loop's start does).
+    With BN % 64 != 0 the boxes hold the first BN // 64 * 64 columns; `_store_tail` the rest."""
     BOX_WORDS = v.bm * 32
     N_BOXES = v.bn // 64
+    to_boxes = sw128_storer(8 * N_BOXES) if v.tail else wgmma_store_bf16x2_sw128
 
     @device_function(**INLINE)
     def store_tile(smem, word0, tmaps, acc, m0, n0, T, N, tid, wg):
         p = tid & 127
         lane = p & 31
         g = lane >> 2
-        wgmma_store_bf16x2_sw128(smem, word0 + (16 * (p >> 5) + g + 64 * wg) * 32 + (lane & 3), g, BOX_WORDS, acc)
+        to_boxes(smem, word0 + (16 * (p >> 5) + g + 64 * wg) * 32 + (lane & 3), g, BOX_WORDS, acc)
         fence_proxy_async()
         cuda.syncthreads()
         if tid == 0:
@@ -503,6 +511,21 @@ def _store_tile_tma(v: Variant):
                 tma_store_2d(smem, word0 * 4 + b * BOX_WORDS * 4, tmaps, 128, np.int32(n0 + 64 * b), np.int32(m0))
             bulk_commit()
     return store_tile
+
+
+def _store_tail(v: Variant):
+    """The "tma" epilogue's last BN % 64 columns (a tile of BN = 240 ends on 48 columns no TMA box
+    of the 64-column map may store: it would write the next tile's): store_tail(out, acc, m0, n0,
+    T, N, tid, wg) stores this thread's pairs of them from registers, one 32-bit word a pair (the
+    output passed `tma_store_ok`: N % 8 == 0, 16-byte aligned), rows past T and columns past N not."""
+    tail_store = acc_tail_storer(v.bn // 64 * 8)
+
+    @device_function(**INLINE)
+    def store_tail(out, acc, m0, n0, T, N, tid, wg):
+        p = tid & 127
+        lane = p & 31
+        tail_store(out, acc, m0 + 64 * wg + 16 * (p >> 5) + (lane >> 2), n0 + 2 * (lane & 3), T, N)
+    return store_tail
 
 
 def _tma_loop(v: Variant):
@@ -648,6 +671,8 @@ def make_kernel(v: Variant):
     copy_slot, operand_offsets, k_tiles, store_tile = parts.copy_slot, parts.operand_offsets, parts.k_tiles, \
         parts.store_tile
     STORE_TMA = v.store == "tma"
+    TAIL = v.tail > 0
+    store_tail = parts.store_tail
 
     @cuda.jit(**bounds(THREADS, v.blocks_per_sm))
     def gemm_wgmma(x32, w32, out, T, K):
@@ -672,6 +697,8 @@ def make_kernel(v: Variant):
         acc = k_tiles(smem, base, s0, x32, w32, m0, n0, T, N, K8, 0, n_k, row0, q, off0, a_wg, b_wg)
         if STORE_TMA:                                    # x32: the maps of x and the output (`tma_maps`)
             store_tile(smem, pad >> 2, x32, acc, m0, n0, T, N, tid, wg)
+            if TAIL:
+                store_tail(out, acc, m0, n0, T, N, tid, wg)
             if tid == 0:
                 bulk_wait_read0()                        # the boxes are read before the CTA's memory goes
         else:
@@ -849,6 +876,8 @@ def make_persistent_kernel(v: Variant, overlap: bool):
     copy_slot, operand_offsets, store_tile = parts.copy_slot, parts.operand_offsets, parts.store_tile
     prologue, k_loop, k_tiles = parts.prologue, parts.k_loop, parts.k_tiles
     STORE_TMA = v.store == "tma"
+    TAIL = v.tail > 0
+    store_tail = parts.store_tail
 
     @cuda.jit(**bounds(THREADS, 1))
     def gemm_wgmma_sk(x32, w32, out, units, counts, ws, flags, T, K):
@@ -907,6 +936,8 @@ def make_persistent_kernel(v: Variant, overlap: bool):
                             cuda.atomic.exch(flags, s, np.int32(0))
                 if STORE_TMA:                            # x32: the maps of x and the output (`tma_maps`)
                     store_tile(smem, (pad >> 2) + STASH_WORD, x32, acc, m0, n0, T, N, tid, wg)
+                    if TAIL:
+                        store_tail(out, acc, m0, n0, T, N, tid, wg)
                 else:
                     store_tile(smem, (pad >> 2) + STASH_WORD, out, acc, m0, n0, T, N, tid, wg)
                 if not OVERLAP:
@@ -990,8 +1021,11 @@ TMA_VARIANTS = {"gemm_v10": TMA_STORE_TILE,                  # gemm_v4's grid
 TMA_FALLBACK = {"gemm_v10": TMA_TILE, "gemm_v11": SkVariant(TMA_TILE)}   # their epilogue where N % 8 != 0
 # what `tools/prefill_dev.py --tma` times beside gemm_v4 / gemm_v8 / gemm_v9 and cuBLAS: the records, their
 # fallbacks, and persistent CTAs without stream-K ("dp": gemm_v4's bits)
+# 128 x 240 tiles: N = 25600 in 107 output tiles, so T = 4096 is 3424 tiles, 25.9 waves of 132 CTAs, where 128 x 256
+# tiles are 3200 = 24.2 waves in 25 (`_store_tail` stores the 48 columns past the three 64-column boxes)
+TMA_STORE_240 = Variant(128, 240, 4, swizzle=True, loop="tma", store="tma")
 TMA_CANDIDATES = {v.name: v for v in (TMA_STORE_TILE, TMA_VARIANTS["gemm_v11"], TMA_TILE, TMA_FALLBACK["gemm_v11"],
-                                      SkVariant(TMA_STORE_TILE, "dp"))}
+                                      SkVariant(TMA_STORE_TILE, "dp"), TMA_STORE_240)}
 
 
 def tma_store_ok(out) -> bool:

@@ -83,6 +83,15 @@ def test_lean_loops_return_gemm_v4_bits(baseline_bits, loop, shape):
     np.testing.assert_array_equal(run_grid(tile, x, w), want)
 
 
+@pytest.mark.parametrize("shape", [(33, 200, 456), (130, 72, 264)], ids=["33x200x456", "130x72x264"])
+def test_tma_epilogue_tail_columns_return_gemm_v4_bits(baseline_bits, shape):
+    """128 x 240 tiles (`TMA_STORE_240`): three 64-column TMA boxes and 48 columns stored from registers
+    (`_store_tail`); N = 456: the second tile's boxes clipped at N and its tail cut at N (432..455 stored,
+    456..479 not); N = 264: the second tile's tail wholly past N; rows past T in both."""
+    x, w, want = baseline_bits("grid", *shape)
+    np.testing.assert_array_equal(run_grid(W.TMA_STORE_240, x, w), want)
+
+
 @pytest.mark.parametrize("name", ["gemm_v9", "sk/128x256/auto/lean1", "sk/128x256/auto/mbar", "gemm_v11 (N % 8 != 0)"])
 def test_persistent_lean_loops_return_gemm_v8_bits(baseline_bits, name):
     """One tile of 6 k tiles cut over 3 CTAs (two partials and the finisher): units of 2 k tiles,
