@@ -149,6 +149,7 @@ def worker(out_dir: Path, skip: set, quick: bool, smoke: bool, only=None, tokens
         variants = {"gemm_v4": W.VARIANTS["gemm_v4"], "gemm_v6": W.VARIANTS["gemm_v6"],
                     **{k: c for k, c in W.V9_CANDIDATES.items() if isinstance(c, W.Variant)}, **sk_variants}
         ws_variants = {}
+    q_variants = {}  # gemm_v12's queue variants (--tma)
     same_bits = {}   # variant -> the kernel whose bits it must return (checked at every shape, beside the yardstick)
     if tma:        # the TMA loop on gemm_v4's grid and on persistent CTAs, against what they rebuild
         tma_sk = {k: c for k, c in W.TMA_CANDIDATES.items() if isinstance(c, W.SkVariant)}
@@ -156,8 +157,10 @@ def worker(out_dir: Path, skip: set, quick: bool, smoke: bool, only=None, tokens
         sk_variants = {**W.SK_VARIANTS, **W.V9_VARIANTS, **tma_sk}
         variants = {"gemm_v4": W.VARIANTS["gemm_v4"], "gemm_v6": W.VARIANTS["gemm_v6"], **tma_grid, **sk_variants}
         ws_variants = {}
+        q_variants = dict(W.Q_CANDIDATES)
         same_bits = {**{k: "gemm_v4" for k in tma_grid},
-                     **{k: "gemm_v4" if c.split == "dp" else "gemm_v8" for k, c in tma_sk.items()}}
+                     **{k: "gemm_v4" if c.split == "dp" else "gemm_v8" for k, c in tma_sk.items()},
+                     **{k: "gemm_v4" for k, c in q_variants.items() if c.pieces == 1}}
     if only:       # --variants: these (and cuBLAS) in every phase
         variants = {k: v for k, v in variants.items() if k in only}
         skip = set(skip) | {n for n in ("gemv_v3", "gemv_v4", "gemm_v3", *W.VARIANTS, *W.CANDIDATES) if n not in only}
@@ -186,6 +189,8 @@ def worker(out_dir: Path, skip: set, quick: bool, smoke: bool, only=None, tokens
         return h
 
     def launch_of(name, x, w, out):
+        if name in q_variants:
+            return W.prepare_queue(name, q_variants[name], x, w, out)
         if name in sk_variants:
             return W.prepare_sk(name, sk_variants[name], x, w, out)
         if name in ws_variants:
@@ -218,10 +223,12 @@ def worker(out_dir: Path, skip: set, quick: bool, smoke: bool, only=None, tokens
         wf = bf16_to_f32(host_words(w_t)).astype(np.float64)
         yard = Yard(host_words(x_t), wf, wf * wf)
         x, w = as_words(x_t), as_words(w_t)
-        for name in list(variants) + ["cublas_v1"]:
+        for name in list(variants) + list(q_variants) + ["cublas_v1"]:
             if name in skip or (smoke and name not in W.VARIANTS and name not in sk_variants):
                 continue
-            if name in same_bits and K % 8:  # a TMA row is a multiple of 16 bytes
+            if (name in same_bits or name in q_variants) and K % 8:  # a TMA row is a multiple of 16 bytes
+                continue
+            if name in q_variants and N % 8:    # gemm_v12 has no epilogue but the TMA one
                 continue
             start(name)
             try:
@@ -256,7 +263,7 @@ def worker(out_dir: Path, skip: set, quick: bool, smoke: bool, only=None, tokens
     if v9:         # every T: gemm_v9, its candidates, the kernels they rebuild and cuBLAS
         per_T = {T: ["gemm_v9", *W.V9_CANDIDATES, "gemm_v8", "gemm_v4", "gemm_v6", "cublas_v1"] for T in tokens}
     if tma:        # every T: the TMA candidates, the kernels they rebuild, gemm_v9 and cuBLAS
-        per_T = {T: [*W.TMA_CANDIDATES, "gemm_v9", "gemm_v8", "gemm_v4"] + (["gemm_v6"] if T <= 256 else [])
+        per_T = {T: [*W.Q_CANDIDATES, *W.TMA_CANDIDATES, "gemm_v9", "gemm_v8", "gemm_v4"] + (["gemm_v6"] if T <= 256 else [])
                  + ["cublas_v1"] for T in tokens}
     if only and (v8 or v9):
         per_T = {T: [n for n in names if n in only or n == "cublas_v1"] for T, names in per_T.items()}
@@ -296,7 +303,10 @@ def worker(out_dir: Path, skip: set, quick: bool, smoke: bool, only=None, tokens
             start(name)
             try:
                 launch, out, chk = run_check(name, x, w, T, n_rel, rows, yard)
-                if name in sk_variants:     # the same bits launch after launch (the fix-up order is fixed)
+                if name in q_variants:
+                    queue, slots = W.cached_queue(T, n_rel, k_rel, q_variants[name], W.WS.device_ctas())
+                    extra = {"units": int(len(queue)), "cut_slots": int(slots)}
+                if name in sk_variants or name in q_variants:   # the same bits launch after launch
                     first = out.copy_to_host()
                     same = True
                     for _ in range(2):
@@ -387,11 +397,11 @@ def worker(out_dir: Path, skip: set, quick: bool, smoke: bool, only=None, tokens
             names = [n for n in ["gemm_v4", *W.V9_CANDIDATES, *W.V9_VARIANTS, "gemm_v8", "cublas_v1"]
                      if not only or n in only or n == "cublas_v1"]
         if tma:
-            names = [*W.TMA_CANDIDATES, "gemm_v8", "cublas_v1"]
+            names = [*W.Q_CANDIDATES, *W.TMA_CANDIDATES, "gemm_v8", "cublas_v1"]
         if smoke and (v8 or v9):
             names = [n for n in names if n != "cublas_v1"]
         for name in names:
-            if name in skip:
+            if name in skip or (name in q_variants and N % 8):
                 continue
             start(name)
             try:

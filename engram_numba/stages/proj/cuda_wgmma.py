@@ -1138,3 +1138,216 @@ def grid_launcher(rec, x, wkv, out, *, stream=0) -> PreparedLaunch:
     gemm_v4's epilogue where the TMA one cannot write `out` (`tma_store_ok`)."""
     v = TMA_VARIANTS[rec.name] if tma_store_ok(out) else TMA_FALLBACK[rec.name]
     return prepare_variant(rec.name, v, x, wkv, out, stream=stream)
+
+
+# ---- gemm_v12: persistent CTAs taking units from a queue ---------------------------------------------
+#
+# gemm_v11's static unit lists leave T = 4096 slower than gemm_v10's grid when nothing is cut (persistent
+# "dp" 1671.8 us against the grid's 1638.3, bench/results/h200_prefill_dev_tma_t80_4096_5ad1c6a.txt): a
+# grid's CTAs go to whichever SM frees first, so SMs that run slower take fewer tiles, while a static
+# list gives every CTA the same count and the launch ends with the slowest. gemm_v12 keeps the
+# persistent CTAs (the next unit's prologue in flight during a unit's fix-up and epilogue) and deals
+# the units at run time: one list in queue order, each CTA's thread 0 takes the next index with an
+# atomic add when it starts a unit (one unit ahead, so that unit's stages can be filled early). The
+# list is the tiles whole, token tiles fastest (the grid's order), except the last `tail` tiles, each
+# cut into `pieces` equal k ranges (the tile's last range its FINISH unit, after its PARTIALs in the
+# queue), so the launch ends on units of 1 / pieces of a tile instead of whole tiles. A finisher waits
+# only for units earlier in the queue, which CTAs already hold: no deadlock whatever the order CTAs take
+# them in (the lowest-indexed unit not done always runs). The last CTA to leave resets the counters, so a
+# prepared launch can be replayed. Numerics: a cut tile adds its pieces in a fixed order (the nearest k
+# range first) whichever CTAs ran them: the same bits run to run for one (T, N, K, pieces, tail);
+# whole tiles are gemm_v4's bits.
+
+class QVariant:
+    """gemm_v12's specialisation: a CTA tile (a "tma"-loop `Variant` of 128 token rows), the pieces
+    a tail tile is cut into (1: nothing cut) and how many tail tiles (None: one a CTA)."""
+
+    def __init__(self, tile: Variant, pieces: int = 4, tail: int | None = None):
+        assert tile.bm == 128 and tile.loop == "tma" and pieces >= 1, tile.name
+        self.tile, self.pieces, self.tail = tile, int(pieces), tail
+        self.bn = tile.bn
+        self.smem_bytes = sk_smem_bytes(tile, True)
+        self.name = f"q/{tile.bm}x{tile.bn}/p{pieces}" + ("" if tail is None else f"t{tail}") \
+            + ("" if tile.store == "v4" else "/tmastore")
+
+
+def queue_schedule(T: int, N: int, K: int, qv: QVariant, ctas: int):
+    """(queue int32 [U, 8], partial slots) of gemm_v12 variant qv: units with cuda_wgmma_ws.schedule's
+    fields (m0, n0, kb, ke, role, slot, lo, hi), in the order CTAs take them. A tile is cut only if
+    each piece keeps at least MIN_UNIT_K_TILES k tiles (the simulator: 1)."""
+    mt, nt, n_k = cdiv(T, 128), cdiv(N, qv.bn), cdiv(K, BK)
+    order = WS.tile_order(mt, nt, 0)
+    n_tiles = len(order)
+    pieces = max(1, min(qv.pieces, n_k // WS.MIN_UNIT_K_TILES))
+    tail = 0 if pieces == 1 else min(n_tiles, ctas if qv.tail is None else qv.tail)
+    units, n_slots = [], 0
+    for t in range(n_tiles):
+        m0, n0 = int(order[t][0]) * 128, int(order[t][1]) * qv.bn
+        if t < n_tiles - tail:
+            units.append([m0, n0, 0, n_k, WS.WHOLE, 0, 0, 0])
+            continue
+        cut = [n_k * i // pieces for i in range(pieces + 1)]
+        lo = n_slots
+        for i in range(pieces - 1):
+            units.append([m0, n0, cut[i], cut[i + 1], PARTIAL, n_slots, 0, 0])
+            n_slots += 1
+        units.append([m0, n0, cut[-2], n_k, FINISH, 0, lo, n_slots])
+    return np.array(units, dtype=np.int32).reshape(-1, 8), n_slots
+
+
+def check_queue(queue, n_slots, T: int, N: int, K: int, bn: int) -> None:
+    """Raise AssertionError unless the queue computes every (tile, k tile) once, each slot is written
+    once by a PARTIAL of the tile that adds it, and every finisher comes after the partials it adds."""
+    mt, nt, n_k = cdiv(T, 128), cdiv(N, bn), cdiv(K, BK)
+    seen = np.zeros((mt, nt, n_k), dtype=np.int64)
+    writer = {}
+    for i, u in enumerate(queue):
+        m, n = u[F_M0] // 128, u[F_N0] // bn
+        seen[m, n, u[F_KB]:u[F_KE]] += 1
+        if u[F_ROLE] == PARTIAL:
+            assert u[F_SLOT] not in writer, "a slot written twice"
+            writer[int(u[F_SLOT])] = (i, m, n)
+        elif u[F_ROLE] == FINISH:
+            assert u[F_KE] == n_k and u[F_HI] > u[F_LO], "a finisher without the tile's last k tiles"
+            for s in range(u[F_LO], u[F_HI]):
+                wi, wm, wn = writer[s]
+                assert wi < i and (wm, wn) == (m, n), "a finisher before its partials, or of another tile"
+    assert (seen == 1).all(), "k tiles computed other than once"
+    assert len(writer) == n_slots
+
+
+def make_queue_kernel(v: Variant):
+    """gemm_v12's kernel on CTA tile v (a "tma"-loop tile): persistent CTAs over a unit queue (above)."""
+    assert v.bm == 128 and v.loop == "tma"
+    NACC = v.wg_n // 2
+    SLOT_WORDS = THREADS * NACC
+    STASH_WORD = (v.stages - 1) * v.stage_bytes // 4
+    parts = parts_for(v)
+    copy_slot, operand_offsets, store_tile = parts.copy_slot, parts.operand_offsets, parts.store_tile
+    prologue, k_loop = parts.prologue, parts.k_loop
+    STORE_TMA = v.store == "tma"
+    TAIL = v.tail > 0
+    store_tail = parts.store_tail
+
+    @cuda.jit(**bounds(THREADS, 1))
+    def gemm_wgmma_q(x32, w32, out, queue, ctrs, ws, flags, T, K):
+        # x32 / w32: the tensor maps (`tma_maps`), out uint16 [T, N]; queue int32 [U, 8] (`queue_schedule`);
+        # ctrs int32 [2]: the next unit, the CTAs done (both 0 between launches); ws fp32
+        # [slots * 256 * NACC], flags int32 [slots]
+        smem = cuda.shared.array(0, types.uint32)        # dynamic: STAGES x ([128][64] x, [BN][64] w) bf16
+        took = cuda.shared.array(2, types.int32)         # the unit thread 0 took, by parity
+        tid = cuda.threadIdx.x
+        wg = tid >> 7
+        N = out.shape[1]
+        K8 = K >> 3
+        n_units = queue.shape[0]
+        base = np.int64(shared_address(smem))
+        pad = (1024 - (base & 1023)) & 1023
+        s0 = base + pad
+        row0, q, off0 = copy_slot(tid)
+        a_wg, b_wg = operand_offsets(wg)
+        if tid == 0:
+            took[0] = cuda.atomic.add(ctrs, 0, 1)
+        cuda.syncthreads()
+        u = took[0]
+        par = 0
+        if u < n_units:
+            prologue(smem, base, s0, x32, w32, np.int64(queue[u, F_M0]), np.int64(queue[u, F_N0]), T, N, K8,
+                     np.int64(queue[u, F_KB]), np.int64(queue[u, F_KE]), row0, q, off0)
+        while u < n_units:
+            par ^= 1
+            if tid == 0:                                 # the next unit, read by all after the k loop's barriers
+                took[par] = cuda.atomic.add(ctrs, 0, 1)
+            m0 = np.int64(queue[u, F_M0])
+            n0 = np.int64(queue[u, F_N0])
+            acc = k_loop(smem, base, s0, x32, w32, m0, n0, T, N, K8, np.int64(queue[u, F_KB]),
+                         np.int64(queue[u, F_KE]), row0, q, off0, a_wg, b_wg)
+            nu = took[par]
+            if nu < n_units:                             # its first stages in flight during this epilogue
+                prologue(smem, base, s0, x32, w32, np.int64(queue[nu, F_M0]), np.int64(queue[nu, F_N0]), T, N,
+                         K8, np.int64(queue[nu, F_KB]), np.int64(queue[nu, F_KE]), row0, q, off0)
+            role = queue[u, F_ROLE]
+            if role == PARTIAL:
+                slot = np.int64(queue[u, F_SLOT])
+                acc_store_f32(ws, slot * SLOT_WORDS + tid, THREADS, acc)
+                cuda.threadfence()
+                cuda.syncthreads()                       # every thread's partial is out
+                if tid == 0:
+                    cuda.atomic.exch(flags, slot, np.int32(1))
+            else:
+                if role == FINISH:
+                    lo = queue[u, F_LO]
+                    hi = queue[u, F_HI]
+                    if tid == 0:
+                        for s in range(lo, hi):
+                            flag_wait(flags, s)
+                        cuda.threadfence()
+                    cuda.syncthreads()
+                    for s in range(hi - 1, lo - 1, -1):  # the nearest k range first: a fixed order
+                        acc = acc_add_f32(acc, ws, np.int64(s) * SLOT_WORDS + tid, THREADS)
+                    cuda.syncthreads()
+                    if tid == 0:                         # every partial is read: ready for the next launch
+                        for s in range(lo, hi):
+                            cuda.atomic.exch(flags, s, np.int32(0))
+                if STORE_TMA:                            # x32: the maps of x and the output (`tma_maps`)
+                    store_tile(smem, (pad >> 2) + STASH_WORD, x32, acc, m0, n0, T, N, tid, wg)
+                    if TAIL:
+                        store_tail(out, acc, m0, n0, T, N, tid, wg)
+                else:
+                    store_tile(smem, (pad >> 2) + STASH_WORD, out, acc, m0, n0, T, N, tid, wg)
+            u = nu
+        if tid == 0:
+            if STORE_TMA:
+                bulk_wait_read0()                        # the last boxes are read before the CTA's memory goes
+            # every CTA has taken its last index once all have counted themselves out: the last resets
+            if cuda.atomic.add(ctrs, 1, 1) == cuda.gridDim.x - 1:
+                cuda.atomic.exch(ctrs, 0, np.int32(0))
+                cuda.atomic.exch(ctrs, 1, np.int32(0))
+
+    return gemm_wgmma_q
+
+
+_Q_KERNELS: dict = {}
+_QUEUES: dict = {}
+
+
+def queue_kernel_for(v: Variant):
+    if v.name not in _Q_KERNELS:
+        _Q_KERNELS[v.name] = make_queue_kernel(v)
+    return _Q_KERNELS[v.name]
+
+
+def cached_queue(T: int, N: int, K: int, qv: QVariant, ctas: int):
+    key = (T, N, K, qv.name, ctas)
+    if key not in _QUEUES:
+        if len(_QUEUES) > 256:
+            _QUEUES.clear()
+        _QUEUES[key] = queue_schedule(T, N, K, qv, ctas)
+    return _QUEUES[key]
+
+
+def prepare_queue(name: str, qv: QVariant, x, wkv, out, *, stream=0, ctas: int | None = None) -> PreparedLaunch:
+    """A launch of gemm_v12 variant qv on x [T, K], wkv [N, K] -> out [T, N] on `ctas` persistent CTAs
+    (default: the SMs; in the simulator cuda_wgmma_ws.SIM_CTAS)."""
+    T, K = x.shape
+    N = wkv.shape[0]
+    if data_address(x) % 16 or data_address(wkv) % 16:
+        raise ValueError(f"{name} reads x and wkv by TMA; their data must be 16-byte aligned "
+                         "(use a naive version or an aligned copy)")
+    ctas = ctas or WS.device_ctas()
+    queue, n_slots = cached_queue(T, N, K, qv, ctas)
+    d_queue = cuda.to_device(queue, stream=stream)
+    ctrs = cuda.to_device(np.zeros(2, dtype=np.int32), stream=stream)
+    ws = cuda.device_array(max(n_slots, 1) * THREADS * (qv.tile.wg_n // 2), dtype=np.float32, stream=stream)
+    flags = cuda.to_device(np.zeros(max(n_slots, 1), dtype=np.int32), stream=stream)
+    kernel = queue_kernel_for(qv.tile)
+    xa, wa = tma_maps(qv.tile, x, wkv, out, stream)
+    args = (xa, wa, out, d_queue, ctrs, ws, flags, T, K)
+    allow_dynamic_shared(kernel, args, qv.smem_bytes)
+    return PreparedLaunch(name, kernel, min(ctas, len(queue)), THREADS, stream, args, out, sharedmem=qv.smem_bytes)
+
+
+# what `tools/prefill_dev.py --tma` times: the queue with nothing cut (the grid's balance on persistent
+# CTAs) and with the last wave's worth of tiles cut in 2 or 4
+Q_CANDIDATES = {v.name: v for v in (QVariant(TMA_STORE_TILE, 1), QVariant(TMA_STORE_TILE, 2),
+                                      QVariant(TMA_STORE_TILE, 4))}

@@ -136,3 +136,57 @@ def test_mbar_twins_phase_parity():
     res = np.full((2, 2), 7, np.int32)
     k[1, 2](np.zeros(1), res)
     assert (res == 0).all()
+
+
+def emulate_pieces(x, w, cuts):
+    """The simulator's wgmma arithmetic on k ranges `cuts` (k tile bounds) of one tile, each range summed
+    in its own fp32 accumulator (each k16 product in float64, rounded to fp32, added in fp32), the last
+    range's plus the others nearest first: the bf16 bits gemm_v12 stores for a tile cut so."""
+    from engram_numba.bf16 import bf16_to_f32
+    xf, wf = bf16_to_f32(x).astype(np.float64), bf16_to_f32(w).astype(np.float64)
+    K = x.shape[1]
+    sums = []
+    for kb, ke in zip(cuts, cuts[1:]):
+        acc = np.zeros((x.shape[0], w.shape[0]), np.float32)
+        for k in range(kb * 64, min(ke * 64, K), 16):
+            acc = (acc + (xf[:, k:k + 16] @ wf[:, k:k + 16].T).astype(np.float32)).astype(np.float32)
+        sums.append(acc)
+    acc = sums[-1]
+    for p in reversed(sums[:-1]):
+        acc = (acc + p).astype(np.float32)
+    return f32_to_bf16(acc)
+
+
+def test_queue_schedule_covers_and_orders():
+    """Every (tile, k tile) once, finishers after their partials, at the released shape and odd ones."""
+    for T, N, K, pieces, ctas in [(4096, 25600, 6144, 4, 132), (4096, 25600, 6144, 1, 132), (130, 264, 200, 4, 3),
+                                  (300, 520, 136, 3, 5), (129, 8, 64, 2, 132)]:
+        qv = W.QVariant(W.TMA_STORE_TILE, pieces)
+        queue, n_slots = W.queue_schedule(T, N, K, qv, ctas)
+        W.check_queue(queue, n_slots, T, N, K, qv.bn)
+    queue, n_slots = W.queue_schedule(4096, 25600, 6144, W.QVariant(W.TMA_STORE_TILE, 4), 132)
+    assert len(queue) == 3200 - 132 + 4 * 132 and n_slots == 3 * 132
+    assert (queue[:3068, 4] == 0).all() and (queue[3068:3072, 3] - queue[3068:3072, 2] == 24).all()
+
+
+def test_queue_returns_gemm_v4_bits_and_its_pieces_sum(baseline_bits):
+    """gemm_v12 on 2 x 2 tiles of 4 k tiles (a 1-chunk K tail) and 3 persistent CTAs, the last 3 tiles cut
+    in 4: the first tile (whole) gemm_v4's bits, each cut one the fixed-order sum of its pieces'
+    accumulators (`emulate_pieces`); rows past T and N, TMA stores clipped. The simulator runs CTAs one
+    after another (CTA 0 takes every unit); the counters and flags are left at 0, ready for a replay."""
+    T, K, N = 130, 200, 264
+    x, w, want = baseline_bits("grid", T, K, N)
+    qv = W.QVariant(W.TMA_STORE_TILE, 4)
+    want = want.copy()
+    queue, _ = W.queue_schedule(T, N, K, qv, 3)
+    assert (queue[:, 4] == 2).sum() == 3
+    for u in queue[queue[:, 4] == 2]:                  # FINISH units: their tiles were cut at k tiles 1, 2, 3
+        m0, n0 = int(u[0]), int(u[1])
+        want[m0:m0 + 128, n0:n0 + 256] = emulate_pieces(x[m0:m0 + 128], w[n0:n0 + 256], [0, 1, 2, 3, 4])
+    dx, dw = cuda.to_device(x), cuda.to_device(w)
+    out = poisoned(T, N)
+    launch = W.prepare_queue(qv.name, qv, dx, dw, out, ctas=3)
+    launch()
+    np.testing.assert_array_equal(out.copy_to_host(), want)
+    ctrs, flags = launch.args[4].copy_to_host(), launch.args[6].copy_to_host()
+    assert (ctrs == 0).all() and (flags == 0).all()
