@@ -1150,8 +1150,8 @@ def grid_launcher(rec, x, wkv, out, *, stream=0) -> PreparedLaunch:
 # the units at run time: one list in queue order, each CTA's thread 0 takes the next index with an
 # atomic add when it starts a unit (one unit ahead, so that unit's stages can be filled early). The
 # list is the tiles whole, token tiles fastest (the grid's order), except the last `tail` tiles, each
-# cut into `pieces` equal k ranges (the tile's last range its FINISH unit, after its PARTIALs in the
-# queue), so the launch ends on units of 1 / pieces of a tile instead of whole tiles. A finisher waits
+# cut into `pieces` equal k ranges: their PARTIAL units, then their FINISH units (each a tile's last
+# range), so the launch ends on units of 1 / pieces of a tile instead of whole tiles. A finisher waits
 # only for units earlier in the queue, which CTAs already hold: no deadlock whatever the order CTAs take
 # them in (the lowest-indexed unit not done always runs). The last CTA to leave resets the counters, so a
 # prepared launch can be replayed. Numerics: a cut tile adds its pieces in a fixed order (the nearest k
@@ -1180,19 +1180,22 @@ def queue_schedule(T: int, N: int, K: int, qv: QVariant, ctas: int):
     n_tiles = len(order)
     pieces = max(1, min(qv.pieces, n_k // WS.MIN_UNIT_K_TILES))
     tail = 0 if pieces == 1 else min(n_tiles, ctas if qv.tail is None else qv.tail)
-    units, n_slots = [], 0
+    units, finishers, n_slots = [], [], 0
+    cut = [n_k * i // pieces for i in range(pieces + 1)]
     for t in range(n_tiles):
         m0, n0 = int(order[t][0]) * 128, int(order[t][1]) * qv.bn
         if t < n_tiles - tail:
             units.append([m0, n0, 0, n_k, WS.WHOLE, 0, 0, 0])
             continue
-        cut = [n_k * i // pieces for i in range(pieces + 1)]
         lo = n_slots
         for i in range(pieces - 1):
             units.append([m0, n0, cut[i], cut[i + 1], PARTIAL, n_slots, 0, 0])
             n_slots += 1
-        units.append([m0, n0, cut[-2], n_k, FINISH, 0, lo, n_slots])
-    return np.array(units, dtype=np.int32).reshape(-1, 8), n_slots
+        finishers.append([m0, n0, cut[-2], n_k, FINISH, 0, lo, n_slots])
+    # every finisher after every partial: a CTA takes a finisher about pieces - 1 rounds of pieces after
+    # that tile's partials were taken, so it seldom waits for them (next to them, it could wait up to a
+    # unit for a partial whose CTA was still busy)
+    return np.array(units + finishers, dtype=np.int32).reshape(-1, 8), n_slots
 
 
 def check_queue(queue, n_slots, T: int, N: int, K: int, bn: int) -> None:
@@ -1348,6 +1351,7 @@ def prepare_queue(name: str, qv: QVariant, x, wkv, out, *, stream=0, ctas: int |
 
 
 # what `tools/prefill_dev.py --tma` times: the queue with nothing cut (the grid's balance on persistent
-# CTAs) and with the last wave's worth of tiles cut in 2 or 4
+# CTAs), the last wave's worth of tiles cut in 2, 4 or 8, and two waves' worth cut in 4
 Q_CANDIDATES = {v.name: v for v in (QVariant(TMA_STORE_TILE, 1), QVariant(TMA_STORE_TILE, 2),
-                                      QVariant(TMA_STORE_TILE, 4))}
+                                      QVariant(TMA_STORE_TILE, 4), QVariant(TMA_STORE_TILE, 8),
+                                      QVariant(TMA_STORE_TILE, 4, 264))}

@@ -167,6 +167,7 @@ def test_queue_schedule_covers_and_orders():
     queue, n_slots = W.queue_schedule(4096, 25600, 6144, W.QVariant(W.TMA_STORE_TILE, 4), 132)
     assert len(queue) == 3200 - 132 + 4 * 132 and n_slots == 3 * 132
     assert (queue[:3068, 4] == 0).all() and (queue[3068:3072, 3] - queue[3068:3072, 2] == 24).all()
+    assert (queue[3068:3068 + 396, 4] == 1).all() and (queue[-132:, 4] == 2).all()   # partials, then finishers
 
 
 def test_queue_returns_gemm_v4_bits_and_its_pieces_sum(baseline_bits):
