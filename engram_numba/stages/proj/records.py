@@ -58,8 +58,8 @@ from .cuda_common import prepare
 GEMV_MAX_TOKENS = 32    # 2 passes of gemv_v4 (~2 x 100 us) beat gemm_v3's latency-bound ~280 us at T <= 128
 GEMV3_MAX_TOKENS = 2    # gemv_v3 at T = 2: 90.0 us against gemm_v5's 92.7 and gemv_v4's 99.7
 WGMMA_SMALL_MAX_TOKENS = 64   # gemm_v5's 64-token tiles read the weight once up to here
-WGMMA_MID_MAX_TOKENS = 128    # gemm_v6's 128 output tiles are one wave up to here; gemm_v11 above (T = 256: 124.7 us
-                              # against gemm_v6's 146.6, bench/results/h200_prefill_dev_tma_b02b7e6.txt, h200.json)
+WGMMA_MID_MAX_TOKENS = 128    # gemm_v10 (one wave of 100 tiles) up to here, gemm_v11 above (T = 256: 124.7 us
+                              # against gemm_v10's 139.6, bench/results/h200_prefill_dev_tma_b02b7e6.txt, h200.json)
 WGMMA_SK_MAX_TOKENS = 2048    # gemm_v8's stream-K tail beats gemm_v4 up to here (T = 4096: v4 1940 us, v8 1971)
 # Above this many tokens the engine decodes a q2k/fp8 wkv to bf16 (once per layer and call) and
 # runs the bf16 GEMM: the weight-decoding GEMVs stream the weight once per 8 tokens.
@@ -243,8 +243,8 @@ _wgmma("gemm_v5", "gemm_v4 for few tokens: 64x128 tiles (both warpgroups on the 
 _wgmma("gemm_v6", "gemm_v4 with 128x200 tiles (m64n200k16): N = 25600 is 128 tiles, so T <= 128 fills 128 SMs in one "
        "wave and T <= 256 two full waves (101 us at T=128, 149 at T=192 (cuBLAS 171), 151 at T=256 (cuBLAS 125), "
        "279 at T=512)",
-       when=f"Hopper (cc 9.0), aligned, {WGMMA_SMALL_MAX_TOKENS} < T <= {WGMMA_MID_MAX_TOKENS}",
-       rule=lambda c: _bf16(c) and _hopper(c) and WGMMA_SMALL_MAX_TOKENS < c["T"] <= WGMMA_MID_MAX_TOKENS,
+       when="never since gemm_v10 took 64 < T <= 128 (83.5-84.8 us against 89.0-91.4 at T = 80..128, "
+            "bench/results/h200_prefill_dev_tma_t80_4096_5ad1c6a.txt): pick it by name",
        sim=[(130, 136, 330)],       # 128x200 tiles (the last 8 of 32 copy rows idle): 2 x 2 tiles,
                                     # 130 outputs in the second output tile
        sweep=(128, 4096))
@@ -338,7 +338,9 @@ _TMA_SK_ARGS = (_U8_1D, _U8_1D) + _SK_ARGS[2:]
 _V10, _V10F = cuda_wgmma.TMA_VARIANTS["gemm_v10"], cuda_wgmma.TMA_FALLBACK["gemm_v10"]
 _V11, _V11F = cuda_wgmma.TMA_VARIANTS["gemm_v11"], cuda_wgmma.TMA_FALLBACK["gemm_v11"]
 _TMA_H200 = ("H200 (L2 flushed, bench/results/h200_prefill_dev_tma_b02b7e6.txt): gemm_v10 1687.7 us at T = 4096 "
-             "(gemm_v4 1965.9, cuBLAS 1650.4: 1.02x; its TMA loop with gemm_v4's epilogue 1835.9); gemm_v11 124.7 / "
+             "(gemm_v4 1965.9, cuBLAS 1650.4: 1.02x; its TMA loop with gemm_v4's epilogue 1835.9), 83.5 / 84.7 / 84.8 us at "
+             "T = 96 / 112 / 128 (gemm_v6 89.7 / 90.7 / 91.4, cuBLAS 81.9 / 82.7 / 80.1; "
+             "h200_prefill_dev_tma_t80_4096_5ad1c6a.txt, h200_prefill_dev_tma_t128_192_bac3928.txt); gemm_v11 124.7 / "
              "217.1 / 416.3 / 831.6 us at T = 256 / 512 / 1024 / 2048 (gemm_v8 149.3 / 258.4 / 500.9 / 989.2, cuBLAS "
              "123.2 / 221.9 / 417.1 / 830.5: 1.01x / 0.98x / 1.00x / 1.00x; with gemm_v4's epilogue 142.3 / 241.0 / "
              "465.4 / 917.9)")
@@ -350,8 +352,9 @@ _proj("gemm_v10", "gemm_v4's grid, tile, stages and wgmma chain with the stages 
       "and k past K read as zeros) a k tile, and the stages are handed over on full / empty mbarriers (no CTA "
       "barrier, no cp.async, no address arithmetic in the k loop); " + _TMA_EPILOGUE + "; tensor maps made by the "
       "driver on the host per launch; gemm_v4's bits. " + _TMA_H200,
-      when=f"Hopper (cc 9.0), aligned, T > {WGMMA_SK_MAX_TOKENS}",
-      rule=lambda c: _bf16(c) and _hopper(c) and c["T"] > WGMMA_SK_MAX_TOKENS,
+      when=f"Hopper (cc 9.0), aligned, {WGMMA_SMALL_MAX_TOKENS} < T <= {WGMMA_MID_MAX_TOKENS} or T > {WGMMA_SK_MAX_TOKENS}",
+      rule=lambda c: _bf16(c) and _hopper(c) and (WGMMA_SMALL_MAX_TOKENS < c["T"] <= WGMMA_MID_MAX_TOKENS
+                                                  or c["T"] > WGMMA_SK_MAX_TOKENS),
       kernel=Factory(lambda T: cuda_wgmma.kernel_for(_V10)), geometry=cuda_wgmma.geometry(_V10), args="fast",
       specs=lambda: [Spec(f"[{v.name}]", cuda_wgmma.kernel_for(v), _TMA_ARGS) for v in (_V10, _V10F)],
       launcher=cuda_wgmma.grid_launcher, vector_io=False,
@@ -360,7 +363,7 @@ _proj("gemm_v10", "gemm_v4's grid, tile, stages and wgmma chain with the stages 
                                     # at T and N
            (130, 72, 260)],         # 2 x 2 tiles, 2 k tiles (fewer than the stages filled ahead); N % 8
                                     # == 4: gemm_v4's epilogue
-      sweep=(256, 512, 1024, 4096))
+      sweep=(128, 256, 512, 1024, 4096))
 _proj("gemm_v11", "gemm_v8 (persistent CTAs, stream-K tail, bands, fix-up and epilogue unchanged) on gemm_v10's TMA "
       "k loop: each unit's prologue re-initialises the barriers and fills STAGES-1 stages by TMA before the last "
       "unit's epilogue, the k loop starts with a CTA barrier and a proxy fence (the stage the epilogue's tile shares is "

@@ -160,15 +160,15 @@ def test_cublas_without_torch_says_what_to_install(monkeypatch):
 
 def test_default_versions(rng):
     """version=None: on a GPU with aligned data gemv_v3 up to GEMV3_MAX_TOKENS; then on a Hopper GPU
-    (cc 9.0) gemm_v5 up to WGMMA_SMALL_MAX_TOKENS, gemm_v6 up to WGMMA_MID_MAX_TOKENS, gemm_v11 (gemm_v8 on
-    TMA) up to WGMMA_SK_MAX_TOKENS and gemm_v10 (gemm_v4 on TMA) above, on other GPUs gemv_v4 up to GEMV_MAX_TOKENS and gemm_v3 above; in the simulator (or for
+    (cc 9.0) gemm_v5 up to WGMMA_SMALL_MAX_TOKENS, gemm_v10 (gemm_v4 on TMA) up to WGMMA_MID_MAX_TOKENS,
+    gemm_v11 (gemm_v8 on TMA) up to WGMMA_SK_MAX_TOKENS and gemm_v10 again above, on other GPUs gemv_v4 up to GEMV_MAX_TOKENS and gemm_v3 above; in the simulator (or for
     unaligned data) gemv_v1 at T = 1, gemm_v1 above. What the launcher prepares is that default,
     and each agrees with the reference."""
     for cc in (HOPPER, AMPERE, (10, 0)):
         assert default_name(1, cc=cc) == default_name(GEMV3_MAX_TOKENS, cc=cc) == "gemv_v3"
     assert default_name(GEMV3_MAX_TOKENS + 1) == default_name(16) == default_name(WGMMA_SMALL_MAX_TOKENS) == "gemm_v5"
     assert default_name(WGMMA_SMALL_MAX_TOKENS + 1) == default_name(128) == default_name(WGMMA_MID_MAX_TOKENS) \
-        == "gemm_v6"
+        == "gemm_v10"
     assert default_name(WGMMA_MID_MAX_TOKENS + 1) == default_name(512) == default_name(WGMMA_SK_MAX_TOKENS) \
         == "gemm_v11"
     assert default_name(WGMMA_SK_MAX_TOKENS + 1) == default_name(4096) == "gemm_v10"
