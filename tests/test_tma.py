@@ -111,3 +111,27 @@ def test_tensor_map_refuses_what_tma_cannot_copy():
         tensor_map_2d(d, 512, 64)
     with pytest.raises(ValueError, match="2-D"):
         tensor_map_2d(cuda.to_device(np.zeros(64, np.uint16)), 8, 64)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("T,K,N", [(33, 328, 264), (300, 200, 520), (1024, 6144, 2048)])
+def test_cluster_multicast_gemm_returns_gemm_v10_bits_on_the_gpu(T, K, N):
+    """2-CTA clusters (`cuda_wgmma.TMA_CLUSTER_TILE`, launched by `ClusterLaunch`): each CTA loads half the
+    weight box by TMA multicast into both, and a stage is refilled once both CTAs' consumers released it.
+    Every output bit for bit gemm_v10's (same boxes, same wgmma chain): an odd number of token tiles (the
+    last cluster's second CTA wholly past T), rows past N in a half box, a K tail, several clusters a column."""
+    from engram_numba.bf16 import f32_to_bf16
+    from engram_numba.stages.proj import cuda_wgmma as W
+    rng = np.random.default_rng(T + K + N)
+    x = cuda.to_device(f32_to_bf16(rng.standard_normal((T, K), dtype=np.float32)))
+    w = cuda.to_device(f32_to_bf16(rng.standard_normal((N, K), dtype=np.float32) * np.float32(0.05)))
+    outs = []
+    for v in (W.TMA_STORE_TILE, W.TMA_CLUSTER_TILE):
+        out = cuda.to_device(np.full((T, N), 0xFFFF, np.uint16))
+        launch = W.prepare_variant(v.name, v, x, w, out)
+        assert (type(launch).__name__ == "ClusterLaunch") == (v.cluster == 2)
+        launch()
+        cuda.synchronize()
+        outs.append(out.copy_to_host())
+    assert (outs[0] != 0xFFFF).all()
+    np.testing.assert_array_equal(outs[1], outs[0])

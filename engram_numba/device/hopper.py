@@ -490,6 +490,27 @@ if SIMULATOR:
             land()
         _BULK.pending = []
 
+    # ---- 2-CTA clusters: the simulator runs one CTA at a time, so it has no peer. A kernel written
+    # for clusters takes its simulator path explicitly (the union of what both CTAs would load, CTA
+    # barriers for cluster barriers); these twins answer for a cluster of one.
+    def cluster_ctarank():
+        return np.uint32(0)
+
+    def cluster_sync():
+        raise RuntimeError("cluster_sync: the simulator has no clusters (use cuda.syncthreads on its path)")
+
+    def fence_mbarrier_init_cluster():
+        pass
+
+    def mbar_arrive_remote(smem, off, rank):
+        pass                                            # the peer's barrier: no peer here
+
+    def mbar_try_wait_cluster(smem, off, parity):
+        return mbar_try_wait(smem, off, parity)
+
+    def tma_load_2d_multicast(smem, dst_byte, tmap, c0, c1, mbar_off, mask):
+        tma_load_2d(smem, dst_byte, tmap, c0, c1, mbar_off)
+
     def _sw128_store(smem, base, g, box_words, acc, chunks):
         vals = acc.read("wgmma_store_bf16x2_sw128") if isinstance(acc, WgmmaAcc) else np.array(acc, np.float32)
         base, g, box_words = int(base), int(g), int(box_words)
@@ -869,6 +890,77 @@ else:
                     "cp.async.bulk.tensor.2d.global.shared::cta.bulk_group [$0, {$1, $2}], [$3];",
                     "l,r,r,r,~{memory}",
                     [tptr, context.cast(builder, x0, t0, types.int32), context.cast(builder, x1, t1, types.int32), src])
+            return context.get_dummy_value()
+        return sig, codegen
+
+    @intrinsic
+    def cluster_ctarank(typingctx):
+        def codegen(context, builder, signature, args):
+            return _inline(builder, _I32, [], "mov.u32 $0, %cluster_ctarank;", "=r", [], side_effect=False)
+        return types.uint32(), codegen
+
+    @intrinsic
+    def cluster_sync(typingctx):
+        def codegen(context, builder, signature, args):
+            _inline(builder, ir.VoidType(), [],
+                    "barrier.cluster.arrive.release.aligned; barrier.cluster.wait.acquire.aligned;", "~{memory}", [])
+            return context.get_dummy_value()
+        return types.void(), codegen
+
+    @intrinsic
+    def fence_mbarrier_init_cluster(typingctx):
+        def codegen(context, builder, signature, args):
+            _inline(builder, ir.VoidType(), [], "fence.mbarrier_init.release.cluster;", "~{memory}", [])
+            return context.get_dummy_value()
+        return types.void(), codegen
+
+    @intrinsic
+    def mbar_arrive_remote(typingctx, smem, off, rank):
+        if not (isinstance(smem, types.Array) and isinstance(off, types.Integer) and isinstance(rank, types.Integer)):
+            return None
+
+        def codegen(context, builder, signature, args):
+            addr = _mbar_address(context, builder, signature, args)
+            r = context.cast(builder, args[2], signature.args[2], types.uint32)
+            _inline(builder, ir.VoidType(), [_I32, _I32],
+                    "{ .reg .b32 ra; mapa.shared::cluster.u32 ra, $0, $1; "
+                    "mbarrier.arrive.release.cluster.shared::cluster.b64 _, [ra]; }", "r,r,~{memory}", [addr, r])
+            return context.get_dummy_value()
+        return types.void(smem, off, rank), codegen
+
+    @intrinsic
+    def mbar_try_wait_cluster(typingctx, smem, off, parity):
+        if not (isinstance(smem, types.Array) and isinstance(off, types.Integer) and isinstance(parity, types.Integer)):
+            return None
+
+        def codegen(context, builder, signature, args):
+            addr = _mbar_address(context, builder, signature, args)
+            par = context.cast(builder, args[2], signature.args[2], types.uint32)
+            return _inline(builder, _I32, [_I32, _I32],
+                           "{ .reg .pred p; mbarrier.try_wait.parity.acquire.cluster.shared::cta.b64 p, [$1], $2; "
+                           "selp.u32 $0, 1, 0, p; }", "=r,r,r,~{memory}", [addr, par])
+        return types.int32(smem, off, parity), codegen
+
+    @intrinsic
+    def tma_load_2d_multicast(typingctx, smem, dst_byte, tmap, c0, c1, mbar_off, mask):
+        if not (isinstance(smem, types.Array) and isinstance(tmap, types.Array)
+                and all(isinstance(v, types.Integer) for v in (dst_byte, c0, c1, mbar_off, mask))):
+            return None
+        sig = types.void(smem, dst_byte, tmap, c0, c1, mbar_off, mask)
+
+        def codegen(context, builder, signature, args):
+            sm, d_off, tm, x0, x1, b_off, mk = args
+            st, dt, tt, t0, t1, bt, mt = signature.args
+            base = _shared_address_of(context, builder, st, sm)
+            dst = builder.add(base, context.cast(builder, d_off, dt, types.uint32))
+            bar = builder.add(base, context.cast(builder, b_off, bt, types.uint32))
+            tptr = builder.ptrtoint(_flat_pointer(context, builder, tt, tm, ir.IntType(8)), _I64)
+            m16 = builder.trunc(context.cast(builder, mk, mt, types.uint32), ir.IntType(16))
+            _inline(builder, ir.VoidType(), [_I32, _I64, _I32, _I32, _I32, ir.IntType(16)],
+                    "cp.async.bulk.tensor.2d.shared::cluster.global.tile.mbarrier::complete_tx::bytes"
+                    ".multicast::cluster [$0], [$1, {$2, $3}], [$4], $5;", "r,l,r,r,r,h,~{memory}",
+                    [dst, tptr, context.cast(builder, x0, t0, types.int32),
+                     context.cast(builder, x1, t1, types.int32), bar, m16])
             return context.get_dummy_value()
         return sig, codegen
 

@@ -30,6 +30,53 @@ class PreparedLaunch:
         return f"PreparedLaunch({self.name}, grid={self.grid}, block={self.block})"
 
 
+class ClusterLaunch(PreparedLaunch):
+    """A prepared launch whose CTAs run in thread-block clusters of `cluster` (x, y, z) CTAs (sm_90).
+
+    numba-cuda 0.30.4's launch has no cluster dimension, so this one does what its kernel launch
+    does (the specialisation for `args`, its arguments flattened once) and passes a cuda.core
+    `LaunchConfig` with `cluster`, whose `grid` counts clusters (`grid` here counts CTAs: each of
+    its dimensions must be a multiple of the cluster's). In numba's simulator, which has no
+    clusters, it is a plain launch of the same grid."""
+
+    __slots__ = ("cluster", "_kernel", "_config", "_stream", "_flat")
+
+    def __init__(self, name: str, kernel, grid, block, stream, args: tuple, out=None, sharedmem: int = 0,
+                 cluster=(2, 1, 1)):
+        super().__init__(name, kernel, grid, block, stream, args, out, sharedmem)
+        grid3 = tuple(grid) + (1,) * (3 - len(grid)) if isinstance(grid, tuple) else (int(grid), 1, 1)
+        self.cluster = tuple(cluster)
+        if any(g % c for g, c in zip(grid3, self.cluster)):
+            raise ValueError(f"{name}: grid {grid3} is not a whole number of clusters of {self.cluster}")
+        from numba.cuda import config
+        self._kernel = None
+        if config.ENABLE_CUDASIM:
+            return
+        from cuda.core import LaunchConfig
+        from numba.cuda.cudadrv import driver
+        compiled = kernel.compile(tuple(kernel.typeof_pyval(a) for a in args))
+        self._stream = driver._to_core_stream(stream)
+        flat, retr = [], []
+        for t, v in zip(compiled.argument_types, args):
+            compiled._prepare_args(t, v, stream, retr, flat)
+        if retr:
+            raise ValueError(f"{name}: a cluster launch takes device arrays only (an argument needs a copy back)")
+        self._flat = flat
+        self._kernel = compiled._codelibrary.get_cufunc().kernel
+        self._config = LaunchConfig(grid=tuple(g // c for g, c in zip(grid3, self.cluster)), cluster=self.cluster,
+                                    block=block, shmem_size=sharedmem)
+
+    def __call__(self):
+        if self._kernel is None:
+            return super().__call__()
+        from cuda.core import launch
+        launch(self._stream, self._config, self._kernel, *self._flat)
+        return self.out
+
+    def __repr__(self) -> str:
+        return f"ClusterLaunch({self.name}, grid={self.grid}, cluster={self.cluster}, block={self.block})"
+
+
 class NoLaunch:
     """A prepared launch with nothing to do (an empty shape)."""
 

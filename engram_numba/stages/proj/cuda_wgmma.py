@@ -61,8 +61,10 @@ from ...device.hopper import (WGMMA_NO_SWIZZLE, WGMMA_SWIZZLE_128B, acc_add_f32,
                               mbar_arrive, mbar_arrive_expect_tx, mbar_init, mbar_inval, mbar_try_wait, shared_address,
                               bulk_commit, bulk_wait_read0, tma_load_2d, tma_store_2d, wgmma_bf16, wgmma_commit,
                               wgmma_descriptor, wgmma_fence, wgmma_store_bf16x2, wgmma_store_bf16x2_sw128, wgmma_waiter,
-                              acc_tail_storer, sw128_storer)
-from ...device.launch import PreparedLaunch, allow_dynamic_shared
+                              acc_tail_storer, sw128_storer, cluster_ctarank, cluster_sync,
+                              fence_mbarrier_init_cluster, mbar_arrive_remote, mbar_try_wait_cluster,
+                              tma_load_2d_multicast)
+from ...device.launch import ClusterLaunch, PreparedLaunch, allow_dynamic_shared
 from . import cuda_wgmma_ws as WS
 from .cuda_common import INLINE, bounds, cdiv, fast_launch, flat_u32
 from .cuda_wgmma_ws import F_HI, F_KB, F_KE, F_LO, F_M0, F_N0, F_ROLE, F_SLOT, FINISH, PARTIAL
@@ -79,7 +81,8 @@ LOOPS = ("v4", "lean", "lean1", "mbar", "tma")  # the k loop's forms (`Variant.l
 class Variant:
     """One specialisation of the kernel: tile, pipeline depth and shared-memory layout."""
 
-    def __init__(self, bm: int, bn: int, stages: int, swizzle: bool, loop: str = "v4", store: str = "v4"):
+    def __init__(self, bm: int, bn: int, stages: int, swizzle: bool, loop: str = "v4", store: str = "v4",
+                 cluster: int = 1):
         # loop: the k loop's form (`_make_parts`): "v4" (gemm_v4's), "lean" (gemm_v4's schedule, the
         # descriptors and ring offsets carried from k tile to k tile) or "lean1" (lean, one barrier a
         # k tile, STAGES-2 tiles of copies in flight) or "mbar" (lean, the stages handed over on
@@ -113,8 +116,13 @@ class Variant:
         assert self.smem_bytes <= 227 * 1024, self.smem_bytes
         # CTAs an SM holds: 228 KiB of shared memory, 1 KiB of it reserved per CTA
         self.blocks_per_sm = min(4, SM_SHARED_BYTES // (self.smem_bytes + 1024))
+        # cluster: 2 puts the CTAs of token tiles 2c and 2c+1 (same output tile) in a cluster that shares
+        # each stage's weight box: each CTA loads half of it by TMA multicast into both ("tma" loop only,
+        # gemm_v4's grid: section "Clusters" below)
+        assert cluster in (1, 2) and (cluster == 1 or (loop == "tma" and bm == 128 and bn % 16 == 0)), cluster
+        self.cluster = cluster
         self.name = f"{bm}x{bn}x{BK}/s{stages}/{'sw128' if swizzle else 'noswz'}" + ("" if loop == "v4" else f"/{loop}") \
-            + ("" if store == "v4" else "/tmastore")
+            + ("" if store == "v4" else "/tmastore") + ("" if cluster == 1 else f"/c{cluster}")
         assert loop == "v4" or swizzle, "the lean loops step descriptors in the swizzled layout only"
 
 
@@ -554,8 +562,15 @@ def _tma_loop(v: Variant):
     D_A = np.uint64(A_BYTES >> 4)
     mma_wait1 = wgmma_waiter(1)
     mma_wait0 = wgmma_waiter(0)
-    EMPTY_COUNT = THREADS if WS.SIMULATOR else THREADS // 32     # as the "mbar" loop's
     STORE_TMA = v.store == "tma"
+    # clusters of 2 ("Clusters" below): on the GPU each CTA loads half the weight box into both CTAs,
+    # and a stage is refilled once the consumers of both have released it; the simulator has no
+    # peer, so there a CTA loads both halves itself and waits for its own consumers only
+    C2 = v.cluster == 2
+    MC = C2 and not WS.SIMULATOR
+    HALF = v.bn // 2
+    HALF_BYTES = HALF * ROW_BYTES
+    EMPTY_COUNT = THREADS if WS.SIMULATOR else (THREADS // 32) * v.cluster     # as the "mbar" loop's
 
     @device_function(**INLINE)
     def _fill(smem, o, st, tmx, tmw, m0, n0, kt):
@@ -564,7 +579,15 @@ def _tma_loop(v: Variant):
         stage = o + st * STAGE_BYTES
         mbar_arrive_expect_tx(smem, bar, STAGE_BYTES)
         tma_load_2d(smem, stage, tmx, np.int32(kt * BK), np.int32(m0), bar)
-        tma_load_2d(smem, stage + A_BYTES, tmw, np.int32(kt * BK), np.int32(n0), bar)
+        if MC:                                              # this CTA's half of the weight box, into both
+            rank = cluster_ctarank()
+            tma_load_2d_multicast(smem, stage + A_BYTES + rank * HALF_BYTES, tmw, np.int32(kt * BK),
+                                  np.int32(n0 + rank * HALF), bar, 3)
+        elif C2:                                            # the simulator: both halves (what both CTAs load)
+            tma_load_2d(smem, stage + A_BYTES, tmw, np.int32(kt * BK), np.int32(n0), bar)
+            tma_load_2d(smem, stage + A_BYTES + HALF_BYTES, tmw, np.int32(kt * BK), np.int32(n0 + HALF), bar)
+        else:
+            tma_load_2d(smem, stage + A_BYTES, tmw, np.int32(kt * BK), np.int32(n0), bar)
 
     @device_function(**INLINE)
     def _prologue(smem, base, s0, tmx, tmw, m0, n0, T, N, K8, kb, ke, row0, q, off0):
@@ -580,7 +603,12 @@ def _tma_loop(v: Variant):
             for s in range(STAGES):
                 mbar_init(smem, o + FULL0 + 8 * s, 1)
                 mbar_init(smem, o + EMPTY0 + 8 * s, EMPTY_COUNT)
-        cuda.syncthreads()
+            if MC:
+                fence_mbarrier_init_cluster()
+        if MC:                                              # the peer's barriers exist before it fills ours
+            cluster_sync()
+        else:
+            cuda.syncthreads()
         if cuda.threadIdx.x == 0:
             fence_proxy_async()                             # generic accesses before, TMA writes after
             for s in range(STAGES - 1):
@@ -626,11 +654,17 @@ def _tma_loop(v: Variant):
             acc = mma_wait1(acc)                            # this warpgroup's MMAs of tile j-1 are done
             if j > 0 and lane0:
                 mbar_arrive(smem, o + EMPTY0 + 8 * p_st)
+                if MC:                                      # and the peer's: its next fill writes here too
+                    mbar_arrive_remote(smem, o + EMPTY0 + 8 * p_st, cluster_ctarank() ^ np.uint32(1))
             nj = j + STAGES - 1
             if producer and nj < n:
                 if j > 0:                                   # both warpgroups are done with tile j-1's stage
-                    while mbar_try_wait(smem, o + EMPTY0 + 8 * p_st, p_par) == 0:
-                        pass
+                    if MC:                                  # (of both CTAs)
+                        while mbar_try_wait_cluster(smem, o + EMPTY0 + 8 * p_st, p_par) == 0:
+                            pass
+                    else:
+                        while mbar_try_wait(smem, o + EMPTY0 + 8 * p_st, p_par) == 0:
+                            pass
                 _fill(smem, o, p_st, tmx, tmw, m0, n0, kb + nj)
             p_st = r_st
             p_par = r_par
@@ -639,7 +673,10 @@ def _tma_loop(v: Variant):
                 r_st = 0
                 r_par ^= 1
         acc = mma_wait0(acc)
-        cuda.syncthreads()                                  # every MMA has read its last stage
+        if MC:                                              # the peer's arrivals on our barriers are in too
+            cluster_sync()
+        else:
+            cuda.syncthreads()                              # every MMA has read its last stage
         if producer:                                        # every barrier is idle: the next prologue inits
             for s in range(STAGES):
                 mbar_inval(smem, o + FULL0 + 8 * s)
@@ -734,7 +771,9 @@ def kernel_for(v: Variant):
 
 
 def grid_for(v: Variant, T: int, N: int) -> tuple:
-    return cdiv(T, v.bm), cdiv(N, v.bn)
+    """(token tiles, output tiles); with clusters the token tiles rounded up to whole clusters (a CTA
+    past T reads zeros, stores nothing, and loads its half of the weight box for its peer)."""
+    return cdiv(cdiv(T, v.bm), v.cluster) * v.cluster, cdiv(N, v.bn)
 
 
 def geometry(v: Variant):
@@ -754,6 +793,9 @@ def prepare_variant(name: str, v: Variant, x, wkv, out, *, stream=0) -> Prepared
     if v.loop == "tma":
         args = tma_maps(v, x, wkv, out, stream) + args[2:]
     allow_dynamic_shared(kernel, args, v.smem_bytes)
+    if v.cluster > 1:
+        return ClusterLaunch(name, kernel, launch.grid, launch.block, stream, args, out, sharedmem=v.smem_bytes,
+                             cluster=(v.cluster, 1, 1))
     return PreparedLaunch(name, kernel, launch.grid, launch.block, stream, args, out, sharedmem=v.smem_bytes)
 
 
@@ -764,7 +806,7 @@ def tma_maps(v: Variant, x, wkv, out, stream=0) -> tuple:
     alive: `PreparedLaunch.args` holds the maps' device arrays, each of which holds its map."""
     from ...device.tma import SWIZZLE_128B, pack_maps, tensor_map_2d
     mx = tensor_map_2d(x, v.bm, BK, SWIZZLE_128B, stream)
-    mw = tensor_map_2d(wkv, v.bn, BK, SWIZZLE_128B, stream)
+    mw = tensor_map_2d(wkv, v.bn // v.cluster, BK, SWIZZLE_128B, stream)   # a cluster's CTA loads 1 / cluster
     if v.store == "tma":       # the output's map (boxes of 64 columns) at byte 128 of x's argument
         return pack_maps(mx, tensor_map_2d(out, v.bm, 64, SWIZZLE_128B, stream), stream=stream), mw.device
     return mx.device, mw.device
@@ -810,7 +852,7 @@ class SkVariant:
     whether CTAs walk in bands (`banded_schedule`; `banded=False`: bands of one token tile)."""
 
     def __init__(self, tile: Variant, split: str = "auto", overlap: bool = True, banded: bool = True):
-        assert tile.bm == 128 and split in ("auto", "dp", "sk1", "sk2"), (tile.name, split)
+        assert tile.bm == 128 and split in ("auto", "dp", "sk1", "sk2") and tile.cluster == 1, (tile.name, split)
         self.tile, self.split, self.overlap, self.banded = tile, split, overlap, banded
         self.bn = tile.bn
         self.group_m = 0              # token tiles fastest (the schedule's tile order)
@@ -1024,8 +1066,10 @@ TMA_FALLBACK = {"gemm_v10": TMA_TILE, "gemm_v11": SkVariant(TMA_TILE)}   # their
 # 128 x 240 tiles: N = 25600 in 107 output tiles, so T = 4096 is 3424 tiles, 25.9 waves of 132 CTAs, where 128 x 256
 # tiles are 3200 = 24.2 waves in 25 (`_store_tail` stores the 48 columns past the three 64-column boxes)
 TMA_STORE_240 = Variant(128, 240, 4, swizzle=True, loop="tma", store="tma")
+# 2-CTA clusters on gemm_v10's grid (section "Clusters" below)
+TMA_CLUSTER_TILE = Variant(128, 256, 4, swizzle=True, loop="tma", store="tma", cluster=2)
 TMA_CANDIDATES = {v.name: v for v in (TMA_STORE_TILE, TMA_VARIANTS["gemm_v11"], TMA_TILE, TMA_FALLBACK["gemm_v11"],
-                                      SkVariant(TMA_STORE_TILE, "dp"), TMA_STORE_240)}
+                                      SkVariant(TMA_STORE_TILE, "dp"), TMA_STORE_240, TMA_CLUSTER_TILE)}
 
 
 def tma_store_ok(out) -> bool:
@@ -1163,7 +1207,7 @@ class QVariant:
     a tail tile is cut into (1: nothing cut) and how many tail tiles (None: one a CTA)."""
 
     def __init__(self, tile: Variant, pieces: int = 4, tail: int | None = None):
-        assert tile.bm == 128 and tile.loop == "tma" and pieces >= 1, tile.name
+        assert tile.bm == 128 and tile.loop == "tma" and pieces >= 1 and tile.cluster == 1, tile.name
         self.tile, self.pieces, self.tail = tile, int(pieces), tail
         self.bn = tile.bn
         self.smem_bytes = sk_smem_bytes(tile, True)
