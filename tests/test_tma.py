@@ -135,3 +135,17 @@ def test_cluster_multicast_gemm_returns_gemm_v10_bits_on_the_gpu(T, K, N):
         outs.append(out.copy_to_host())
     assert (outs[0] != 0xFFFF).all()
     np.testing.assert_array_equal(outs[1], outs[0])
+
+
+def test_cluster_launch_refuses_a_grid_of_part_clusters():
+    """A grid dimension that is not a whole number of clusters is refused before anything launches."""
+    from engram_numba.device.launch import ClusterLaunch
+
+    @cuda.jit
+    def fill(out):
+        out[cuda.blockIdx.x] = 1
+
+    out = cuda.to_device(np.zeros(4, np.int32))
+    with pytest.raises(ValueError, match=r"grid \(3, 1, 1\) is not a whole number of clusters of \(2, 1, 1\)"):
+        ClusterLaunch("fill", fill, (3, 1), 32, 0, (out,), out, cluster=(2, 1, 1))
+    assert not out.copy_to_host().any()

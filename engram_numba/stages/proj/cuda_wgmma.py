@@ -1066,7 +1066,24 @@ TMA_FALLBACK = {"gemm_v10": TMA_TILE, "gemm_v11": SkVariant(TMA_TILE)}   # their
 # 128 x 240 tiles: N = 25600 in 107 output tiles, so T = 4096 is 3424 tiles, 25.9 waves of 132 CTAs, where 128 x 256
 # tiles are 3200 = 24.2 waves in 25 (`_store_tail` stores the 48 columns past the three 64-column boxes)
 TMA_STORE_240 = Variant(128, 240, 4, swizzle=True, loop="tma", store="tma")
-# 2-CTA clusters on gemm_v10's grid (section "Clusters" below)
+# ---- Clusters: two CTAs share each stage's weight box -----------------------------------------------
+#
+# On gemm_v10's grid the CTAs of token tiles 2c and 2c+1 (the same output tile, next to each other in the
+# grid) run as one thread-block cluster (`Variant(cluster=2)`, launched by `device.launch.ClusterLaunch`:
+# numba-cuda's own launch has no cluster dimension). Each stage's weight box (256 rows x 64 k) is loaded
+# once for both: CTA r loads rows 128 r .. 128 r + 127 with one TMA multicast into the same stage of both
+# CTAs (`hopper.tma_load_2d_multicast`, mask 0b11), besides its own x box, so L2 serves 16 + 16 KiB a CTA
+# and k tile instead of 16 + 32. The hand-over is the "tma" loop's with three changes: a CTA's FULL[s]
+# expects the whole stage (its x box, its half, the peer's half, whose bytes the peer's copy reports
+# here); EMPTY[s] counts the consumer warps of both CTAs (each warp's lane 0 arrives on its own EMPTY and,
+# through `mapa`, on the peer's, with release at cluster scope), because a refill writes into both CTAs;
+# the producer waits EMPTY with acquire at cluster scope. The barriers are made visible to the peer
+# (`fence.mbarrier_init`) and both CTAs pass a cluster barrier before the first fill, and again after the
+# last MMA (the peer's last arrivals on our barriers are in before they are invalidated). A token-tile
+# count that is odd gets one more CTA, wholly past T: it reads zeros, stores nothing, and loads its half
+# of the weight box for its peer. Same boxes, same wgmma chain: gemm_v10's bits. The simulator has no
+# clusters: there each CTA loads both halves itself and waits for its own consumers only, so it checks
+# the k loop and the bits, and the gpu tier (tests/test_tma.py) checks the multicast against gemm_v10.
 TMA_CLUSTER_TILE = Variant(128, 256, 4, swizzle=True, loop="tma", store="tma", cluster=2)
 TMA_CANDIDATES = {v.name: v for v in (TMA_STORE_TILE, TMA_VARIANTS["gemm_v11"], TMA_TILE, TMA_FALLBACK["gemm_v11"],
                                       SkVariant(TMA_STORE_TILE, "dp"), TMA_STORE_240, TMA_CLUSTER_TILE)}
