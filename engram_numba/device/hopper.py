@@ -88,6 +88,22 @@ asynchrony, so a kernel that reads data before waiting for it fails in the simul
   `wgmma_store_bf16x2`, into 128-byte-swizzled boxes of 64 bf16 columns (32 words a row, box b
   box_words after box b-1): pair j of row r at word base + (j >> 3) * box_words + 8 h * 32 +
   4 ((j & 7) ^ g), with base = stash + r0 * 32 + t for the thread's rows r0 = 16 w + g (+ 8 h), t = lane & 3.
+  `sw128_storer(chunks)` returns the same store limited to pairs j < chunks (the boxes of a tile
+  whose width is not a multiple of 64); `acc_tail_storer(j0)` returns `store(out, acc, row, col, T, N)`,
+  the pairs j >= j0 straight to out [T, N] (uint16, N even, 4-byte aligned) as one 32-bit word each,
+  (acc[4j + 2h], acc[4j + 2h + 1]) at out[row + 8h, col + 8j ..], rows >= T and columns >= N not.
+- 2-CTA thread-block clusters (a kernel launched with a cluster dimension,
+  `device.launch.ClusterLaunch`): `cluster_ctarank()` (uint32, the CTA's rank in its cluster);
+  `cluster_sync()` (`barrier.cluster.arrive.release` + `wait.acquire`: every thread of every CTA of
+  the cluster); `fence_mbarrier_init_cluster()` (after `mbar_init`, before a cluster barrier: the
+  peer may then signal the barrier); `mbar_arrive_remote(smem, off, rank)` (an arrive, release at
+  cluster scope, on the mbarrier at byte `off` of CTA `rank`'s shared memory, through `mapa`);
+  `mbar_try_wait_cluster(smem, off, parity)` (`mbar_try_wait` with acquire at cluster scope);
+  `tma_load_2d_multicast(smem, dst_byte, tmap, c0, c1, mbar_off, mask)` (`tma_load_2d` into byte
+  dst_byte of every CTA of `mask` (bit r: rank r), each CTA's mbarrier at mbar_off told the bytes).
+  The simulator has no clusters: its twins answer for a cluster of one (rank 0, remote arrives do
+  nothing, the multicast lands in the calling CTA only) and `cluster_sync` raises; a kernel written
+  for clusters takes an explicit simulator path (cuda_wgmma.py, "Clusters").
 - `flag_wait(flags, i)`: spins until the int32 `flags[i]` is non-zero (read atomically, so another
   CTA's `cuda.atomic.exch(flags, i, 1)` after a `cuda.threadfence()` is seen), for waits between
   CTAs. The simulator runs blocks one after another, so a flag a CTA waits for must come from a
