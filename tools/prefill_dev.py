@@ -149,7 +149,7 @@ def worker(out_dir: Path, skip: set, quick: bool, smoke: bool, only=None, tokens
         variants = {"gemm_v4": W.VARIANTS["gemm_v4"], "gemm_v6": W.VARIANTS["gemm_v6"],
                     **{k: c for k, c in W.V9_CANDIDATES.items() if isinstance(c, W.Variant)}, **sk_variants}
         ws_variants = {}
-    q_variants = {}  # gemm_v12's queue variants (--tma)
+    q_variants = {}  # the unit-queue candidates (--tma)
     same_bits = {}   # variant -> the kernel whose bits it must return (checked at every shape, beside the yardstick)
     if tma:        # the TMA loop on gemm_v4's grid and on persistent CTAs, against what they rebuild
         tma_sk = {k: c for k, c in W.TMA_CANDIDATES.items() if isinstance(c, W.SkVariant)}
@@ -228,7 +228,7 @@ def worker(out_dir: Path, skip: set, quick: bool, smoke: bool, only=None, tokens
                 continue
             if (name in same_bits or name in q_variants) and K % 8:  # a TMA row is a multiple of 16 bytes
                 continue
-            if name in q_variants and N % 8:    # gemm_v12 has no epilogue but the TMA one
+            if name in q_variants and N % 8:    # the queue kernel has no epilogue but the TMA one
                 continue
             start(name)
             try:
@@ -615,8 +615,8 @@ def main(argv=None) -> int:
     ap.add_argument("--v9", action="store_true", help="gemm_v9 and its k-loop variants at T = 256 .. 4096 against "
                     "gemm_v4, gemm_v6, gemm_v8 and cuBLAS")
     ap.add_argument("--tma", action="store_true", help="the TMA k loop on gemm_v4's grid and on persistent CTAs at "
-                    "T = 256 .. 4096, each bit for bit against the kernel it rebuilds, against gemm_v4, gemm_v8, gemm_v9 "
-                    "and cuBLAS")
+                    "T = 256 .. 4096 (or --tokens), each bit for bit against the kernel it rebuilds, against gemm_v4, gemm_v8, "
+                    "gemm_v9 and cuBLAS; the TMA-loop candidates (128 x 240 tiles, 2-CTA clusters, the unit queue) beside")
     ap.add_argument("--ncu-l2", action="store_true", help="gemm_v4, gemm_v9, lean and cuBLAS at T = 4096 under "
                     "Nsight Compute: L2 / DRAM bytes and stalls (alone)")
     ap.add_argument("--ncu-l2-target", action="store_true")

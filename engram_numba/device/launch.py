@@ -36,8 +36,9 @@ class ClusterLaunch(PreparedLaunch):
     numba-cuda 0.30.4's launch has no cluster dimension, so this one does what its kernel launch
     does (the specialisation for `args`, its arguments flattened once) and passes a cuda.core
     `LaunchConfig` with `cluster`, whose `grid` counts clusters (`grid` here counts CTAs: each of
-    its dimensions must be a multiple of the cluster's). In numba's simulator, which has no
-    clusters, it is a plain launch of the same grid."""
+    its dimensions must be a multiple of the cluster's). The arguments are flattened at
+    construction: `args` is not read again. In numba's simulator, which has no clusters, it is a
+    plain launch of the same grid."""
 
     __slots__ = ("cluster", "_kernel", "_config", "_stream", "_flat")
 

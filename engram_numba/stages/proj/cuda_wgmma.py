@@ -1201,12 +1201,12 @@ def grid_launcher(rec, x, wkv, out, *, stream=0) -> PreparedLaunch:
     return prepare_variant(rec.name, v, x, wkv, out, stream=stream)
 
 
-# ---- gemm_v12: persistent CTAs taking units from a queue ---------------------------------------------
+# ---- A unit queue: persistent CTAs that take their units at run time (candidates, no record) -------
 #
 # gemm_v11's static unit lists leave T = 4096 slower than gemm_v10's grid when nothing is cut (persistent
 # "dp" 1671.8 us against the grid's 1638.3, bench/results/h200_prefill_dev_tma_t80_4096_5ad1c6a.txt): a
 # grid's CTAs go to whichever SM frees first, so SMs that run slower take fewer tiles, while a static
-# list gives every CTA the same count and the launch ends with the slowest. gemm_v12 keeps the
+# list gives every CTA the same count and the launch ends with the slowest. The queue kernel keeps the
 # persistent CTAs (the next unit's prologue in flight during a unit's fix-up and epilogue) and deals
 # the units at run time: one list in queue order, each CTA's thread 0 takes the next index with an
 # atomic add when it starts a unit (one unit ahead, so that unit's stages can be filled early). The
@@ -1220,7 +1220,7 @@ def grid_launcher(rec, x, wkv, out, *, stream=0) -> PreparedLaunch:
 # whole tiles are gemm_v4's bits.
 
 class QVariant:
-    """gemm_v12's specialisation: a CTA tile (a "tma"-loop `Variant` of 128 token rows), the pieces
+    """The queue kernel's specialisation: a CTA tile (a "tma"-loop `Variant` of 128 token rows), the pieces
     a tail tile is cut into (1: nothing cut) and how many tail tiles (None: one a CTA)."""
 
     def __init__(self, tile: Variant, pieces: int = 4, tail: int | None = None):
@@ -1233,7 +1233,7 @@ class QVariant:
 
 
 def queue_schedule(T: int, N: int, K: int, qv: QVariant, ctas: int):
-    """(queue int32 [U, 8], partial slots) of gemm_v12 variant qv: units with cuda_wgmma_ws.schedule's
+    """(queue int32 [U, 8], partial slots) of queue variant qv: units with cuda_wgmma_ws.schedule's
     fields (m0, n0, kb, ke, role, slot, lo, hi), in the order CTAs take them. A tile is cut only if
     each piece keeps at least MIN_UNIT_K_TILES k tiles (the simulator: 1)."""
     mt, nt, n_k = cdiv(T, 128), cdiv(N, qv.bn), cdiv(K, BK)
@@ -1281,7 +1281,7 @@ def check_queue(queue, n_slots, T: int, N: int, K: int, bn: int) -> None:
 
 
 def make_queue_kernel(v: Variant):
-    """gemm_v12's kernel on CTA tile v (a "tma"-loop tile): persistent CTAs over a unit queue (above)."""
+    """The queue kernel on CTA tile v (a "tma"-loop tile): persistent CTAs over a unit queue (above)."""
     assert v.bm == 128 and v.loop == "tma"
     NACC = v.wg_n // 2
     SLOT_WORDS = THREADS * NACC
@@ -1391,7 +1391,7 @@ def cached_queue(T: int, N: int, K: int, qv: QVariant, ctas: int):
 
 
 def prepare_queue(name: str, qv: QVariant, x, wkv, out, *, stream=0, ctas: int | None = None) -> PreparedLaunch:
-    """A launch of gemm_v12 variant qv on x [T, K], wkv [N, K] -> out [T, N] on `ctas` persistent CTAs
+    """A launch of queue variant qv on x [T, K], wkv [N, K] -> out [T, N] on `ctas` persistent CTAs
     (default: the SMs; in the simulator cuda_wgmma_ws.SIM_CTAS)."""
     T, K = x.shape
     N = wkv.shape[0]

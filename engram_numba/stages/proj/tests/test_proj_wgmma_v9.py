@@ -1,7 +1,9 @@
 """gemm_v9 (cuda_wgmma.py: gemm_v8 on the lean k loops) and gemm_v10 / gemm_v11 (the "tma" loop): the
 lean and TMA loops keep gemm_v4's k order and wgmma chain, so on gemm_v4's grid they return gemm_v4's
 bits, and on persistent CTAs gemm_v8's bits on the same schedule; checked in the simulator at odd small shapes (rows past T and N, a 1-chunk K
-tail, units shorter than the stage ring, a ring that wraps).
+tail, units shorter than the stage ring, a ring that wraps). Also the TMA-loop candidates: 128 x 240
+tiles (a TMA epilogue with 48 columns stored from registers), 2-CTA clusters (their simulator path:
+the multicast itself is checked on the GPU, tests/test_tma.py) and the unit queue.
 
 The record's own simulator cases run with every other version's in test_proj_cuda.py; the compile
 tier (tests/test_compile_tier.py) checks its sm_90a builds."""
@@ -142,7 +144,7 @@ def test_mbar_twins_phase_parity():
 def emulate_pieces(x, w, cuts):
     """The simulator's wgmma arithmetic on k ranges `cuts` (k tile bounds) of one tile, each range summed
     in its own fp32 accumulator (each k16 product in float64, rounded to fp32, added in fp32), the last
-    range's plus the others nearest first: the bf16 bits gemm_v12 stores for a tile cut so."""
+    range's plus the others nearest first: the bf16 bits the queue kernel stores for a tile cut so."""
     from engram_numba.bf16 import bf16_to_f32
     xf, wf = bf16_to_f32(x).astype(np.float64), bf16_to_f32(w).astype(np.float64)
     K = x.shape[1]
@@ -172,7 +174,7 @@ def test_queue_schedule_covers_and_orders():
 
 
 def test_queue_returns_gemm_v4_bits_and_its_pieces_sum(baseline_bits):
-    """gemm_v12 on 2 x 2 tiles of 4 k tiles (a 1-chunk K tail) and 3 persistent CTAs, the last 3 tiles cut
+    """The queue kernel on 2 x 2 tiles of 4 k tiles (a 1-chunk K tail) and 3 persistent CTAs, the last 3 tiles cut
     in 4: the first tile (whole) gemm_v4's bits, each cut one the fixed-order sum of its pieces'
     accumulators (`emulate_pieces`); rows past T and N, TMA stores clipped. The simulator runs CTAs one
     after another (CTA 0 takes every unit); the counters and flags are left at 0, ready for a replay."""
