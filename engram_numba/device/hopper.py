@@ -840,18 +840,25 @@ else:
     mbar_inval = _mbar_op("mbarrier.inval.shared::cta.b64 [$0];")
     cp_async_mbar_arrive = _mbar_op("cp.async.mbarrier.arrive.noinc.shared::cta.b64 [$0];")
 
-    @intrinsic
-    def mbar_try_wait(typingctx, smem, off, parity):
-        if not (isinstance(smem, types.Array) and isinstance(off, types.Integer) and isinstance(parity, types.Integer)):
-            return None
+    def _try_wait(sem):
+        """mbarrier.try_wait.parity with semantics `sem` ("" for the default, acquire at CTA scope)."""
+        @intrinsic
+        def try_wait(typingctx, smem, off, parity):
+            if not (isinstance(smem, types.Array) and isinstance(off, types.Integer)
+                    and isinstance(parity, types.Integer)):
+                return None
 
-        def codegen(context, builder, signature, args):
-            addr = _mbar_address(context, builder, signature, args)
-            par = context.cast(builder, args[2], signature.args[2], types.uint32)
-            return _inline(builder, _I32, [_I32, _I32],
-                           "{ .reg .pred p; mbarrier.try_wait.parity.shared::cta.b64 p, [$1], $2; "
-                           "selp.u32 $0, 1, 0, p; }", "=r,r,r,~{memory}", [addr, par])
-        return types.int32(smem, off, parity), codegen
+            def codegen(context, builder, signature, args):
+                addr = _mbar_address(context, builder, signature, args)
+                par = context.cast(builder, args[2], signature.args[2], types.uint32)
+                return _inline(builder, _I32, [_I32, _I32],
+                               "{ .reg .pred p; mbarrier.try_wait.parity%s.shared::cta.b64 p, [$1], $2; "
+                               "selp.u32 $0, 1, 0, p; }" % sem, "=r,r,r,~{memory}", [addr, par])
+            return types.int32(smem, off, parity), codegen
+        return try_wait
+
+    mbar_try_wait = _try_wait("")
+    mbar_try_wait_cluster = _try_wait(".acquire.cluster")
 
     @intrinsic
     def mbar_arrive_expect_tx(typingctx, smem, off, nbytes):
@@ -867,6 +874,16 @@ else:
             return context.get_dummy_value()
         return types.void(smem, off, nbytes), codegen
 
+    def _tma_load_operands(context, builder, signature, args):
+        """(dst, tensor map pointer, c0, c1, mbarrier) of a tma_load_2d call's first six arguments."""
+        sm, d_off, tm, x0, x1, b_off = args[:6]
+        st, dt, tt, t0, t1, bt = signature.args[:6]
+        base = _shared_address_of(context, builder, st, sm)
+        return [builder.add(base, context.cast(builder, d_off, dt, types.uint32)),
+                builder.ptrtoint(_flat_pointer(context, builder, tt, tm, ir.IntType(8)), _I64),
+                context.cast(builder, x0, t0, types.int32), context.cast(builder, x1, t1, types.int32),
+                builder.add(base, context.cast(builder, b_off, bt, types.uint32))]
+
     @intrinsic
     def tma_load_2d(typingctx, smem, dst_byte, tmap, c0, c1, mbar_off):
         if not (isinstance(smem, types.Array) and isinstance(tmap, types.Array)
@@ -875,17 +892,10 @@ else:
         sig = types.void(smem, dst_byte, tmap, c0, c1, mbar_off)
 
         def codegen(context, builder, signature, args):
-            sm, d_off, tm, x0, x1, b_off = args
-            st, dt, tt, t0, t1, bt = signature.args
-            base = _shared_address_of(context, builder, st, sm)
-            dst = builder.add(base, context.cast(builder, d_off, dt, types.uint32))
-            bar = builder.add(base, context.cast(builder, b_off, bt, types.uint32))
-            tptr = builder.ptrtoint(_flat_pointer(context, builder, tt, tm, ir.IntType(8)), _I64)
             _inline(builder, ir.VoidType(), [_I32, _I64, _I32, _I32, _I32],
                     "cp.async.bulk.tensor.2d.shared::cluster.global.tile.mbarrier::complete_tx::bytes "
                     "[$0], [$1, {$2, $3}], [$4];", "r,l,r,r,r,~{memory}",
-                    [dst, tptr, context.cast(builder, x0, t0, types.int32),
-                     context.cast(builder, x1, t1, types.int32), bar])
+                    _tma_load_operands(context, builder, signature, args))
             return context.get_dummy_value()
         return sig, codegen
 
@@ -945,19 +955,6 @@ else:
         return types.void(smem, off, rank), codegen
 
     @intrinsic
-    def mbar_try_wait_cluster(typingctx, smem, off, parity):
-        if not (isinstance(smem, types.Array) and isinstance(off, types.Integer) and isinstance(parity, types.Integer)):
-            return None
-
-        def codegen(context, builder, signature, args):
-            addr = _mbar_address(context, builder, signature, args)
-            par = context.cast(builder, args[2], signature.args[2], types.uint32)
-            return _inline(builder, _I32, [_I32, _I32],
-                           "{ .reg .pred p; mbarrier.try_wait.parity.acquire.cluster.shared::cta.b64 p, [$1], $2; "
-                           "selp.u32 $0, 1, 0, p; }", "=r,r,r,~{memory}", [addr, par])
-        return types.int32(smem, off, parity), codegen
-
-    @intrinsic
     def tma_load_2d_multicast(typingctx, smem, dst_byte, tmap, c0, c1, mbar_off, mask):
         if not (isinstance(smem, types.Array) and isinstance(tmap, types.Array)
                 and all(isinstance(v, types.Integer) for v in (dst_byte, c0, c1, mbar_off, mask))):
@@ -965,18 +962,11 @@ else:
         sig = types.void(smem, dst_byte, tmap, c0, c1, mbar_off, mask)
 
         def codegen(context, builder, signature, args):
-            sm, d_off, tm, x0, x1, b_off, mk = args
-            st, dt, tt, t0, t1, bt, mt = signature.args
-            base = _shared_address_of(context, builder, st, sm)
-            dst = builder.add(base, context.cast(builder, d_off, dt, types.uint32))
-            bar = builder.add(base, context.cast(builder, b_off, bt, types.uint32))
-            tptr = builder.ptrtoint(_flat_pointer(context, builder, tt, tm, ir.IntType(8)), _I64)
-            m16 = builder.trunc(context.cast(builder, mk, mt, types.uint32), ir.IntType(16))
+            m16 = builder.trunc(context.cast(builder, args[6], signature.args[6], types.uint32), ir.IntType(16))
             _inline(builder, ir.VoidType(), [_I32, _I64, _I32, _I32, _I32, ir.IntType(16)],
                     "cp.async.bulk.tensor.2d.shared::cluster.global.tile.mbarrier::complete_tx::bytes"
                     ".multicast::cluster [$0], [$1, {$2, $3}], [$4], $5;", "r,l,r,r,r,h,~{memory}",
-                    [dst, tptr, context.cast(builder, x0, t0, types.int32),
-                     context.cast(builder, x1, t1, types.int32), bar, m16])
+                    _tma_load_operands(context, builder, signature, args) + [m16])
             return context.get_dummy_value()
         return sig, codegen
 
