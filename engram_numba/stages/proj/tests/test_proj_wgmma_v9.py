@@ -173,24 +173,34 @@ def test_queue_schedule_covers_and_orders():
     assert (queue[3068:3068 + 396, 4] == 1).all() and (queue[-132:, 4] == 2).all()   # partials, then finishers
 
 
-def test_queue_returns_gemm_v4_bits_and_its_pieces_sum(baseline_bits):
+def test_queue_returns_whole_tiles_and_its_pieces_sums():
     """The queue kernel on 2 x 2 tiles of 4 k tiles (a 1-chunk K tail) and 3 persistent CTAs, the last 3 tiles cut
-    in 4: the first tile (whole) gemm_v4's bits, each cut one the fixed-order sum of its pieces'
-    accumulators (`emulate_pieces`); rows past T and N, TMA stores clipped. The simulator runs CTAs one
-    after another (CTA 0 takes every unit); the counters and flags are left at 0, ready for a replay."""
+    in 4: the first tile (whole) the simulator's gemm_v4 arithmetic (`emulate_pieces` on one range), each cut
+    one the fixed-order sum of its pieces' accumulators. The inputs make k tiles 0 and 1 large and cancelling,
+    so a cut tile's bits differ from an uncut one's (the test fails if nothing is cut, or cut elsewhere).
+    Rows past T and N, TMA stores clipped. The simulator runs CTAs one after another (CTA 0 takes every
+    unit); the counters and flags are left at 0, ready for a replay."""
     T, K, N = 130, 200, 264
-    x, w, want = baseline_bits("grid", T, K, N)
+    rng = np.random.default_rng(5)
+    xf = rng.standard_normal((T, K), dtype=np.float32)
+    wf = rng.standard_normal((N, K), dtype=np.float32) * np.float32(0.05)
+    xf[:, :64] *= 256                                  # exact in bf16: k tile 1 cancels k tile 0 exactly
+    xf[:, 64:128] = -xf[:, :64]
+    wf[:, 64:128] = wf[:, :64]
+    x, w = f32_to_bf16(xf), f32_to_bf16(wf)
     qv = W.QVariant(W.TMA_STORE_TILE, 4)
-    want = want.copy()
     queue, _ = W.queue_schedule(T, N, K, qv, 3)
     assert (queue[:, 4] == 2).sum() == 3
+    want = emulate_pieces(x, w, [0, 4])
+    cut = want.copy()
     for u in queue[queue[:, 4] == 2]:                  # FINISH units: their tiles were cut at k tiles 1, 2, 3
         m0, n0 = int(u[0]), int(u[1])
-        want[m0:m0 + 128, n0:n0 + 256] = emulate_pieces(x[m0:m0 + 128], w[n0:n0 + 256], [0, 1, 2, 3, 4])
+        cut[m0:m0 + 128, n0:n0 + 256] = emulate_pieces(x[m0:m0 + 128], w[n0:n0 + 256], [0, 1, 2, 3, 4])
+    assert (cut != want).any()                         # cutting shows in the bits (9 outputs here)
     dx, dw = cuda.to_device(x), cuda.to_device(w)
     out = poisoned(T, N)
     launch = W.prepare_queue(qv.name, qv, dx, dw, out, ctas=3)
     launch()
-    np.testing.assert_array_equal(out.copy_to_host(), want)
+    np.testing.assert_array_equal(out.copy_to_host(), cut)
     ctrs, flags = launch.args[4].copy_to_host(), launch.args[6].copy_to_host()
     assert (ctrs == 0).all() and (flags == 0).all()
