@@ -117,7 +117,8 @@ def test_tensor_map_refuses_what_tma_cannot_copy():
 @pytest.mark.parametrize("T,K,N", [(33, 328, 264), (300, 200, 520), (1024, 6144, 2048)])
 def test_cluster_multicast_gemm_returns_gemm_v10_bits_on_the_gpu(T, K, N):
     """2-CTA clusters (`cuda_wgmma.TMA_CLUSTER_TILE`, launched by `ClusterLaunch`): each CTA loads half the
-    weight box by TMA multicast into both, and a stage is refilled once both CTAs' consumers released it.
+    weight box by TMA multicast into both, and a stage is refilled once both CTAs' consumers released it;
+    the same with a producer warp (`TMA_PW_TILE`, `TMA_PW_CLUSTER_TILE`: 288 threads, warp 8 fills).
     Every output bit for bit gemm_v10's (same boxes, same wgmma chain): an odd number of token tiles (the
     last cluster's second CTA wholly past T), rows past N in a half box, a K tail, several clusters a column."""
     from engram_numba.bf16 import f32_to_bf16
@@ -126,7 +127,7 @@ def test_cluster_multicast_gemm_returns_gemm_v10_bits_on_the_gpu(T, K, N):
     x = cuda.to_device(f32_to_bf16(rng.standard_normal((T, K), dtype=np.float32)))
     w = cuda.to_device(f32_to_bf16(rng.standard_normal((N, K), dtype=np.float32) * np.float32(0.05)))
     outs = []
-    for v in (W.TMA_STORE_TILE, W.TMA_CLUSTER_TILE):
+    for v in (W.TMA_STORE_TILE, W.TMA_CLUSTER_TILE, W.TMA_PW_TILE, W.TMA_PW_CLUSTER_TILE):
         out = cuda.to_device(np.full((T, N), 0xFFFF, np.uint16))
         launch = W.prepare_variant(v.name, v, x, w, out)
         assert (type(launch).__name__ == "ClusterLaunch") == (v.cluster == 2)
@@ -134,7 +135,8 @@ def test_cluster_multicast_gemm_returns_gemm_v10_bits_on_the_gpu(T, K, N):
         cuda.synchronize()
         outs.append(out.copy_to_host())
     assert (outs[0] != 0xFFFF).all()
-    np.testing.assert_array_equal(outs[1], outs[0])
+    for v, got in zip(("cluster", "producer warp", "producer warp + cluster"), outs[1:]):
+        np.testing.assert_array_equal(got, outs[0], err_msg=v)
 
 
 def test_cluster_launch_refuses_a_grid_of_part_clusters():

@@ -265,7 +265,7 @@ def worker(out_dir: Path, skip: set, quick: bool, smoke: bool, only=None, tokens
     if tma:        # every T: the TMA candidates, the kernels they rebuild, gemm_v9 and cuBLAS
         per_T = {T: [*W.Q_CANDIDATES, *W.TMA_CANDIDATES, "gemm_v9", "gemm_v8", "gemm_v4"] + (["gemm_v6"] if T <= 256 else [])
                  + ["cublas_v1"] for T in tokens}
-    if only and (v8 or v9):
+    if only and (v8 or v9 or tma):
         per_T = {T: [n for n in names if n in only or n == "cublas_v1"] for T, names in per_T.items()}
     if smoke:
         per_T = {T: [n for n in names if n in ("gemm_v4", "gemm_v5", "gemm_v3", "cublas_v1", *sk_variants)]

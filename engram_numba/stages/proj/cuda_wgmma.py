@@ -82,7 +82,7 @@ class Variant:
     """One specialisation of the kernel: tile, pipeline depth and shared-memory layout."""
 
     def __init__(self, bm: int, bn: int, stages: int, swizzle: bool, loop: str = "v4", store: str = "v4",
-                 cluster: int = 1):
+                 cluster: int = 1, producer: bool = False):
         # loop: the k loop's form (`_make_parts`): "v4" (gemm_v4's), "lean" (gemm_v4's schedule, the
         # descriptors and ring offsets carried from k tile to k tile) or "lean1" (lean, one barrier a
         # k tile, STAGES-2 tiles of copies in flight) or "mbar" (lean, the stages handed over on
@@ -121,8 +121,14 @@ class Variant:
         # gemm_v4's grid: section "Clusters" below)
         assert cluster in (1, 2) and (cluster == 1 or (loop == "tma" and bm == 128 and bn % 16 == 0)), cluster
         self.cluster = cluster
+        # producer: a 9th warp (threads 256..287) whose lane 0 fills every stage and waits on EMPTY, so the
+        # math warpgroups only wait for data ("tma" loop, gemm_v4's grid: section "A producer warp" below)
+        assert not producer or loop == "tma", "a producer warp fills stages by TMA"
+        self.producer = producer
+        self.threads = THREADS + 32 if producer else THREADS
         self.name = f"{bm}x{bn}x{BK}/s{stages}/{'sw128' if swizzle else 'noswz'}" + ("" if loop == "v4" else f"/{loop}") \
-            + ("" if store == "v4" else "/tmastore") + ("" if cluster == 1 else f"/c{cluster}")
+            + ("" if store == "v4" else "/tmastore") + ("" if cluster == 1 else f"/c{cluster}") \
+            + ("/pw" if producer else "")
         assert loop == "v4" or swizzle, "the lean loops step descriptors in the swizzled layout only"
 
 
@@ -505,13 +511,15 @@ def _store_tile_tma(v: Variant):
     BOX_WORDS = v.bm * 32
     N_BOXES = v.bn // 64
     to_boxes = sw128_storer(8 * N_BOXES) if v.tail else wgmma_store_bf16x2_sw128
+    PW = v.producer                                          # threads >= 256: the producer warp, no tile
 
     @device_function(**INLINE)
     def store_tile(smem, word0, tmaps, acc, m0, n0, T, N, tid, wg):
         p = tid & 127
         lane = p & 31
         g = lane >> 2
-        to_boxes(smem, word0 + (16 * (p >> 5) + g + 64 * wg) * 32 + (lane & 3), g, BOX_WORDS, acc)
+        if not PW or tid < THREADS:
+            to_boxes(smem, word0 + (16 * (p >> 5) + g + 64 * wg) * 32 + (lane & 3), g, BOX_WORDS, acc)
         fence_proxy_async()
         cuda.syncthreads()
         if tid == 0:
@@ -683,12 +691,120 @@ def _tma_loop(v: Variant):
                 mbar_inval(smem, o + EMPTY0 + 8 * s)
         return acc
 
+    if v.producer:
+        _prologue, _k_loop = _producer_warp_loop(v, _fill)
+
     @device_function(**INLINE)
     def _k_tiles(smem, base, s0, tmx, tmw, m0, n0, T, N, K8, kb, ke, row0, q, off0, a_wg, b_wg):
         _prologue(smem, base, s0, tmx, tmw, m0, n0, T, N, K8, kb, ke, row0, q, off0)
         return _k_loop(smem, base, s0, tmx, tmw, m0, n0, T, N, K8, kb, ke, row0, q, off0, a_wg, b_wg)
 
     return _prologue, _k_loop, _k_tiles
+
+
+def _producer_warp_loop(v: Variant, _fill):
+    """The "tma" loop with a producer warp (`Variant.producer`; section "A producer warp" below):
+    (prologue, k_loop) with `_tma_loop`'s contracts and `_fill`, for one unit a CTA (gemm_v4's grid).
+    Thread 256 (lane 0 of warp 8) fills every stage: the first STAGES at once, then k tile kt once
+    EMPTY[kt % S] has completed the phase of tile kt - S; threads 0..255 run the "tma" loop's consumer
+    side unchanged (wait FULL, MMAs, release the previous stage). The producer warp returns zeros."""
+    STAGES = v.stages
+    FULL0 = v.mbar_at
+    EMPTY0 = v.mbar_at + 8 * STAGES
+    NACC = v.wg_n // 2
+    ZERO = tuple(np.float32(0.0) for _ in range(NACC))
+    D_KSTEP = np.uint64(32 >> 4)
+    D_STAGE = np.uint64(v.stage_bytes >> 4)
+    D_RING = np.uint64(STAGES * v.stage_bytes >> 4)
+    D_A = np.uint64(v.bm * ROW_BYTES >> 4)
+    mma_wait1 = wgmma_waiter(1)
+    mma_wait0 = wgmma_waiter(0)
+    MC = v.cluster == 2 and not WS.SIMULATOR
+    EMPTY_COUNT = THREADS if WS.SIMULATOR else (THREADS // 32) * v.cluster     # the consumer warps (of both CTAs)
+    PRODUCER = THREADS
+
+    @device_function(**INLINE)
+    def _prologue(smem, base, s0, tmx, tmw, m0, n0, T, N, K8, kb, ke, row0, q, off0):
+        """The barriers initialised by the producer before anyone waits on them; no fills here."""
+        o = s0 - base
+        if cuda.threadIdx.x == PRODUCER:
+            for s in range(STAGES):
+                mbar_init(smem, o + FULL0 + 8 * s, 1)
+                mbar_init(smem, o + EMPTY0 + 8 * s, EMPTY_COUNT)
+            if MC:
+                fence_mbarrier_init_cluster()
+        if MC:
+            cluster_sync()
+        else:
+            cuda.syncthreads()
+
+    @device_function(**INLINE)
+    def _k_loop(smem, base, s0, tmx, tmw, m0, n0, T, N, K8, kb, ke, row0, q, off0, a_wg, b_wg):
+        n = ke - kb
+        o = s0 - base
+        tid = cuda.threadIdx.x
+        acc = ZERO
+        if tid >= THREADS:
+            if tid == PRODUCER:
+                fence_proxy_async()
+                st = 0
+                par = 1                                     # the parity of tile kt - S's release
+                for kt in range(n):
+                    if kt >= STAGES:
+                        if MC:
+                            while mbar_try_wait_cluster(smem, o + EMPTY0 + 8 * st, par) == 0:
+                                pass
+                        else:
+                            while mbar_try_wait(smem, o + EMPTY0 + 8 * st, par) == 0:
+                                pass
+                    _fill(smem, o, st, tmx, tmw, m0, n0, kb + kt)
+                    st += 1
+                    if st == STAGES:
+                        st = 0
+                        par ^= 1
+        else:
+            lane0 = WS.SIMULATOR or cuda.laneid == 0
+            d_hi = wgmma_descriptor(0, 16, GROUP_BYTES, WGMMA_SWIZZLE_128B)
+            da = d_hi | wgmma_descriptor(s0 + a_wg, 0, 0, 0)
+            db = d_hi | wgmma_descriptor(s0 + b_wg, 0, 0, 0) + D_A
+            da_end = da + D_RING
+            r_st = 0
+            r_par = 0
+            p_st = 0
+            for j in range(n):
+                while mbar_try_wait(smem, o + FULL0 + 8 * r_st, r_par) == 0:
+                    pass                                    # tile j's bytes have landed
+                acc = wgmma_fence(acc)
+                for ks in range(BK // 16):
+                    acc = wgmma_bf16(acc, da + np.uint64(ks) * D_KSTEP, db + np.uint64(ks) * D_KSTEP, smem)
+                wgmma_commit()
+                da += D_STAGE
+                db += D_STAGE
+                if da == da_end:
+                    da -= D_RING
+                    db -= D_RING
+                acc = mma_wait1(acc)                        # this warpgroup's MMAs of tile j-1 are done
+                if j > 0 and lane0:
+                    mbar_arrive(smem, o + EMPTY0 + 8 * p_st)
+                    if MC:                                  # and the peer's: its producer's next fill writes here
+                        mbar_arrive_remote(smem, o + EMPTY0 + 8 * p_st, cluster_ctarank() ^ np.uint32(1))
+                p_st = r_st
+                r_st += 1
+                if r_st == STAGES:
+                    r_st = 0
+                    r_par ^= 1
+            acc = mma_wait0(acc)
+        if MC:                                              # the peer's arrivals on our barriers are in too
+            cluster_sync()
+        else:
+            cuda.syncthreads()                              # every MMA has read its last stage
+        if tid == PRODUCER:
+            for s in range(STAGES):
+                mbar_inval(smem, o + FULL0 + 8 * s)
+                mbar_inval(smem, o + EMPTY0 + 8 * s)
+        return acc
+
+    return _prologue, _k_loop
 
 
 _PARTS: dict = {}
@@ -710,8 +826,10 @@ def make_kernel(v: Variant):
     STORE_TMA = v.store == "tma"
     TAIL = v.tail > 0
     store_tail = parts.store_tail
+    PW = v.producer
+    assert not PW or STORE_TMA, "the producer-warp kernel stores by TMA"
 
-    @cuda.jit(**bounds(THREADS, v.blocks_per_sm))
+    @cuda.jit(**bounds(v.threads, v.blocks_per_sm))
     def gemm_wgmma(x32, w32, out, T, K):
         # x32: uint32 [T*K/2] flat view of x; w32: uint32 [N*K/2] of wkv; out: uint16 [T, N]
         smem = cuda.shared.array(0, types.uint32)        # dynamic: STAGES x ([BM][64] x, [BN][64] w) bf16
@@ -734,7 +852,7 @@ def make_kernel(v: Variant):
         acc = k_tiles(smem, base, s0, x32, w32, m0, n0, T, N, K8, 0, n_k, row0, q, off0, a_wg, b_wg)
         if STORE_TMA:                                    # x32: the maps of x and the output (`tma_maps`)
             store_tile(smem, pad >> 2, x32, acc, m0, n0, T, N, tid, wg)
-            if TAIL:
+            if TAIL and (not PW or tid < THREADS):
                 store_tail(out, acc, m0, n0, T, N, tid, wg)
             if tid == 0:
                 bulk_wait_read0()                        # the boxes are read before the CTA's memory goes
@@ -779,7 +897,7 @@ def grid_for(v: Variant, T: int, N: int) -> tuple:
 def geometry(v: Variant):
     """(T, N) -> (grid, block, dynamic shared bytes) of specialisation v."""
     def geo(T: int, N: int):
-        return grid_for(v, T, N), THREADS, v.smem_bytes
+        return grid_for(v, T, N), v.threads, v.smem_bytes
     return geo
 
 
@@ -788,7 +906,7 @@ def prepare_variant(name: str, v: Variant, x, wkv, out, *, stream=0) -> Prepared
     the development script's candidates, which have no record."""
     T, N = x.shape[0], wkv.shape[0]
     kernel = kernel_for(v)
-    launch = fast_launch(name, kernel, grid_for(v, T, N), THREADS, x, wkv, out, stream)
+    launch = fast_launch(name, kernel, grid_for(v, T, N), v.threads, x, wkv, out, stream)
     args = launch.args
     if v.loop == "tma":
         args = tma_maps(v, x, wkv, out, stream) + args[2:]
@@ -852,7 +970,8 @@ class SkVariant:
     whether CTAs walk in bands (`banded_schedule`; `banded=False`: bands of one token tile)."""
 
     def __init__(self, tile: Variant, split: str = "auto", overlap: bool = True, banded: bool = True):
-        assert tile.bm == 128 and split in ("auto", "dp", "sk1", "sk2") and tile.cluster == 1, (tile.name, split)
+        assert tile.bm == 128 and split in ("auto", "dp", "sk1", "sk2") and tile.cluster == 1 and not tile.producer, \
+            (tile.name, split)
         self.tile, self.split, self.overlap, self.banded = tile, split, overlap, banded
         self.bn = tile.bn
         self.group_m = 0              # token tiles fastest (the schedule's tile order)
@@ -909,7 +1028,7 @@ def make_persistent_kernel(v: Variant, overlap: bool):
     the next unit's first STAGES-1 k tiles are issued (cp.async) as soon as a unit's MMAs are done,
     before its fix-up and epilogue, so their latency hides behind them; the epilogue's bf16 tile
     then sits after stage STAGES-2 (`sk_smem_bytes`)."""
-    assert v.bm == 128
+    assert v.bm == 128 and not v.producer, v.name
     NACC = v.wg_n // 2
     SLOT_WORDS = THREADS * NACC
     OVERLAP = overlap
@@ -1085,8 +1204,24 @@ TMA_STORE_240 = Variant(128, 240, 4, swizzle=True, loop="tma", store="tma")
 # clusters: there each CTA loads both halves itself and waits for its own consumers only, so it checks
 # the k loop and the bits, and the gpu tier (tests/test_tma.py) checks the multicast against gemm_v10.
 TMA_CLUSTER_TILE = Variant(128, 256, 4, swizzle=True, loop="tma", store="tma", cluster=2)
+# ---- A producer warp ------------------------------------------------------------------------------
+#
+# In the "tma" loop the thread that refills a stage is thread 0 of math warpgroup 0: it waits on EMPTY
+# (both warpgroups, and with clusters both CTAs, done with the stage) between its warpgroup's MMAs, so a
+# late warpgroup holds up the other, and in a cluster the pair runs in lockstep. `Variant(producer=True)`
+# adds a ninth warp (288 threads; a wgmma warpgroup must start at a warp index divisible by 4, so the
+# math warpgroups stay threads 0..255) whose lane 0 does all the filling (`_producer_warp_loop`): the
+# first STAGES k tiles at once (one more in flight than thread 0 could issue ahead), then each refill
+# as soon as EMPTY says the stage is free. The math warpgroups only wait on FULL and arrive on EMPTY.
+# 288 threads leave 224 registers a thread (the math threads use ~161); numba's linked compile ignores
+# setmaxnreg (`cuda_wgmma_ws`), so the producer warp gets as many as the rest. Same boxes, same wgmma
+# chain: gemm_v10's bits. gemm_v4's grid only (one tile a CTA); with `cluster=2` on top, the waits
+# for the peer's consumers are the producer warp's alone.
+TMA_PW_TILE = Variant(128, 256, 4, swizzle=True, loop="tma", store="tma", producer=True)
+TMA_PW_CLUSTER_TILE = Variant(128, 256, 4, swizzle=True, loop="tma", store="tma", cluster=2, producer=True)
 TMA_CANDIDATES = {v.name: v for v in (TMA_STORE_TILE, TMA_VARIANTS["gemm_v11"], TMA_TILE, TMA_FALLBACK["gemm_v11"],
-                                      SkVariant(TMA_STORE_TILE, "dp"), TMA_STORE_240, TMA_CLUSTER_TILE)}
+                                      SkVariant(TMA_STORE_TILE, "dp"), TMA_STORE_240, TMA_CLUSTER_TILE,
+                                      TMA_PW_TILE, TMA_PW_CLUSTER_TILE)}
 
 
 def tma_store_ok(out) -> bool:
@@ -1224,7 +1359,8 @@ class QVariant:
     a tail tile is cut into (1: nothing cut) and how many tail tiles (None: one a CTA)."""
 
     def __init__(self, tile: Variant, pieces: int = 4, tail: int | None = None):
-        assert tile.bm == 128 and tile.loop == "tma" and pieces >= 1 and tile.cluster == 1, tile.name
+        assert tile.bm == 128 and tile.loop == "tma" and pieces >= 1 and tile.cluster == 1 and not tile.producer, \
+            tile.name
         self.tile, self.pieces, self.tail = tile, int(pieces), tail
         self.bn = tile.bn
         self.smem_bytes = sk_smem_bytes(tile, True)
@@ -1282,7 +1418,7 @@ def check_queue(queue, n_slots, T: int, N: int, K: int, bn: int) -> None:
 
 def make_queue_kernel(v: Variant):
     """The queue kernel on CTA tile v (a "tma"-loop tile): persistent CTAs over a unit queue (above)."""
-    assert v.bm == 128 and v.loop == "tma"
+    assert v.bm == 128 and v.loop == "tma" and not v.producer, v.name
     NACC = v.wg_n // 2
     SLOT_WORDS = THREADS * NACC
     STASH_WORD = (v.stages - 1) * v.stage_bytes // 4
