@@ -151,3 +151,31 @@ def test_cluster_launch_refuses_a_grid_of_part_clusters():
     with pytest.raises(ValueError, match=r"grid \(3, 1, 1\) is not a whole number of clusters of \(2, 1, 1\)"):
         ClusterLaunch("fill", fill, (3, 1), 32, 0, (out,), out, cluster=(2, 1, 1))
     assert not out.copy_to_host().any()
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("T,K,N", [(33, 328, 264), (300, 200, 520), (1024, 6144, 2048)])
+def test_producer_warp_queue_returns_gemm_v10_bits_on_the_gpu(T, K, N):
+    """The producer-warp queue kernel (`cuda_wgmma.make_queue_pw_kernel`: persistent CTAs whose producer warp
+    takes units from the queue and runs the stage ring on across them, the epilogue in two rounds through its
+    own buffer) returns gemm_v10's bits, on every SM and on 3 CTAs (many units a CTA, both unit slots
+    reused), and leaves its counters at 0, so a second launch returns the same."""
+    from engram_numba.bf16 import f32_to_bf16
+    from engram_numba.stages.proj import cuda_wgmma as W
+    rng = np.random.default_rng(T * K + N)
+    x = cuda.to_device(f32_to_bf16(rng.standard_normal((T, K), dtype=np.float32)))
+    w = cuda.to_device(f32_to_bf16(rng.standard_normal((N, K), dtype=np.float32) * np.float32(0.05)))
+    want = cuda.to_device(np.full((T, N), 0xFFFF, np.uint16))
+    W.prepare_variant("gemm_v10", W.TMA_STORE_TILE, x, w, want)()
+    want = want.copy_to_host()
+    assert (want != 0xFFFF).all()
+    qv = W.QVariant(W.TMA_PW_TILE, 1)
+    for ctas in (None, 3):
+        out = cuda.to_device(np.full((T, N), 0xFFFF, np.uint16))
+        launch = W.prepare_queue(qv.name, qv, x, w, out, ctas=ctas)
+        for _ in range(2):                       # the replay on a poisoned output: the counters were reset
+            out.copy_to_device(np.full((T, N), 0xFFFF, np.uint16))
+            launch()
+            cuda.synchronize()
+            np.testing.assert_array_equal(out.copy_to_host(), want, err_msg=f"ctas={ctas}")
+        assert (launch.args[4].copy_to_host() == 0).all()

@@ -88,8 +88,9 @@ asynchrony, so a kernel that reads data before waiting for it fails in the simul
   `wgmma_store_bf16x2`, into 128-byte-swizzled boxes of 64 bf16 columns (32 words a row, box b
   box_words after box b-1): pair j of row r at word base + (j >> 3) * box_words + 8 h * 32 +
   4 ((j & 7) ^ g), with base = stash + r0 * 32 + t for the thread's rows r0 = 16 w + g (+ 8 h), t = lane & 3.
-  `sw128_storer(chunks)` returns the same store limited to pairs j < chunks (the boxes of a tile
-  whose width is not a multiple of 64); `acc_tail_storer(j0)` returns `store(out, acc, row, col, T, N)`,
+  `sw128_storer(chunks, first=0)` returns the same store limited to pairs first <= j < chunks (the
+  boxes of a tile whose width is not a multiple of 64; or a tile stored a few boxes at a time: pair j
+  into box (j - first) >> 3 of base, first a multiple of 8); `acc_tail_storer(j0)` returns `store(out, acc, row, col, T, N)`,
   the pairs j >= j0 straight to out [T, N] (uint16, N even, 4-byte aligned) as one 32-bit word each,
   (acc[4j + 2h], acc[4j + 2h + 1]) at out[row + 8h, col + 8j ..], rows >= T and columns >= N not.
 - 2-CTA thread-block clusters (a kernel launched with a cluster dimension,
@@ -527,22 +528,23 @@ if SIMULATOR:
     def tma_load_2d_multicast(smem, dst_byte, tmap, c0, c1, mbar_off, mask):
         tma_load_2d(smem, dst_byte, tmap, c0, c1, mbar_off)
 
-    def _sw128_store(smem, base, g, box_words, acc, chunks):
+    def _sw128_store(smem, base, g, box_words, acc, chunks, first=0):
         vals = acc.read("wgmma_store_bf16x2_sw128") if isinstance(acc, WgmmaAcc) else np.array(acc, np.float32)
         base, g, box_words = int(base), int(g), int(box_words)
-        for j in range(min(vals.size // 4, chunks)):
+        for j in range(first, min(vals.size // 4, chunks)):
             for h in range(2):
-                smem[base + (j >> 3) * box_words + 8 * h * 32 + 4 * ((j & 7) ^ g)] = \
+                smem[base + ((j - first) >> 3) * box_words + 8 * h * 32 + 4 * ((j & 7) ^ g)] = \
                     cvt_pack_bf16x2(vals[4 * j + 2 * h], vals[4 * j + 2 * h + 1])
 
     def wgmma_store_bf16x2_sw128(smem, base, g, box_words, acc):
         _sw128_store(smem, base, g, box_words, acc, 1 << 30)
 
-    def sw128_storer(chunks):
-        chunks = int(chunks)
+    def sw128_storer(chunks, first=0):
+        chunks, first = int(chunks), int(first)
+        assert first % 8 == 0 and first < chunks, (first, chunks)
 
         def sw128_store(smem, base, g, box_words, acc):
-            _sw128_store(smem, base, g, box_words, acc, chunks)
+            _sw128_store(smem, base, g, box_words, acc, chunks, first)
         return sw128_store
 
     def acc_tail_storer(j0):
@@ -984,7 +986,7 @@ else:
             return context.get_dummy_value()
         return types.void(), codegen
 
-    def _sw128_intrinsic(chunks):
+    def _sw128_intrinsic(chunks, first=0):
         @intrinsic
         def wgmma_store_bf16x2_sw128(typingctx, smem, base, g, box_words, acc):
             if not (isinstance(smem, types.Array) and smem.dtype == types.uint32 and _is_acc(acc)
@@ -998,9 +1000,9 @@ else:
                 base_v = context.cast(builder, args[1], b_t, types.int64)
                 g_v = context.cast(builder, args[2], g_t, types.int64)
                 bw_v = context.cast(builder, args[3], bw_t, types.int64)
-                for j in range(min(acc_t.count // 4, chunks)):
+                for j in range(first, min(acc_t.count // 4, chunks)):
                     col = builder.shl(builder.xor(g_v, ir.Constant(_I64, j & 7)), ir.Constant(_I64, 2))
-                    box = builder.mul(bw_v, ir.Constant(_I64, j >> 3))
+                    box = builder.mul(bw_v, ir.Constant(_I64, (j - first) >> 3))
                     for h in range(2):
                         lo = builder.extract_value(args[4], 4 * j + 2 * h)
                         hi = builder.extract_value(args[4], 4 * j + 2 * h + 1)
@@ -1015,11 +1017,12 @@ else:
     wgmma_store_bf16x2_sw128 = _sw128_intrinsic(1 << 30)
     _SW128_STORERS: dict = {}
 
-    def sw128_storer(chunks):
-        chunks = int(chunks)
-        if chunks not in _SW128_STORERS:
-            _SW128_STORERS[chunks] = _sw128_intrinsic(chunks)
-        return _SW128_STORERS[chunks]
+    def sw128_storer(chunks, first=0):
+        chunks, first = int(chunks), int(first)
+        assert first % 8 == 0 and first < chunks, (first, chunks)
+        if (chunks, first) not in _SW128_STORERS:
+            _SW128_STORERS[chunks, first] = _sw128_intrinsic(chunks, first)
+        return _SW128_STORERS[chunks, first]
 
     _TAIL_STORERS: dict = {}
 

@@ -57,6 +57,7 @@ from numba import cuda, types
 from ...device.devarray import data_address
 from ...device.intrinsics import device_function
 from ...device.hopper import (WGMMA_NO_SWIZZLE, WGMMA_SWIZZLE_128B, acc_add_f32, acc_store_f32, cp_async_16,
+                              named_barrier_sync,
                               cp_async_commit, cp_async_mbar_arrive, cp_async_waiter, fence_proxy_async, flag_wait,
                               mbar_arrive, mbar_arrive_expect_tx, mbar_init, mbar_inval, mbar_try_wait, shared_address,
                               bulk_commit, bulk_wait_read0, tma_load_2d, tma_store_2d, wgmma_bf16, wgmma_commit,
@@ -544,6 +545,35 @@ def _store_tail(v: Variant):
     return store_tail
 
 
+def _tma_filler(v: Variant, FULL0: int):
+    """The "tma" loop's fill of tile v with its FULL barriers at byte FULL0 of the stage ring's start:
+    fill(smem, o, st, tmx, tmw, m0, n0, kt), for the one thread that fills."""
+    STAGE_BYTES = v.stage_bytes
+    A_BYTES = v.bm * ROW_BYTES
+    C2 = v.cluster == 2
+    MC = C2 and not WS.SIMULATOR
+    HALF = v.bn // 2
+    HALF_BYTES = HALF * ROW_BYTES
+
+    @device_function(**INLINE)
+    def _fill(smem, o, st, tmx, tmw, m0, n0, kt):
+        """k tile kt of the tile at (m0, n0) into stage st by TMA, reported to FULL[st]."""
+        bar = o + FULL0 + 8 * st
+        stage = o + st * STAGE_BYTES
+        mbar_arrive_expect_tx(smem, bar, STAGE_BYTES)
+        tma_load_2d(smem, stage, tmx, np.int32(kt * BK), np.int32(m0), bar)
+        if MC:                                              # this CTA's half of the weight box, into both
+            rank = cluster_ctarank()
+            tma_load_2d_multicast(smem, stage + A_BYTES + rank * HALF_BYTES, tmw, np.int32(kt * BK),
+                                  np.int32(n0 + rank * HALF), bar, 3)
+        elif C2:                                            # the simulator: both halves (what both CTAs load)
+            tma_load_2d(smem, stage + A_BYTES, tmw, np.int32(kt * BK), np.int32(n0), bar)
+            tma_load_2d(smem, stage + A_BYTES + HALF_BYTES, tmw, np.int32(kt * BK), np.int32(n0 + HALF), bar)
+        else:
+            tma_load_2d(smem, stage + A_BYTES, tmw, np.int32(kt * BK), np.int32(n0), bar)
+    return _fill
+
+
 def _tma_loop(v: Variant):
     """The "tma" k loop on tile v: (prologue, k_loop, k_tiles) with `_make_parts`' contracts, except
     that the kernel's x32 and w32 arguments are the tensor maps of x [T, K] (box BM x 64) and wkv
@@ -574,28 +604,10 @@ def _tma_loop(v: Variant):
     # clusters of 2 ("Clusters" below): on the GPU each CTA loads half the weight box into both CTAs,
     # and a stage is refilled once the consumers of both have released it; the simulator has no
     # peer, so there a CTA loads both halves itself and waits for its own consumers only
-    C2 = v.cluster == 2
-    MC = C2 and not WS.SIMULATOR
-    HALF = v.bn // 2
-    HALF_BYTES = HALF * ROW_BYTES
+    MC = v.cluster == 2 and not WS.SIMULATOR
     EMPTY_COUNT = THREADS if WS.SIMULATOR else (THREADS // 32) * v.cluster     # as the "mbar" loop's
 
-    @device_function(**INLINE)
-    def _fill(smem, o, st, tmx, tmw, m0, n0, kt):
-        """Thread 0: k tile kt of the tile at (m0, n0) into stage st by TMA, reported to FULL[st]."""
-        bar = o + FULL0 + 8 * st
-        stage = o + st * STAGE_BYTES
-        mbar_arrive_expect_tx(smem, bar, STAGE_BYTES)
-        tma_load_2d(smem, stage, tmx, np.int32(kt * BK), np.int32(m0), bar)
-        if MC:                                              # this CTA's half of the weight box, into both
-            rank = cluster_ctarank()
-            tma_load_2d_multicast(smem, stage + A_BYTES + rank * HALF_BYTES, tmw, np.int32(kt * BK),
-                                  np.int32(n0 + rank * HALF), bar, 3)
-        elif C2:                                            # the simulator: both halves (what both CTAs load)
-            tma_load_2d(smem, stage + A_BYTES, tmw, np.int32(kt * BK), np.int32(n0), bar)
-            tma_load_2d(smem, stage + A_BYTES + HALF_BYTES, tmw, np.int32(kt * BK), np.int32(n0 + HALF), bar)
-        else:
-            tma_load_2d(smem, stage + A_BYTES, tmw, np.int32(kt * BK), np.int32(n0), bar)
+    _fill = _tma_filler(v, FULL0)
 
     @device_function(**INLINE)
     def _prologue(smem, base, s0, tmx, tmw, m0, n0, T, N, K8, kb, ke, row0, q, off0):
@@ -1359,13 +1371,14 @@ class QVariant:
     a tail tile is cut into (1: nothing cut) and how many tail tiles (None: one a CTA)."""
 
     def __init__(self, tile: Variant, pieces: int = 4, tail: int | None = None):
-        assert tile.bm == 128 and tile.loop == "tma" and pieces >= 1 and tile.cluster == 1 and not tile.producer, \
-            tile.name
+        assert tile.bm == 128 and tile.loop == "tma" and pieces >= 1 and tile.cluster == 1, tile.name
+        # a producer-warp tile: whole tiles only, stored by TMA 128 columns at a time (`make_queue_pw_kernel`)
+        assert not tile.producer or (pieces == 1 and tile.store == "tma" and tile.bn % 128 == 0), tile.name
         self.tile, self.pieces, self.tail = tile, int(pieces), tail
         self.bn = tile.bn
-        self.smem_bytes = sk_smem_bytes(tile, True)
+        self.smem_bytes = pw_queue_layout(tile)["smem_bytes"] if tile.producer else sk_smem_bytes(tile, True)
         self.name = f"q/{tile.bm}x{tile.bn}/p{pieces}" + ("" if tail is None else f"t{tail}") \
-            + ("" if tile.store == "v4" else "/tmastore")
+            + ("" if tile.store == "v4" else "/tmastore") + ("/pw" if tile.producer else "")
 
 
 def queue_schedule(T: int, N: int, K: int, qv: QVariant, ctas: int):
@@ -1513,7 +1526,7 @@ _QUEUES: dict = {}
 
 def queue_kernel_for(v: Variant):
     if v.name not in _Q_KERNELS:
-        _Q_KERNELS[v.name] = make_queue_kernel(v)
+        _Q_KERNELS[v.name] = make_queue_pw_kernel(v) if v.producer else make_queue_kernel(v)
     return _Q_KERNELS[v.name]
 
 
@@ -1544,11 +1557,204 @@ def prepare_queue(name: str, qv: QVariant, x, wkv, out, *, stream=0, ctas: int |
     xa, wa = tma_maps(qv.tile, x, wkv, out, stream)
     args = (xa, wa, out, d_queue, ctrs, ws, flags, T, K)
     allow_dynamic_shared(kernel, args, qv.smem_bytes)
-    return PreparedLaunch(name, kernel, min(ctas, len(queue)), THREADS, stream, args, out, sharedmem=qv.smem_bytes)
+    return PreparedLaunch(name, kernel, min(ctas, len(queue)), qv.tile.threads, stream, args, out,
+                          sharedmem=qv.smem_bytes)
+
+
+# ---- The unit queue with a producer warp (a candidate, no record) --------------------------------------
+#
+# The queue kernel's CTAs still stop their tensor cores between units: thread 0 of a math warpgroup
+# fills the next unit's first stages, then the fix-up and epilogue run, then the barriers are made
+# anew and the next unit's MMAs start. `make_queue_pw_kernel` (`QVariant` of a `producer=True` tile,
+# whole tiles only) makes the stage ring one stream across a CTA's units: the producer warp's lane 0
+# takes the next unit from the queue, hands its index to the math warpgroups through a two-slot ring
+# in shared memory (UNIT_FULL / UNIT_EMPTY mbarriers), and fills that unit's k tiles into the ring as
+# stages free up, so the next unit's first stages land while the math warpgroups store the last one.
+# FULL / EMPTY are made once a launch; the ring position (stage, parity) carries from unit to unit.
+# The epilogue cannot use ring stages the producer is filling, so it has its own buffer past the ring:
+# 32 KiB, two of the four 64-column TMA boxes, stored in two rounds (thread 0 waits for the first
+# round's stores to have read the buffer before anyone writes the second; the math warpgroups meet on
+# a named barrier, not the CTA barrier, which the producer warp does not reach). Shared memory: the
+# 4-stage ring (192 KiB), the buffer, 12 mbarriers and the slots: 225.1 KiB of the 227 a CTA may have.
+# Same boxes and wgmma chain on whole tiles: gemm_v4's bits.
+EPI_BOXES = 2                  # 64-column boxes of the producer-warp queue kernel's epilogue buffer
+
+
+def pw_queue_layout(v: Variant) -> dict:
+    """Byte offsets from the ring's start of the producer-warp queue kernel on tile v."""
+    ring = v.stages * v.stage_bytes
+    epi = ring                                   # 1024-aligned: stages are multiples of 1 KiB
+    full0 = epi + EPI_BOXES * v.bm * 128
+    empty0 = full0 + 8 * v.stages
+    ufull0 = empty0 + 8 * v.stages
+    uempty0 = ufull0 + 16
+    units0 = uempty0 + 16
+    smem = units0 + 8 + ALIGN_SLACK
+    assert smem <= 227 * 1024, (v.name, smem)
+    return {"epi": epi, "full0": full0, "empty0": empty0, "ufull0": ufull0, "uempty0": uempty0, "units0": units0,
+            "smem_bytes": smem}
+
+
+def make_queue_pw_kernel(v: Variant):
+    """The unit queue on a producer-warp tile (above): persistent CTAs of 288 threads over whole tiles."""
+    assert v.bm == 128 and v.loop == "tma" and v.producer and v.store == "tma" and v.bn % (64 * EPI_BOXES) == 0, v.name
+    L = pw_queue_layout(v)
+    EPI, FULL0, EMPTY0, UFULL0, UEMPTY0, UNITS0 = (L[k] for k in ("epi", "full0", "empty0", "ufull0", "uempty0",
+                                                                  "units0"))
+    STAGES = v.stages
+    NACC = v.wg_n // 2
+    ZERO = tuple(np.float32(0.0) for _ in range(NACC))
+    D_KSTEP = np.uint64(32 >> 4)
+    D_STAGE = np.uint64(v.stage_bytes >> 4)
+    D_RING = np.uint64(STAGES * v.stage_bytes >> 4)
+    D_A = np.uint64(v.bm * ROW_BYTES >> 4)
+    mma_wait1 = wgmma_waiter(1)
+    mma_wait0 = wgmma_waiter(0)
+    WARP_COUNT = THREADS if WS.SIMULATOR else THREADS // 32     # arrivals that release a stage or a slot
+    PRODUCER = THREADS
+    BOX_WORDS = v.bm * 32
+    CHUNKS = 8 * EPI_BOXES                       # accumulator pairs j (8 columns each) a round stores
+    assert v.bn == 2 * 64 * EPI_BOXES, "two rounds"
+    fill = _tma_filler(v, FULL0)
+    parts = parts_for(v)
+    operand_offsets = parts.operand_offsets
+
+    def round_storer(r):
+        storer = sw128_storer(CHUNKS * (r + 1), CHUNKS * r)
+        COL0 = 64 * EPI_BOXES * r
+
+        @device_function(**INLINE)
+        def store_round(smem, word, epi_byte, tmaps, acc, m0, n0, tid, g):
+            """Round r of the epilogue: pairs CHUNKS r .. CHUNKS (r+1) - 1 into the buffer, then TMA stores."""
+            if tid == 0:
+                bulk_wait_read0()                # the last stores from the buffer have read it
+            named_barrier_sync(1, THREADS)
+            storer(smem, word, g, BOX_WORDS, acc)
+            fence_proxy_async()
+            named_barrier_sync(1, THREADS)
+            if tid == 0:
+                for b in range(EPI_BOXES):
+                    tma_store_2d(smem, epi_byte + b * BOX_WORDS * 4, tmaps, 128, np.int32(n0 + COL0 + 64 * b),
+                                 np.int32(m0))
+                bulk_commit()
+        return store_round
+    store_round0 = round_storer(0)
+    store_round1 = round_storer(1)
+
+    @cuda.jit(**bounds(v.threads, 1))
+    def gemm_wgmma_qpw(x32, w32, out, queue, ctrs, ws, flags, T, K):
+        # the queue kernel's arguments (ws and flags unused: nothing is cut)
+        smem = cuda.shared.array(0, types.uint32)
+        tid = cuda.threadIdx.x
+        n_units = queue.shape[0]
+        base = np.int64(shared_address(smem))
+        pad = (1024 - (base & 1023)) & 1023
+        s0 = base + pad
+        o = pad
+        if tid == PRODUCER:
+            for s in range(STAGES):
+                mbar_init(smem, o + FULL0 + 8 * s, 1)
+                mbar_init(smem, o + EMPTY0 + 8 * s, WARP_COUNT)
+            for s in range(2):
+                mbar_init(smem, o + UFULL0 + 8 * s, 1)
+                mbar_init(smem, o + UEMPTY0 + 8 * s, WARP_COUNT)
+        cuda.syncthreads()
+        if tid >= THREADS:
+            if tid == PRODUCER:
+                fence_proxy_async()
+                st = 0
+                par = 1                          # the parity of the release of the fill STAGES before
+                filled = 0
+                i = 0
+                while True:
+                    u = cuda.atomic.add(ctrs, 0, 1)
+                    slot = i & 1
+                    if i >= 2:                   # the math warpgroups have read unit i-2's index
+                        while mbar_try_wait(smem, o + UEMPTY0 + 8 * slot, ((i >> 1) - 1) & 1) == 0:
+                            pass
+                    smem[(o + UNITS0) // 4 + slot] = np.uint32(u)
+                    mbar_arrive(smem, o + UFULL0 + 8 * slot)
+                    if u >= n_units:
+                        break
+                    m0 = np.int64(queue[u, F_M0])
+                    n0 = np.int64(queue[u, F_N0])
+                    for kt in range(queue[u, F_KB], queue[u, F_KE]):
+                        if filled >= STAGES:
+                            while mbar_try_wait(smem, o + EMPTY0 + 8 * st, par) == 0:
+                                pass
+                        fill(smem, o, st, x32, w32, m0, n0, kt)
+                        filled += 1
+                        st += 1
+                        if st == STAGES:
+                            st = 0
+                            par ^= 1
+                    i += 1
+                # every CTA has taken its last index once all have counted themselves out: the last resets
+                if cuda.atomic.add(ctrs, 1, 1) == cuda.gridDim.x - 1:
+                    cuda.atomic.exch(ctrs, 0, np.int32(0))
+                    cuda.atomic.exch(ctrs, 1, np.int32(0))
+        else:
+            wg = tid >> 7
+            p = tid & 127
+            lane = p & 31
+            g = lane >> 2
+            lane0 = WS.SIMULATOR or cuda.laneid == 0
+            word = (o + EPI) // 4 + (16 * (p >> 5) + g + 64 * wg) * 32 + (lane & 3)
+            a_wg, b_wg = operand_offsets(wg)
+            d_hi = wgmma_descriptor(0, 16, GROUP_BYTES, WGMMA_SWIZZLE_128B)
+            da = d_hi | wgmma_descriptor(s0 + a_wg, 0, 0, 0)
+            db = d_hi | wgmma_descriptor(s0 + b_wg, 0, 0, 0) + D_A
+            da_end = da + D_RING
+            r_st = 0
+            r_par = 0
+            p_st = 0
+            i = 0
+            while True:
+                slot = i & 1
+                while mbar_try_wait(smem, o + UFULL0 + 8 * slot, (i >> 1) & 1) == 0:
+                    pass
+                u = np.int32(smem[(o + UNITS0) // 4 + slot])
+                if lane0:
+                    mbar_arrive(smem, o + UEMPTY0 + 8 * slot)
+                if u >= n_units:
+                    break
+                m0 = np.int64(queue[u, F_M0])
+                n0 = np.int64(queue[u, F_N0])
+                acc = ZERO
+                for j in range(queue[u, F_KE] - queue[u, F_KB]):
+                    while mbar_try_wait(smem, o + FULL0 + 8 * r_st, r_par) == 0:
+                        pass                     # tile j's bytes have landed
+                    acc = wgmma_fence(acc)
+                    for ks in range(BK // 16):
+                        acc = wgmma_bf16(acc, da + np.uint64(ks) * D_KSTEP, db + np.uint64(ks) * D_KSTEP, smem)
+                    wgmma_commit()
+                    da += D_STAGE
+                    db += D_STAGE
+                    if da == da_end:
+                        da -= D_RING
+                        db -= D_RING
+                    acc = mma_wait1(acc)         # this warpgroup's MMAs of tile j-1 are done
+                    if j > 0 and lane0:
+                        mbar_arrive(smem, o + EMPTY0 + 8 * p_st)
+                    p_st = r_st
+                    r_st += 1
+                    if r_st == STAGES:
+                        r_st = 0
+                        r_par ^= 1
+                acc = mma_wait0(acc)
+                if lane0:                        # the unit's last stage: the producer runs on into the next
+                    mbar_arrive(smem, o + EMPTY0 + 8 * p_st)
+                store_round0(smem, word, o + EPI, x32, acc, m0, n0, tid, g)
+                store_round1(smem, word, o + EPI, x32, acc, m0, n0, tid, g)
+                i += 1
+            if tid == 0:
+                bulk_wait_read0()                # the last boxes are read before the CTA's memory goes
+
+    return gemm_wgmma_qpw
 
 
 # what `tools/prefill_dev.py --tma` times: the queue with nothing cut (the grid's balance on persistent
 # CTAs), the last wave's worth of tiles cut in 2, 4 or 8, and two waves' worth cut in 4
 Q_CANDIDATES = {v.name: v for v in (QVariant(TMA_STORE_TILE, 1), QVariant(TMA_STORE_TILE, 2),
                                       QVariant(TMA_STORE_TILE, 4), QVariant(TMA_STORE_TILE, 8),
-                                      QVariant(TMA_STORE_TILE, 4, 264))}
+                                      QVariant(TMA_STORE_TILE, 4, 264), QVariant(TMA_PW_TILE, 1))}

@@ -207,3 +207,24 @@ def test_queue_returns_whole_tiles_and_its_pieces_sums():
     np.testing.assert_array_equal(out.copy_to_host(), cut)
     ctrs, flags = launch.args[4].copy_to_host(), launch.args[6].copy_to_host()
     assert (ctrs == 0).all() and (flags == 0).all()
+
+
+def test_queue_with_a_producer_warp_returns_gemm_v4_bits():
+    """The producer-warp queue kernel (`make_queue_pw_kernel`): 2 x 2 whole tiles of 6 k tiles (a 1-chunk K
+    tail) through one 4-stage ring that runs on from unit to unit, the unit index handed over through both
+    slots of its ring and back (the simulator runs CTAs one after another: CTA 0 takes all 4 units), the
+    epilogue in two rounds of two boxes, the second output tile's boxes clipped at N = 264 (three wholly
+    past it), rows past T. Every output the simulator's gemm_v4 arithmetic; the counters left at 0."""
+    T, K, N = 130, 328, 264
+    rng = np.random.default_rng(7)
+    x, w = make_inputs(rng, T, K, N)
+    qv = W.QVariant(W.TMA_PW_TILE, 1)
+    assert qv.smem_bytes <= 227 * 1024 and qv.tile.threads == 288
+    out = poisoned(T, N)
+    launch = W.prepare_queue(qv.name, qv, cuda.to_device(x), cuda.to_device(w), out, ctas=3)
+    assert launch.block == 288
+    launch()
+    np.testing.assert_array_equal(out.copy_to_host(), emulate_pieces(x, w, [0, 6]))
+    assert (launch.args[4].copy_to_host() == 0).all()
+    with pytest.raises(AssertionError):
+        W.QVariant(W.TMA_PW_TILE, 2)                   # whole tiles only
