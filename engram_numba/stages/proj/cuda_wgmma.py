@@ -1231,6 +1231,7 @@ TMA_CLUSTER_TILE = Variant(128, 256, 4, swizzle=True, loop="tma", store="tma", c
 # for the peer's consumers are the producer warp's alone.
 TMA_PW_TILE = Variant(128, 256, 4, swizzle=True, loop="tma", store="tma", producer=True)
 TMA_PW_CLUSTER_TILE = Variant(128, 256, 4, swizzle=True, loop="tma", store="tma", cluster=2, producer=True)
+TMA_PW3_TILE = Variant(128, 256, 3, swizzle=True, loop="tma", store="tma", producer=True)   # the queue's: 4 boxes a round
 TMA_CANDIDATES = {v.name: v for v in (TMA_STORE_TILE, TMA_VARIANTS["gemm_v11"], TMA_TILE, TMA_FALLBACK["gemm_v11"],
                                       SkVariant(TMA_STORE_TILE, "dp"), TMA_STORE_240, TMA_CLUSTER_TILE,
                                       TMA_PW_TILE, TMA_PW_CLUSTER_TILE)}
@@ -1378,7 +1379,8 @@ class QVariant:
         self.bn = tile.bn
         self.smem_bytes = pw_queue_layout(tile)["smem_bytes"] if tile.producer else sk_smem_bytes(tile, True)
         self.name = f"q/{tile.bm}x{tile.bn}/p{pieces}" + ("" if tail is None else f"t{tail}") \
-            + ("" if tile.store == "v4" else "/tmastore") + ("/pw" if tile.producer else "")
+            + ("" if tile.store == "v4" else "/tmastore") + ("/pw" if tile.producer else "") \
+            + ("" if tile.stages == 4 else f"/s{tile.stages}")
 
 
 def queue_schedule(T: int, N: int, K: int, qv: QVariant, ctas: int):
@@ -1571,20 +1573,25 @@ def prepare_queue(name: str, qv: QVariant, x, wkv, out, *, stream=0, ctas: int |
 # in shared memory (UNIT_FULL / UNIT_EMPTY mbarriers), and fills that unit's k tiles into the ring as
 # stages free up, so the next unit's first stages land while the math warpgroups store the last one.
 # FULL / EMPTY are made once a launch; the ring position (stage, parity) carries from unit to unit.
-# The epilogue cannot use ring stages the producer is filling, so it has its own buffer past the ring:
-# 32 KiB, two of the four 64-column TMA boxes, stored in two rounds (thread 0 waits for the first
-# round's stores to have read the buffer before anyone writes the second; the math warpgroups meet on
-# a named barrier, not the CTA barrier, which the producer warp does not reach). Shared memory: the
-# 4-stage ring (192 KiB), the buffer, 12 mbarriers and the slots: 225.1 KiB of the 227 a CTA may have.
+# The epilogue cannot use ring stages the producer is filling, so it has its own buffer past the ring,
+# of as many of the tile's 64-column TMA boxes as fit: with 4 stages (192 KiB) two of the four, stored
+# in two rounds (thread 0 waits for the first round's stores to have read the buffer before anyone
+# writes the second), 225.1 KiB of the 227 a CTA may have; with 3 stages all four in one round. The
+# math warpgroups meet on a named barrier, not the CTA barrier, which the producer warp does not reach.
 # Same boxes and wgmma chain on whole tiles: gemm_v4's bits.
-EPI_BOXES = 2                  # 64-column boxes of the producer-warp queue kernel's epilogue buffer
 
 
 def pw_queue_layout(v: Variant) -> dict:
-    """Byte offsets from the ring's start of the producer-warp queue kernel on tile v."""
+    """Byte offsets from the ring's start of the producer-warp queue kernel on tile v, and the boxes its
+    epilogue buffer holds (`epi_boxes`: the most of the tile's that fit, a divisor of their count)."""
     ring = v.stages * v.stage_bytes
     epi = ring                                   # 1024-aligned: stages are multiples of 1 KiB
-    full0 = epi + EPI_BOXES * v.bm * 128
+    n_boxes = v.bn // 64
+    box_bytes = v.bm * 128
+    fixed = 32 * v.stages + 8 * 4 + 8 + ALIGN_SLACK        # FULL, EMPTY, UNIT_FULL, UNIT_EMPTY, the slots
+    epi_boxes = max(b for b in range(1, n_boxes + 1)
+                    if n_boxes % b == 0 and ring + b * box_bytes + fixed <= 227 * 1024)
+    full0 = epi + epi_boxes * box_bytes
     empty0 = full0 + 8 * v.stages
     ufull0 = empty0 + 8 * v.stages
     uempty0 = ufull0 + 16
@@ -1592,13 +1599,16 @@ def pw_queue_layout(v: Variant) -> dict:
     smem = units0 + 8 + ALIGN_SLACK
     assert smem <= 227 * 1024, (v.name, smem)
     return {"epi": epi, "full0": full0, "empty0": empty0, "ufull0": ufull0, "uempty0": uempty0, "units0": units0,
-            "smem_bytes": smem}
+            "smem_bytes": smem, "epi_boxes": epi_boxes}
 
 
 def make_queue_pw_kernel(v: Variant):
     """The unit queue on a producer-warp tile (above): persistent CTAs of 288 threads over whole tiles."""
-    assert v.bm == 128 and v.loop == "tma" and v.producer and v.store == "tma" and v.bn % (64 * EPI_BOXES) == 0, v.name
+    assert v.bm == 128 and v.loop == "tma" and v.producer and v.store == "tma" and v.bn % 64 == 0, v.name
     L = pw_queue_layout(v)
+    EPI_BOXES = L["epi_boxes"]
+    ROUNDS = v.bn // (64 * EPI_BOXES)
+    assert ROUNDS in (1, 2), (v.name, ROUNDS)
     EPI, FULL0, EMPTY0, UFULL0, UEMPTY0, UNITS0 = (L[k] for k in ("epi", "full0", "empty0", "ufull0", "uempty0",
                                                                   "units0"))
     STAGES = v.stages
@@ -1614,7 +1624,6 @@ def make_queue_pw_kernel(v: Variant):
     PRODUCER = THREADS
     BOX_WORDS = v.bm * 32
     CHUNKS = 8 * EPI_BOXES                       # accumulator pairs j (8 columns each) a round stores
-    assert v.bn == 2 * 64 * EPI_BOXES, "two rounds"
     fill = _tma_filler(v, FULL0)
     parts = parts_for(v)
     operand_offsets = parts.operand_offsets
@@ -1639,7 +1648,7 @@ def make_queue_pw_kernel(v: Variant):
                 bulk_commit()
         return store_round
     store_round0 = round_storer(0)
-    store_round1 = round_storer(1)
+    store_round1 = round_storer(1) if ROUNDS == 2 else store_round0
 
     @cuda.jit(**bounds(v.threads, 1))
     def gemm_wgmma_qpw(x32, w32, out, queue, ctrs, ws, flags, T, K):
@@ -1745,7 +1754,8 @@ def make_queue_pw_kernel(v: Variant):
                 if lane0:                        # the unit's last stage: the producer runs on into the next
                     mbar_arrive(smem, o + EMPTY0 + 8 * p_st)
                 store_round0(smem, word, o + EPI, x32, acc, m0, n0, tid, g)
-                store_round1(smem, word, o + EPI, x32, acc, m0, n0, tid, g)
+                if ROUNDS == 2:
+                    store_round1(smem, word, o + EPI, x32, acc, m0, n0, tid, g)
                 i += 1
             if tid == 0:
                 bulk_wait_read0()                # the last boxes are read before the CTA's memory goes
@@ -1757,4 +1767,5 @@ def make_queue_pw_kernel(v: Variant):
 # CTAs), the last wave's worth of tiles cut in 2, 4 or 8, and two waves' worth cut in 4
 Q_CANDIDATES = {v.name: v for v in (QVariant(TMA_STORE_TILE, 1), QVariant(TMA_STORE_TILE, 2),
                                       QVariant(TMA_STORE_TILE, 4), QVariant(TMA_STORE_TILE, 8),
-                                      QVariant(TMA_STORE_TILE, 4, 264), QVariant(TMA_PW_TILE, 1))}
+                                      QVariant(TMA_STORE_TILE, 4, 264), QVariant(TMA_PW_TILE, 1),
+                                      QVariant(TMA_PW3_TILE, 1))}
