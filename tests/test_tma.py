@@ -154,9 +154,9 @@ def test_cluster_launch_refuses_a_grid_of_part_clusters():
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("stages", [4, 3])
+@pytest.mark.parametrize("stages,wg_epilogue", [(4, False), (3, False), (4, True)], ids=["s4", "s3", "s4-wgepi"])
 @pytest.mark.parametrize("T,K,N", [(33, 328, 264), (300, 200, 520), (1024, 6144, 2048)])
-def test_producer_warp_queue_returns_gemm_v10_bits_on_the_gpu(T, K, N, stages):
+def test_producer_warp_queue_returns_gemm_v10_bits_on_the_gpu(T, K, N, stages, wg_epilogue):
     """The producer-warp queue kernel (`cuda_wgmma.make_queue_pw_kernel`: persistent CTAs whose producer warp
     takes units from the queue and runs the stage ring on across them, the epilogue in two rounds through its
     own buffer) returns gemm_v10's bits, on every SM and on 3 CTAs (many units a CTA, both unit slots
@@ -170,7 +170,7 @@ def test_producer_warp_queue_returns_gemm_v10_bits_on_the_gpu(T, K, N, stages):
     W.prepare_variant("gemm_v10", W.TMA_STORE_TILE, x, w, want)()
     want = want.copy_to_host()
     assert (want != 0xFFFF).all()
-    qv = W.QVariant({4: W.TMA_PW_TILE, 3: W.TMA_PW3_TILE}[stages], 1)
+    qv = W.QVariant({4: W.TMA_PW_TILE, 3: W.TMA_PW3_TILE}[stages], 1, wg_epilogue=wg_epilogue)
     for ctas in (None, 3):
         out = cuda.to_device(np.full((T, N), 0xFFFF, np.uint16))
         launch = W.prepare_queue(qv.name, qv, x, w, out, ctas=ctas)

@@ -929,7 +929,7 @@ def prepare_variant(name: str, v: Variant, x, wkv, out, *, stream=0) -> Prepared
     return PreparedLaunch(name, kernel, launch.grid, launch.block, stream, args, out, sharedmem=v.smem_bytes)
 
 
-def tma_maps(v: Variant, x, wkv, out, stream=0) -> tuple:
+def tma_maps(v: Variant, x, wkv, out, stream=0, out_rows: int | None = None) -> tuple:
     """The "tma" loop's two kernel arguments in place of x32 and w32: the device tensor maps of x
     [T, K] (boxes of BM rows x 64 k) and wkv [N, K] (BN x 64), 128-byte swizzled. Each map holds
     its array's address, so a launch made with them keeps the maps (and through them the arrays)
@@ -937,8 +937,8 @@ def tma_maps(v: Variant, x, wkv, out, stream=0) -> tuple:
     from ...device.tma import SWIZZLE_128B, pack_maps, tensor_map_2d
     mx = tensor_map_2d(x, v.bm, BK, SWIZZLE_128B, stream)
     mw = tensor_map_2d(wkv, v.bn // v.cluster, BK, SWIZZLE_128B, stream)   # a cluster's CTA loads 1 / cluster
-    if v.store == "tma":       # the output's map (boxes of 64 columns) at byte 128 of x's argument
-        return pack_maps(mx, tensor_map_2d(out, v.bm, 64, SWIZZLE_128B, stream), stream=stream), mw.device
+    if v.store == "tma":       # the output's map (boxes of out_rows or BM rows x 64 columns) at byte 128 of x's
+        return pack_maps(mx, tensor_map_2d(out, out_rows or v.bm, 64, SWIZZLE_128B, stream), stream=stream), mw.device
     return mx.device, mw.device
 
 
@@ -1371,8 +1371,11 @@ class QVariant:
     """The queue kernel's specialisation: a CTA tile (a "tma"-loop `Variant` of 128 token rows), the pieces
     a tail tile is cut into (1: nothing cut) and how many tail tiles (None: one a CTA)."""
 
-    def __init__(self, tile: Variant, pieces: int = 4, tail: int | None = None):
+    def __init__(self, tile: Variant, pieces: int = 4, tail: int | None = None, wg_epilogue: bool = False):
         assert tile.bm == 128 and tile.loop == "tma" and pieces >= 1 and tile.cluster == 1, tile.name
+        # wg_epilogue (producer-warp tiles): each math warpgroup stores its own 64 rows, on its own barrier
+        assert not wg_epilogue or tile.producer, tile.name
+        self.wg_epilogue = wg_epilogue
         # a producer-warp tile: whole tiles only, stored by TMA 128 columns at a time (`make_queue_pw_kernel`)
         assert not tile.producer or (pieces == 1 and tile.store == "tma" and tile.bn % 128 == 0), tile.name
         self.tile, self.pieces, self.tail = tile, int(pieces), tail
@@ -1380,7 +1383,7 @@ class QVariant:
         self.smem_bytes = pw_queue_layout(tile)["smem_bytes"] if tile.producer else sk_smem_bytes(tile, True)
         self.name = f"q/{tile.bm}x{tile.bn}/p{pieces}" + ("" if tail is None else f"t{tail}") \
             + ("" if tile.store == "v4" else "/tmastore") + ("/pw" if tile.producer else "") \
-            + ("" if tile.stages == 4 else f"/s{tile.stages}")
+            + ("" if tile.stages == 4 else f"/s{tile.stages}") + ("/wgepi" if wg_epilogue else "")
 
 
 def queue_schedule(T: int, N: int, K: int, qv: QVariant, ctas: int):
@@ -1526,10 +1529,11 @@ _Q_KERNELS: dict = {}
 _QUEUES: dict = {}
 
 
-def queue_kernel_for(v: Variant):
-    if v.name not in _Q_KERNELS:
-        _Q_KERNELS[v.name] = make_queue_pw_kernel(v) if v.producer else make_queue_kernel(v)
-    return _Q_KERNELS[v.name]
+def queue_kernel_for(v: Variant, wg_epilogue: bool = False):
+    key = (v.name, wg_epilogue)
+    if key not in _Q_KERNELS:
+        _Q_KERNELS[key] = make_queue_pw_kernel(v, wg_epilogue) if v.producer else make_queue_kernel(v)
+    return _Q_KERNELS[key]
 
 
 def cached_queue(T: int, N: int, K: int, qv: QVariant, ctas: int):
@@ -1555,8 +1559,8 @@ def prepare_queue(name: str, qv: QVariant, x, wkv, out, *, stream=0, ctas: int |
     ctrs = cuda.to_device(np.zeros(2, dtype=np.int32), stream=stream)
     ws = cuda.device_array(max(n_slots, 1) * THREADS * (qv.tile.wg_n // 2), dtype=np.float32, stream=stream)
     flags = cuda.to_device(np.zeros(max(n_slots, 1), dtype=np.int32), stream=stream)
-    kernel = queue_kernel_for(qv.tile)
-    xa, wa = tma_maps(qv.tile, x, wkv, out, stream)
+    kernel = queue_kernel_for(qv.tile, qv.wg_epilogue)
+    xa, wa = tma_maps(qv.tile, x, wkv, out, stream, out_rows=64 if qv.wg_epilogue else None)
     args = (xa, wa, out, d_queue, ctrs, ws, flags, T, K)
     allow_dynamic_shared(kernel, args, qv.smem_bytes)
     return PreparedLaunch(name, kernel, min(ctas, len(queue)), qv.tile.threads, stream, args, out,
@@ -1602,8 +1606,12 @@ def pw_queue_layout(v: Variant) -> dict:
             "smem_bytes": smem, "epi_boxes": epi_boxes}
 
 
-def make_queue_pw_kernel(v: Variant):
-    """The unit queue on a producer-warp tile (above): persistent CTAs of 288 threads over whole tiles."""
+def make_queue_pw_kernel(v: Variant, wg_epilogue: bool = False):
+    """The unit queue on a producer-warp tile (above): persistent CTAs of 288 threads over whole tiles.
+    wg_epilogue: each math warpgroup stores its own 64 rows (boxes of 64 rows x 64 columns, half the
+    buffer each, its thread 0 issuing the stores, named barrier 1 + wg of its 128 threads), so the
+    warpgroup that finishes first starts the next unit's MMAs while the other still stores; the output
+    map then has 64-row boxes (`prepare_queue`)."""
     assert v.bm == 128 and v.loop == "tma" and v.producer and v.store == "tma" and v.bn % 64 == 0, v.name
     L = pw_queue_layout(v)
     EPI_BOXES = L["epi_boxes"]
@@ -1622,7 +1630,9 @@ def make_queue_pw_kernel(v: Variant):
     mma_wait0 = wgmma_waiter(0)
     WARP_COUNT = THREADS if WS.SIMULATOR else THREADS // 32     # arrivals that release a stage or a slot
     PRODUCER = THREADS
-    BOX_WORDS = v.bm * 32
+    WGE = wg_epilogue
+    BOX_WORDS = (v.bm // 2 if WGE else v.bm) * 32
+    BAR_THREADS = 128 if WGE else THREADS       # the threads that meet on an epilogue barrier
     CHUNKS = 8 * EPI_BOXES                       # accumulator pairs j (8 columns each) a round stores
     fill = _tma_filler(v, FULL0)
     parts = parts_for(v)
@@ -1633,15 +1643,16 @@ def make_queue_pw_kernel(v: Variant):
         COL0 = 64 * EPI_BOXES * r
 
         @device_function(**INLINE)
-        def store_round(smem, word, epi_byte, tmaps, acc, m0, n0, tid, g):
-            """Round r of the epilogue: pairs CHUNKS r .. CHUNKS (r+1) - 1 into the buffer, then TMA stores."""
-            if tid == 0:
+        def store_round(smem, word, epi_byte, tmaps, acc, m0, n0, tid, g, bar, issuer):
+            """Round r of the epilogue: pairs CHUNKS r .. CHUNKS (r+1) - 1 into the buffer (from byte
+            epi_byte), then TMA stores of the rows from m0 by thread `issuer`, barrier `bar` between."""
+            if tid == issuer:
                 bulk_wait_read0()                # the last stores from the buffer have read it
-            named_barrier_sync(1, THREADS)
+            named_barrier_sync(bar, BAR_THREADS)
             storer(smem, word, g, BOX_WORDS, acc)
             fence_proxy_async()
-            named_barrier_sync(1, THREADS)
-            if tid == 0:
+            named_barrier_sync(bar, BAR_THREADS)
+            if tid == issuer:
                 for b in range(EPI_BOXES):
                     tma_store_2d(smem, epi_byte + b * BOX_WORDS * 4, tmaps, 128, np.int32(n0 + COL0 + 64 * b),
                                  np.int32(m0))
@@ -1708,7 +1719,18 @@ def make_queue_pw_kernel(v: Variant):
             lane = p & 31
             g = lane >> 2
             lane0 = WS.SIMULATOR or cuda.laneid == 0
-            word = (o + EPI) // 4 + (16 * (p >> 5) + g + 64 * wg) * 32 + (lane & 3)
+            if WGE:                              # this warpgroup's half of the buffer, its rows, its barrier
+                epi_byte = o + EPI + wg * (EPI_BOXES * BOX_WORDS * 4)
+                word = epi_byte // 4 + (16 * (p >> 5) + g) * 32 + (lane & 3)
+                bar = 1 + wg
+                issuer = wg * 128
+                row0 = 64 * wg
+            else:
+                epi_byte = o + EPI
+                word = epi_byte // 4 + (16 * (p >> 5) + g + 64 * wg) * 32 + (lane & 3)
+                bar = 1
+                issuer = 0
+                row0 = 0
             a_wg, b_wg = operand_offsets(wg)
             d_hi = wgmma_descriptor(0, 16, GROUP_BYTES, WGMMA_SWIZZLE_128B)
             da = d_hi | wgmma_descriptor(s0 + a_wg, 0, 0, 0)
@@ -1753,11 +1775,11 @@ def make_queue_pw_kernel(v: Variant):
                 acc = mma_wait0(acc)
                 if lane0:                        # the unit's last stage: the producer runs on into the next
                     mbar_arrive(smem, o + EMPTY0 + 8 * p_st)
-                store_round0(smem, word, o + EPI, x32, acc, m0, n0, tid, g)
+                store_round0(smem, word, epi_byte, x32, acc, m0 + row0, n0, tid, g, bar, issuer)
                 if ROUNDS == 2:
-                    store_round1(smem, word, o + EPI, x32, acc, m0, n0, tid, g)
+                    store_round1(smem, word, epi_byte, x32, acc, m0 + row0, n0, tid, g, bar, issuer)
                 i += 1
-            if tid == 0:
+            if tid == issuer:
                 bulk_wait_read0()                # the last boxes are read before the CTA's memory goes
 
     return gemm_wgmma_qpw
@@ -1768,4 +1790,4 @@ def make_queue_pw_kernel(v: Variant):
 Q_CANDIDATES = {v.name: v for v in (QVariant(TMA_STORE_TILE, 1), QVariant(TMA_STORE_TILE, 2),
                                       QVariant(TMA_STORE_TILE, 4), QVariant(TMA_STORE_TILE, 8),
                                       QVariant(TMA_STORE_TILE, 4, 264), QVariant(TMA_PW_TILE, 1),
-                                      QVariant(TMA_PW3_TILE, 1))}
+                                      QVariant(TMA_PW3_TILE, 1), QVariant(TMA_PW_TILE, 1, wg_epilogue=True))}

@@ -209,18 +209,19 @@ def test_queue_returns_whole_tiles_and_its_pieces_sums():
     assert (ctrs == 0).all() and (flags == 0).all()
 
 
-@pytest.mark.parametrize("stages", [4, 3])
-def test_queue_with_a_producer_warp_returns_gemm_v4_bits(stages):
+@pytest.mark.parametrize("stages,wg_epilogue", [(4, False), (3, False), (4, True)], ids=["s4", "s3", "s4-wgepi"])
+def test_queue_with_a_producer_warp_returns_gemm_v4_bits(stages, wg_epilogue):
     """The producer-warp queue kernel (`make_queue_pw_kernel`): 2 x 2 whole tiles of 6 k tiles (a 1-chunk K
     tail) through one ring that runs on from unit to unit, the unit index handed over through both slots
     of its ring and back (the simulator runs CTAs one after another: CTA 0 takes all 4 units), the
-    epilogue in two rounds of two boxes (4 stages) or one of four (3), the second output tile's boxes
+    epilogue in two rounds of two boxes (4 stages) or one of four (3), or each warpgroup its own 64 rows
+    ("wgepi": the second token tile's second warpgroup wholly past T), the second output tile's boxes
     clipped at N = 264 (three wholly past it), rows past T. Every output the simulator's gemm_v4
     arithmetic; the counters left at 0."""
     T, K, N = 130, 328, 264
     rng = np.random.default_rng(7)
     x, w = make_inputs(rng, T, K, N)
-    qv = W.QVariant({4: W.TMA_PW_TILE, 3: W.TMA_PW3_TILE}[stages], 1)
+    qv = W.QVariant({4: W.TMA_PW_TILE, 3: W.TMA_PW3_TILE}[stages], 1, wg_epilogue=wg_epilogue)
     assert W.pw_queue_layout(qv.tile)["epi_boxes"] == {4: 2, 3: 4}[stages]
     assert qv.smem_bytes <= 227 * 1024 and qv.tile.threads == 288
     out = poisoned(T, N)
