@@ -1557,7 +1557,8 @@ def prepare_queue(name: str, qv: QVariant, x, wkv, out, *, stream=0, ctas: int |
     queue, n_slots = cached_queue(T, N, K, qv, ctas)
     d_queue = cuda.to_device(queue, stream=stream)
     ctrs = cuda.to_device(np.zeros(2, dtype=np.int32), stream=stream)
-    ws = cuda.device_array(max(n_slots, 1) * THREADS * (qv.tile.wg_n // 2), dtype=np.float32, stream=stream)
+    ws = cuda.device_array(n_slots * THREADS * (qv.tile.wg_n // 2) if n_slots else 1, dtype=np.float32,
+                           stream=stream)                # the partials' workspace (nothing cut: unused)
     flags = cuda.to_device(np.zeros(max(n_slots, 1), dtype=np.int32), stream=stream)
     kernel = queue_kernel_for(qv.tile, qv.wg_epilogue)
     xa, wa = tma_maps(qv.tile, x, wkv, out, stream, out_rows=64 if qv.wg_epilogue else None)
@@ -1791,3 +1792,21 @@ Q_CANDIDATES = {v.name: v for v in (QVariant(TMA_STORE_TILE, 1), QVariant(TMA_ST
                                       QVariant(TMA_STORE_TILE, 4), QVariant(TMA_STORE_TILE, 8),
                                       QVariant(TMA_STORE_TILE, 4, 264), QVariant(TMA_PW_TILE, 1),
                                       QVariant(TMA_PW3_TILE, 1), QVariant(TMA_PW_TILE, 1, wg_epilogue=True))}
+# gemm_v12: the producer-warp queue on gemm_v4's tile, whole tiles, the epilogue in two rounds
+QUEUE_VARIANTS = {"gemm_v12": QVariant(TMA_PW_TILE, 1)}
+
+
+def queue_launcher(rec, x, wkv, out, *, stream=0) -> PreparedLaunch:
+    """gemm_v12's record launcher (`prepare_project(..., version=...)` has checked the shapes): the
+    producer-warp queue; where its TMA epilogue cannot write `out` (`tma_store_ok`), gemm_v10's fallback
+    (the "tma" loop on gemm_v4's grid with gemm_v4's epilogue)."""
+    if not tma_store_ok(out):
+        return prepare_variant(rec.name, TMA_FALLBACK["gemm_v10"], x, wkv, out, stream=stream)
+    return prepare_queue(rec.name, QUEUE_VARIANTS[rec.name], x, wkv, out, stream=stream)
+
+
+def queue_geometry(qv: QVariant):
+    """(T, N) -> (grid, block, dynamic shared bytes) of queue variant qv on this device."""
+    def geo(T: int, N: int, K: int = 6144):
+        return min(WS.device_ctas(), cdiv(T, 128) * cdiv(N, qv.bn)), qv.tile.threads, qv.smem_bytes
+    return geo

@@ -4,8 +4,9 @@ Default rules, over ctx = {"T", "K", "N", "aligned", "simulator", "weight", "cc"
 encoding the weight is read in (the record's `encoding`): every rule claims only its own.
 bf16 weights: numba's simulator, or x/wkv data not 16-byte aligned -> the naive kernels (gemv_v1 at T = 1,
 gemm_v1 above: plain loops are the cheap ones to simulate); on a GPU gemv_v3 for T <= 2; then on
-a Hopper GPU (cc 9.0: the warpgroup MMA) gemm_v5 up to 64 tokens, gemm_v6 up to 128, gemm_v11 (gemm_v8's
-stream-K schedule with TMA loads and stores) up to 2048, gemm_v10 (gemm_v4's grid, TMA) above; on other GPUs gemv_v4 up to GEMV_MAX_TOKENS tokens and gemm_v3 above. Every boundary is
+a Hopper GPU (cc 9.0: the warpgroup MMA) gemm_v5 up to 64 tokens, gemm_v10 (gemm_v4's grid, TMA) up to 128, gemm_v11 (gemm_v8's
+stream-K schedule with TMA loads and stores) up to 2048, gemm_v12 (persistent CTAs with a producer warp over a
+tile queue, TMA) above; on other GPUs gemv_v4 up to GEMV_MAX_TOKENS tokens and gemm_v3 above. Every boundary is
 where the H200 measurements changed hands (bench/results/h200_prefill_dev_*.json, CUDA events, L2
 flushed, K = 6144, N = 25600; older timings from f7da6aa, bench/results/h200.json):
   T = 2     gemv_v3 90.0 us, gemm_v5 92.7, gemv_v4 99.7, cuBLAS 93.7
@@ -60,7 +61,8 @@ GEMV3_MAX_TOKENS = 2    # gemv_v3 at T = 2: 90.0 us against gemm_v5's 92.7 and g
 WGMMA_SMALL_MAX_TOKENS = 64   # gemm_v5's 64-token tiles read the weight once up to here
 WGMMA_MID_MAX_TOKENS = 128    # gemm_v10 (one wave of 100 tiles) up to here, gemm_v11 above (T = 256: 124.7 us
                               # against gemm_v10's 139.6, bench/results/h200_prefill_dev_tma_b02b7e6.txt, h200.json)
-WGMMA_SK_MAX_TOKENS = 2048    # gemm_v8's stream-K tail beats gemm_v4 up to here (T = 4096: v4 1940 us, v8 1971)
+WGMMA_SK_MAX_TOKENS = 2048    # gemm_v11's stream-K tail up to here, gemm_v12 above (T = 2048: v11 834.7 us, v12
+                              # 846.2; T = 3072: v12 1249.8, v11 1261.5; h200_prefill_dev_pw_9bc593c.txt)
 # Above this many tokens the engine decodes a q2k/fp8 wkv to bf16 (once per layer and call) and
 # runs the bf16 GEMM: the weight-decoding GEMVs stream the weight once per 8 tokens.
 QUANT_GEMV_MAX_TOKENS = 16
@@ -352,9 +354,8 @@ _proj("gemm_v10", "gemm_v4's grid, tile, stages and wgmma chain with the stages 
       "and k past K read as zeros) a k tile, and the stages are handed over on full / empty mbarriers (no CTA "
       "barrier, no cp.async, no address arithmetic in the k loop); " + _TMA_EPILOGUE + "; tensor maps made by the "
       "driver on the host per launch; gemm_v4's bits. " + _TMA_H200,
-      when=f"Hopper (cc 9.0), aligned, {WGMMA_SMALL_MAX_TOKENS} < T <= {WGMMA_MID_MAX_TOKENS} or T > {WGMMA_SK_MAX_TOKENS}",
-      rule=lambda c: _bf16(c) and _hopper(c) and (WGMMA_SMALL_MAX_TOKENS < c["T"] <= WGMMA_MID_MAX_TOKENS
-                                                  or c["T"] > WGMMA_SK_MAX_TOKENS),
+      when=f"Hopper (cc 9.0), aligned, {WGMMA_SMALL_MAX_TOKENS} < T <= {WGMMA_MID_MAX_TOKENS}",
+      rule=lambda c: _bf16(c) and _hopper(c) and WGMMA_SMALL_MAX_TOKENS < c["T"] <= WGMMA_MID_MAX_TOKENS,
       kernel=Factory(lambda T: cuda_wgmma.kernel_for(_V10)), geometry=cuda_wgmma.geometry(_V10), args="fast",
       specs=lambda: [Spec(f"[{v.name}]", cuda_wgmma.kernel_for(v), _TMA_ARGS) for v in (_V10, _V10F)],
       launcher=cuda_wgmma.grid_launcher, vector_io=False,
@@ -381,6 +382,32 @@ _proj("gemm_v11", "gemm_v8 (persistent CTAs, stream-K tail, bands, fix-up and ep
       sim=[(33, 328, 9),            # N % 8 != 0: gemm_v4's epilogue
            (130, 136, 264)],        # the TMA epilogue, clipped at T and N
       sweep=(256, 512, 1024, 4096))
+
+# ---- gemm_v12: the unit queue with a producer warp (cuda_wgmma.py, "The unit queue with a producer warp") ----
+_TMA_Q_ARGS = (_U8_1D, _U8_1D, _U16_2D, types.int32[:, ::1], types.int32[::1], types.float32[::1], types.int32[::1],
+               types.int64, types.int64)      # maps of x and out, map of wkv, out, queue, counters, ws, flags, T, K
+_V12 = cuda_wgmma.QUEUE_VARIANTS["gemm_v12"]
+_proj("gemm_v12", "gemm_v4's tile and wgmma chain on persistent CTAs of 288 threads: a producer warp (warp 8) takes "
+      "whole tiles from a queue with an atomic counter, hands each to the two math warpgroups through a two-slot "
+      "mbarrier ring and fills its k tiles by TMA into one 4-stage ring that runs on from tile to tile, so the next "
+      "tile's stages land during an epilogue; the math warpgroups wait only on full barriers; the epilogue through "
+      "its own 32 KiB buffer, two rounds of two 64-column TMA boxes (gemm_v10's fallback, gemm_v4's epilogue on the "
+      "grid, where N % 8 != 0 or the output is not 16-byte aligned); gemm_v4's bits. H200 (L2 flushed, "
+      "bench/results/h200_prefill_dev_pw_d1063c4.txt, h200_prefill_dev_pw_9bc593c.txt): T = 4096 1623.3 / 1666.7 us "
+      "against gemm_v10's 1639.4 / 1683.9 and cuBLAS's 1607.3 / 1657.3 (1.01x); T = 3072 1249.8 against 1257.5 and "
+      "1243.7; T = 2048 846.2 against gemm_v11's 834.7",
+      when=f"Hopper (cc 9.0), aligned, T > {WGMMA_SK_MAX_TOKENS}",
+      rule=lambda c: _bf16(c) and _hopper(c) and c["T"] > WGMMA_SK_MAX_TOKENS,
+      kernel=Factory(lambda T: cuda_wgmma.queue_kernel_for(_V12.tile)), geometry=cuda_wgmma.queue_geometry(_V12),
+      args="fast",
+      specs=lambda: [Spec(f"[{_V12.name}]", cuda_wgmma.queue_kernel_for(_V12.tile), _TMA_Q_ARGS),
+                     Spec(f"[{_V10F.name}]", cuda_wgmma.kernel_for(_V10F), _TMA_ARGS)],
+      launcher=cuda_wgmma.queue_launcher, vector_io=False,
+      sim=[(130, 328, 264),         # 2 x 2 tiles of 6 k tiles through the 4-stage ring on one CTA (the
+                                    # simulator runs CTAs in turn): the ring and both unit slots wrap;
+                                    # stores clipped at T and N
+           (33, 72, 260)],          # N % 8 == 4: gemm_v10's fallback
+      sweep=(3072, 4096))
 
 # cuBLAS: the comparison backend; nothing of ours to compile, no simulator (it needs a GPU)
 _proj("cublas_v1", "cuBLAS through torch.matmul on the device arrays (no copies), fp32 accumulation: the comparison "

@@ -161,7 +161,8 @@ def test_cublas_without_torch_says_what_to_install(monkeypatch):
 def test_default_versions(rng):
     """version=None: on a GPU with aligned data gemv_v3 up to GEMV3_MAX_TOKENS; then on a Hopper GPU
     (cc 9.0) gemm_v5 up to WGMMA_SMALL_MAX_TOKENS, gemm_v10 (gemm_v4 on TMA) up to WGMMA_MID_MAX_TOKENS,
-    gemm_v11 (gemm_v8 on TMA) up to WGMMA_SK_MAX_TOKENS and gemm_v10 again above, on other GPUs gemv_v4 up to GEMV_MAX_TOKENS and gemm_v3 above; in the simulator (or for
+    gemm_v11 (gemm_v8 on TMA) up to WGMMA_SK_MAX_TOKENS and gemm_v12 (a producer warp over a tile queue) above,
+    on other GPUs gemv_v4 up to GEMV_MAX_TOKENS and gemm_v3 above; in the simulator (or for
     unaligned data) gemv_v1 at T = 1, gemm_v1 above. What the launcher prepares is that default,
     and each agrees with the reference."""
     for cc in (HOPPER, AMPERE, (10, 0)):
@@ -171,7 +172,7 @@ def test_default_versions(rng):
         == "gemm_v10"
     assert default_name(WGMMA_MID_MAX_TOKENS + 1) == default_name(512) == default_name(WGMMA_SK_MAX_TOKENS) \
         == "gemm_v11"
-    assert default_name(WGMMA_SK_MAX_TOKENS + 1) == default_name(4096) == "gemm_v10"
+    assert default_name(WGMMA_SK_MAX_TOKENS + 1) == default_name(4096) == "gemm_v12"
     for cc in (AMPERE, (10, 0)):        # no wgmma: the mma.sync kernels
         assert default_name(GEMV3_MAX_TOKENS + 1, cc=cc) == default_name(GEMV_MAX_TOKENS, cc=cc) == "gemv_v4"
         assert default_name(GEMV_MAX_TOKENS + 1, cc=cc) == default_name(4096, cc=cc) == "gemm_v3"
