@@ -30,13 +30,18 @@ Kernel versions
            k tile, full / empty mbarriers, no CTA barrier in the loop) and the tile stored by TMA
            (`_store_tile_tma`: swizzled boxes, 4 stores; gemm_v4's epilogue where N % 8 != 0).
   gemm_v11 gemm_v8's persistent CTAs and schedule on gemm_v10's loop and epilogue. Section "TMA".
+  gemm_v12 persistent CTAs of 288 threads over a tile queue: a producer warp takes the tiles and fills
+           one stage ring that runs on from tile to tile, the math warpgroups only multiply and store
+           (through their own epilogue buffer). Section "The unit queue with a producer warp".
 
 gemm_v4..v6 come from one kernel factory (`make_kernel(Variant)`), gemm_v8 and gemm_v9 from another
 (`make_persistent_kernel`), both built on one set of device functions per tile (`parts_for(Variant)`:
 copy assignment, prologue, pipelined k loop (gemm_v4's, or `_lean_loop` / `_mbar_loop` / `_tma_loop`),
 epilogue (or `_store_tile_tma`)); `VARIANTS` / `SK_VARIANTS` name the specialisations the records use,
 `CANDIDATES` / `SK_CANDIDATES` what the development script times besides them (gemm_v9: `V9_VARIANTS` /
-`V9_CANDIDATES`; gemm_v10 / gemm_v11: `TMA_VARIANTS` / `TMA_FALLBACK` / `TMA_CANDIDATES`).
+`V9_CANDIDATES`; gemm_v10 / gemm_v11: `TMA_VARIANTS` / `TMA_FALLBACK` / `TMA_CANDIDATES`). gemm_v12's kernel
+is `make_queue_pw_kernel` (its own k loop and epilogue on the "tma" loop's fill, `_tma_filler`);
+`QUEUE_VARIANTS` names it, `Q_CANDIDATES` holds the queue candidates.
 
 The pipeline, per k tile kt (buffer kt % STAGES):
     cp.async.wait_group STAGES-2    this thread's copies of tile kt have landed
