@@ -719,6 +719,42 @@ def _tma_loop(v: Variant):
     return _prologue, _k_loop, _k_tiles
 
 
+def _consumer_parts(v: Variant, FULL0: int):
+    """The math warpgroups' side of a producer-warp k loop on tile v (FULL barriers at byte FULL0):
+    (descriptors(s0, a_wg, b_wg) -> (da, db, da_end): the wgmma descriptors of stage 0 and the ring's
+    end; step(smem, o, r_st, r_par, acc, da, db, da_end) -> (acc, da, db): wait FULL[r_st] (parity
+    r_par), the k tile's 4 MMAs, commit, the descriptors moved to the next stage, and wgmma.wait_group 1,
+    so this warpgroup's MMAs of the k tile before have retired)."""
+    D_KSTEP = np.uint64(32 >> 4)
+    D_STAGE = np.uint64(v.stage_bytes >> 4)
+    D_RING = np.uint64(v.stages * v.stage_bytes >> 4)
+    D_A = np.uint64(v.bm * ROW_BYTES >> 4)
+    mma_wait1 = wgmma_waiter(1)
+
+    @device_function(**INLINE)
+    def descriptors(s0, a_wg, b_wg):
+        d_hi = wgmma_descriptor(0, 16, GROUP_BYTES, WGMMA_SWIZZLE_128B)
+        da = d_hi | wgmma_descriptor(s0 + a_wg, 0, 0, 0)
+        db = d_hi | wgmma_descriptor(s0 + b_wg, 0, 0, 0) + D_A
+        return da, db, da + D_RING
+
+    @device_function(**INLINE)
+    def step(smem, o, r_st, r_par, acc, da, db, da_end):
+        while mbar_try_wait(smem, o + FULL0 + 8 * r_st, r_par) == 0:
+            pass                                            # the k tile's bytes have landed
+        acc = wgmma_fence(acc)
+        for ks in range(BK // 16):
+            acc = wgmma_bf16(acc, da + np.uint64(ks) * D_KSTEP, db + np.uint64(ks) * D_KSTEP, smem)
+        wgmma_commit()
+        da += D_STAGE
+        db += D_STAGE
+        if da == da_end:
+            da -= D_RING
+            db -= D_RING
+        return mma_wait1(acc), da, db
+    return descriptors, step
+
+
 def _producer_warp_loop(v: Variant, _fill):
     """The "tma" loop with a producer warp (`Variant.producer`; section "A producer warp" below):
     (prologue, k_loop) with `_tma_loop`'s contracts and `_fill`, for one unit a CTA (gemm_v4's grid).
@@ -730,11 +766,7 @@ def _producer_warp_loop(v: Variant, _fill):
     EMPTY0 = v.mbar_at + 8 * STAGES
     NACC = v.wg_n // 2
     ZERO = tuple(np.float32(0.0) for _ in range(NACC))
-    D_KSTEP = np.uint64(32 >> 4)
-    D_STAGE = np.uint64(v.stage_bytes >> 4)
-    D_RING = np.uint64(STAGES * v.stage_bytes >> 4)
-    D_A = np.uint64(v.bm * ROW_BYTES >> 4)
-    mma_wait1 = wgmma_waiter(1)
+    descriptors, step = _consumer_parts(v, FULL0)
     mma_wait0 = wgmma_waiter(0)
     MC = v.cluster == 2 and not WS.SIMULATOR
     EMPTY_COUNT = THREADS if WS.SIMULATOR else (THREADS // 32) * v.cluster     # the consumer warps (of both CTAs)
@@ -781,26 +813,12 @@ def _producer_warp_loop(v: Variant, _fill):
                         par ^= 1
         else:
             lane0 = WS.SIMULATOR or cuda.laneid == 0
-            d_hi = wgmma_descriptor(0, 16, GROUP_BYTES, WGMMA_SWIZZLE_128B)
-            da = d_hi | wgmma_descriptor(s0 + a_wg, 0, 0, 0)
-            db = d_hi | wgmma_descriptor(s0 + b_wg, 0, 0, 0) + D_A
-            da_end = da + D_RING
+            da, db, da_end = descriptors(s0, a_wg, b_wg)
             r_st = 0
             r_par = 0
             p_st = 0
             for j in range(n):
-                while mbar_try_wait(smem, o + FULL0 + 8 * r_st, r_par) == 0:
-                    pass                                    # tile j's bytes have landed
-                acc = wgmma_fence(acc)
-                for ks in range(BK // 16):
-                    acc = wgmma_bf16(acc, da + np.uint64(ks) * D_KSTEP, db + np.uint64(ks) * D_KSTEP, smem)
-                wgmma_commit()
-                da += D_STAGE
-                db += D_STAGE
-                if da == da_end:
-                    da -= D_RING
-                    db -= D_RING
-                acc = mma_wait1(acc)                        # this warpgroup's MMAs of tile j-1 are done
+                acc, da, db = step(smem, o, r_st, r_par, acc, da, db, da_end)   # tile j-1's MMAs retired
                 if j > 0 and lane0:
                     mbar_arrive(smem, o + EMPTY0 + 8 * p_st)
                     if MC:                                  # and the peer's: its producer's next fill writes here
@@ -1628,11 +1646,7 @@ def make_queue_pw_kernel(v: Variant, wg_epilogue: bool = False):
     STAGES = v.stages
     NACC = v.wg_n // 2
     ZERO = tuple(np.float32(0.0) for _ in range(NACC))
-    D_KSTEP = np.uint64(32 >> 4)
-    D_STAGE = np.uint64(v.stage_bytes >> 4)
-    D_RING = np.uint64(STAGES * v.stage_bytes >> 4)
-    D_A = np.uint64(v.bm * ROW_BYTES >> 4)
-    mma_wait1 = wgmma_waiter(1)
+    descriptors, step = _consumer_parts(v, FULL0)
     mma_wait0 = wgmma_waiter(0)
     WARP_COUNT = THREADS if WS.SIMULATOR else THREADS // 32     # arrivals that release a stage or a slot
     PRODUCER = THREADS
@@ -1738,10 +1752,7 @@ def make_queue_pw_kernel(v: Variant, wg_epilogue: bool = False):
                 issuer = 0
                 row0 = 0
             a_wg, b_wg = operand_offsets(wg)
-            d_hi = wgmma_descriptor(0, 16, GROUP_BYTES, WGMMA_SWIZZLE_128B)
-            da = d_hi | wgmma_descriptor(s0 + a_wg, 0, 0, 0)
-            db = d_hi | wgmma_descriptor(s0 + b_wg, 0, 0, 0) + D_A
-            da_end = da + D_RING
+            da, db, da_end = descriptors(s0, a_wg, b_wg)
             r_st = 0
             r_par = 0
             p_st = 0
@@ -1759,18 +1770,7 @@ def make_queue_pw_kernel(v: Variant, wg_epilogue: bool = False):
                 n0 = np.int64(queue[u, F_N0])
                 acc = ZERO
                 for j in range(queue[u, F_KE] - queue[u, F_KB]):
-                    while mbar_try_wait(smem, o + FULL0 + 8 * r_st, r_par) == 0:
-                        pass                     # tile j's bytes have landed
-                    acc = wgmma_fence(acc)
-                    for ks in range(BK // 16):
-                        acc = wgmma_bf16(acc, da + np.uint64(ks) * D_KSTEP, db + np.uint64(ks) * D_KSTEP, smem)
-                    wgmma_commit()
-                    da += D_STAGE
-                    db += D_STAGE
-                    if da == da_end:
-                        da -= D_RING
-                        db -= D_RING
-                    acc = mma_wait1(acc)         # this warpgroup's MMAs of tile j-1 are done
+                    acc, da, db = step(smem, o, r_st, r_par, acc, da, db, da_end)   # tile j-1's MMAs retired
                     if j > 0 and lane0:
                         mbar_arrive(smem, o + EMPTY0 + 8 * p_st)
                     p_st = r_st
