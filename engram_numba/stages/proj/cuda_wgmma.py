@@ -62,14 +62,13 @@ from numba import cuda, types
 from ...device.devarray import data_address
 from ...device.intrinsics import device_function
 from ...device.hopper import (WGMMA_NO_SWIZZLE, WGMMA_SWIZZLE_128B, acc_add_f32, acc_store_f32, cp_async_16,
-                              named_barrier_sync,
                               cp_async_commit, cp_async_mbar_arrive, cp_async_waiter, fence_proxy_async, flag_wait,
                               mbar_arrive, mbar_arrive_expect_tx, mbar_init, mbar_inval, mbar_try_wait, shared_address,
                               bulk_commit, bulk_wait_read0, tma_load_2d, tma_store_2d, wgmma_bf16, wgmma_commit,
                               wgmma_descriptor, wgmma_fence, wgmma_store_bf16x2, wgmma_store_bf16x2_sw128, wgmma_waiter,
                               acc_tail_storer, sw128_storer, cluster_ctarank, cluster_sync,
                               fence_mbarrier_init_cluster, mbar_arrive_remote, mbar_try_wait_cluster,
-                              tma_load_2d_multicast)
+                              tma_load_2d_multicast, named_barrier_sync)
 from ...device.launch import ClusterLaunch, PreparedLaunch, allow_dynamic_shared
 from . import cuda_wgmma_ws as WS
 from .cuda_common import INLINE, bounds, cdiv, fast_launch, flat_u32
