@@ -590,6 +590,8 @@ def _tma_loop(v: Variant):
     retired tile j-1's MMAs, and thread 0 waits EMPTY of that stage before refilling it with tile
     j+S-1. The same wgmma chain and k order as gemm_v4 on the same bytes: gemm_v4's bits."""
     assert v.swizzle, v.name
+    if v.producer:                                          # section "A producer warp"
+        return _producer_warp_loop(v, _tma_filler(v, v.mbar_at))
     STAGES = v.stages
     STAGE_BYTES = v.stage_bytes
     A_BYTES = v.bm * ROW_BYTES
@@ -707,9 +709,6 @@ def _tma_loop(v: Variant):
                 mbar_inval(smem, o + EMPTY0 + 8 * s)
         return acc
 
-    if v.producer:
-        _prologue, _k_loop = _producer_warp_loop(v, _fill)
-
     @device_function(**INLINE)
     def _k_tiles(smem, base, s0, tmx, tmw, m0, n0, T, N, K8, kb, ke, row0, q, off0, a_wg, b_wg):
         _prologue(smem, base, s0, tmx, tmw, m0, n0, T, N, K8, kb, ke, row0, q, off0)
@@ -756,7 +755,7 @@ def _consumer_parts(v: Variant, FULL0: int):
 
 def _producer_warp_loop(v: Variant, _fill):
     """The "tma" loop with a producer warp (`Variant.producer`; section "A producer warp" below):
-    (prologue, k_loop) with `_tma_loop`'s contracts and `_fill`, for one unit a CTA (gemm_v4's grid).
+    (prologue, k_loop, k_tiles) with `_tma_loop`'s contracts and `_fill`, for one unit a CTA (gemm_v4's grid).
     Thread 256 (lane 0 of warp 8) fills every stage: the first STAGES at once, then k tile kt once
     EMPTY[kt % S] has completed the phase of tile kt - S; threads 0..255 run the "tma" loop's consumer
     side unchanged (wait FULL, MMAs, release the previous stage). The producer warp returns zeros."""
@@ -838,7 +837,12 @@ def _producer_warp_loop(v: Variant, _fill):
                 mbar_inval(smem, o + EMPTY0 + 8 * s)
         return acc
 
-    return _prologue, _k_loop
+    @device_function(**INLINE)
+    def _k_tiles(smem, base, s0, tmx, tmw, m0, n0, T, N, K8, kb, ke, row0, q, off0, a_wg, b_wg):
+        _prologue(smem, base, s0, tmx, tmw, m0, n0, T, N, K8, kb, ke, row0, q, off0)
+        return _k_loop(smem, base, s0, tmx, tmw, m0, n0, T, N, K8, kb, ke, row0, q, off0, a_wg, b_wg)
+
+    return _prologue, _k_loop, _k_tiles
 
 
 _PARTS: dict = {}
