@@ -139,6 +139,37 @@ def test_cluster_multicast_gemm_returns_gemm_v10_bits_on_the_gpu(T, K, N):
         np.testing.assert_array_equal(got, outs[0], err_msg=v)
 
 
+@pytest.mark.gpu
+@pytest.mark.parametrize("T,K,N", [(33, 328, 392), (300, 200, 520), (1024, 6144, 2560), (4096, 6144, 25600)])
+def test_wide_tiles_return_gemm_v10_bits_on_the_gpu(T, K, N):
+    """128 x 320 tiles (`cuda_wgmma.TMA_WIDE_TILE`: two m64n160 wgmma chains a k16 step on one tuple of 160
+    accumulators, the weight box in two 160-row TMA loads, 3 stages) on gemm_v4's grid and on the unit queue
+    (every SM, and 3 CTAs: many units a CTA) return gemm_v10's bits: a last output tile of 72 or 200
+    columns (boxes wholly and partly past N), rows past T, a K tail, the released shape; the queue's
+    counters are reset, so its replay on a poisoned output returns the same."""
+    from engram_numba.bf16 import f32_to_bf16
+    from engram_numba.stages.proj import cuda_wgmma as W
+    rng = np.random.default_rng(T * 7 + K + N)
+    x = cuda.to_device(f32_to_bf16(rng.standard_normal((T, K), dtype=np.float32)))
+    w = cuda.to_device(f32_to_bf16(rng.standard_normal((N, K), dtype=np.float32) * np.float32(0.05)))
+    want = cuda.to_device(np.full((T, N), 0xFFFF, np.uint16))
+    W.prepare_variant("gemm_v10", W.TMA_STORE_TILE, x, w, want)()
+    want = want.copy_to_host()
+    assert (want != 0xFFFF).all()
+    out = cuda.to_device(np.full((T, N), 0xFFFF, np.uint16))
+    W.prepare_variant("wide", W.TMA_WIDE_TILE, x, w, out)()
+    np.testing.assert_array_equal(out.copy_to_host(), want, err_msg="grid")
+    qv = W.QVariant(W.TMA_WIDE_TILE, 1)
+    for ctas in (None, 3):
+        launch = W.prepare_queue(qv.name, qv, x, w, out, ctas=ctas)
+        for _ in range(2):
+            out.copy_to_device(np.full((T, N), 0xFFFF, np.uint16))
+            launch()
+            cuda.synchronize()
+            np.testing.assert_array_equal(out.copy_to_host(), want, err_msg=f"queue, ctas={ctas}")
+        assert (launch.args[4].copy_to_host() == 0).all()
+
+
 def test_cluster_launch_refuses_a_grid_of_part_clusters():
     """A grid dimension that is not a whole number of clusters is refused before anything launches."""
     from engram_numba.device.launch import ClusterLaunch

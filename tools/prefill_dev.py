@@ -44,7 +44,8 @@ the persistent ones, gemm_v4 for the grid ones), and whether the targets are met
 
 With --ncu-l2 (alone, a second command): one launch each of gemm_v4, gemm_v9, their "lean" loop on
 gemm_v4's grid and cuBLAS at T = 4096 under Nsight Compute (SpeedOfLight, MemoryWorkloadAnalysis,
-WarpStateStats, and the L2 and DRAM bytes moved): whether cuBLAS moves fewer bytes through L2 than
+WarpStateStats, LaunchStats, Occupancy, SchedulerStats, and the L2 and DRAM bytes moved; `--variants a,b`
+profiles those instead, then cuBLAS): whether cuBLAS moves fewer bytes through L2 than
 our 128 x 256 tiles (15 GB at T = 4096 without multicast), and what our warps stall on. Writes
 DIR/ncu_l2.txt and prints the lines that answer it (~40 s).
 
@@ -447,9 +448,10 @@ def ncu_target(name: str):
         print(f"no SASS: {exc}", flush=True)
 
 
-def ncu_l2_target():
+def ncu_l2_target(names=()):
     """One launch each of gemm_v4, gemm_v9, the lean and tma loops on gemm_v4's grid and cuBLAS at T = 4096
-    (what --ncu-l2 profiles), in that order."""
+    (what --ncu-l2 profiles), in that order; with `names` (--variants), those instead (records, `--tma`'s grid
+    and queue candidates, e.g. TMA_CLUSTER_TILE's name), then cuBLAS."""
     from numba import cuda
 
     from engram_numba.bf16 import f32_to_bf16
@@ -464,6 +466,16 @@ def ncu_l2_target():
                 ("lean", lambda: W.prepare_variant("lean", W.V9_TILES["lean"], xw, ww, out)),
                 ("tma", lambda: W.prepare_variant("tma", W.TMA_TILE, xw, ww, out)),
                 ("cublas_v1", lambda: prepare_project(xw, ww, out, version="cublas_v1"))]
+    if names:
+        grid = {k: c for k, c in W.TMA_CANDIDATES.items() if isinstance(c, W.Variant)}
+
+        def make(name):
+            if name in W.Q_CANDIDATES:
+                return lambda: W.prepare_queue(name, W.Q_CANDIDATES[name], xw, ww, out)
+            if name in grid:
+                return lambda: W.prepare_variant(name, grid[name], xw, ww, out)
+            return lambda: prepare_project(xw, ww, out, version=name)
+        launches = [(n, make(n)) for n in names if n != "cublas_v1"] + launches[-1:]
     for name, make in launches:
         try:
             launch = make()
@@ -474,12 +486,13 @@ def ncu_l2_target():
             print(f"{name} failed: {type(exc).__name__}: {exc}"[:300], flush=True)
 
 
-def run_ncu_l2(out_dir: Path) -> None:
+def run_ncu_l2(out_dir: Path, names=()) -> None:
     cmd = ["ncu", "--clock-control", "none", "--print-details", "all",
            "--section", "SpeedOfLight", "--section", "MemoryWorkloadAnalysis", "--section", "WarpStateStats",
-           "--metrics", "lts__t_bytes.sum,dram__bytes_read.sum",
-           "-k", "regex:gemm|nvjet|xmma|sm90", "-c", "5", sys.executable, str(Path(__file__).resolve()),
-           "--ncu-l2-target"]
+           "--section", "LaunchStats", "--section", "Occupancy", "--section", "SchedulerStats",
+           "--metrics", "lts__t_bytes.sum,dram__bytes_read.sum,sm__pipe_tensor_op_gmma_cycles_active.avg.pct_of_peak_sustained_active",
+           "-k", "regex:gemm|nvjet|xmma|sm90", "-c", str(len(names) + 1 if names else 5), sys.executable,
+           str(Path(__file__).resolve()), "--ncu-l2-target"] + (["--variants", ",".join(names)] if names else [])
     t0 = time.time()
     try:
         proc = subprocess.run(cmd, capture_output=True, text=True, timeout=240)
@@ -490,7 +503,8 @@ def run_ncu_l2(out_dir: Path) -> None:
     keep = ("launched", "failed", "gemm", "nvjet", "xmma", "Duration", "Compute (SM) Throughput", "Memory Throughput",
             "DRAM Throughput", "L2 Cache Throughput", "L1/TEX Cache Throughput", "lts__t_bytes.sum",
             "dram__bytes_read.sum", "Mem Busy", "Max Bandwidth", "L2 Hit Rate", "Warp Cycles Per Issued",
-            "Stall", "stall")
+            "Stall", "stall", "gmma", "Cluster", "Grid Size", "Waves", "Achieved Occupancy", "Registers",
+            "Issue Slots", "No Eligible")
     print("\n".join(ln for ln in proc.stdout.splitlines() if any(k in ln for k in keep))[:8000], flush=True)
 
 
@@ -629,11 +643,12 @@ def main(argv=None) -> int:
     if args.ncu_target:
         ncu_target(args.ncu_target)
         return 0
+    names = [s for s in args.variants.split(",") if s]
     if args.ncu_l2_target:
-        ncu_l2_target()
+        ncu_l2_target(names)
         return 0
     if args.ncu_l2:
-        run_ncu_l2(out_dir)
+        run_ncu_l2(out_dir, names)
         return 0
     if args.worker:
         ints = lambda a: [int(t) for t in a.split(",") if t]   # noqa: E731

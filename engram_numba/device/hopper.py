@@ -38,6 +38,12 @@ asynchrony, so a kernel that reads data before waiting for it fails in the simul
   passed to further `wgmma_bf16` calls (they chain in order) but read only after
   `wgmma_commit` and a `wgmma_waiter(n)` that retires the group. `smem` is the shared array the
   descriptors point into (unused on the GPU; the simulator reads the operands from it).
+- `wgmma_bf16_cols(first, count)` returns `wgmma(acc, desc_a, desc_b, smem)`: `wgmma_bf16` on
+  accumulators first .. first + count - 1 of `acc` only (an m64n(2 count) wgmma; first and count
+  multiples of 4, count <= 128), the others passed through. A thread's tuple may hold up to
+  ACC_MAX accumulators: two wgmma of n = N / 2 on the two halves of the tuple, the second with
+  its B descriptor N / 2 rows on, give the accumulators of one m64nN tile with N up to 320, in
+  the layout above (acc[4j + 2h + c] = D[16w + g + 8h, 8j + 2t + c] for every j).
 - `wgmma_fence(acc)`: `wgmma.fence.sync.aligned`, before the first wgmma of a batch (the
   accumulators pass through it so the compiler orders their last writes before it).
 - `wgmma_commit()` closes this warpgroup's wgmmas since the last commit into a group;
@@ -132,6 +138,7 @@ from .intrinsics import SIMULATOR, cvt_pack_bf16x2, device_function
 
 WGMMA_NO_SWIZZLE = 0
 WGMMA_SWIZZLE_128B = 1
+ACC_MAX = 160       # accumulators a tuple may hold (wgmma_bf16_cols: two n160 wgmma on one m64n320 tile)
 
 
 @device_function
@@ -251,11 +258,14 @@ if SIMULATOR:
         acc.fenced = True
         return acc
 
-    def wgmma_bf16(acc, desc_a, desc_b, smem):
+    def _wgmma_bf16_cols(acc, desc_a, desc_b, smem, first, count):
         if not isinstance(acc, WgmmaAcc) or not acc.fenced:
             raise RuntimeError("wgmma_bf16: no wgmma_fence since the accumulators were last written "
                                "or read by other instructions")
-        n_cols = 2 * acc.values.size
+        n_cols = 2 * count
+        if not (count % 4 == 0 and 4 <= count <= 128 and first % 4 == 0 and first + count <= acc.values.size):
+            raise ValueError(f"wgmma_bf16: accumulators {first}..{first + count} of {acc.values.size}: "
+                             "a wgmma takes 4..128 of them, a multiple of 4, from a multiple of 4")
         p = _thread_id() % 128
         w, g, t = p // 32, (p % 32) >> 2, p & 3
         rows_a = [16 * w + g, 16 * w + g + 8]
@@ -266,11 +276,24 @@ if SIMULATOR:
             # [2, 16] x [N/4, 16]^T, exact products summed in float64, rounded once to fp32
             prod = (_operand(smem_b, da, rows_a) @ _operand(smem_b, db, cols).T).astype(np.float32)
             frag = prod.reshape(2, n_cols // 8, 2).transpose(1, 0, 2).reshape(-1)   # [j][h][c]
-            acc.values = (acc.values + frag).astype(np.float32)
+            vals = acc.values.copy()
+            vals[first:first + count] = (vals[first:first + count] + frag).astype(np.float32)
+            acc.values = vals
             acc.in_flight -= 1
         acc.in_flight += 1
         _QUEUES.mma_open.append(run)
         return acc
+
+    def wgmma_bf16(acc, desc_a, desc_b, smem):
+        size = acc.values.size if isinstance(acc, WgmmaAcc) else len(acc)
+        return _wgmma_bf16_cols(acc, desc_a, desc_b, smem, 0, size)
+
+    def wgmma_bf16_cols(first, count):
+        first, count = int(first), int(count)
+
+        def wgmma_bf16_part(acc, desc_a, desc_b, smem):
+            return _wgmma_bf16_cols(acc, desc_a, desc_b, smem, first, count)
+        return wgmma_bf16_part
 
     def wgmma_commit():
         _QUEUES.mma_groups.append(_QUEUES.mma_open)
@@ -685,7 +708,7 @@ else:
 
     def _is_acc(acc):
         return (isinstance(acc, types.UniTuple) and acc.dtype == types.float32 and acc.count % 4 == 0
-                and 4 <= acc.count <= 128)
+                and 4 <= acc.count <= ACC_MAX)
 
     def _acc_asm(context, builder, acc_type, acc, text, extra_types=(), extra_args=(), extra_constraints=""):
         """Inline asm whose outputs are the accumulators, each tied to its input (in/out)."""
@@ -705,15 +728,18 @@ else:
             return _acc_asm(context, builder, signature.args[0], args[0], "wgmma.fence.sync.aligned;")
         return acc(acc), codegen
 
-    @intrinsic
-    def wgmma_bf16(typingctx, acc, desc_a, desc_b, smem):
-        if not (_is_acc(acc) and isinstance(desc_a, types.Integer) and isinstance(desc_b, types.Integer)):
-            return None
-        n = acc.count
+    def _wgmma_text(n):
         regs = ", ".join(f"${i}" for i in range(n))
-        text = ("{ .reg .pred p; setp.ne.b32 p, $%d, 0; "
+        return ("{ .reg .pred p; setp.ne.b32 p, $%d, 0; "
                 "wgmma.mma_async.sync.aligned.m64n%dk16.f32.bf16.bf16 {%s}, $%d, $%d, p, 1, 1, 0, 0; }"
                 % (2 * n + 2, 2 * n, regs, 2 * n, 2 * n + 1))
+
+    @intrinsic
+    def wgmma_bf16(typingctx, acc, desc_a, desc_b, smem):
+        if not (_is_acc(acc) and acc.count <= 128 and isinstance(desc_a, types.Integer)
+                and isinstance(desc_b, types.Integer)):
+            return None
+        text = _wgmma_text(acc.count)
 
         def codegen(context, builder, signature, args):
             acc_t, da_t, db_t, _ = signature.args
@@ -722,6 +748,37 @@ else:
             return _acc_asm(context, builder, acc_t, args[0], text, (_I64, _I64, _I32),
                             (da, db, ir.Constant(_I32, 1)), ",l,l,r")
         return acc(acc, desc_a, desc_b, smem), codegen
+
+    _WGMMA_COLS: dict = {}
+
+    def wgmma_bf16_cols(first, count):
+        first, count = int(first), int(count)
+        assert count % 4 == 0 and 4 <= count <= 128 and first % 4 == 0 and first >= 0, (first, count)
+        if (first, count) in _WGMMA_COLS:
+            return _WGMMA_COLS[first, count]
+        text = _wgmma_text(count)
+
+        @intrinsic
+        def wgmma_bf16_part(typingctx, acc, desc_a, desc_b, smem):
+            if not (_is_acc(acc) and first + count <= acc.count and isinstance(desc_a, types.Integer)
+                    and isinstance(desc_b, types.Integer)):
+                return None
+
+            def codegen(context, builder, signature, args):
+                acc_t, da_t, db_t, _ = signature.args
+                da = context.cast(builder, args[1], da_t, types.uint64)
+                db = context.cast(builder, args[2], db_t, types.uint64)
+                vals = [builder.extract_value(args[0], i) for i in range(acc_t.count)]
+                part = vals[first:first + count]
+                constraints = ",".join(["=f"] * count + [str(i) for i in range(count)]) + ",l,l,r,~{memory}"
+                res = _inline(builder, ir.LiteralStructType([_F32] * count), [_F32] * count + [_I64, _I64, _I32],
+                              text, constraints, part + [da, db, ir.Constant(_I32, 1)])
+                for i in range(count):
+                    vals[first + i] = builder.extract_value(res, i)
+                return context.make_tuple(builder, acc_t, vals)
+            return acc(acc, desc_a, desc_b, smem), codegen
+        _WGMMA_COLS[first, count] = wgmma_bf16_part
+        return wgmma_bf16_part
 
     @intrinsic
     def wgmma_commit(typingctx):

@@ -68,7 +68,7 @@ from ...device.hopper import (WGMMA_NO_SWIZZLE, WGMMA_SWIZZLE_128B, acc_add_f32,
                               wgmma_descriptor, wgmma_fence, wgmma_store_bf16x2, wgmma_store_bf16x2_sw128, wgmma_waiter,
                               acc_tail_storer, sw128_storer, cluster_ctarank, cluster_sync,
                               fence_mbarrier_init_cluster, mbar_arrive_remote, mbar_try_wait_cluster,
-                              tma_load_2d_multicast, named_barrier_sync)
+                              tma_load_2d_multicast, named_barrier_sync, wgmma_bf16_cols, ACC_MAX)
 from ...device.launch import ClusterLaunch, PreparedLaunch, allow_dynamic_shared
 from . import cuda_wgmma_ws as WS
 from .cuda_common import INLINE, bounds, cdiv, fast_launch, flat_u32
@@ -96,9 +96,13 @@ class Variant:
         assert loop in LOOPS, loop
         self.loop = loop
         # 2 warpgroups: split the 128 token rows (m64 each), or share 64 rows and split the outputs;
-        # a warpgroup's wgmma takes n = wg_n, a multiple of 8 (accumulator quads) up to 256
+        # a warpgroup's wgmma takes n = wg_n, a multiple of 8 (accumulator quads) up to 256; past 256
+        # (producer-warp tiles only, section "Wide tiles" below) each k16 step is two wgmma chains of
+        # wg_n / 2 columns on the two halves of one accumulator tuple
         self.wg_n = bn if bm == 128 else bn // 2
-        assert bm in (64, 128) and self.wg_n % 8 == 0 and 8 <= self.wg_n <= 256 and stages >= 3
+        self.chains = 2 if self.wg_n > 256 else 1
+        assert bm in (64, 128) and self.wg_n % (8 * self.chains) == 0 and 8 <= self.wg_n <= 2 * ACC_MAX \
+            and stages >= 3, (bm, bn, stages)
         assert swizzle or bn % 32 == 0
         self.bm, self.bn, self.stages, self.swizzle = bm, bn, stages, swizzle
         self.stage_bytes = (bm + bn) * ROW_BYTES
@@ -130,6 +134,13 @@ class Variant:
         # math warpgroups only wait for data ("tma" loop, gemm_v4's grid: section "A producer warp" below)
         assert not producer or loop == "tma", "a producer warp fills stages by TMA"
         self.producer = producer
+        # wide tiles: the "tma" loop and epilogue, whole 64-column boxes, no cluster; no producer warp either,
+        # whose 9 warps put 3 on one SM sub-partition and leave 168 registers a thread (ptxas' cap), too
+        # few beside 160 accumulators (section "Wide tiles")
+        assert self.chains == 1 or (loop == "tma" and store == "tma" and cluster == 1 and not producer
+                                    and bn % 64 == 0), "a wide tile: the tma loop and epilogue, whole boxes"
+        # a TMA box has at most 256 rows: a weight box past that is loaded as two halves
+        self.w_loads = 2 if bn // cluster > 256 else 1
         self.threads = THREADS + 32 if producer else THREADS
         self.name = f"{bm}x{bn}x{BK}/s{stages}/{'sw128' if swizzle else 'noswz'}" + ("" if loop == "v4" else f"/{loop}") \
             + ("" if store == "v4" else "/tmastore") + ("" if cluster == 1 else f"/c{cluster}") \
@@ -558,6 +569,7 @@ def _tma_filler(v: Variant, FULL0: int):
     MC = C2 and not WS.SIMULATOR
     HALF = v.bn // 2
     HALF_BYTES = HALF * ROW_BYTES
+    W2 = v.w_loads == 2                                     # a wide tile's weight box in two loads
 
     @device_function(**INLINE)
     def _fill(smem, o, st, tmx, tmw, m0, n0, kt):
@@ -570,7 +582,7 @@ def _tma_filler(v: Variant, FULL0: int):
             rank = cluster_ctarank()
             tma_load_2d_multicast(smem, stage + A_BYTES + rank * HALF_BYTES, tmw, np.int32(kt * BK),
                                   np.int32(n0 + rank * HALF), bar, 3)
-        elif C2:                                            # the simulator: both halves (what both CTAs load)
+        elif C2 or W2:                                      # both halves (clusters: the simulator's, both CTAs')
             tma_load_2d(smem, stage + A_BYTES, tmw, np.int32(kt * BK), np.int32(n0), bar)
             tma_load_2d(smem, stage + A_BYTES + HALF_BYTES, tmw, np.int32(kt * BK), np.int32(n0 + HALF), bar)
         else:
@@ -600,12 +612,12 @@ def _tma_loop(v: Variant):
     EMPTY0 = v.mbar_at + 8 * STAGES
     NACC = v.wg_n // 2
     ZERO = tuple(np.float32(0.0) for _ in range(NACC))
-    D_KSTEP = np.uint64(32 >> 4)
     D_STAGE = np.uint64(STAGE_BYTES >> 4)
     D_RING = np.uint64(RING >> 4)
     D_A = np.uint64(A_BYTES >> 4)
     mma_wait1 = wgmma_waiter(1)
     mma_wait0 = wgmma_waiter(0)
+    mma_k_tile = _mma_k_tile(v)
     STORE_TMA = v.store == "tma"
     # clusters of 2 ("Clusters" below): on the GPU each CTA loads half the weight box into both CTAs,
     # and a stage is refilled once the consumers of both have released it; the simulator has no
@@ -668,9 +680,7 @@ def _tma_loop(v: Variant):
         for j in range(n):
             while mbar_try_wait(smem, o + FULL0 + 8 * r_st, r_par) == 0:
                 pass                                        # tile j's bytes have landed
-            acc = wgmma_fence(acc)
-            for ks in range(BK // 16):
-                acc = wgmma_bf16(acc, da + np.uint64(ks) * D_KSTEP, db + np.uint64(ks) * D_KSTEP, smem)
+            acc = mma_k_tile(wgmma_fence(acc), da, db, smem)
             wgmma_commit()
             da += D_STAGE
             db += D_STAGE
@@ -717,17 +727,40 @@ def _tma_loop(v: Variant):
     return _prologue, _k_loop, _k_tiles
 
 
+def _mma_k_tile(v: Variant):
+    """mma(acc, da, db, smem) -> acc: a warpgroup's wgmma of one swizzled k tile (BK // 16 k16 steps, the
+    descriptors of its A and B tiles in the stage); on a wide tile (`Variant.chains` 2: section "Wide
+    tiles" below) each k16 step is two wgmma of wg_n / 2 columns on the halves of the accumulators."""
+    D_KSTEP = np.uint64(32 >> 4)
+    HALF_ACC = v.wg_n // 4
+    WIDE = v.chains == 2
+    mma_lo = wgmma_bf16_cols(0, HALF_ACC) if WIDE else wgmma_bf16
+    mma_hi = wgmma_bf16_cols(HALF_ACC, HALF_ACC) if WIDE else wgmma_bf16
+    D_B_HALF = np.uint64((v.wg_n // 2) * ROW_BYTES >> 4)   # the second chain's weight rows
+
+    @device_function(**INLINE)
+    def mma(acc, da, db, smem):
+        for ks in range(BK // 16):
+            if WIDE:
+                acc = mma_lo(acc, da + np.uint64(ks) * D_KSTEP, db + np.uint64(ks) * D_KSTEP, smem)
+                acc = mma_hi(acc, da + np.uint64(ks) * D_KSTEP, db + D_B_HALF + np.uint64(ks) * D_KSTEP, smem)
+            else:
+                acc = wgmma_bf16(acc, da + np.uint64(ks) * D_KSTEP, db + np.uint64(ks) * D_KSTEP, smem)
+        return acc
+    return mma
+
+
 def _consumer_parts(v: Variant, FULL0: int):
     """The math warpgroups' side of a producer-warp k loop on tile v (FULL barriers at byte FULL0):
     (descriptors(s0, a_wg, b_wg) -> (da, db, da_end): the wgmma descriptors of stage 0 and the ring's
     end; step(smem, o, r_st, r_par, acc, da, db, da_end) -> (acc, da, db): wait FULL[r_st] (parity
     r_par), the k tile's 4 MMAs, commit, the descriptors moved to the next stage, and wgmma.wait_group 1,
     so this warpgroup's MMAs of the k tile before have retired)."""
-    D_KSTEP = np.uint64(32 >> 4)
     D_STAGE = np.uint64(v.stage_bytes >> 4)
     D_RING = np.uint64(v.stages * v.stage_bytes >> 4)
     D_A = np.uint64(v.bm * ROW_BYTES >> 4)
     mma_wait1 = wgmma_waiter(1)
+    mma_k_tile = _mma_k_tile(v)
 
     @device_function(**INLINE)
     def descriptors(s0, a_wg, b_wg):
@@ -740,9 +773,7 @@ def _consumer_parts(v: Variant, FULL0: int):
     def step(smem, o, r_st, r_par, acc, da, db, da_end):
         while mbar_try_wait(smem, o + FULL0 + 8 * r_st, r_par) == 0:
             pass                                            # the k tile's bytes have landed
-        acc = wgmma_fence(acc)
-        for ks in range(BK // 16):
-            acc = wgmma_bf16(acc, da + np.uint64(ks) * D_KSTEP, db + np.uint64(ks) * D_KSTEP, smem)
+        acc = mma_k_tile(wgmma_fence(acc), da, db, smem)
         wgmma_commit()
         da += D_STAGE
         db += D_STAGE
@@ -962,7 +993,8 @@ def tma_maps(v: Variant, x, wkv, out, stream=0, out_rows: int | None = None) -> 
     alive: `PreparedLaunch.args` holds the maps' device arrays, each of which holds its map."""
     from ...device.tma import SWIZZLE_128B, pack_maps, tensor_map_2d
     mx = tensor_map_2d(x, v.bm, BK, SWIZZLE_128B, stream)
-    mw = tensor_map_2d(wkv, v.bn // v.cluster, BK, SWIZZLE_128B, stream)   # a cluster's CTA loads 1 / cluster
+    mw = tensor_map_2d(wkv, v.bn // v.cluster // v.w_loads, BK, SWIZZLE_128B, stream)   # a cluster's CTA loads
+    # 1 / cluster of the weight box; a wide tile's box is two loads
     if v.store == "tma":       # the output's map (boxes of out_rows or BM rows x 64 columns) at byte 128 of x's
         return pack_maps(mx, tensor_map_2d(out, out_rows or v.bm, 64, SWIZZLE_128B, stream), stream=stream), mw.device
     return mx.device, mw.device
@@ -1258,9 +1290,28 @@ TMA_CLUSTER_TILE = Variant(128, 256, 4, swizzle=True, loop="tma", store="tma", c
 TMA_PW_TILE = Variant(128, 256, 4, swizzle=True, loop="tma", store="tma", producer=True)
 TMA_PW_CLUSTER_TILE = Variant(128, 256, 4, swizzle=True, loop="tma", store="tma", cluster=2, producer=True)
 TMA_PW3_TILE = Variant(128, 256, 3, swizzle=True, loop="tma", store="tma", producer=True)   # the queue's: 4 boxes a round
+
+# ---- Wide tiles: 128 x 320 -------------------------------------------------------------------------
+#
+# L2 traffic is what the T = 4096 GEMM has left to cut (cuBLAS moves 9.6 GB through L2 to gemm_v10's
+# 13.2; docs/gpu.md). A CTA tile of 128 token rows x bn outputs reads (128 + bn) rows of 128 bytes
+# a k tile for 128 bn outputs: 3 / 256 of a row an output at bn = 256, 2.8 / 256 at bn = 320 (6.7%
+# less), and a 128 x 320 tile divides the released N = 25600 exactly (80 output tiles; 2560 tiles at
+# T = 4096 instead of 3200, so a fifth fewer epilogues and pipeline fills). Each math warpgroup then
+# holds 64 x 320 fp32 accumulators, 160 a thread, which no single wgmma takes (n is at most 256): each
+# k16 step issues two wgmma of m64n160k16 on the two halves of one 160-accumulator tuple
+# (`hopper.wgmma_bf16_cols`, `_mma_k_tile`), the second with its weight descriptor 160 rows on; in the
+# accumulator layout the halves are columns 0..159 and 160..319 of one m64n320 tile, so the epilogue's
+# storers need no change. A TMA box has at most 256 rows: the weight box is two loads of 160 rows
+# (`Variant.w_loads`). A stage is 56 KiB, so the ring has 3 stages (168 KiB); the "tma" epilogue stages
+# the 80 KiB bf16 tile past 2 of them. 256 threads (the "tma" loop's thread 0 fills): a producer warp
+# would put 3 warps on one SM sub-partition, whose 16384 registers leave 168 a thread, and ptxas then
+# spills (2.2 KB a thread) and serialises the wgmma. Same k order, same 16-term products into each
+# accumulator: gemm_v4's bits. On gemm_v4's grid and on the unit queue (`QVariant(TMA_WIDE_TILE, 1)`).
+TMA_WIDE_TILE = Variant(128, 320, 3, swizzle=True, loop="tma", store="tma")
 TMA_CANDIDATES = {v.name: v for v in (TMA_STORE_TILE, TMA_VARIANTS["gemm_v11"], TMA_TILE, TMA_FALLBACK["gemm_v11"],
                                       SkVariant(TMA_STORE_TILE, "dp"), TMA_STORE_240, TMA_CLUSTER_TILE,
-                                      TMA_PW_TILE, TMA_PW_CLUSTER_TILE)}
+                                      TMA_PW_TILE, TMA_PW_CLUSTER_TILE, TMA_WIDE_TILE)}
 
 
 def tma_store_ok(out) -> bool:
@@ -1403,7 +1454,7 @@ class QVariant:
         assert not wg_epilogue or tile.producer, tile.name
         self.wg_epilogue = wg_epilogue
         # a producer-warp tile: whole tiles only, stored by TMA 128 columns at a time (`make_queue_pw_kernel`)
-        assert not tile.producer or (pieces == 1 and tile.store == "tma" and tile.bn % 128 == 0), tile.name
+        assert not tile.producer or (pieces == 1 and tile.store == "tma" and tile.bn % 64 == 0), tile.name
         self.tile, self.pieces, self.tail = tile, int(pieces), tail
         self.bn = tile.bn
         self.smem_bytes = pw_queue_layout(tile)["smem_bytes"] if tile.producer else sk_smem_bytes(tile, True)
@@ -1614,14 +1665,14 @@ def prepare_queue(name: str, qv: QVariant, x, wkv, out, *, stream=0, ctas: int |
 
 def pw_queue_layout(v: Variant) -> dict:
     """Byte offsets from the ring's start of the producer-warp queue kernel on tile v, and the boxes its
-    epilogue buffer holds (`epi_boxes`: the most of the tile's that fit, a divisor of their count)."""
+    epilogue buffer holds (`epi_boxes`: the most of the tile's that fit; the epilogue stores the tile in
+    rounds of that many, the last round the rest)."""
     ring = v.stages * v.stage_bytes
     epi = ring                                   # 1024-aligned: stages are multiples of 1 KiB
     n_boxes = v.bn // 64
     box_bytes = v.bm * 128
     fixed = 32 * v.stages + 8 * 4 + 8 + ALIGN_SLACK        # FULL, EMPTY, UNIT_FULL, UNIT_EMPTY, the slots
-    epi_boxes = max(b for b in range(1, n_boxes + 1)
-                    if n_boxes % b == 0 and ring + b * box_bytes + fixed <= 227 * 1024)
+    epi_boxes = max(b for b in range(1, n_boxes + 1) if ring + b * box_bytes + fixed <= 227 * 1024)
     full0 = epi + epi_boxes * box_bytes
     empty0 = full0 + 8 * v.stages
     ufull0 = empty0 + 8 * v.stages
@@ -1642,8 +1693,8 @@ def make_queue_pw_kernel(v: Variant, wg_epilogue: bool = False):
     assert v.bm == 128 and v.loop == "tma" and v.producer and v.store == "tma" and v.bn % 64 == 0, v.name
     L = pw_queue_layout(v)
     EPI_BOXES = L["epi_boxes"]
-    ROUNDS = v.bn // (64 * EPI_BOXES)
-    assert ROUNDS in (1, 2), (v.name, ROUNDS)
+    N_BOXES = v.bn // 64
+    ROUNDS = -(-N_BOXES // EPI_BOXES)
     EPI, FULL0, EMPTY0, UFULL0, UEMPTY0, UNITS0 = (L[k] for k in ("epi", "full0", "empty0", "ufull0", "uempty0",
                                                                   "units0"))
     STAGES = v.stages
@@ -1664,6 +1715,7 @@ def make_queue_pw_kernel(v: Variant, wg_epilogue: bool = False):
     def round_storer(r):
         storer = sw128_storer(CHUNKS * (r + 1), CHUNKS * r)
         COL0 = 64 * EPI_BOXES * r
+        BOXES = min(EPI_BOXES, N_BOXES - EPI_BOXES * r)     # the last round: the boxes left
 
         @device_function(**INLINE)
         def store_round(smem, word, epi_byte, tmaps, acc, m0, n0, tid, g, bar, issuer):
@@ -1676,13 +1728,25 @@ def make_queue_pw_kernel(v: Variant, wg_epilogue: bool = False):
             fence_proxy_async()
             named_barrier_sync(bar, BAR_THREADS)
             if tid == issuer:
-                for b in range(EPI_BOXES):
+                for b in range(BOXES):
                     tma_store_2d(smem, epi_byte + b * BOX_WORDS * 4, tmaps, 128, np.int32(n0 + COL0 + 64 * b),
                                  np.int32(m0))
                 bulk_commit()
         return store_round
-    store_round0 = round_storer(0)
-    store_round1 = round_storer(1) if ROUNDS == 2 else store_round0
+
+    def rounds_storer(r):
+        """Rounds r .. ROUNDS - 1 of the epilogue, one after the other."""
+        this = round_storer(r)
+        if r == ROUNDS - 1:
+            return this
+        rest = rounds_storer(r + 1)
+
+        @device_function(**INLINE)
+        def store_rounds(smem, word, epi_byte, tmaps, acc, m0, n0, tid, g, bar, issuer):
+            this(smem, word, epi_byte, tmaps, acc, m0, n0, tid, g, bar, issuer)
+            rest(smem, word, epi_byte, tmaps, acc, m0, n0, tid, g, bar, issuer)
+        return store_rounds
+    store_tile = rounds_storer(0)
 
     @cuda.jit(**bounds(v.threads, 1))
     def gemm_wgmma_qpw(x32, w32, out, queue, ctrs, ws, flags, T, K):
@@ -1784,9 +1848,7 @@ def make_queue_pw_kernel(v: Variant, wg_epilogue: bool = False):
                 acc = mma_wait0(acc)
                 if lane0:                        # the unit's last stage: the producer runs on into the next
                     mbar_arrive(smem, o + EMPTY0 + 8 * p_st)
-                store_round0(smem, word, epi_byte, x32, acc, m0 + row0, n0, tid, g, bar, issuer)
-                if ROUNDS == 2:
-                    store_round1(smem, word, epi_byte, x32, acc, m0 + row0, n0, tid, g, bar, issuer)
+                store_tile(smem, word, epi_byte, x32, acc, m0 + row0, n0, tid, g, bar, issuer)
                 i += 1
             if tid == issuer:
                 bulk_wait_read0()                # the last boxes are read before the CTA's memory goes
@@ -1799,7 +1861,8 @@ def make_queue_pw_kernel(v: Variant, wg_epilogue: bool = False):
 Q_CANDIDATES = {v.name: v for v in (QVariant(TMA_STORE_TILE, 1), QVariant(TMA_STORE_TILE, 2),
                                       QVariant(TMA_STORE_TILE, 4), QVariant(TMA_STORE_TILE, 8),
                                       QVariant(TMA_STORE_TILE, 4, 264), QVariant(TMA_PW_TILE, 1),
-                                      QVariant(TMA_PW3_TILE, 1), QVariant(TMA_PW_TILE, 1, wg_epilogue=True))}
+                                      QVariant(TMA_PW3_TILE, 1), QVariant(TMA_PW_TILE, 1, wg_epilogue=True),
+                                      QVariant(TMA_WIDE_TILE, 1))}
 # gemm_v12: the producer-warp queue on gemm_v4's tile, whole tiles, the epilogue in two rounds
 QUEUE_VARIANTS = {"gemm_v12": QVariant(TMA_PW_TILE, 1)}
 

@@ -75,17 +75,21 @@ def baseline_bits():
 
 # (the producer warp with clusters adds nothing the simulator can see: it runs a cluster as single CTAs, whose
 # fills are `_fill`'s, the same as without the producer warp; the GPU tier checks it, tests/test_tma.py)
-@pytest.mark.parametrize("loop", ["lean", "lean1", "mbar", "tma", "tma/tmastore", "tma/tmastore/c2", "tma/tmastore/pw"])
+@pytest.mark.parametrize("loop", ["lean", "lean1", "mbar", "tma", "tma/tmastore", "tma/tmastore/c2", "tma/tmastore/pw",
+                                  "tma/tmastore/wide"])
 @pytest.mark.parametrize("shape", GRID_CASES, ids=[f"{t}x{k}x{n}" for t, k, n in GRID_CASES])
 def test_lean_loops_return_gemm_v4_bits(baseline_bits, loop, shape):
     """gemm_v10 is the "tma" loop and epilogue on this grid (the loop alone where N % 8 != 0): its boxes
     hang past T, N and K here, and its TMA stores are clipped at T and N. "pw": the same with a producer
-    warp (288 threads; 6 k tiles through 4 stages: two refills wait on EMPTY)."""
+    warp (288 threads; 6 k tiles through 4 stages: two refills wait on EMPTY). "wide": the 128 x 320 tile
+    (two n160 wgmma chains a k16 step, the weight box in two TMA loads; 3 stages, so 3 refills wait; its
+    fifth box holds 8 columns below N = 264)."""
     if loop.startswith("tma/tmastore") and shape[2] % 8:
         pytest.skip("a TMA store needs N % 8 == 0 (the launcher falls back to the \"tma\" case)")
     x, w, want = baseline_bits("grid", *shape)
     tile = {"tma": W.TMA_TILE, "tma/tmastore": W.TMA_STORE_TILE,
-            "tma/tmastore/c2": W.TMA_CLUSTER_TILE, "tma/tmastore/pw": W.TMA_PW_TILE}.get(loop) or W.V9_TILES[loop]
+            "tma/tmastore/c2": W.TMA_CLUSTER_TILE, "tma/tmastore/pw": W.TMA_PW_TILE,
+            "tma/tmastore/wide": W.TMA_WIDE_TILE}.get(loop) or W.V9_TILES[loop]
     np.testing.assert_array_equal(run_grid(tile, x, w), want)
 
 
@@ -232,3 +236,34 @@ def test_queue_with_a_producer_warp_returns_gemm_v4_bits(stages, wg_epilogue):
     assert (launch.args[4].copy_to_host() == 0).all()
     with pytest.raises(AssertionError):
         W.QVariant(W.TMA_PW_TILE, 2)                   # whole tiles only
+
+
+def test_queue_of_wide_tiles_returns_gemm_v4_bits():
+    """The unit queue (thread 0 fills) on 128 x 320 tiles: 2 x 2 whole tiles of 6 k tiles (a 1-chunk K tail)
+    through 3 stages, the next unit's first 2 stages in flight during each epilogue (its 80 KiB bf16 tile
+    past them); N = 392 leaves the second output tile 72 columns (one box and 8 columns of the next, three
+    boxes wholly past N), rows past T. Every output the simulator's gemm_v4 arithmetic; counters left at 0."""
+    T, K, N = 130, 328, 392
+    x, w = make_inputs(np.random.default_rng(11), T, K, N)
+    qv = W.QVariant(W.TMA_WIDE_TILE, 1)
+    assert qv.smem_bytes <= 227 * 1024 and qv.tile.threads == 256
+    out = poisoned(T, N)
+    launch = W.prepare_queue(qv.name, qv, cuda.to_device(x), cuda.to_device(w), out, ctas=3)
+    launch()
+    np.testing.assert_array_equal(out.copy_to_host(), emulate_pieces(x, w, [0, 6]))
+    assert (launch.args[4].copy_to_host() == 0).all()
+
+
+def test_wide_tiles_are_built_only_where_the_code_splits_them():
+    """Past 256 outputs a tile is two wgmma chains: built only for the "tma" loop and epilogue, whole 64-column
+    boxes, at most 320 columns (160 accumulators a thread), no cluster and no producer warp (which would leave
+    168 registers a thread)."""
+    assert W.TMA_WIDE_TILE.chains == 2 and W.TMA_WIDE_TILE.w_loads == 2 and W.TMA_STORE_TILE.chains == 1
+    for kw in ({"loop": "tma"}, {"loop": "mbar"}, {"loop": "tma", "store": "tma", "producer": True},
+               {"loop": "tma", "store": "tma", "cluster": 2}):
+        with pytest.raises(AssertionError):
+            W.Variant(128, 320, 3, swizzle=True, **kw)
+    with pytest.raises(AssertionError):
+        W.Variant(128, 296, 3, swizzle=True, loop="tma", store="tma")    # 296 % 64 != 0
+    with pytest.raises(AssertionError):
+        W.Variant(128, 384, 3, swizzle=True, loop="tma", store="tma")    # 192 accumulators
