@@ -200,6 +200,11 @@ def worker(out_dir: Path, skip: set, quick: bool, smoke: bool, only=None, tokens
             return W.prepare_variant(name, variants[name], x, w, out)
         return prepare_project(x, w, out, version=name)          # gemm_v3, gemv_v4, cublas_v1
 
+    def tma_store(name):
+        """Whether candidate `name` stores by TMA only (the queue kernels, the "tma" epilogue on the grid)."""
+        return name in q_variants or (name in variants and isinstance(variants[name], W.Variant)
+                                      and variants[name].store == "tma")
+
     def run_check(name, x, w, T, N, rows, yard):
         out = cuda.to_device(np.full((T, N), 0xFFFF, np.uint16))
         launch = launch_of(name, x, w, out)
@@ -229,7 +234,7 @@ def worker(out_dir: Path, skip: set, quick: bool, smoke: bool, only=None, tokens
                 continue
             if (name in same_bits or name in q_variants) and K % 8:  # a TMA row is a multiple of 16 bytes
                 continue
-            if name in q_variants and N % 8:    # the queue kernel has no epilogue but the TMA one
+            if tma_store(name) and N % 8:      # a TMA epilogue needs 16-byte output rows (the records fall back)
                 continue
             start(name)
             try:
@@ -398,11 +403,12 @@ def worker(out_dir: Path, skip: set, quick: bool, smoke: bool, only=None, tokens
             names = [n for n in ["gemm_v4", *W.V9_CANDIDATES, *W.V9_VARIANTS, "gemm_v8", "cublas_v1"]
                      if not only or n in only or n == "cublas_v1"]
         if tma:
-            names = [*W.Q_CANDIDATES, *W.TMA_CANDIDATES, "gemm_v8", "cublas_v1"]
+            names = [n for n in [*W.Q_CANDIDATES, *W.TMA_CANDIDATES, "gemm_v8", "cublas_v1"]
+                     if not only or n in only or n == "cublas_v1"]
         if smoke and (v8 or v9):
             names = [n for n in names if n != "cublas_v1"]
         for name in names:
-            if name in skip or (name in q_variants and N % 8):
+            if name in skip or (tma_store(name) and N % 8):
                 continue
             start(name)
             try:

@@ -103,9 +103,12 @@ asynchrony, so a kernel that reads data before waiting for it fails in the simul
   `device.launch.ClusterLaunch`): `cluster_ctarank()` (uint32, the CTA's rank in its cluster);
   `cluster_sync()` (`barrier.cluster.arrive.release` + `wait.acquire`: every thread of every CTA of
   the cluster); `fence_mbarrier_init_cluster()` (after `mbar_init`, before a cluster barrier: the
-  peer may then signal the barrier); `mbar_arrive_remote(smem, off, rank)` (an arrive, release at
-  cluster scope, on the mbarrier at byte `off` of CTA `rank`'s shared memory, through `mapa`);
-  `mbar_try_wait_cluster(smem, off, parity)` (`mbar_try_wait` with acquire at cluster scope);
+  peer may then signal the barrier); `mbar_arrive_remote(smem, off, rank)` (an arrive on the
+  mbarrier at byte `off` of CTA `rank`'s shared memory, through `mapa`, with mbarrier.arrive's
+  default semantics, release at CTA scope, as CUTLASS's cluster barrier arrives; the waiter uses
+  `mbar_try_wait`, acquire at CTA scope: release or acquire at cluster scope makes each arrive or
+  wait a cluster-wide memory fence, which stalled the 2-CTA GEMM's consumer warps for 44% of their
+  stall cycles, docs/gpu.md);
   `tma_load_2d_multicast(smem, dst_byte, tmap, c0, c1, mbar_off, mask)` (`tma_load_2d` into byte
   dst_byte of every CTA of `mask` (bit r: rank r), each CTA's mbarrier at mbar_off told the bytes).
   The simulator has no clusters: its twins answer for a cluster of one (rank 0, remote arrives do
@@ -545,9 +548,6 @@ if SIMULATOR:
     def mbar_arrive_remote(smem, off, rank):
         pass                                            # the peer's barrier: no peer here
 
-    def mbar_try_wait_cluster(smem, off, parity):
-        return mbar_try_wait(smem, off, parity)
-
     def tma_load_2d_multicast(smem, dst_byte, tmap, c0, c1, mbar_off, mask):
         tma_load_2d(smem, dst_byte, tmap, c0, c1, mbar_off)
 
@@ -917,7 +917,6 @@ else:
         return try_wait
 
     mbar_try_wait = _try_wait("")
-    mbar_try_wait_cluster = _try_wait(".acquire.cluster")
 
     @intrinsic
     def mbar_arrive_expect_tx(typingctx, smem, off, nbytes):
@@ -1009,7 +1008,7 @@ else:
             r = context.cast(builder, args[2], signature.args[2], types.uint32)
             _inline(builder, ir.VoidType(), [_I32, _I32],
                     "{ .reg .b32 ra; mapa.shared::cluster.u32 ra, $0, $1; "
-                    "mbarrier.arrive.release.cluster.shared::cluster.b64 _, [ra]; }", "r,r,~{memory}", [addr, r])
+                    "mbarrier.arrive.shared::cluster.b64 _, [ra]; }", "r,r,~{memory}", [addr, r])
             return context.get_dummy_value()
         return types.void(smem, off, rank), codegen
 

@@ -67,7 +67,7 @@ from ...device.hopper import (WGMMA_NO_SWIZZLE, WGMMA_SWIZZLE_128B, acc_add_f32,
                               bulk_commit, bulk_wait_read0, tma_load_2d, tma_store_2d, wgmma_bf16, wgmma_commit,
                               wgmma_descriptor, wgmma_fence, wgmma_store_bf16x2, wgmma_store_bf16x2_sw128, wgmma_waiter,
                               acc_tail_storer, sw128_storer, cluster_ctarank, cluster_sync,
-                              fence_mbarrier_init_cluster, mbar_arrive_remote, mbar_try_wait_cluster,
+                              fence_mbarrier_init_cluster, mbar_arrive_remote,
                               tma_load_2d_multicast, named_barrier_sync, wgmma_bf16_cols, ACC_MAX)
 from ...device.launch import ClusterLaunch, PreparedLaunch, allow_dynamic_shared
 from . import cuda_wgmma_ws as WS
@@ -694,13 +694,9 @@ def _tma_loop(v: Variant):
                     mbar_arrive_remote(smem, o + EMPTY0 + 8 * p_st, cluster_ctarank() ^ np.uint32(1))
             nj = j + STAGES - 1
             if producer and nj < n:
-                if j > 0:                                   # both warpgroups are done with tile j-1's stage
-                    if MC:                                  # (of both CTAs)
-                        while mbar_try_wait_cluster(smem, o + EMPTY0 + 8 * p_st, p_par) == 0:
-                            pass
-                    else:
-                        while mbar_try_wait(smem, o + EMPTY0 + 8 * p_st, p_par) == 0:
-                            pass
+                if j > 0:                                   # both warpgroups (of both CTAs) are done
+                    while mbar_try_wait(smem, o + EMPTY0 + 8 * p_st, p_par) == 0:     # with tile j-1's stage
+                        pass
                 _fill(smem, o, p_st, tmx, tmw, m0, n0, kb + nj)
             p_st = r_st
             p_par = r_par
@@ -829,12 +825,8 @@ def _producer_warp_loop(v: Variant, _fill):
                 par = 1                                     # the parity of tile kt - S's release
                 for kt in range(n):
                     if kt >= STAGES:
-                        if MC:
-                            while mbar_try_wait_cluster(smem, o + EMPTY0 + 8 * st, par) == 0:
-                                pass
-                        else:
-                            while mbar_try_wait(smem, o + EMPTY0 + 8 * st, par) == 0:
-                                pass
+                        while mbar_try_wait(smem, o + EMPTY0 + 8 * st, par) == 0:
+                            pass
                     _fill(smem, o, st, tmx, tmw, m0, n0, kb + kt)
                     st += 1
                     if st == STAGES:
@@ -1265,8 +1257,10 @@ TMA_STORE_240 = Variant(128, 240, 4, swizzle=True, loop="tma", store="tma")
 # and k tile instead of 16 + 32. The hand-over is the "tma" loop's with three changes: a CTA's FULL[s]
 # expects the whole stage (its x box, its half, the peer's half, whose bytes the peer's copy reports
 # here); EMPTY[s] counts the consumer warps of both CTAs (each warp's lane 0 arrives on its own EMPTY and,
-# through `mapa`, on the peer's, with release at cluster scope), because a refill writes into both CTAs;
-# the producer waits EMPTY with acquire at cluster scope. The barriers are made visible to the peer
+# through `mapa`, on the peer's), because a refill writes into both CTAs; arrive and wait keep mbarrier's
+# default semantics (release / acquire at CTA scope, as CUTLASS's cluster barriers do): at cluster scope
+# each became a cluster-wide memory fence, and the MEMBAR stalls made the pair 1.44x slower than
+# gemm_v10 (Nsight Compute: "Stall Membar" 44% of the stall cycles; docs/gpu.md). The barriers are made visible to the peer
 # (`fence.mbarrier_init`) and both CTAs pass a cluster barrier before the first fill, and again after the
 # last MMA (the peer's last arrivals on our barriers are in before they are invalidated). A token-tile
 # count that is odd gets one more CTA, wholly past T: it reads zeros, stores nothing, and loads its half
