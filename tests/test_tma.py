@@ -143,10 +143,11 @@ def test_cluster_multicast_gemm_returns_gemm_v10_bits_on_the_gpu(T, K, N):
 @pytest.mark.parametrize("T,K,N", [(33, 328, 392), (300, 200, 520), (1024, 6144, 2560), (4096, 6144, 25600)])
 def test_wide_tiles_return_gemm_v10_bits_on_the_gpu(T, K, N):
     """128 x 320 tiles (`cuda_wgmma.TMA_WIDE_TILE`: two m64n160 wgmma chains a k16 step on one tuple of 160
-    accumulators, the weight box in two 160-row TMA loads, 3 stages) on gemm_v4's grid and on the unit queue
-    (every SM, and 3 CTAs: many units a CTA) return gemm_v10's bits: a last output tile of 72 or 200
-    columns (boxes wholly and partly past N), rows past T, a K tail, the released shape; the queue's
-    counters are reset, so its replay on a poisoned output returns the same."""
+    accumulators, the weight box in two 160-row TMA loads, 3 stages) on gemm_v4's grid, on the unit queue and
+    on the queue whose stage ring thread 0 streams across units (`make_queue_stream_kernel`; also with
+    128 x 256 tiles), every SM and 3 CTAs (many units a CTA), return gemm_v10's bits: a last output tile of
+    72 or 200 columns (boxes wholly and partly past N), rows past T, a K tail, the released shape; the
+    queues' counters are reset, so a replay on a poisoned output returns the same."""
     from engram_numba.bf16 import f32_to_bf16
     from engram_numba.stages.proj import cuda_wgmma as W
     rng = np.random.default_rng(T * 7 + K + N)
@@ -159,15 +160,16 @@ def test_wide_tiles_return_gemm_v10_bits_on_the_gpu(T, K, N):
     out = cuda.to_device(np.full((T, N), 0xFFFF, np.uint16))
     W.prepare_variant("wide", W.TMA_WIDE_TILE, x, w, out)()
     np.testing.assert_array_equal(out.copy_to_host(), want, err_msg="grid")
-    qv = W.QVariant(W.TMA_WIDE_TILE, 1)
-    for ctas in (None, 3):
-        launch = W.prepare_queue(qv.name, qv, x, w, out, ctas=ctas)
-        for _ in range(2):
-            out.copy_to_device(np.full((T, N), 0xFFFF, np.uint16))
-            launch()
-            cuda.synchronize()
-            np.testing.assert_array_equal(out.copy_to_host(), want, err_msg=f"queue, ctas={ctas}")
-        assert (launch.args[4].copy_to_host() == 0).all()
+    for qv in (W.QVariant(W.TMA_WIDE_TILE, 1), W.QVariant(W.TMA_WIDE_TILE, 1, stream=True),
+               W.QVariant(W.TMA_STORE_TILE, 1, stream=True)):
+        for ctas in (None, 3):
+            launch = W.prepare_queue(qv.name, qv, x, w, out, ctas=ctas)
+            for _ in range(2):
+                out.copy_to_device(np.full((T, N), 0xFFFF, np.uint16))
+                launch()
+                cuda.synchronize()
+                np.testing.assert_array_equal(out.copy_to_host(), want, err_msg=f"{qv.name}, ctas={ctas}")
+            assert (launch.args[4].copy_to_host() == 0).all()
 
 
 def test_cluster_launch_refuses_a_grid_of_part_clusters():

@@ -1442,19 +1442,26 @@ class QVariant:
     """The queue kernel's specialisation: a CTA tile (a "tma"-loop `Variant` of 128 token rows), the pieces
     a tail tile is cut into (1: nothing cut) and how many tail tiles (None: one a CTA)."""
 
-    def __init__(self, tile: Variant, pieces: int = 4, tail: int | None = None, wg_epilogue: bool = False):
+    def __init__(self, tile: Variant, pieces: int = 4, tail: int | None = None, wg_epilogue: bool = False,
+                 stream: bool = False):
         assert tile.bm == 128 and tile.loop == "tma" and pieces >= 1 and tile.cluster == 1, tile.name
         # wg_epilogue (producer-warp tiles): each math warpgroup stores its own 64 rows, on its own barrier
         assert not wg_epilogue or tile.producer, tile.name
         self.wg_epilogue = wg_epilogue
+        # stream: thread 0 streams the stage ring across units (`make_queue_stream_kernel`; whole tiles, TMA
+        # epilogue, no producer warp)
+        assert not stream or (not tile.producer and pieces == 1 and tile.store == "tma" and tile.bn % 64 == 0), \
+            tile.name
+        self.stream = stream
         # a producer-warp tile: whole tiles only, stored by TMA 128 columns at a time (`make_queue_pw_kernel`)
         assert not tile.producer or (pieces == 1 and tile.store == "tma" and tile.bn % 64 == 0), tile.name
         self.tile, self.pieces, self.tail = tile, int(pieces), tail
         self.bn = tile.bn
-        self.smem_bytes = pw_queue_layout(tile)["smem_bytes"] if tile.producer else sk_smem_bytes(tile, True)
+        self.smem_bytes = pw_queue_layout(tile)["smem_bytes"] if tile.producer or stream else sk_smem_bytes(tile, True)
         self.name = f"q/{tile.bm}x{tile.bn}/p{pieces}" + ("" if tail is None else f"t{tail}") \
             + ("" if tile.store == "v4" else "/tmastore") + ("/pw" if tile.producer else "") \
-            + ("" if tile.stages == 4 else f"/s{tile.stages}") + ("/wgepi" if wg_epilogue else "")
+            + ("" if tile.stages == 4 else f"/s{tile.stages}") + ("/wgepi" if wg_epilogue else "") \
+            + ("/stream" if stream else "")
 
 
 def queue_schedule(T: int, N: int, K: int, qv: QVariant, ctas: int):
@@ -1600,10 +1607,11 @@ _Q_KERNELS: dict = {}
 _QUEUES: dict = {}
 
 
-def queue_kernel_for(v: Variant, wg_epilogue: bool = False):
-    key = (v.name, wg_epilogue)
+def queue_kernel_for(v: Variant, wg_epilogue: bool = False, stream: bool = False):
+    key = (v.name, wg_epilogue, stream)
     if key not in _Q_KERNELS:
-        _Q_KERNELS[key] = make_queue_pw_kernel(v, wg_epilogue) if v.producer else make_queue_kernel(v)
+        _Q_KERNELS[key] = make_queue_pw_kernel(v, wg_epilogue) if v.producer else \
+            make_queue_stream_kernel(v) if stream else make_queue_kernel(v)
     return _Q_KERNELS[key]
 
 
@@ -1631,7 +1639,7 @@ def prepare_queue(name: str, qv: QVariant, x, wkv, out, *, stream=0, ctas: int |
     ws = cuda.device_array(n_slots * THREADS * (qv.tile.wg_n // 2) if n_slots else 1, dtype=np.float32,
                            stream=stream)                # the partials' workspace (nothing cut: unused)
     flags = cuda.to_device(np.zeros(max(n_slots, 1), dtype=np.int32), stream=stream)
-    kernel = queue_kernel_for(qv.tile, qv.wg_epilogue)
+    kernel = queue_kernel_for(qv.tile, qv.wg_epilogue, qv.stream)
     xa, wa = tma_maps(qv.tile, x, wkv, out, stream, out_rows=64 if qv.wg_epilogue else None)
     args = (xa, wa, out, d_queue, ctrs, ws, flags, T, K)
     allow_dynamic_shared(kernel, args, qv.smem_bytes)
@@ -1678,33 +1686,16 @@ def pw_queue_layout(v: Variant) -> dict:
             "smem_bytes": smem, "epi_boxes": epi_boxes}
 
 
-def make_queue_pw_kernel(v: Variant, wg_epilogue: bool = False):
-    """The unit queue on a producer-warp tile (above): persistent CTAs of 288 threads over whole tiles.
-    wg_epilogue: each math warpgroup stores its own 64 rows (boxes of 64 rows x 64 columns, half the
-    buffer each, its thread 0 issuing the stores, named barrier 1 + wg of its 128 threads), so the
-    warpgroup that finishes first starts the next unit's MMAs while the other still stores; the output
-    map then has 64-row boxes (`prepare_queue`)."""
-    assert v.bm == 128 and v.loop == "tma" and v.producer and v.store == "tma" and v.bn % 64 == 0, v.name
-    L = pw_queue_layout(v)
-    EPI_BOXES = L["epi_boxes"]
+def _epilogue_rounds(v: Variant, EPI_BOXES: int, BOX_WORDS: int, BAR_THREADS: int):
+    """The queue kernels' epilogue through a buffer of EPI_BOXES 64-column boxes (of BOX_WORDS words each):
+    store(smem, word, epi_byte, tmaps, acc, m0, n0, tid, g, bar, issuer) stores the tile's v.bn // 64 boxes
+    in rounds of EPI_BOXES (the last round the rest), each round: thread `issuer` waits until the last
+    stores have read the buffer, the threads meet on named barrier `bar` (BAR_THREADS of them), write their
+    pairs of the round's boxes (from word `word`), fence them for the async proxy, meet again, and
+    `issuer` stores the boxes by TMA (rows from m0, columns from n0) and commits them."""
     N_BOXES = v.bn // 64
     ROUNDS = -(-N_BOXES // EPI_BOXES)
-    EPI, FULL0, EMPTY0, UFULL0, UEMPTY0, UNITS0 = (L[k] for k in ("epi", "full0", "empty0", "ufull0", "uempty0",
-                                                                  "units0"))
-    STAGES = v.stages
-    NACC = v.wg_n // 2
-    ZERO = tuple(np.float32(0.0) for _ in range(NACC))
-    descriptors, step = _consumer_parts(v, FULL0)
-    mma_wait0 = wgmma_waiter(0)
-    WARP_COUNT = THREADS if WS.SIMULATOR else THREADS // 32     # arrivals that release a stage or a slot
-    PRODUCER = THREADS
-    WGE = wg_epilogue
-    BOX_WORDS = (v.bm // 2 if WGE else v.bm) * 32
-    BAR_THREADS = 128 if WGE else THREADS       # the threads that meet on an epilogue barrier
     CHUNKS = 8 * EPI_BOXES                       # accumulator pairs j (8 columns each) a round stores
-    fill = _tma_filler(v, FULL0)
-    parts = parts_for(v)
-    operand_offsets = parts.operand_offsets
 
     def round_storer(r):
         storer = sw128_storer(CHUNKS * (r + 1), CHUNKS * r)
@@ -1740,7 +1731,35 @@ def make_queue_pw_kernel(v: Variant, wg_epilogue: bool = False):
             this(smem, word, epi_byte, tmaps, acc, m0, n0, tid, g, bar, issuer)
             rest(smem, word, epi_byte, tmaps, acc, m0, n0, tid, g, bar, issuer)
         return store_rounds
-    store_tile = rounds_storer(0)
+    return rounds_storer(0)
+
+
+def make_queue_pw_kernel(v: Variant, wg_epilogue: bool = False):
+    """The unit queue on a producer-warp tile (above): persistent CTAs of 288 threads over whole tiles.
+    wg_epilogue: each math warpgroup stores its own 64 rows (boxes of 64 rows x 64 columns, half the
+    buffer each, its thread 0 issuing the stores, named barrier 1 + wg of its 128 threads), so the
+    warpgroup that finishes first starts the next unit's MMAs while the other still stores; the output
+    map then has 64-row boxes (`prepare_queue`)."""
+    assert v.bm == 128 and v.loop == "tma" and v.producer and v.store == "tma" and v.bn % 64 == 0, v.name
+    L = pw_queue_layout(v)
+    EPI_BOXES = L["epi_boxes"]
+    EPI, FULL0, EMPTY0, UFULL0, UEMPTY0, UNITS0 = (L[k] for k in ("epi", "full0", "empty0", "ufull0", "uempty0",
+                                                                  "units0"))
+    STAGES = v.stages
+    NACC = v.wg_n // 2
+    ZERO = tuple(np.float32(0.0) for _ in range(NACC))
+    descriptors, step = _consumer_parts(v, FULL0)
+    mma_wait0 = wgmma_waiter(0)
+    WARP_COUNT = THREADS if WS.SIMULATOR else THREADS // 32     # arrivals that release a stage or a slot
+    PRODUCER = THREADS
+    WGE = wg_epilogue
+    BOX_WORDS = (v.bm // 2 if WGE else v.bm) * 32
+    BAR_THREADS = 128 if WGE else THREADS       # the threads that meet on an epilogue barrier
+    fill = _tma_filler(v, FULL0)
+    parts = parts_for(v)
+    operand_offsets = parts.operand_offsets
+
+    store_tile = _epilogue_rounds(v, EPI_BOXES, BOX_WORDS, BAR_THREADS)
 
     @cuda.jit(**bounds(v.threads, 1))
     def gemm_wgmma_qpw(x32, w32, out, queue, ctrs, ws, flags, T, K):
@@ -1850,13 +1869,155 @@ def make_queue_pw_kernel(v: Variant, wg_epilogue: bool = False):
     return gemm_wgmma_qpw
 
 
+# ---- The unit queue streamed by thread 0 (a candidate, no record) ----------------------------------------
+#
+# `make_queue_pw_kernel`'s continuous stage ring without the producer warp, for tiles whose accumulators
+# leave no registers for a ninth warp (the 128 x 320 tile: section "Wide tiles"). Thread 0 fills, as in the
+# "tma" loop, between its warpgroup's MMAs: after k tile j's MMAs (and the wait that retires tile j-1's)
+# it waits EMPTY for the stage of tile j-1 and refills it with the next k tile of the stream, which runs on
+# from unit to unit: when the unit being filled has no k tile left, thread 0 takes the next unit from the
+# queue (never more than one unit ahead of the one computed) and writes its index to a two-slot ring in
+# shared memory (slot i & 1 for the CTA's i-th unit), which the other threads read after the epilogue's
+# barriers. After a unit's last MMAs thread 0 fills the stage they released, so all STAGES stages of the
+# next unit are in flight while the epilogue stores this one through its own buffer (`pw_queue_layout`:
+# for 128 x 320, 3 stages and 3 of the 5 boxes, two rounds). FULL / EMPTY are made once a launch. Same
+# boxes and wgmma chain on whole tiles: gemm_v4's bits.
+
+
+def make_queue_stream_kernel(v: Variant):
+    """The unit queue on tile v with the stage ring streamed across units by thread 0 (above): persistent
+    CTAs of 256 threads over whole tiles; the queue kernel's arguments (ws and flags unused)."""
+    assert v.bm == 128 and v.loop == "tma" and not v.producer and v.store == "tma" and v.bn % 64 == 0, v.name
+    L = pw_queue_layout(v)
+    EPI_BOXES = L["epi_boxes"]
+    EPI, FULL0, EMPTY0, UNITS0 = (L[k] for k in ("epi", "full0", "empty0", "units0"))
+    STAGES = v.stages
+    NACC = v.wg_n // 2
+    ZERO = tuple(np.float32(0.0) for _ in range(NACC))
+    descriptors, step = _consumer_parts(v, FULL0)
+    mma_wait0 = wgmma_waiter(0)
+    WARP_COUNT = THREADS if WS.SIMULATOR else THREADS // 32     # arrivals that release a stage
+    BOX_WORDS = v.bm * 32
+    fill = _tma_filler(v, FULL0)
+    operand_offsets = parts_for(v).operand_offsets
+    store_tile = _epilogue_rounds(v, EPI_BOXES, BOX_WORDS, THREADS)
+
+    @device_function(**INLINE)
+    def feed(smem, o, x32, w32, queue, ctrs, n_units, cu_i, fu, fi, fk, fke, f_st, f_par, filled):
+        """Thread 0: the stream's next k tile into the next stage of the ring (once EMPTY says the tile
+        STAGES before has been read), taking the next unit from the queue when the one being filled (fu,
+        the CTA's fi-th) has none left, at most one unit ahead of the one computed (the cu_i-th). Returns
+        the stream's state (fu, fi, fk, fke, f_st, f_par, filled)."""
+        if fk >= fke and fi <= cu_i and fu < n_units:
+            fu = cuda.atomic.add(ctrs, 0, 1)
+            fi += 1
+            smem[(o + UNITS0) // 4 + (fi & 1)] = np.uint32(fu)
+            if fu < n_units:
+                fk = np.int64(queue[fu, F_KB])
+                fke = np.int64(queue[fu, F_KE])
+        if fk < fke:
+            if filled >= STAGES:
+                while mbar_try_wait(smem, o + EMPTY0 + 8 * f_st, f_par) == 0:
+                    pass
+            fill(smem, o, f_st, x32, w32, np.int64(queue[fu, F_M0]), np.int64(queue[fu, F_N0]), fk)
+            fk += 1
+            filled += 1
+            f_st += 1
+            if f_st == STAGES:
+                f_st = 0
+                f_par ^= 1
+        return fu, fi, fk, fke, f_st, f_par, filled
+
+    @cuda.jit(**bounds(THREADS, 1))
+    def gemm_wgmma_qs(x32, w32, out, queue, ctrs, ws, flags, T, K):
+        smem = cuda.shared.array(0, types.uint32)
+        tid = cuda.threadIdx.x
+        n_units = queue.shape[0]
+        base = np.int64(shared_address(smem))
+        pad = (1024 - (base & 1023)) & 1023
+        s0 = base + pad
+        o = pad
+        wg = tid >> 7
+        p = tid & 127
+        lane = p & 31
+        g = lane >> 2
+        lane0 = WS.SIMULATOR or cuda.laneid == 0
+        # the fill stream (thread 0's): the unit being filled, its index in the CTA, its next and end k tile,
+        # the next stage, its parity, the fills so far
+        fu = np.int32(0)
+        fi = -1
+        fk = np.int64(0)
+        fke = np.int64(0)
+        f_st = 0
+        f_par = 1
+        filled = 0
+        if tid == 0:
+            for s in range(STAGES):
+                mbar_init(smem, o + FULL0 + 8 * s, 1)
+                mbar_init(smem, o + EMPTY0 + 8 * s, WARP_COUNT)
+        cuda.syncthreads()
+        if tid == 0:
+            fence_proxy_async()
+            for _ in range(STAGES):              # the first STAGES k tiles of the stream
+                fu, fi, fk, fke, f_st, f_par, filled = feed(smem, o, x32, w32, queue, ctrs, n_units, 0, fu, fi,
+                                                            fk, fke, f_st, f_par, filled)
+        cuda.syncthreads()                       # unit 0's index is in slot 0
+        epi_byte = o + EPI
+        word = epi_byte // 4 + (16 * (p >> 5) + g + 64 * wg) * 32 + (lane & 3)
+        a_wg, b_wg = operand_offsets(wg)
+        da, db, da_end = descriptors(s0, a_wg, b_wg)
+        r_st = 0
+        r_par = 0
+        p_st = 0
+        i = 0
+        while True:
+            u = np.int32(smem[(o + UNITS0) // 4 + (i & 1)])
+            if u >= n_units:
+                break
+            m0 = np.int64(queue[u, F_M0])
+            n0 = np.int64(queue[u, F_N0])
+            acc = ZERO
+            for j in range(queue[u, F_KE] - queue[u, F_KB]):
+                acc, da, db = step(smem, o, r_st, r_par, acc, da, db, da_end)   # tile j-1's MMAs retired
+                if j > 0:
+                    if lane0:
+                        mbar_arrive(smem, o + EMPTY0 + 8 * p_st)
+                    if tid == 0:                 # tile j-1's stage, refilled once both warpgroups are done
+                        fu, fi, fk, fke, f_st, f_par, filled = feed(smem, o, x32, w32, queue, ctrs, n_units, i, fu,
+                                                                    fi, fk, fke, f_st, f_par, filled)
+                p_st = r_st
+                r_st += 1
+                if r_st == STAGES:
+                    r_st = 0
+                    r_par ^= 1
+            acc = mma_wait0(acc)
+            if lane0:                            # the unit's last stage
+                mbar_arrive(smem, o + EMPTY0 + 8 * p_st)
+            if tid == 0:                         # refilled with the next unit's: all its stages in flight now
+                # (this feed takes the next unit if no earlier one did: its index is in its slot before the
+                # epilogue's barriers, and its first k tile filled, so no thread waits for a tile never filled)
+                fu, fi, fk, fke, f_st, f_par, filled = feed(smem, o, x32, w32, queue, ctrs, n_units, i, fu, fi,
+                                                            fk, fke, f_st, f_par, filled)
+            store_tile(smem, word, epi_byte, x32, acc, m0, n0, tid, g, 1, 0)
+            i += 1
+        if tid == 0:
+            bulk_wait_read0()                    # the last boxes are read before the CTA's memory goes
+            # every CTA has taken its last index once all have counted themselves out: the last resets
+            if cuda.atomic.add(ctrs, 1, 1) == cuda.gridDim.x - 1:
+                cuda.atomic.exch(ctrs, 0, np.int32(0))
+                cuda.atomic.exch(ctrs, 1, np.int32(0))
+
+    return gemm_wgmma_qs
+
+
 # what `tools/prefill_dev.py --tma` times: the queue with nothing cut (the grid's balance on persistent
 # CTAs), the last wave's worth of tiles cut in 2, 4 or 8, and two waves' worth cut in 4
 Q_CANDIDATES = {v.name: v for v in (QVariant(TMA_STORE_TILE, 1), QVariant(TMA_STORE_TILE, 2),
                                       QVariant(TMA_STORE_TILE, 4), QVariant(TMA_STORE_TILE, 8),
                                       QVariant(TMA_STORE_TILE, 4, 264), QVariant(TMA_PW_TILE, 1),
                                       QVariant(TMA_PW3_TILE, 1), QVariant(TMA_PW_TILE, 1, wg_epilogue=True),
-                                      QVariant(TMA_WIDE_TILE, 1))}
+                                      QVariant(TMA_WIDE_TILE, 1), QVariant(TMA_WIDE_TILE, 1, stream=True),
+                                      QVariant(TMA_STORE_TILE, 1, stream=True))}
 # gemm_v12: the producer-warp queue on gemm_v4's tile, whole tiles, the epilogue in two rounds
 QUEUE_VARIANTS = {"gemm_v12": QVariant(TMA_PW_TILE, 1)}
 

@@ -254,6 +254,25 @@ def test_queue_of_wide_tiles_returns_gemm_v4_bits():
     assert (launch.args[4].copy_to_host() == 0).all()
 
 
+@pytest.mark.parametrize("bn,K", [(320, 328), (320, 64), (256, 136)], ids=["wide-6kt", "wide-1kt", "256-3kt"])
+def test_queue_streamed_by_thread_0_returns_gemm_v4_bits(bn, K):
+    """The unit queue whose stage ring thread 0 streams across units (`make_queue_stream_kernel`): 2 x 2 whole
+    tiles (CTA 0 takes all 4 in the simulator), their k tiles one stream through the ring, the next unit taken
+    while the last is computed; units of 6 k tiles (the ring wraps inside a unit), of 1 k tile (the stream
+    held one unit ahead: each unit's index and first tile come from the fill after the last unit's MMAs) and
+    of exactly the ring's 3 (4 stages, 128 x 256). The epilogue through its own buffer, stores clipped at T and
+    N. Every output the simulator's gemm_v4 arithmetic; the counters left at 0."""
+    T, N = 130, {320: 392, 256: 264}[bn]
+    x, w = make_inputs(np.random.default_rng(K + bn), T, K, N)
+    qv = W.QVariant({320: W.TMA_WIDE_TILE, 256: W.TMA_STORE_TILE}[bn], 1, stream=True)
+    assert qv.smem_bytes <= 227 * 1024 and qv.tile.threads == 256 and qv.name.endswith("/stream")
+    out = poisoned(T, N)
+    launch = W.prepare_queue(qv.name, qv, cuda.to_device(x), cuda.to_device(w), out, ctas=3)
+    launch()
+    np.testing.assert_array_equal(out.copy_to_host(), emulate_pieces(x, w, [0, -(-K // 64)]))
+    assert (launch.args[4].copy_to_host() == 0).all()
+
+
 def test_wide_tiles_are_built_only_where_the_code_splits_them():
     """Past 256 outputs a tile is two wgmma chains: built only for the "tma" loop and epilogue, whole 64-column
     boxes, at most 320 columns (160 accumulators a thread), no cluster and no producer warp (which would leave
