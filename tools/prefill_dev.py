@@ -202,8 +202,9 @@ def worker(out_dir: Path, skip: set, quick: bool, smoke: bool, only=None, tokens
 
     def tma_store(name):
         """Whether candidate `name` stores by TMA only (the queue kernels, the "tma" epilogue on the grid)."""
-        return name in q_variants or (name in variants and isinstance(variants[name], W.Variant)
-                                      and variants[name].store == "tma")
+        c = variants.get(name)
+        tile = c.tile if isinstance(c, W.SkVariant) else c
+        return name in q_variants or (isinstance(tile, W.Variant) and tile.store == "tma")
 
     def run_check(name, x, w, T, N, rows, yard):
         out = cuda.to_device(np.full((T, N), 0xFFFF, np.uint16))

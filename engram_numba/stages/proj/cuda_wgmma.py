@@ -1443,7 +1443,7 @@ class QVariant:
     a tail tile is cut into (1: nothing cut) and how many tail tiles (None: one a CTA)."""
 
     def __init__(self, tile: Variant, pieces: int = 4, tail: int | None = None, wg_epilogue: bool = False,
-                 stream: bool = False):
+                 stream: bool = False, group_m: int = 0):
         assert tile.bm == 128 and tile.loop == "tma" and pieces >= 1 and tile.cluster == 1, tile.name
         # wg_epilogue (producer-warp tiles): each math warpgroup stores its own 64 rows, on its own barrier
         assert not wg_epilogue or tile.producer, tile.name
@@ -1453,6 +1453,10 @@ class QVariant:
         assert not stream or (not tile.producer and pieces == 1 and tile.store == "tma" and tile.bn % 64 == 0), \
             tile.name
         self.stream = stream
+        # group_m: the queue's tile order (`cuda_wgmma_ws.tile_order`): 0, token tiles fastest (the grid's
+        # order: a wave of CTAs reads all of x and a few weight panels); g > 0, bands of g token tiles, each
+        # band sweeping every output tile (a wave reads g token tiles of x and ~132 / g weight panels)
+        self.group_m = int(group_m)
         # a producer-warp tile: whole tiles only, stored by TMA 128 columns at a time (`make_queue_pw_kernel`)
         assert not tile.producer or (pieces == 1 and tile.store == "tma" and tile.bn % 64 == 0), tile.name
         self.tile, self.pieces, self.tail = tile, int(pieces), tail
@@ -1461,7 +1465,7 @@ class QVariant:
         self.name = f"q/{tile.bm}x{tile.bn}/p{pieces}" + ("" if tail is None else f"t{tail}") \
             + ("" if tile.store == "v4" else "/tmastore") + ("/pw" if tile.producer else "") \
             + ("" if tile.stages == 4 else f"/s{tile.stages}") + ("/wgepi" if wg_epilogue else "") \
-            + ("/stream" if stream else "")
+            + ("/stream" if stream else "") + (f"/g{group_m}" if group_m else "")
 
 
 def queue_schedule(T: int, N: int, K: int, qv: QVariant, ctas: int):
@@ -1469,7 +1473,7 @@ def queue_schedule(T: int, N: int, K: int, qv: QVariant, ctas: int):
     fields (m0, n0, kb, ke, role, slot, lo, hi), in the order CTAs take them. A tile is cut only if
     each piece keeps at least MIN_UNIT_K_TILES k tiles (the simulator: 1)."""
     mt, nt, n_k = cdiv(T, 128), cdiv(N, qv.bn), cdiv(K, BK)
-    order = WS.tile_order(mt, nt, 0)
+    order = WS.tile_order(mt, nt, qv.group_m)
     n_tiles = len(order)
     pieces = max(1, min(qv.pieces, n_k // WS.MIN_UNIT_K_TILES))
     tail = 0 if pieces == 1 else min(n_tiles, ctas if qv.tail is None else qv.tail)
@@ -2017,7 +2021,8 @@ Q_CANDIDATES = {v.name: v for v in (QVariant(TMA_STORE_TILE, 1), QVariant(TMA_ST
                                       QVariant(TMA_STORE_TILE, 4, 264), QVariant(TMA_PW_TILE, 1),
                                       QVariant(TMA_PW3_TILE, 1), QVariant(TMA_PW_TILE, 1, wg_epilogue=True),
                                       QVariant(TMA_WIDE_TILE, 1), QVariant(TMA_WIDE_TILE, 1, stream=True),
-                                      QVariant(TMA_STORE_TILE, 1, stream=True))}
+                                      QVariant(TMA_STORE_TILE, 1, stream=True), QVariant(TMA_PW_TILE, 1, group_m=8),
+                                      QVariant(TMA_PW_TILE, 1, group_m=16))}
 # gemm_v12: the producer-warp queue on gemm_v4's tile, whole tiles, the epilogue in two rounds
 QUEUE_VARIANTS = {"gemm_v12": QVariant(TMA_PW_TILE, 1)}
 

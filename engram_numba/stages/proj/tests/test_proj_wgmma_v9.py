@@ -179,6 +179,14 @@ def test_queue_schedule_covers_and_orders():
     assert (queue[:3068, 4] == 0).all() and (queue[3068:3072, 3] - queue[3068:3072, 2] == 24).all()
     assert (queue[3068:3068 + 396, 4] == 1).all() and (queue[-132:, 4] == 2).all()   # partials, then finishers
 
+    # bands of token tiles (`QVariant(group_m=...)`): each band sweeps every output tile, whole tiles
+    for T, N, K, g in [(4096, 25600, 6144, 8), (300, 520, 136, 2), (130, 264, 64, 16)]:
+        qv = W.QVariant(W.TMA_PW_TILE, 1, group_m=g)
+        queue, n_slots = W.queue_schedule(T, N, K, qv, 5)
+        W.check_queue(queue, n_slots, T, N, K, qv.bn)
+        band = min(g, -(-T // 128))              # a band's token tiles, then the band's next output tile
+        assert [tuple(u) for u in queue[:band + 1, :2]] == [(128 * m, 0) for m in range(band)] + [(0, 256)]
+
 
 def test_queue_returns_whole_tiles_and_its_pieces_sums():
     """The queue kernel on 2 x 2 tiles of 4 k tiles (a 1-chunk K tail) and 3 persistent CTAs, the last 3 tiles cut
