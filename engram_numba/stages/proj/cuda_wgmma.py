@@ -2022,7 +2022,8 @@ Q_CANDIDATES = {v.name: v for v in (QVariant(TMA_STORE_TILE, 1), QVariant(TMA_ST
                                       QVariant(TMA_PW3_TILE, 1), QVariant(TMA_PW_TILE, 1, wg_epilogue=True),
                                       QVariant(TMA_WIDE_TILE, 1), QVariant(TMA_WIDE_TILE, 1, stream=True),
                                       QVariant(TMA_STORE_TILE, 1, stream=True), QVariant(TMA_PW_TILE, 1, group_m=8),
-                                      QVariant(TMA_PW_TILE, 1, group_m=16))}
+                                      QVariant(TMA_PW_TILE, 1, group_m=12), QVariant(TMA_PW_TILE, 1, group_m=16),
+                                      QVariant(TMA_PW_TILE, 1, group_m=24))}
 # gemm_v12: the producer-warp queue on gemm_v4's tile, whole tiles, the epilogue in two rounds
 QUEUE_VARIANTS = {"gemm_v12": QVariant(TMA_PW_TILE, 1)}
 
