@@ -2024,8 +2024,11 @@ Q_CANDIDATES = {v.name: v for v in (QVariant(TMA_STORE_TILE, 1), QVariant(TMA_ST
                                       QVariant(TMA_STORE_TILE, 1, stream=True), QVariant(TMA_PW_TILE, 1, group_m=8),
                                       QVariant(TMA_PW_TILE, 1, group_m=12), QVariant(TMA_PW_TILE, 1, group_m=16),
                                       QVariant(TMA_PW_TILE, 1, group_m=24))}
-# gemm_v12: the producer-warp queue on gemm_v4's tile, whole tiles, the epilogue in two rounds
-QUEUE_VARIANTS = {"gemm_v12": QVariant(TMA_PW_TILE, 1)}
+# gemm_v12: the producer-warp queue on gemm_v4's tile, whole tiles, the epilogue in two rounds; from 2b31e6e
+# its tiles in bands of 12 token tiles (`QVariant.group_m`; 1612.5-1614.9 us against 1632.5-1633.2 token
+# tiles fastest and cuBLAS's 1615.4-1616.9 at T = 4096, bench/results/h200_prefill_dev_bands_2b31e6e.txt;
+# the same bits: whole tiles, only their order changes)
+QUEUE_VARIANTS = {"gemm_v12": QVariant(TMA_PW_TILE, 1, group_m=12)}
 
 
 def queue_launcher(rec, x, wkv, out, *, stream=0) -> PreparedLaunch:
