@@ -395,7 +395,9 @@ _proj("gemm_v12", "gemm_v4's tile and wgmma chain on persistent CTAs of 288 thre
       "grid, where N % 8 != 0 or the output is not 16-byte aligned); gemm_v4's bits. H200 (L2 flushed, "
       "bench/results/h200_prefill_dev_pw_d1063c4.txt, h200_prefill_dev_pw_9bc593c.txt): T = 4096 1623.3 / 1666.7 us "
       "against gemm_v10's 1639.4 / 1683.9 and cuBLAS's 1607.3 / 1657.3 (1.01x); T = 3072 1249.8 against 1257.5 and "
-      "1243.7; T = 2048 846.2 against gemm_v11's 834.7",
+      "1243.7; T = 2048 846.2 against gemm_v11's 834.7. From fc96f9d the queue deals the tiles in bands of 12 token "
+      "tiles, each band sweeping every output tile (same bits): T = 4096 1614.9 / 1612.5 against cuBLAS's 1615.4 / "
+      "1616.9 and the first order's 1633.2 / 1632.5 (bench/results/h200_prefill_dev_bands_2b31e6e.txt)",
       when=f"Hopper (cc 9.0), aligned, T > {WGMMA_SK_MAX_TOKENS}",
       rule=lambda c: _bf16(c) and _hopper(c) and c["T"] > WGMMA_SK_MAX_TOKENS,
       kernel=Factory(lambda T: cuda_wgmma.queue_kernel_for(_V12.tile)), geometry=cuda_wgmma.queue_geometry(_V12),
