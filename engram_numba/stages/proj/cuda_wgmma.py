@@ -97,8 +97,8 @@ class Variant:
         self.loop = loop
         # 2 warpgroups: split the 128 token rows (m64 each), or share 64 rows and split the outputs;
         # a warpgroup's wgmma takes n = wg_n, a multiple of 8 (accumulator quads) up to 256; past 256
-        # (producer-warp tiles only, section "Wide tiles" below) each k16 step is two wgmma chains of
-        # wg_n / 2 columns on the two halves of one accumulator tuple
+        # ("tma" tiles without a producer warp, section "Wide tiles" below) each k16 step is two wgmma
+        # chains of wg_n / 2 columns on the two halves of one accumulator tuple
         self.wg_n = bn if bm == 128 else bn // 2
         self.chains = 2 if self.wg_n > 256 else 1
         assert bm in (64, 128) and self.wg_n % (8 * self.chains) == 0 and 8 <= self.wg_n <= 2 * ACC_MAX \
@@ -1301,7 +1301,10 @@ TMA_PW3_TILE = Variant(128, 256, 3, swizzle=True, loop="tma", store="tma", produ
 # the 80 KiB bf16 tile past 2 of them. 256 threads (the "tma" loop's thread 0 fills): a producer warp
 # would put 3 warps on one SM sub-partition, whose 16384 registers leave 168 a thread, and ptxas then
 # spills (2.2 KB a thread) and serialises the wgmma. Same k order, same 16-term products into each
-# accumulator: gemm_v4's bits. On gemm_v4's grid and on the unit queue (`QVariant(TMA_WIDE_TILE, 1)`).
+# accumulator: gemm_v4's bits. On gemm_v4's grid and on the unit queue (`QVariant(TMA_WIDE_TILE, 1)`, and
+# with the ring streamed by thread 0, below). Measured (docs/gpu.md): its k loop is the fastest of ours
+# (the step from K = 3072 to 6144 at T = 4096: 800 us against cuBLAS's 803), but each tile pays more
+# outside it, and it ends 1-3% behind gemm_v12 at T = 3072 and 4096, level with gemm_v11 at 1024-2048.
 TMA_WIDE_TILE = Variant(128, 320, 3, swizzle=True, loop="tma", store="tma")
 TMA_CANDIDATES = {v.name: v for v in (TMA_STORE_TILE, TMA_VARIANTS["gemm_v11"], TMA_TILE, TMA_FALLBACK["gemm_v11"],
                                       SkVariant(TMA_STORE_TILE, "dp"), TMA_STORE_240, TMA_CLUSTER_TILE,
