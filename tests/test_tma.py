@@ -139,6 +139,21 @@ def test_cluster_multicast_gemm_returns_gemm_v10_bits_on_the_gpu(T, K, N):
         np.testing.assert_array_equal(got, outs[0], err_msg=v)
 
 
+def _inputs_and_gemm_v10(T, K, N, seed):
+    """(x, w) on the device, bf16 draws seeded by `seed`, and gemm_v10's output on them (host, every element
+    written): what the TMA kernels' GPU tests compare bit for bit against."""
+    from engram_numba.bf16 import f32_to_bf16
+    from engram_numba.stages.proj import cuda_wgmma as W
+    rng = np.random.default_rng(seed)
+    x = cuda.to_device(f32_to_bf16(rng.standard_normal((T, K), dtype=np.float32)))
+    w = cuda.to_device(f32_to_bf16(rng.standard_normal((N, K), dtype=np.float32) * np.float32(0.05)))
+    want = cuda.to_device(np.full((T, N), 0xFFFF, np.uint16))
+    W.prepare_variant("gemm_v10", W.TMA_STORE_TILE, x, w, want)()
+    want = want.copy_to_host()
+    assert (want != 0xFFFF).all()
+    return x, w, want
+
+
 @pytest.mark.gpu
 @pytest.mark.parametrize("T,K,N", [(33, 328, 392), (300, 200, 520), (1024, 6144, 2560), (4096, 6144, 25600)])
 def test_wide_tiles_return_gemm_v10_bits_on_the_gpu(T, K, N):
@@ -148,15 +163,8 @@ def test_wide_tiles_return_gemm_v10_bits_on_the_gpu(T, K, N):
     128 x 256 tiles), every SM and 3 CTAs (many units a CTA), return gemm_v10's bits: a last output tile of
     72 or 200 columns (boxes wholly and partly past N), rows past T, a K tail, the released shape; the
     queues' counters are reset, so a replay on a poisoned output returns the same."""
-    from engram_numba.bf16 import f32_to_bf16
     from engram_numba.stages.proj import cuda_wgmma as W
-    rng = np.random.default_rng(T * 7 + K + N)
-    x = cuda.to_device(f32_to_bf16(rng.standard_normal((T, K), dtype=np.float32)))
-    w = cuda.to_device(f32_to_bf16(rng.standard_normal((N, K), dtype=np.float32) * np.float32(0.05)))
-    want = cuda.to_device(np.full((T, N), 0xFFFF, np.uint16))
-    W.prepare_variant("gemm_v10", W.TMA_STORE_TILE, x, w, want)()
-    want = want.copy_to_host()
-    assert (want != 0xFFFF).all()
+    x, w, want = _inputs_and_gemm_v10(T, K, N, T * 7 + K + N)
     out = cuda.to_device(np.full((T, N), 0xFFFF, np.uint16))
     W.prepare_variant("wide", W.TMA_WIDE_TILE, x, w, out)()
     np.testing.assert_array_equal(out.copy_to_host(), want, err_msg="grid")
@@ -194,15 +202,8 @@ def test_producer_warp_queue_returns_gemm_v10_bits_on_the_gpu(T, K, N, stages, w
     takes units from the queue and runs the stage ring on across them, the epilogue in two rounds through its
     own buffer) returns gemm_v10's bits, on every SM and on 3 CTAs (many units a CTA, both unit slots
     reused), and leaves its counters at 0, so a second launch returns the same."""
-    from engram_numba.bf16 import f32_to_bf16
     from engram_numba.stages.proj import cuda_wgmma as W
-    rng = np.random.default_rng(T * K + N)
-    x = cuda.to_device(f32_to_bf16(rng.standard_normal((T, K), dtype=np.float32)))
-    w = cuda.to_device(f32_to_bf16(rng.standard_normal((N, K), dtype=np.float32) * np.float32(0.05)))
-    want = cuda.to_device(np.full((T, N), 0xFFFF, np.uint16))
-    W.prepare_variant("gemm_v10", W.TMA_STORE_TILE, x, w, want)()
-    want = want.copy_to_host()
-    assert (want != 0xFFFF).all()
+    x, w, want = _inputs_and_gemm_v10(T, K, N, T * K + N)
     qv = W.QVariant({4: W.TMA_PW_TILE, 3: W.TMA_PW3_TILE}[stages], 1, wg_epilogue=wg_epilogue)
     for ctas in (None, 3):
         out = cuda.to_device(np.full((T, N), 0xFFFF, np.uint16))
