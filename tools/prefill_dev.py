@@ -497,7 +497,7 @@ def run_ncu_l2(out_dir: Path, names=()) -> None:
     cmd = ["ncu", "--clock-control", "none", "--print-details", "all",
            "--section", "SpeedOfLight", "--section", "MemoryWorkloadAnalysis", "--section", "WarpStateStats",
            "--section", "LaunchStats", "--section", "Occupancy", "--section", "SchedulerStats",
-           "--metrics", "lts__t_bytes.sum,dram__bytes_read.sum,sm__pipe_tensor_op_gmma_cycles_active.avg.pct_of_peak_sustained_active",
+           "--metrics", "lts__t_bytes.sum,dram__bytes_read.sum",
            "-k", "regex:gemm|nvjet|xmma|sm90", "-c", str(len(names) + 1 if names else 5), sys.executable,
            str(Path(__file__).resolve()), "--ncu-l2-target"] + (["--variants", ",".join(names)] if names else [])
     t0 = time.time()
@@ -510,7 +510,7 @@ def run_ncu_l2(out_dir: Path, names=()) -> None:
     keep = ("launched", "failed", "gemm", "nvjet", "xmma", "Duration", "Compute (SM) Throughput", "Memory Throughput",
             "DRAM Throughput", "L2 Cache Throughput", "L1/TEX Cache Throughput", "lts__t_bytes.sum",
             "dram__bytes_read.sum", "Mem Busy", "Max Bandwidth", "L2 Hit Rate", "Warp Cycles Per Issued",
-            "Stall", "stall", "gmma", "Cluster", "Grid Size", "Waves", "Achieved Occupancy", "Registers",
+            "Stall", "stall", "Hgmma", "Cluster", "Grid Size", "Waves", "Achieved Occupancy", "Registers",
             "Issue Slots", "No Eligible")
     print("\n".join(ln for ln in proc.stdout.splitlines() if any(k in ln for k in keep))[:8000], flush=True)
 
