@@ -294,3 +294,62 @@ def test_wide_tiles_are_built_only_where_the_code_splits_them():
         W.Variant(128, 296, 3, swizzle=True, loop="tma", store="tma")    # 296 % 64 != 0
     with pytest.raises(AssertionError):
         W.Variant(128, 384, 3, swizzle=True, loop="tma", store="tma")    # 192 accumulators
+
+
+def test_wgmma_on_halves_of_the_accumulators_is_one_wide_wgmma():
+    """`hopper.wgmma_bf16_cols`: two m64n64k16 wgmma on accumulators 0..31 and 32..63 of one tuple, the second
+    with its B descriptor 64 rows on, leave the same accumulators as one m64n128k16 wgmma on the whole tuple,
+    and both are A @ B^T (exact bf16 products, one fp32 rounding: the simulator's arithmetic); a range that is
+    not whole quads, or runs past the tuple, is refused."""
+    from engram_numba.bf16 import bf16_to_f32
+    from engram_numba.device.hopper import (WGMMA_NO_SWIZZLE, acc_store_f32, fence_proxy_async, wgmma_bf16,
+                                            wgmma_bf16_cols, wgmma_commit, wgmma_descriptor, wgmma_fence,
+                                            wgmma_waiter)
+    from numba import types
+    rng = np.random.default_rng(3)
+    a, b = make_inputs(rng, 64, 16, 128)                 # A [64, 16], B [128, 16] bf16 words
+    img = np.zeros(6144 // 2, np.uint16)                 # no-swizzle core matrices: A at byte 0, B at 2048
+    for base, mat in ((0, a), (2048, b)):
+        for r in range(mat.shape[0]):
+            for k in range(16):
+                img[(base + (r // 8) * 256 + (k // 8) * 128 + (r % 8) * 16 + (k % 8) * 2) // 2] = mat[r, k]
+    words = img.view(np.uint32)
+    ZERO = tuple(np.float32(0.0) for _ in range(64))
+    lo, hi, wait0 = wgmma_bf16_cols(0, 32), wgmma_bf16_cols(32, 32), wgmma_waiter(0)
+
+    @cuda.jit
+    def kernel(src, whole, halves):
+        smem = cuda.shared.array(1536, types.uint32)
+        tid = cuda.threadIdx.x
+        for i in range(tid, 1536, 128):
+            smem[i] = src[i]
+        fence_proxy_async()
+        cuda.syncthreads()
+        da = wgmma_descriptor(0, 128, 256, WGMMA_NO_SWIZZLE)
+        db = wgmma_descriptor(2048, 128, 256, WGMMA_NO_SWIZZLE)
+        acc = wgmma_bf16(wgmma_fence(ZERO), da, db, smem)
+        wgmma_commit()
+        acc_store_f32(whole, tid * 64, 1, wait0(acc))
+        acc = lo(wgmma_fence(ZERO), da, db, smem)
+        acc = hi(acc, da, db + np.uint64(2048 >> 4), smem)   # 64 rows on: 8 core-matrix rows of 256 bytes
+        wgmma_commit()
+        acc_store_f32(halves, tid * 64, 1, wait0(acc))
+
+    whole, halves = cuda.to_device(np.zeros(128 * 64, np.float32)), cuda.to_device(np.zeros(128 * 64, np.float32))
+    kernel[1, 128](cuda.to_device(words), whole, halves)
+    whole, halves = whole.copy_to_host().reshape(128, 64), halves.copy_to_host().reshape(128, 64)
+    np.testing.assert_array_equal(halves, whole)
+    d = (bf16_to_f32(a).astype(np.float64) @ bf16_to_f32(b).astype(np.float64).T).astype(np.float32)
+    for p in (0, 37, 127):                               # acc[4j + 2h + c] = D[16w + g + 8h, 8j + 2t + c]
+        w, g, t = p // 32, (p % 32) >> 2, p & 3
+        want = [d[16 * w + g + 8 * ((i // 2) % 2), 8 * (i // 4) + 2 * t + i % 2] for i in range(64)]
+        np.testing.assert_array_equal(whole[p], np.array(want, np.float32))
+
+    @cuda.jit
+    def bad(out):
+        acc = wgmma_bf16_cols(48, 32)(wgmma_fence(ZERO), np.uint64(0), np.uint64(0), out)
+        wgmma_commit()
+        acc_store_f32(out, 0, 1, wait0(acc))
+
+    with pytest.raises(Exception, match="accumulators 48..80 of 64"):
+        bad[1, 128](cuda.to_device(np.zeros(64, np.float32)))
