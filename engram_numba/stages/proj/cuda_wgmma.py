@@ -1519,6 +1519,16 @@ def check_queue(queue, n_slots, T: int, N: int, K: int, bn: int) -> None:
     assert len(writer) == n_slots
 
 
+@device_function(**INLINE)
+def _count_out(ctrs):
+    """A queue kernel's CTA, done (one thread): every CTA has taken its last unit index once all have
+    counted themselves out on ctrs[1], so the last to count resets both counters, and a prepared launch
+    can be replayed."""
+    if cuda.atomic.add(ctrs, 1, 1) == cuda.gridDim.x - 1:
+        cuda.atomic.exch(ctrs, 0, np.int32(0))
+        cuda.atomic.exch(ctrs, 1, np.int32(0))
+
+
 def make_queue_kernel(v: Variant):
     """The queue kernel on CTA tile v (a "tma"-loop tile): persistent CTAs over a unit queue (above)."""
     assert v.bm == 128 and v.loop == "tma" and not v.producer, v.name
@@ -1602,10 +1612,7 @@ def make_queue_kernel(v: Variant):
         if tid == 0:
             if STORE_TMA:
                 bulk_wait_read0()                        # the last boxes are read before the CTA's memory goes
-            # every CTA has taken its last index once all have counted themselves out: the last resets
-            if cuda.atomic.add(ctrs, 1, 1) == cuda.gridDim.x - 1:
-                cuda.atomic.exch(ctrs, 0, np.int32(0))
-                cuda.atomic.exch(ctrs, 1, np.int32(0))
+            _count_out(ctrs)                        # the last CTA out resets the counters
 
     return gemm_wgmma_q
 
@@ -1816,10 +1823,7 @@ def make_queue_pw_kernel(v: Variant, wg_epilogue: bool = False):
                             st = 0
                             par ^= 1
                     i += 1
-                # every CTA has taken its last index once all have counted themselves out: the last resets
-                if cuda.atomic.add(ctrs, 1, 1) == cuda.gridDim.x - 1:
-                    cuda.atomic.exch(ctrs, 0, np.int32(0))
-                    cuda.atomic.exch(ctrs, 1, np.int32(0))
+                _count_out(ctrs)                        # the last CTA out resets the counters
         else:
             wg = tid >> 7
             p = tid & 127
@@ -2009,10 +2013,7 @@ def make_queue_stream_kernel(v: Variant):
             i += 1
         if tid == 0:
             bulk_wait_read0()                    # the last boxes are read before the CTA's memory goes
-            # every CTA has taken its last index once all have counted themselves out: the last resets
-            if cuda.atomic.add(ctrs, 1, 1) == cuda.gridDim.x - 1:
-                cuda.atomic.exch(ctrs, 0, np.int32(0))
-                cuda.atomic.exch(ctrs, 1, np.int32(0))
+            _count_out(ctrs)                        # the last CTA out resets the counters
 
     return gemm_wgmma_qs
 
