@@ -49,7 +49,8 @@ import numpy as np  # noqa: E402
 
 K_REL, N_REL = 6144, 25600
 TOKENS = (1, 3, 17, 128, 130, 256, 512, 1024, 4096)
-VERSIONS = ("gemm_fp8_v1", "gemm_fp8_v2", "gemm_fp8_v3", "gemm_fp8_v4", "gemm_fp8_v5", "gemm_fp8_v6", "gemm_fp8_v7")
+VERSIONS = ("gemm_fp8_v1", "gemm_fp8_v2", "gemm_fp8_v3", "gemm_fp8_v4", "gemm_fp8_v5", "gemm_fp8_v6", "gemm_fp8_v7",
+            "gemm_fp8_v8")
 # not records: v4's schedule on v3's two warpgroups of m64n128 (256 threads, 225 registers), timed
 # beside v4 to separate what the deeper stream buys from what 4 warps a scheduler buy; and v5 with its
 # refill issued under the stage's first two MMAs (more instructions, less idle issue at a stage's start)
@@ -64,6 +65,11 @@ def _v6_candidates() -> tuple:
 def _v7_candidates() -> tuple:
     from engram_numba.stages.proj.cuda_fp8_wgmma import V7_CANDIDATES
     return tuple(V7_CANDIDATES)
+
+
+def _v8_candidates() -> tuple:
+    from engram_numba.stages.proj.cuda_fp8_tma import V8_CANDIDATES
+    return tuple(V8_CANDIDATES)
 SAMPLE_ROWS = 24
 MAX_REL_L2, MAX_SHARE_DIFFER = 2e-3, 0.10      # docs/numerics.md's bound against the twin (tensor-core versions)
 
@@ -124,6 +130,15 @@ def _prepare(version, x, codes, scales, out):
     from engram_numba.stages.proj import cuda_fp8_wgmma as F
     record = version.split("[")[0]
     base = prepare_project_q(x, codes, scales, out, weight="fp8", version=record)
+    if record == "gemm_fp8_v8":                 # the record's maps and workspaces, the specialisation's kernel
+        from engram_numba.stages.proj import cuda_fp8_tma as V8
+        v = V8.V8_CANDIDATES[version]
+        kernel = V8.kernel_v8(v)
+        args = base.gemm.args
+        grid, threads, smem = V8.geometry_v8(x.shape[0], out.shape[1], v)
+        allow_dynamic_shared(kernel, args, smem)
+        gemm = PreparedLaunch(version, kernel, grid, threads, 0, args, out, sharedmem=smem)
+        return F.Fp8GemmLaunch(version, base.quant, gemm, out, base.x_codes, base.x_scales, base.w_scales)
     if record == "gemm_fp8_v7":                 # likewise, with its own grid (persistent or one CTA a tile)
         v = F.V7_CANDIDATES[version]
         kernel = F.kernel_v7(v)
@@ -222,6 +237,12 @@ def run(out_dir: Path, tokens, smoke: bool, versions=VERSIONS + EXPERIMENTS) -> 
                     rec[f"{v}_bit_identical_to_v6_{kind}"] = same
                     if "n64x2" not in v:
                         valid[v] = valid[v] and same
+            # v8 is v7's arithmetic on the same n128 MMAs and fma: its outputs must be v7's, bit for bit
+            for v in versions:
+                if v.startswith("gemm_fp8_v8") and v in outs and "gemm_fp8_v7" in outs:
+                    same = bool(np.array_equal(outs[v], outs["gemm_fp8_v7"]))
+                    rec[f"{v}_bit_identical_to_v7_{kind}"] = same
+                    valid[v] = valid[v] and same
             print(f"T={T} {kind}: " + json.dumps({k: v for k, v in rec.items() if kind in k}), flush=True)
         rec["act_quant_bit_exact"] = aq_ok
         rec["valid"] = {v: bool(ok and aq_ok) for v, ok in valid.items()}
@@ -276,7 +297,8 @@ def table(records, versions=VERSIONS + EXPERIMENTS) -> str:
         for v in versions:
             c = r.get(f"{v}_vs_cpu_twin_normal", {})
             same = [r[k] for k in (f"{v}_bit_identical_to_v5_fp8_rows", f"{v}_bit_identical_to_v5_normal",
-                                   f"{v}_bit_identical_to_v6_fp8_rows", f"{v}_bit_identical_to_v6_normal") if k in r]
+                                   f"{v}_bit_identical_to_v6_fp8_rows", f"{v}_bit_identical_to_v6_normal",
+                                   f"{v}_bit_identical_to_v7_fp8_rows", f"{v}_bit_identical_to_v7_normal") if k in r]
             tw = f"{c.get('max_ulp')} {c.get('share_differ', 0):.2e} {c.get('rel_l2', 0):.1e}" if c else "-"
             us = f"{t[v]:9.1f}" if v in t else f"{'-':>9s}"
             gus = f"{t[v + '.gemm']:9.1f}" if v + ".gemm" in t else f"{'-':>9s}"
@@ -298,7 +320,7 @@ def main(argv=None) -> int:
     ap.add_argument("--versions", default=",".join(VERSIONS + EXPERIMENTS),
                     help="comma-separated FP8 versions (default all, with the experiments %s)" % (EXPERIMENTS,))
     ap.add_argument("--smoke", action="store_true", help="tiny shapes (the simulator)")
-    ap.add_argument("--no-candidates", action="store_true", help="gemm_fp8_v6 and _v7 without their specialisations")
+    ap.add_argument("--no-candidates", action="store_true", help="gemm_fp8_v6, _v7 and _v8 without their specialisations")
     a = ap.parse_args(argv)
     out = Path(a.out)
     out.mkdir(parents=True, exist_ok=True)
@@ -311,7 +333,9 @@ def main(argv=None) -> int:
         versions += tuple(c for c in _v6_candidates() if c not in versions)
     if "gemm_fp8_v7" in versions and not a.no_candidates:
         versions += tuple(c for c in _v7_candidates() if c not in versions)
-    known = VERSIONS + EXPERIMENTS + _v6_candidates() + _v7_candidates()
+    if "gemm_fp8_v8" in versions and not a.no_candidates:
+        versions += tuple(c for c in _v8_candidates() if c not in versions)
+    known = VERSIONS + EXPERIMENTS + _v6_candidates() + _v7_candidates() + _v8_candidates()
     unknown = [v for v in versions if v not in known]
     if unknown:
         print(f"error: unknown FP8 version(s) {unknown}; known: {list(known)}")

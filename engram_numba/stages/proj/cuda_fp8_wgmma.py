@@ -1741,8 +1741,15 @@ def launcher(rec, x, codes, scales, out, *, stream=0) -> Fp8GemmLaunch:
         grid, block = geometry_naive(T, N)
         gemm = PreparedLaunch(rec.name, kernel, grid, block, stream, (q_codes, codes, x_scales, w_scales, out), out)
         return Fp8GemmLaunch(rec.name, quant, gemm, out, q_codes, x_scales, w_scales)
-    if rec.name in ("gemm_fp8_v6", "gemm_fp8_v7") and data_address(out) % 4:
+    if rec.name in ("gemm_fp8_v6", "gemm_fp8_v7", "gemm_fp8_v8") and data_address(out) % 4:
         raise ValueError(f"{rec.name} stores bf16 pairs as 32-bit words: out must be 4-byte aligned")
+    if rec.name == "gemm_fp8_v8":                    # TMA: the operands and scales by tensor maps
+        from .cuda_fp8_tma import geometry_v8, maps_v8
+        grid, block, smem = geometry_v8(T, N)
+        args = (*maps_v8(q_codes, codes, x_scales, w_scales, stream=stream), out, T, K)
+        allow_dynamic_shared(kernel, args, smem)
+        gemm = PreparedLaunch(rec.name, kernel, grid, block, stream, args, out, sharedmem=smem)
+        return Fp8GemmLaunch(rec.name, quant, gemm, out, q_codes, x_scales, w_scales)
     grid, block, smem = (geometry_v4 if rec.name == "gemm_fp8_v4" else geometry_v6 if rec.name == "gemm_fp8_v6"
                          else geometry_v7 if rec.name == "gemm_fp8_v7" else geometry)(T, N)
     args = (q_codes.view(np.uint32).reshape(T * K // 4), codes.view(np.uint32).reshape(N * K // 4),

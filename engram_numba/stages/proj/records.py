@@ -52,7 +52,7 @@ from __future__ import annotations
 from numba import types
 
 from ..registry import Factory, KernelRecord, Spec, register
-from . import cublas, cuda_fp8_wgmma, cuda_gemm, cuda_gemv, cuda_gemv_fp8, cuda_gemv_q2k, cuda_gemv_q2kr, cuda_wgmma
+from . import cublas, cuda_fp8_tma, cuda_fp8_wgmma, cuda_gemm, cuda_gemv, cuda_gemv_fp8, cuda_gemv_q2k, cuda_gemv_q2kr, cuda_wgmma
 from . import cuda_wgmma_ws
 from .cuda_common import prepare
 
@@ -708,14 +708,16 @@ _proj("gemv_q2k_v12",
 # docs/numerics.md states (the tensor core's order inside a k32 step is unspecified).
 
 DEEPSEEK_FP8_VERSIONS = ("gemm_fp8_v1", "gemm_fp8_v2", "gemm_fp8_v3", "gemm_fp8_v4", "gemm_fp8_v5", "gemm_fp8_v6",
-                         "gemm_fp8_v7")
+                         "gemm_fp8_v7", "gemm_fp8_v8")
 _F32_3D = types.float32[:, :, ::1]
 _FP8_GEMM_ARGS = (_U32_1D, _U32_1D, _U32_1D, _U32_1D, _U16_2D, types.int64, types.int64)   # xq32, w32, sx32, sw32, out, T, K
 _FP8_GEMM_NAIVE_ARGS = (_U8_2D, _U8_2D, _F32_3D, _F32_3D, _U16_2D)                           # xq, codes, sx, sw, out
+_FP8_TMA_ARGS = (_U8_1D, _U8_1D, _U8_1D, _U8_1D, _U16_2D, types.int64, types.int64)   # maps x, w, sx, sw; out, T, K
 
 
 def _fp8_gemm_specs(name):
-    main = (_FP8_GEMM_NAIVE_ARGS if name == "gemm_fp8_v1" else _FP8_GEMM_ARGS)
+    main = (_FP8_GEMM_NAIVE_ARGS if name == "gemm_fp8_v1" else _FP8_TMA_ARGS if name == "gemm_fp8_v8"
+            else _FP8_GEMM_ARGS)
     return (Spec("", cuda_fp8_wgmma.KERNELS[name], main),
             Spec("[act_quant]", cuda_fp8_wgmma.act_quant_kernel, (_U32_1D, _U32_1D, _F32_3D, types.int64, types.int64),
                  spill_free=True, vector_io=True),
@@ -783,12 +785,25 @@ for _name, _log, _sim in (
      [(3, 160, 40),             # one tile: rows past T and N (clamped rows), a partial scale tile, K % 128 == 32
       (130, 160, 264)]),        # 6 output tiles on the simulator's 2 persistent CTAs (3 each): the k-tile stream
                                 # runs across tiles (6 k tiles through the 5-stage ring), the last tile 8 wide
+    ("gemm_fp8_v8",
+     "gemm_fp8_v7's arithmetic (the same k32 MMAs and fma) on 256 threads that only multiply: thread 0 also issues "
+     "the TMA copies of each k tile (x's and w's codes in 128-byte-swizzled boxes, both scale boxes: 4 instructions, "
+     "no loader warps), so a math thread has up to 255 registers and each warpgroup keeps two partial tiles "
+     "(block kb+1's MMA runs while block kb is promoted: a warpgroup's own MMA hides its own promotion, which v6/v7's "
+     "168-register budget could not hold); a 6-stage ring running on across a persistent CTA's output tiles, "
+     "mbarrier hand-over (FULL by TMA bytes, EMPTY by the 8 math warps), thread 0 refilling the stage of the k tile "
+     "before the one just finished. Specialisations (V8_CANDIDATES: ring depth, bands of token tiles) timed beside "
+     "it by tools/fp8_dev.py",
+     [(3, 160, 40),             # one tile: rows past T and N (zero-filled boxes), a partial scale tile, K % 128 == 32
+      (130, 288, 264)]),        # 6 output tiles on the simulator's 2 persistent CTAs (3 each), 3 k tiles each (the
+                                # last one k block): 9 k tiles through the 6-stage ring, the last output tile 8 wide
 ):
     naive = _name == "gemm_fp8_v1"
     _proj(_name, _log, kernel=cuda_fp8_wgmma.KERNELS[_name],
           geometry=(cuda_fp8_wgmma.geometry_naive if naive else cuda_fp8_wgmma.geometry_v4 if _name == "gemm_fp8_v4"
                     else cuda_fp8_wgmma.geometry_v6 if _name == "gemm_fp8_v6"
-                    else cuda_fp8_wgmma.geometry_v7 if _name == "gemm_fp8_v7" else cuda_fp8_wgmma.geometry),
+                    else cuda_fp8_wgmma.geometry_v7 if _name == "gemm_fp8_v7"
+                    else cuda_fp8_tma.geometry_v8 if _name == "gemm_fp8_v8" else cuda_fp8_wgmma.geometry),
           args="naive" if naive else "fast",
           specs=_fp8_gemm_specs(_name), encoding="fp8", launcher=cuda_fp8_wgmma.launcher, sim=_sim, exact=naive,
           sweep=(128, 256, 512, 1024, 4096), vector_io=False)

@@ -1,0 +1,305 @@
+"""gemm_fp8_v8: DeepSeek's FP8 projection (`cuda_fp8_wgmma`'s arithmetic) with its operands and scales
+brought in by TMA, and two partial tiles a math warpgroup.
+
+Same arithmetic as gemm_fp8_v2 .. v7 (so the same bits as v5 .. v7 where the tensor core sums a k32
+block alike): act_quant's codes and scales, each K block of 32 one `wgmma ... m64n128k32 .e4m3.e4m3`
+into a fresh fp32 partial tile (scale-d = 0), promoted into the fp32 accumulators by
+`fma(partial, s_x * s_w, acc)`, blocks in K order, bf16 once at the end.
+
+Why another version. The promotion after every k32 block costs a math warp one FFMA a thread per
+accumulator: as many issue cycles as the tensor core needs for the block (docs/gpu.md, "the K loop is
+issue-bound"). So the tensor core is busy only while some warpgroup has an MMA in flight *and* the
+warps that must promote are not waiting for it. v7 has one partial tile a warpgroup (MMA, wait,
+promote: a warpgroup's own MMA never overlaps its own promotion; only the other warpgroup's does),
+because its loader warpgroup leaves 168 registers a thread. v6's specialisations with a one-warp loader
+and two partial tiles (192 fp32 registers of tiles) did not launch: 9 warps put 3 on one SM
+sub-partition, whose 16384 registers hold 3 x 32 threads of at most 170 each. v8 drops the loader:
+  roles     256 threads, the two math warpgroups only (64 token rows each, m64n128k32); thread 0 also
+            issues the TMA copies (5 a k tile, one instruction each: no loader warps, no cp.async
+            arithmetic), so each math thread has up to 255 registers: the accumulators and *two*
+            partial tiles. A k tile's 4 blocks: MMA 0 -> pa, MMA 1 -> pb, promote pa (MMA 1 runs),
+            MMA 2 -> pa, promote pb (MMA 2 runs), MMA 3 -> pb, promote pa (MMA 3 runs), promote pb.
+            The partials are drained at the end of each k tile (wait_group 0): a partial tile in flight
+            across the loop edge makes ptxas serialize every wgmma of the kernel (C7514).
+  operands  x's e4m3 codes [T, K] and w's [N, K]: boxes of 128 rows x 128 bytes, 128-byte swizzled
+            (the layout the descriptors read: v7's cp.async layout); x's scales (stage layout
+            [2 ceil(K/256), T, 4] fp32 as [rows, 4]) a box of 128 rows x 16 bytes; w's scales a box of
+            4 rows (32-wide output tiles) x 16 bytes. TMA zero-fills codes past T, N and K; the scale
+            rows past T or ceil(N/32) are the next k tile's or zeros, and they scale partial tiles of
+            zero-filled rows that are never stored.
+  the ring  S stages (6 by default: 35 KiB each), FULL[s] (one expect_tx arrival by thread 0 plus the
+            copies' bytes) and EMPTY[s] (lane 0 of each of the 8 math warps, once its warpgroup's
+            MMAs on the stage have retired). The ring runs on across a CTA's output tiles. Thread 0
+            fills the first S k tiles at start; after its warpgroup's k tile g it waits EMPTY of the
+            stage of k tile g-1 (both warpgroups done with it: one k tile of slack for the other
+            warpgroup) and refills it with k tile g-1+S.
+  grid      persistent: min(tiles, SMs) CTAs, CTA c takes output tiles c, c + G, ... in token-tile-
+            fastest order or in bands of `group_m` token tiles (`V8Variant.group_m`); bf16 stored from
+            the registers (`acc_store_bf16`).
+
+Kernel arguments: (tmx, tmw, tsx, tsw, out, T, K): the four tensor maps (`maps_v8`), out uint16 [T, N].
+"""
+from __future__ import annotations
+
+import numpy as np
+from numba import cuda, types
+
+from ...device.hopper import (WGMMA_SWIZZLE_128B, acc_store_bf16, fence_proxy_async, mbar_arrive,
+                              mbar_arrive_expect_tx, mbar_init, mbar_try_wait, shared_address, tma_load_2d,
+                              warp_uniform, wgmma_commit, wgmma_descriptor, wgmma_fence, wgmma_waiter)
+from ...device.intrinsics import SIMULATOR, device_function, u32_as_f32
+from .cuda_common import INLINE, bounds, cdiv
+from .cuda_fp8_wgmma import ALIGN_SLACK, BK, BLOCK, BM, BN, GROUP_BYTES, KERNELS, fp8_promote, udiv32, wgmma_e4m3
+
+V8_THREADS = 256
+A_BYTES = BM * BK                        # x codes of a k tile (128 rows x 128 bytes)
+B_BYTES = BN * BK                        # w codes
+SXO = A_BYTES + B_BYTES                  # x scales: 128 rows x 4 blocks (fp32)
+SWO = SXO + BM * 16                      # w scales: 4 w tiles x 4 blocks
+STAGE_TX = SWO + (BN // BLOCK) * 16      # bytes a k tile's copies report
+STAGE_BYTES = cdiv(STAGE_TX, 1024) * 1024
+K_STEP16 = 32 >> 4                       # a k32 block in the descriptors' 16-byte units
+# arrivals that release a stage: lane 0 of each math warp (every thread in the simulator, which has no lanes)
+EMPTY_ARRIVALS = V8_THREADS if SIMULATOR else V8_THREADS // 32
+SIM_CTAS = 2                             # the simulator runs CTAs one after another: a small persistent grid
+
+
+class V8Variant:
+    """A gemm_fp8_v8 specialisation: ring depth and tile order (0: token tiles fastest; g: bands of g token
+    tiles, each band sweeping every output tile before the next)."""
+
+    def __init__(self, stages: int = 6, group_m: int = 0):
+        assert 3 <= stages
+        self.stages, self.group_m = stages, group_m
+        self.threads = V8_THREADS
+        self.smem_bytes = stages * STAGE_BYTES + 16 * stages + ALIGN_SLACK
+        assert self.smem_bytes <= 227 * 1024, self.smem_bytes
+        self.name = f"gemm_fp8_v8[s{stages}/g{group_m or 'T'}]"
+
+
+def v8_ctas(tiles: int) -> int:
+    """CTAs of a v8 launch over `tiles` output tiles: one an SM at most."""
+    if SIMULATOR:
+        return min(tiles, SIM_CTAS)
+    return min(tiles, cuda.get_current_device().MULTIPROCESSOR_COUNT)
+
+
+def tile_origin_host(tile: int, n_mt: int, n_nt: int, group_m: int) -> tuple:
+    """(token tile, output tile) of output tile number `tile` in the kernel's order (a host twin, for tests)."""
+    if not group_m:
+        return tile % n_mt, tile // n_mt
+    band = tile // (group_m * n_nt)
+    r = tile - band * group_m * n_nt
+    rows = min(group_m, n_mt - band * group_m)
+    n = r // rows
+    return band * group_m + r - n * rows, n
+
+
+def make_kernel_v8(v: V8Variant = None):
+    """gemm_fp8_v8's kernel for specialisation v (default: 6 stages, token tiles fastest)."""
+    v = v or V8Variant()
+    S, GM = v.stages, v.group_m
+    RING = S * STAGE_BYTES
+    FULL0 = RING
+    EMPTY0 = RING + 8 * S
+    NACC = BN // 2
+    ZERO = tuple(np.float32(0.0) for _ in range(NACC))
+    mma_wait0 = wgmma_waiter(0)
+    mma_wait1 = wgmma_waiter(1)
+    U0 = np.uint32(0)
+
+    @device_function(**INLINE)
+    def _origin(tile, n_mt, n_nt):
+        """(first token row, first output) of output tile `tile` (uint32), in v's order."""
+        if GM == 0:
+            nt = udiv32(tile, n_mt)
+            return np.uint32((tile - nt * n_mt) * np.uint32(BM)), np.uint32(nt * np.uint32(BN))
+        per_band = np.uint32(np.uint32(GM) * n_nt)
+        band = udiv32(tile, per_band)
+        r = np.uint32(tile - band * per_band)
+        rows = np.uint32(min(np.uint32(GM), np.uint32(n_mt - band * np.uint32(GM))))
+        nt = udiv32(r, rows)
+        mt = np.uint32(band * np.uint32(GM) + r - nt * rows)
+        return np.uint32(mt * np.uint32(BM)), np.uint32(nt * np.uint32(BN))
+
+    @device_function(**INLINE)
+    def _fill(smem, o, st, tmx, tmw, tsx, tsw, m0, n0, kt, T, NB):
+        """k tile kt of the output tile at (m0, n0) into stage st: 4 TMA copies reported to FULL[st]."""
+        bar = o + FULL0 + 8 * st
+        stage = o + st * STAGE_BYTES
+        mbar_arrive_expect_tx(smem, bar, STAGE_TX)
+        tma_load_2d(smem, stage, tmx, np.int32(kt * BK), np.int32(m0), bar)
+        tma_load_2d(smem, stage + A_BYTES, tmw, np.int32(kt * BK), np.int32(n0), bar)
+        tma_load_2d(smem, stage + SXO, tsx, np.int32(0), np.int32(kt * T + m0), bar)
+        tma_load_2d(smem, stage + SWO, tsw, np.int32(0), np.int32(kt * NB + (n0 >> np.uint32(5))), bar)
+
+    @device_function(**INLINE)
+    def _scales(smem, xw, ww, j):
+        """Block j's 8 scale products of this thread: (s_x[r0] * s_w[tiles 0..3], s_x[r0 + 8] * s_w[0..3])."""
+        a0 = u32_as_f32(smem[xw + np.uint32(j)])
+        a1 = u32_as_f32(smem[xw + np.uint32(32 + j)])
+        w0 = u32_as_f32(smem[ww + np.uint32(j)])
+        w1 = u32_as_f32(smem[ww + np.uint32(4 + j)])
+        w2 = u32_as_f32(smem[ww + np.uint32(8 + j)])
+        w3 = u32_as_f32(smem[ww + np.uint32(12 + j)])
+        return (a0 * w0, a0 * w1, a0 * w2, a0 * w3, a1 * w0, a1 * w1, a1 * w2, a1 * w3)
+
+    @device_function(**INLINE)
+    def _mma(smem, p, d_hi, da, db, j):
+        """Issue block j's MMA of the k tile (descriptor low words da, db) into the partial tile p."""
+        p = wgmma_fence(p)
+        p = wgmma_e4m3(p, d_hi | np.uint64(np.uint32(da + np.uint32(j * K_STEP16))),
+                       d_hi | np.uint64(np.uint32(db + np.uint32(j * K_STEP16))), smem)
+        wgmma_commit()
+        return p
+
+    @device_function(**INLINE)
+    def _k_tile(smem, acc, pa, pb, d_hi, da, db, xw, ww):
+        """A warpgroup's k tile: 4 blocks on two partial tiles, each promoted while the next block's MMA
+        runs; every MMA retired on return."""
+        pa = _mma(smem, pa, d_hi, da, db, 0)
+        pb = _mma(smem, pb, d_hi, da, db, 1)
+        s = _scales(smem, xw, ww, 0)
+        pa = mma_wait1(pa)
+        acc = fp8_promote(acc, pa, s)
+        pa = _mma(smem, pa, d_hi, da, db, 2)
+        s = _scales(smem, xw, ww, 1)
+        pb = mma_wait1(pb)
+        acc = fp8_promote(acc, pb, s)
+        pb = _mma(smem, pb, d_hi, da, db, 3)
+        s = _scales(smem, xw, ww, 2)
+        pa = mma_wait1(pa)
+        acc = fp8_promote(acc, pa, s)
+        s = _scales(smem, xw, ww, 3)
+        pb = mma_wait0(pb)
+        acc = fp8_promote(acc, pb, s)
+        return acc, pa, pb
+
+    @cuda.jit(**bounds(V8_THREADS, 1))
+    def gemm_fp8_v8(tmx, tmw, tsx, tsw, out, T, K):
+        # grid: v8_ctas(tiles) CTAs of 256 threads, v.smem_bytes of dynamic shared memory
+        smem = cuda.shared.array(0, types.uint32)
+        tid = cuda.threadIdx.x
+        N = out.shape[1]
+        NB = np.uint32((N + BLOCK - 1) // BLOCK)
+        n_k = np.uint32((K + BK - 1) // BK)
+        n_mt = np.uint32((T + BM - 1) // BM)
+        n_nt = np.uint32((N + BN - 1) // BN)
+        tiles = np.uint32(n_mt * n_nt)
+        c0 = np.uint32(cuda.blockIdx.x)
+        step = np.uint32(cuda.gridDim.x)
+        mine = udiv32(tiles - c0 + step - np.uint32(1), step)          # output tiles of this CTA
+        G = np.uint32(mine * n_k)                                       # its k tiles
+        base = np.int64(shared_address(smem))
+        pad = (1024 - (base & 1023)) & 1023
+        s0 = base + pad
+        o = pad
+        padu = np.uint32(pad)
+        if tid == 0:
+            for s in range(S):
+                mbar_init(smem, o + FULL0 + 8 * s, 1)
+                mbar_init(smem, o + EMPTY0 + 8 * s, EMPTY_ARRIVALS)
+        cuda.syncthreads()
+        # thread 0's fill stream: k tile f (of this CTA's), its output tile and k index
+        f = U0
+        f_tile = c0
+        f_kt = U0
+        f_m0, f_n0 = _origin(c0, n_mt, n_nt)
+        if tid == 0:
+            fence_proxy_async()
+            while f < G and f < np.uint32(S):
+                _fill(smem, o, f, tmx, tmw, tsx, tsw, f_m0, f_n0, f_kt, T, NB)
+                f += np.uint32(1)
+                f_kt += np.uint32(1)
+                if f_kt == n_k:
+                    f_kt = U0
+                    f_tile = np.uint32(f_tile + step)
+                    f_m0, f_n0 = _origin(f_tile, n_mt, n_nt)
+        wg = warp_uniform(tid >> 7)
+        p = tid & 127
+        r0 = wg * 64 + 16 * (p >> 5) + ((p & 31) >> 2)
+        col = 2 * (p & 3)
+        pairs = (N & 1) == 0
+        lane0 = SIMULATOR or cuda.laneid == 0
+        d_all = wgmma_descriptor(0, 16, GROUP_BYTES, WGMMA_SWIZZLE_128B)
+        d_hi = d_all & np.uint64(0xFFFFFFFF00000000)
+        d_lo = np.uint32(d_all & np.uint64(0xFFFFFFFF))
+        a_wg16 = np.uint32(wg * (64 * BK // 16))                        # the warpgroup's A rows, 16-byte units
+        xr = np.uint32(r0 * 4)                                          # word of its row r0 in a stage's x scales
+        st = 0
+        par = 0
+        p_st = 0
+        p_par = 0
+        g = U0
+        pa = ZERO
+        pb = ZERO
+        for i in range(mine):
+            m0, n0 = _origin(np.uint32(c0 + np.uint32(i) * step), n_mt, n_nt)
+            acc = ZERO
+            for _ in range(n_k):
+                while mbar_try_wait(smem, o + FULL0 + 8 * st, par) == 0:
+                    pass                                                # k tile g has landed
+                so = np.uint32(st * STAGE_BYTES)
+                sa = np.uint32(np.uint32(s0) + so)
+                da = np.uint32(np.uint32(d_lo | ((sa & np.uint32(0x3FFFF)) >> np.uint32(4))) + a_wg16)
+                db = np.uint32(d_lo | (((sa + np.uint32(A_BYTES)) & np.uint32(0x3FFFF)) >> np.uint32(4)))
+                xw = np.uint32(((padu + so + np.uint32(SXO)) >> np.uint32(2)) + xr)
+                ww = np.uint32((padu + so + np.uint32(SWO)) >> np.uint32(2))
+                acc, pa, pb = _k_tile(smem, acc, pa, pb, d_hi, da, db, xw, ww)
+                if lane0:
+                    mbar_arrive(smem, o + EMPTY0 + 8 * st)              # this warp's MMAs on stage st retired
+                if tid == 0 and g >= np.uint32(1) and f < G:
+                    # refill the stage of k tile g-1 (f == g-1+S) once both warpgroups have released it
+                    while mbar_try_wait(smem, o + EMPTY0 + 8 * p_st, p_par) == 0:
+                        pass
+                    _fill(smem, o, p_st, tmx, tmw, tsx, tsw, f_m0, f_n0, f_kt, T, NB)
+                    f += np.uint32(1)
+                    f_kt += np.uint32(1)
+                    if f_kt == n_k:
+                        f_kt = U0
+                        f_tile = np.uint32(f_tile + step)
+                        f_m0, f_n0 = _origin(f_tile, n_mt, n_nt)
+                p_st = st
+                p_par = par
+                st += 1
+                if st == S:
+                    st = 0
+                    par ^= 1
+                g += np.uint32(1)
+            acc_store_bf16(out, acc, m0 + r0, n0 + col, T, N, pairs)
+
+    return gemm_fp8_v8
+
+
+V8_VARIANTS = {"gemm_fp8_v8": V8Variant(6)}
+# what tools/fp8_dev.py times beside the record (names are V8Variant.name)
+V8_CANDIDATES = {v.name: v for v in (V8Variant(5), V8Variant(4), V8Variant(6, group_m=8), V8Variant(6, group_m=16))}
+_V8_KERNELS: dict = {}
+
+
+def kernel_v8(v: V8Variant):
+    """One kernel object a specialisation (numba compiles once a kernel object)."""
+    if v.name not in _V8_KERNELS:
+        _V8_KERNELS[v.name] = make_kernel_v8(v)
+    return _V8_KERNELS[v.name]
+
+
+KERNELS["gemm_fp8_v8"] = kernel_v8(V8_VARIANTS["gemm_fp8_v8"])     # beside v1 .. v7 (records reads KERNELS)
+
+
+def geometry_v8(T: int, N: int, v: V8Variant = None):
+    v = v or V8_VARIANTS["gemm_fp8_v8"]
+    return (v8_ctas(cdiv(T, BM) * cdiv(N, BN)),), v.threads, v.smem_bytes
+
+
+def maps_v8(q_codes, codes, x_scales, w_scales, stream=0) -> tuple:
+    """The four tensor maps gemm_fp8_v8 reads (device bytes, in argument order): x's and w's codes
+    (boxes 128 x 128 bytes, 128-byte swizzle) and their scales in the stage layout seen as [rows, 4] fp32
+    (boxes of 128 and 4 rows, no swizzle)."""
+    from ...device.tma import SWIZZLE_128B, SWIZZLE_NONE, tensor_map_2d
+    sx = x_scales.reshape(x_scales.shape[0] * x_scales.shape[1], x_scales.shape[2])
+    sw = w_scales.reshape(w_scales.shape[0] * w_scales.shape[1], w_scales.shape[2])
+    return (tensor_map_2d(q_codes, BM, BK, SWIZZLE_128B, stream=stream).device,
+            tensor_map_2d(codes, BN, BK, SWIZZLE_128B, stream=stream).device,
+            tensor_map_2d(sx, BM, 4, SWIZZLE_NONE, stream=stream).device,
+            tensor_map_2d(sw, BN // BLOCK, 4, SWIZZLE_NONE, stream=stream).device)
