@@ -41,6 +41,10 @@ def sass_of(name: str) -> str:
         kernel = F.KERNELS[name]
     elif name in F.V7_CANDIDATES:
         kernel = F.kernel_v7(F.V7_CANDIDATES[name])
+    elif name.startswith("gemm_fp8_v8"):
+        from engram_numba.stages.proj import cuda_fp8_tma as V8
+        kernel = V8.kernel_v8(V8.V8_CANDIDATES.get(name) or V8.V8_VARIANTS[name])
+        return sass_of_kernel(name, kernel, records._FP8_TMA_ARGS)
     else:
         kernel = F.kernel_v6(F.V6_CANDIDATES[name])
     return sass_of_kernel(name, kernel, records._FP8_GEMM_ARGS)

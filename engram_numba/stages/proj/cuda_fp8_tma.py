@@ -47,7 +47,7 @@ from numba import cuda, types
 from ...device.hopper import (WGMMA_SWIZZLE_128B, acc_store_bf16, fence_proxy_async, mbar_arrive,
                               mbar_arrive_expect_tx, mbar_init, mbar_try_wait, shared_address, tma_load_2d,
                               warp_uniform, wgmma_commit, wgmma_descriptor, wgmma_fence, wgmma_waiter)
-from ...device.intrinsics import SIMULATOR, device_function, u32_as_f32
+from ...device.intrinsics import SIMULATOR, device_function, load_u32x4, u32_as_f32
 from .cuda_common import INLINE, bounds, cdiv
 from .cuda_fp8_wgmma import ALIGN_SLACK, BK, BLOCK, BM, BN, GROUP_BYTES, KERNELS, fp8_promote, udiv32, wgmma_e4m3
 
@@ -68,13 +68,13 @@ class V8Variant:
     """A gemm_fp8_v8 specialisation: ring depth and tile order (0: token tiles fastest; g: bands of g token
     tiles, each band sweeping every output tile before the next)."""
 
-    def __init__(self, stages: int = 6, group_m: int = 0):
+    def __init__(self, stages: int = 6, group_m: int = 0, vec_scales: bool = False):
         assert 3 <= stages
-        self.stages, self.group_m = stages, group_m
+        self.stages, self.group_m, self.vec_scales = stages, group_m, vec_scales
         self.threads = V8_THREADS
         self.smem_bytes = stages * STAGE_BYTES + 16 * stages + ALIGN_SLACK
         assert self.smem_bytes <= 227 * 1024, self.smem_bytes
-        self.name = f"gemm_fp8_v8[s{stages}/g{group_m or 'T'}]"
+        self.name = f"gemm_fp8_v8[s{stages}/g{group_m or 'T'}{'/v' if vec_scales else ''}]"
 
 
 def v8_ctas(tiles: int) -> int:
@@ -107,6 +107,8 @@ def make_kernel_v8(v: V8Variant = None):
     mma_wait0 = wgmma_waiter(0)
     mma_wait1 = wgmma_waiter(1)
     U0 = np.uint32(0)
+    U1 = np.uint32(1)
+    U3 = np.uint32(3)
 
     @device_function(**INLINE)
     def _origin(tile, n_mt, n_nt):
@@ -117,7 +119,8 @@ def make_kernel_v8(v: V8Variant = None):
         per_band = np.uint32(np.uint32(GM) * n_nt)
         band = udiv32(tile, per_band)
         r = np.uint32(tile - band * per_band)
-        rows = np.uint32(min(np.uint32(GM), np.uint32(n_mt - band * np.uint32(GM))))
+        # (at least 1: the fill stream asks for the tile after a CTA's last, whose origin it never uses)
+        rows = np.uint32(max(U1, min(np.uint32(GM), np.uint32(n_mt - band * np.uint32(GM)))))
         nt = udiv32(r, rows)
         mt = np.uint32(band * np.uint32(GM) + r - nt * rows)
         return np.uint32(mt * np.uint32(BM)), np.uint32(nt * np.uint32(BN))
@@ -125,8 +128,8 @@ def make_kernel_v8(v: V8Variant = None):
     @device_function(**INLINE)
     def _fill(smem, o, st, tmx, tmw, tsx, tsw, m0, n0, kt, T, NB):
         """k tile kt of the output tile at (m0, n0) into stage st: 4 TMA copies reported to FULL[st]."""
-        bar = o + FULL0 + 8 * st
-        stage = o + st * STAGE_BYTES
+        bar = np.uint32(o + np.uint32(FULL0) + (st << np.uint32(3)))
+        stage = np.uint32(o + st * np.uint32(STAGE_BYTES))
         mbar_arrive_expect_tx(smem, bar, STAGE_TX)
         tma_load_2d(smem, stage, tmx, np.int32(kt * BK), np.int32(m0), bar)
         tma_load_2d(smem, stage + A_BYTES, tmw, np.int32(kt * BK), np.int32(n0), bar)
@@ -142,6 +145,13 @@ def make_kernel_v8(v: V8Variant = None):
         w1 = u32_as_f32(smem[ww + np.uint32(4 + j)])
         w2 = u32_as_f32(smem[ww + np.uint32(8 + j)])
         w3 = u32_as_f32(smem[ww + np.uint32(12 + j)])
+        return (a0 * w0, a0 * w1, a0 * w2, a0 * w3, a1 * w0, a1 * w1, a1 * w2, a1 * w3)
+
+    @device_function(**INLINE)
+    def _prod8(a0, a1, w0, w1, w2, w3):
+        """The 8 products of one block from its scales as fp32 bits."""
+        a0, a1 = u32_as_f32(a0), u32_as_f32(a1)
+        w0, w1, w2, w3 = u32_as_f32(w0), u32_as_f32(w1), u32_as_f32(w2), u32_as_f32(w3)
         return (a0 * w0, a0 * w1, a0 * w2, a0 * w3, a1 * w0, a1 * w1, a1 * w2, a1 * w3)
 
     @device_function(**INLINE)
@@ -175,6 +185,38 @@ def make_kernel_v8(v: V8Variant = None):
         acc = fp8_promote(acc, pb, s)
         return acc, pa, pb
 
+    @device_function(**INLINE)
+    def _k_tile_vec(smem, acc, pa, pb, d_hi, da, db, xw, ww):
+        """`_k_tile` with the k tile's scales read as six 16-byte loads up front (its rows' 4 blocks, each
+        w tile's 4 blocks) instead of 6 word loads a block."""
+        pa = _mma(smem, pa, d_hi, da, db, 0)
+        pb = _mma(smem, pb, d_hi, da, db, 1)
+        xc = xw >> np.uint32(2)
+        wc = ww >> np.uint32(2)
+        xa = load_u32x4(smem, xc)
+        xb = load_u32x4(smem, xc + np.uint32(8))
+        wa = load_u32x4(smem, wc)
+        wb = load_u32x4(smem, wc + np.uint32(1))
+        wc_ = load_u32x4(smem, wc + np.uint32(2))
+        wd = load_u32x4(smem, wc + np.uint32(3))
+        s = _prod8(xa[0], xb[0], wa[0], wb[0], wc_[0], wd[0])
+        pa = mma_wait1(pa)
+        acc = fp8_promote(acc, pa, s)
+        pa = _mma(smem, pa, d_hi, da, db, 2)
+        s = _prod8(xa[1], xb[1], wa[1], wb[1], wc_[1], wd[1])
+        pb = mma_wait1(pb)
+        acc = fp8_promote(acc, pb, s)
+        pb = _mma(smem, pb, d_hi, da, db, 3)
+        s = _prod8(xa[2], xb[2], wa[2], wb[2], wc_[2], wd[2])
+        pa = mma_wait1(pa)
+        acc = fp8_promote(acc, pa, s)
+        s = _prod8(xa[3], xb[3], wa[3], wb[3], wc_[3], wd[3])
+        pb = mma_wait0(pb)
+        acc = fp8_promote(acc, pb, s)
+        return acc, pa, pb
+
+    k_tile = _k_tile_vec if v.vec_scales else _k_tile
+
     @cuda.jit(**bounds(V8_THREADS, 1))
     def gemm_fp8_v8(tmx, tmw, tsx, tsw, out, T, K):
         # grid: v8_ctas(tiles) CTAs of 256 threads, v.smem_bytes of dynamic shared memory
@@ -207,52 +249,62 @@ def make_kernel_v8(v: V8Variant = None):
         f_m0, f_n0 = _origin(c0, n_mt, n_nt)
         if tid == 0:
             fence_proxy_async()
-            while f < G and f < np.uint32(S):
-                _fill(smem, o, f, tmx, tmw, tsx, tsw, f_m0, f_n0, f_kt, T, NB)
-                f += np.uint32(1)
-                f_kt += np.uint32(1)
-                if f_kt == n_k:
-                    f_kt = U0
-                    f_tile = np.uint32(f_tile + step)
-                    f_m0, f_n0 = _origin(f_tile, n_mt, n_nt)
+        while f < G and f < np.uint32(S):                               # every thread keeps the stream's state
+            if tid == 0:
+                _fill(smem, padu, f, tmx, tmw, tsx, tsw, f_m0, f_n0, f_kt, T, NB)
+            f += np.uint32(1)
+            f_kt += np.uint32(1)
+            if f_kt == n_k:
+                f_kt = U0
+                f_tile = np.uint32(f_tile + step)
+                f_m0, f_n0 = _origin(f_tile, n_mt, n_nt)
         wg = warp_uniform(tid >> 7)
         p = tid & 127
         r0 = wg * 64 + 16 * (p >> 5) + ((p & 31) >> 2)
         col = 2 * (p & 3)
         pairs = (N & 1) == 0
         lane0 = SIMULATOR or cuda.laneid == 0
+        lane_0 = tid == 0
         d_all = wgmma_descriptor(0, 16, GROUP_BYTES, WGMMA_SWIZZLE_128B)
         d_hi = d_all & np.uint64(0xFFFFFFFF00000000)
         d_lo = np.uint32(d_all & np.uint64(0xFFFFFFFF))
         a_wg16 = np.uint32(wg * (64 * BK // 16))                        # the warpgroup's A rows, 16-byte units
         xr = np.uint32(r0 * 4)                                          # word of its row r0 in a stage's x scales
-        st = 0
-        par = 0
-        p_st = 0
-        p_par = 0
+        st = U0
+        par = U0
+        p_st = U0
+        p_par = U0
         g = U0
         pa = ZERO
         pb = ZERO
-        for i in range(mine):
-            m0, n0 = _origin(np.uint32(c0 + np.uint32(i) * step), n_mt, n_nt)
+        tile = c0
+        i = U0
+        while i < mine:
+            m0, n0 = _origin(tile, n_mt, n_nt)
             acc = ZERO
-            for _ in range(n_k):
-                while mbar_try_wait(smem, o + FULL0 + 8 * st, par) == 0:
+            kt = U0
+            while kt < n_k:
+                while mbar_try_wait(smem, np.uint32(padu + np.uint32(FULL0) + (st << U3)), par) == 0:
                     pass                                                # k tile g has landed
-                so = np.uint32(st * STAGE_BYTES)
+                so = np.uint32(st * np.uint32(STAGE_BYTES))
                 sa = np.uint32(np.uint32(s0) + so)
                 da = np.uint32(np.uint32(d_lo | ((sa & np.uint32(0x3FFFF)) >> np.uint32(4))) + a_wg16)
                 db = np.uint32(d_lo | (((sa + np.uint32(A_BYTES)) & np.uint32(0x3FFFF)) >> np.uint32(4)))
                 xw = np.uint32(((padu + so + np.uint32(SXO)) >> np.uint32(2)) + xr)
                 ww = np.uint32((padu + so + np.uint32(SWO)) >> np.uint32(2))
-                acc, pa, pb = _k_tile(smem, acc, pa, pb, d_hi, da, db, xw, ww)
+                acc, pa, pb = k_tile(smem, acc, pa, pb, d_hi, da, db, xw, ww)
                 if lane0:
-                    mbar_arrive(smem, o + EMPTY0 + 8 * st)              # this warp's MMAs on stage st retired
-                if tid == 0 and g >= np.uint32(1) and f < G:
-                    # refill the stage of k tile g-1 (f == g-1+S) once both warpgroups have released it
-                    while mbar_try_wait(smem, o + EMPTY0 + 8 * p_st, p_par) == 0:
-                        pass
-                    _fill(smem, o, p_st, tmx, tmw, tsx, tsw, f_m0, f_n0, f_kt, T, NB)
+                    mbar_arrive(smem, np.uint32(padu + np.uint32(EMPTY0) + (st << U3)))   # its MMAs on st retired
+                # the stage of k tile g-1 is refilled (f == g-1+S) once both warpgroups have released it.
+                # Every thread waits for that and keeps the fill stream's state; thread 0 issues the copies.
+                # (A wait loop inside a branch of thread 0 alone makes ptxas move the MMAs' descriptors out
+                # of uniform registers: 30 R2UR a k tile more.)
+                refill = g >= U1 and f < G
+                while refill and mbar_try_wait(smem, np.uint32(padu + np.uint32(EMPTY0) + (p_st << U3)), p_par) == 0:
+                    pass
+                if refill:
+                    if lane_0:
+                        _fill(smem, padu, p_st, tmx, tmw, tsx, tsw, f_m0, f_n0, f_kt, T, NB)
                     f += np.uint32(1)
                     f_kt += np.uint32(1)
                     if f_kt == n_k:
@@ -261,19 +313,23 @@ def make_kernel_v8(v: V8Variant = None):
                         f_m0, f_n0 = _origin(f_tile, n_mt, n_nt)
                 p_st = st
                 p_par = par
-                st += 1
-                if st == S:
-                    st = 0
-                    par ^= 1
-                g += np.uint32(1)
+                st += U1
+                if st == np.uint32(S):
+                    st = U0
+                    par ^= U1
+                g += U1
+                kt += U1
             acc_store_bf16(out, acc, m0 + r0, n0 + col, T, N, pairs)
+            tile = np.uint32(tile + step)
+            i += U1
 
     return gemm_fp8_v8
 
 
 V8_VARIANTS = {"gemm_fp8_v8": V8Variant(6)}
 # what tools/fp8_dev.py times beside the record (names are V8Variant.name)
-V8_CANDIDATES = {v.name: v for v in (V8Variant(5), V8Variant(4), V8Variant(6, group_m=8), V8Variant(6, group_m=16))}
+V8_CANDIDATES = {v.name: v for v in (V8Variant(6, vec_scales=True), V8Variant(5), V8Variant(6, group_m=8),
+                                      V8Variant(6, group_m=16))}
 _V8_KERNELS: dict = {}
 
 

@@ -17,6 +17,7 @@ from numba import cuda
 from engram_numba.bf16 import bf16_to_f32, bf16_ulp_distance, f32_to_bf16
 from engram_numba.stages import registry
 from engram_numba.stages.proj import cpu as C
+from engram_numba.stages.proj import cuda_fp8_tma as V8
 from engram_numba.stages.proj import cuda_fp8_wgmma as F
 from engram_numba.stages.proj import launch as P
 from engram_numba.stages.proj.records import DEEPSEEK_FP8_VERSIONS
@@ -167,6 +168,41 @@ def test_fp8_gemm_v7_specialisations_are_bit_identical_to_the_twin(rng, name):
     grid, threads, smem = F.geometry_v7(T, N, v)
     PreparedLaunch(name, F.kernel_v7(v), grid, threads, 0, base.gemm.args, out, sharedmem=smem)()
     np.testing.assert_array_equal(out.copy_to_host(), C.projection_deepseek_fp8_cpu(x, codes, scales))
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name", list(V8.V8_CANDIDATES) + ["g1/s3"])
+def test_fp8_gemm_v8_specialisations_are_bit_identical_to_the_twin(rng, name):
+    """The gemm_fp8_v8 specialisations tools/fp8_dev.py times beside the record (ring depth, the scales
+    in 16-byte loads, bands of token tiles), and bands of one token tile on a 3-stage ring (every tile
+    in another place than token-tiles-fastest, the ring as tight as it goes): 6 output tiles on the
+    simulator's 2 persistent CTAs (3 each), 3 k tiles each (the last one block): the ring wraps; the
+    second token tile 2 rows, the last output tile 8 wide."""
+    if not F.SIMULATOR:
+        pytest.skip("the simulator's wgmma sums in the twin's order")
+    from engram_numba.device.launch import PreparedLaunch
+    T, K, N = 130, 288, 264
+    codes, scales = random_fp8(rng, N, K, 118, 124)
+    x = edge_x(rng, T, K)
+    v = V8.V8_CANDIDATES[name] if name in V8.V8_CANDIDATES else V8.V8Variant(3, group_m=1)
+    out = poisoned(T, N)
+    base = P.prepare_project_q(dev(x), dev(codes), dev(scales), out, weight="fp8", version="gemm_fp8_v8")
+    base.quant()
+    grid, threads, smem = V8.geometry_v8(T, N, v)
+    PreparedLaunch(name, V8.kernel_v8(v), grid, threads, 0, base.gemm.args, out, sharedmem=smem)()
+    np.testing.assert_array_equal(out.copy_to_host(), C.projection_deepseek_fp8_cpu(x, codes, scales))
+
+
+@pytest.mark.parametrize("group_m", [0, 1, 3, 8])
+@pytest.mark.parametrize("n_mt,n_nt", [(1, 1), (2, 3), (7, 5), (32, 200)])
+def test_fp8_gemm_v8_tile_orders_cover_every_tile_once(group_m, n_mt, n_nt):
+    """v8's tile order (token tiles fastest, or bands of group_m token tiles sweeping every output tile)
+    is a permutation of the tiles, band by band."""
+    order = [V8.tile_origin_host(t, n_mt, n_nt, group_m) for t in range(n_mt * n_nt)]
+    assert sorted(order) == [(m, n) for m in range(n_mt) for n in range(n_nt)]
+    if group_m:
+        bands = [m // group_m for m, _ in order]
+        assert bands == sorted(bands)
 
 
 def test_records_and_selection():
