@@ -326,10 +326,9 @@ def make_kernel_v8(v: V8Variant = None):
     return gemm_fp8_v8
 
 
-V8_VARIANTS = {"gemm_fp8_v8": V8Variant(6)}
+V8_VARIANTS = {"gemm_fp8_v8": V8Variant(6, vec_scales=True)}
 # what tools/fp8_dev.py times beside the record (names are V8Variant.name)
-V8_CANDIDATES = {v.name: v for v in (V8Variant(6, vec_scales=True), V8Variant(5), V8Variant(6, group_m=8),
-                                      V8Variant(6, group_m=16))}
+V8_CANDIDATES = {v.name: v for v in (V8Variant(6), V8Variant(5, vec_scales=True), V8Variant(6, group_m=8, vec_scales=True))}
 _V8_KERNELS: dict = {}
 
 
