@@ -69,7 +69,9 @@ asynchrony, so a kernel that reads data before waiting for it fails in the simul
   (`cp.async.mbarrier.arrive.noinc`: one arrival made once every cp.async this thread issued before
   it has landed; the count given to `mbar_init` includes it), and `mbar_try_wait(smem, off, parity)`
   -> 1 once the phase of that parity has completed (the barrier's current phase has the other
-  parity), else 0 (`mbarrier.try_wait.parity`; callers loop on it). A phase completes when `count`
+  parity), else 0 (`mbarrier.try_wait.parity`; callers loop on it); `mbar_test_wait(smem, off, parity)`
+  the same answer without waiting at all (`mbarrier.test_wait.parity`: a probe issued early, its answer
+  read later, so the check's latency hides behind other work). A phase completes when `count`
   arrivals have come; the next one starts at once. Memory written before an arrival (and copies an
   arrival tracks) is visible to a thread whose wait saw the phase complete (wgmma reads still need
   `fence_proxy_async` after the wait). In the simulator `cp_async_mbar_arrive` lands the thread's
@@ -456,6 +458,16 @@ if SIMULATOR:
             return 1
         event = bar.done.setdefault(c, threading.Event())
         event.wait(0.001)
+        if th.abort:
+            raise RuntimeError("abort flag set while waiting on an mbarrier")
+        return 0
+
+    def mbar_test_wait(smem, off, parity):
+        th, bar = _mbar(off)
+        c = bar.completed()
+        if c % 2 != int(parity) & 1:
+            bar.land(c)
+            return 1
         if th.abort:
             raise RuntimeError("abort flag set while waiting on an mbarrier")
         return 0
@@ -917,6 +929,19 @@ else:
         return try_wait
 
     mbar_try_wait = _try_wait("")
+
+    @intrinsic
+    def mbar_test_wait(typingctx, smem, off, parity):
+        if not (isinstance(smem, types.Array) and isinstance(off, types.Integer) and isinstance(parity, types.Integer)):
+            return None
+
+        def codegen(context, builder, signature, args):
+            addr = _mbar_address(context, builder, signature, args)
+            par = context.cast(builder, args[2], signature.args[2], types.uint32)
+            return _inline(builder, _I32, [_I32, _I32],
+                           "{ .reg .pred p; mbarrier.test_wait.parity.shared::cta.b64 p, [$1], $2; "
+                           "selp.u32 $0, 1, 0, p; }", "=r,r,r,~{memory}", [addr, par])
+        return types.int32(smem, off, parity), codegen
 
     @intrinsic
     def mbar_arrive_expect_tx(typingctx, smem, off, nbytes):

@@ -45,7 +45,8 @@ import numpy as np
 from numba import cuda, types
 
 from ...device.hopper import (WGMMA_SWIZZLE_128B, acc_store_bf16, fence_proxy_async, mbar_arrive,
-                              mbar_arrive_expect_tx, mbar_init, mbar_try_wait, shared_address, tma_load_2d,
+                              mbar_arrive_expect_tx, mbar_init, mbar_test_wait, mbar_try_wait, shared_address,
+                              tma_load_2d,
                               warp_uniform, wgmma_commit, wgmma_descriptor, wgmma_fence, wgmma_waiter)
 from ...device.intrinsics import SIMULATOR, device_function, load_u32x4, u32_as_f32
 from .cuda_common import INLINE, bounds, cdiv
@@ -68,13 +69,13 @@ class V8Variant:
     """A gemm_fp8_v8 specialisation: ring depth and tile order (0: token tiles fastest; g: bands of g token
     tiles, each band sweeping every output tile before the next)."""
 
-    def __init__(self, stages: int = 6, group_m: int = 0, vec_scales: bool = False):
+    def __init__(self, stages: int = 6, group_m: int = 0, vec_scales: bool = False, probe: bool = False):
         assert 3 <= stages
-        self.stages, self.group_m, self.vec_scales = stages, group_m, vec_scales
+        self.stages, self.group_m, self.vec_scales, self.probe = stages, group_m, vec_scales, probe
         self.threads = V8_THREADS
         self.smem_bytes = stages * STAGE_BYTES + 16 * stages + ALIGN_SLACK
         assert self.smem_bytes <= 227 * 1024, self.smem_bytes
-        self.name = f"gemm_fp8_v8[s{stages}/g{group_m or 'T'}{'/v' if vec_scales else ''}]"
+        self.name = f"gemm_fp8_v8[s{stages}/g{group_m or 'T'}{'/v' if vec_scales else ''}{'/p' if probe else ''}]"
 
 
 def v8_ctas(tiles: int) -> int:
@@ -98,7 +99,7 @@ def tile_origin_host(tile: int, n_mt: int, n_nt: int, group_m: int) -> tuple:
 def make_kernel_v8(v: V8Variant = None):
     """gemm_fp8_v8's kernel for specialisation v (default: 6 stages, token tiles fastest)."""
     v = v or V8Variant()
-    S, GM = v.stages, v.group_m
+    S, GM, PROBE = v.stages, v.group_m, v.probe
     RING = S * STAGE_BYTES
     FULL0 = RING
     EMPTY0 = RING + 8 * S
@@ -164,9 +165,9 @@ def make_kernel_v8(v: V8Variant = None):
         return p
 
     @device_function(**INLINE)
-    def _k_tile(smem, acc, pa, pb, d_hi, da, db, xw, ww):
+    def _k_tile(smem, acc, pa, pb, d_hi, da, db, xw, ww, fb, fpar, eb, epar):
         """A warpgroup's k tile: 4 blocks on two partial tiles, each promoted while the next block's MMA
-        runs; every MMA retired on return."""
+        runs; every MMA retired on return. Returns (acc, pa, pb, 0, 0): no probes (`_k_tile_vec`)."""
         pa = _mma(smem, pa, d_hi, da, db, 0)
         pb = _mma(smem, pb, d_hi, da, db, 1)
         s = _scales(smem, xw, ww, 0)
@@ -183,14 +184,18 @@ def make_kernel_v8(v: V8Variant = None):
         s = _scales(smem, xw, ww, 3)
         pb = mma_wait0(pb)
         acc = fp8_promote(acc, pb, s)
-        return acc, pa, pb
+        return acc, pa, pb, 0, 0
 
     @device_function(**INLINE)
-    def _k_tile_vec(smem, acc, pa, pb, d_hi, da, db, xw, ww):
+    def _k_tile_vec(smem, acc, pa, pb, d_hi, da, db, xw, ww, fb, fpar, eb, epar):
         """`_k_tile` with the k tile's scales read as six 16-byte loads up front (its rows' 4 blocks, each
-        w tile's 4 blocks) instead of 6 word loads a block."""
+        w tile's 4 blocks) instead of 6 word loads a block. With v.probe, two non-blocking probes whose
+        answers are read after the k tile, so their latency hides behind the promotions: of the next
+        k tile's FULL barrier (byte fb, parity fpar) after block 3's MMA is issued, and of the EMPTY
+        barrier of the refill (eb, epar) after block 1's; (acc, pa, pb, full ready, empty ready)."""
         pa = _mma(smem, pa, d_hi, da, db, 0)
         pb = _mma(smem, pb, d_hi, da, db, 1)
+        e = mbar_test_wait(smem, eb, epar) if PROBE else 0
         xc = xw >> np.uint32(2)
         wc = ww >> np.uint32(2)
         xa = load_u32x4(smem, xc)
@@ -207,13 +212,14 @@ def make_kernel_v8(v: V8Variant = None):
         pb = mma_wait1(pb)
         acc = fp8_promote(acc, pb, s)
         pb = _mma(smem, pb, d_hi, da, db, 3)
+        r = mbar_test_wait(smem, fb, fpar) if PROBE else 0
         s = _prod8(xa[2], xb[2], wa[2], wb[2], wc_[2], wd[2])
         pa = mma_wait1(pa)
         acc = fp8_promote(acc, pa, s)
         s = _prod8(xa[3], xb[3], wa[3], wb[3], wc_[3], wd[3])
         pb = mma_wait0(pb)
         acc = fp8_promote(acc, pb, s)
-        return acc, pa, pb
+        return acc, pa, pb, r, e
 
     k_tile = _k_tile_vec if v.vec_scales else _k_tile
 
@@ -279,20 +285,26 @@ def make_kernel_v8(v: V8Variant = None):
         pb = ZERO
         tile = c0
         i = U0
+        ready = 0                                                       # the probe of k tile g's FULL
         while i < mine:
             m0, n0 = _origin(tile, n_mt, n_nt)
             acc = ZERO
             kt = U0
             while kt < n_k:
-                while mbar_try_wait(smem, np.uint32(padu + np.uint32(FULL0) + (st << U3)), par) == 0:
-                    pass                                                # k tile g has landed
+                while ready == 0:                                       # k tile g has landed
+                    ready = mbar_try_wait(smem, np.uint32(padu + np.uint32(FULL0) + (st << U3)), par)
                 so = np.uint32(st * np.uint32(STAGE_BYTES))
                 sa = np.uint32(np.uint32(s0) + so)
                 da = np.uint32(np.uint32(d_lo | ((sa & np.uint32(0x3FFFF)) >> np.uint32(4))) + a_wg16)
                 db = np.uint32(d_lo | (((sa + np.uint32(A_BYTES)) & np.uint32(0x3FFFF)) >> np.uint32(4)))
                 xw = np.uint32(((padu + so + np.uint32(SXO)) >> np.uint32(2)) + xr)
                 ww = np.uint32((padu + so + np.uint32(SWO)) >> np.uint32(2))
-                acc, pa, pb = k_tile(smem, acc, pa, pb, d_hi, da, db, xw, ww)
+                n_st = st + U1 if st + U1 < np.uint32(S) else U0
+                n_par = par ^ U1 if n_st == U0 else par
+                eb = np.uint32(padu + np.uint32(EMPTY0) + (p_st << U3))
+                acc, pa, pb, ready, emptied = k_tile(smem, acc, pa, pb, d_hi, da, db, xw, ww,
+                                                     np.uint32(padu + np.uint32(FULL0) + (n_st << U3)), n_par,
+                                                     eb, p_par)
                 if lane0:
                     mbar_arrive(smem, np.uint32(padu + np.uint32(EMPTY0) + (st << U3)))   # its MMAs on st retired
                 # the stage of k tile g-1 is refilled (f == g-1+S) once both warpgroups have released it.
@@ -300,8 +312,10 @@ def make_kernel_v8(v: V8Variant = None):
                 # (A wait loop inside a branch of thread 0 alone makes ptxas move the MMAs' descriptors out
                 # of uniform registers: 30 R2UR a k tile more.)
                 refill = g >= U1 and f < G
-                while refill and mbar_try_wait(smem, np.uint32(padu + np.uint32(EMPTY0) + (p_st << U3)), p_par) == 0:
-                    pass
+                if not refill:
+                    emptied = 1
+                while emptied == 0:
+                    emptied = mbar_try_wait(smem, eb, p_par)
                 if refill:
                     if lane_0:
                         _fill(smem, padu, p_st, tmx, tmw, tsx, tsw, f_m0, f_n0, f_kt, T, NB)
@@ -328,7 +342,8 @@ def make_kernel_v8(v: V8Variant = None):
 
 V8_VARIANTS = {"gemm_fp8_v8": V8Variant(6, vec_scales=True)}
 # what tools/fp8_dev.py times beside the record (names are V8Variant.name)
-V8_CANDIDATES = {v.name: v for v in (V8Variant(6), V8Variant(5, vec_scales=True), V8Variant(6, group_m=8, vec_scales=True))}
+V8_CANDIDATES = {v.name: v for v in (V8Variant(6, vec_scales=True, probe=True), V8Variant(6),
+                                      V8Variant(5, vec_scales=True), V8Variant(6, group_m=8, vec_scales=True))}
 _V8_KERNELS: dict = {}
 
 
