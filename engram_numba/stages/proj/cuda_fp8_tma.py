@@ -109,6 +109,7 @@ def make_kernel_v8(v: V8Variant = None):
     mma_wait1 = wgmma_waiter(1)
     U0 = np.uint32(0)
     U1 = np.uint32(1)
+    U2 = np.uint32(2)
     U3 = np.uint32(3)
 
     @device_function(**INLINE)
@@ -258,8 +259,8 @@ def make_kernel_v8(v: V8Variant = None):
         while f < G and f < np.uint32(S):                               # every thread keeps the stream's state
             if tid == 0:
                 _fill(smem, padu, f, tmx, tmw, tsx, tsw, f_m0, f_n0, f_kt, T, NB)
-            f += np.uint32(1)
-            f_kt += np.uint32(1)
+            f = np.uint32(f + U1)
+            f_kt = np.uint32(f_kt + U1)
             if f_kt == n_k:
                 f_kt = U0
                 f_tile = np.uint32(f_tile + step)
@@ -276,6 +277,12 @@ def make_kernel_v8(v: V8Variant = None):
         d_lo = np.uint32(d_all & np.uint64(0xFFFFFFFF))
         a_wg16 = np.uint32(wg * (64 * BK // 16))                        # the warpgroup's A rows, 16-byte units
         xr = np.uint32(r0 * 4)                                          # word of its row r0 in a stage's x scales
+        # stage 0's descriptor words and scale words; stage st's are these plus st stages (no carry: the
+        # ring lies below 2^18 bytes of the shared window, whose low 18 bits the descriptor takes)
+        da0 = np.uint32(np.uint32(d_lo | ((np.uint32(s0) & np.uint32(0x3FFFF)) >> np.uint32(4))) + a_wg16)
+        db0 = np.uint32(d_lo | ((np.uint32(np.uint32(s0) + np.uint32(A_BYTES)) & np.uint32(0x3FFFF)) >> np.uint32(4)))
+        xw0 = np.uint32(((padu + np.uint32(SXO)) >> np.uint32(2)) + xr)
+        ww0 = np.uint32((padu + np.uint32(SWO)) >> np.uint32(2))
         st = U0
         par = U0
         p_st = U0
@@ -293,14 +300,13 @@ def make_kernel_v8(v: V8Variant = None):
             while kt < n_k:
                 while ready == 0:                                       # k tile g has landed
                     ready = mbar_try_wait(smem, np.uint32(padu + np.uint32(FULL0) + (st << U3)), par)
-                so = np.uint32(st * np.uint32(STAGE_BYTES))
-                sa = np.uint32(np.uint32(s0) + so)
-                da = np.uint32(np.uint32(d_lo | ((sa & np.uint32(0x3FFFF)) >> np.uint32(4))) + a_wg16)
-                db = np.uint32(d_lo | (((sa + np.uint32(A_BYTES)) & np.uint32(0x3FFFF)) >> np.uint32(4)))
-                xw = np.uint32(((padu + so + np.uint32(SXO)) >> np.uint32(2)) + xr)
-                ww = np.uint32((padu + so + np.uint32(SWO)) >> np.uint32(2))
-                n_st = st + U1 if st + U1 < np.uint32(S) else U0
-                n_par = par ^ U1 if n_st == U0 else par
+                s16 = np.uint32(st * np.uint32(STAGE_BYTES >> 4))
+                da = np.uint32(da0 + s16)
+                db = np.uint32(db0 + s16)
+                xw = np.uint32(xw0 + np.uint32(s16 << U2))
+                ww = np.uint32(ww0 + np.uint32(s16 << U2))
+                n_st = np.uint32(st + U1) if np.uint32(st + U1) < np.uint32(S) else U0
+                n_par = np.uint32(par ^ U1) if n_st == U0 else par
                 eb = np.uint32(padu + np.uint32(EMPTY0) + (p_st << U3))
                 acc, pa, pb, ready, emptied = k_tile(smem, acc, pa, pb, d_hi, da, db, xw, ww,
                                                      np.uint32(padu + np.uint32(FULL0) + (n_st << U3)), n_par,
@@ -319,23 +325,23 @@ def make_kernel_v8(v: V8Variant = None):
                 if refill:
                     if lane_0:
                         _fill(smem, padu, p_st, tmx, tmw, tsx, tsw, f_m0, f_n0, f_kt, T, NB)
-                    f += np.uint32(1)
-                    f_kt += np.uint32(1)
+                    f = np.uint32(f + U1)
+                    f_kt = np.uint32(f_kt + U1)
                     if f_kt == n_k:
                         f_kt = U0
                         f_tile = np.uint32(f_tile + step)
                         f_m0, f_n0 = _origin(f_tile, n_mt, n_nt)
                 p_st = st
                 p_par = par
-                st += U1
+                st = np.uint32(st + U1)
                 if st == np.uint32(S):
                     st = U0
-                    par ^= U1
-                g += U1
-                kt += U1
+                    par = np.uint32(par ^ U1)
+                g = np.uint32(g + U1)
+                kt = np.uint32(kt + U1)
             acc_store_bf16(out, acc, m0 + r0, n0 + col, T, N, pairs)
             tile = np.uint32(tile + step)
-            i += U1
+            i = np.uint32(i + U1)
 
     return gemm_fp8_v8
 
