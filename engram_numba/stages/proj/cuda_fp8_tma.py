@@ -69,13 +69,14 @@ class V8Variant:
     """A gemm_fp8_v8 specialisation: ring depth and tile order (0: token tiles fastest; g: bands of g token
     tiles, each band sweeping every output tile before the next)."""
 
-    def __init__(self, stages: int = 6, group_m: int = 0, vec_scales: bool = False, probe: bool = False):
+    def __init__(self, stages: int = 6, group_m: int = 0, vec_scales: bool = False, probe: bool = False,
+                 free: bool = False):
         assert 3 <= stages
-        self.stages, self.group_m, self.vec_scales, self.probe = stages, group_m, vec_scales, probe
+        self.stages, self.group_m, self.vec_scales, self.probe, self.free = stages, group_m, vec_scales, probe, free
         self.threads = V8_THREADS
         self.smem_bytes = stages * STAGE_BYTES + 16 * stages + ALIGN_SLACK
         assert self.smem_bytes <= 227 * 1024, self.smem_bytes
-        self.name = f"gemm_fp8_v8[s{stages}/g{group_m or 'T'}{'/v' if vec_scales else ''}{'/p' if probe else ''}]"
+        self.name = f"gemm_fp8_v8[s{stages}/g{group_m or 'T'}{'/v' if vec_scales else ''}{'/p' if probe else ''}{'/f' if free else ''}]"
 
 
 def v8_ctas(tiles: int) -> int:
@@ -99,7 +100,7 @@ def tile_origin_host(tile: int, n_mt: int, n_nt: int, group_m: int) -> tuple:
 def make_kernel_v8(v: V8Variant = None):
     """gemm_fp8_v8's kernel for specialisation v (default: 6 stages, token tiles fastest)."""
     v = v or V8Variant()
-    S, GM, PROBE = v.stages, v.group_m, v.probe
+    S, GM, PROBE, FREE = v.stages, v.group_m, v.probe, v.free
     RING = S * STAGE_BYTES
     FULL0 = RING
     EMPTY0 = RING + 8 * S
@@ -317,7 +318,7 @@ def make_kernel_v8(v: V8Variant = None):
                 # Every thread waits for that and keeps the fill stream's state; thread 0 issues the copies.
                 # (A wait loop inside a branch of thread 0 alone makes ptxas move the MMAs' descriptors out
                 # of uniform registers: 30 R2UR a k tile more.)
-                refill = g >= U1 and f < G
+                refill = g >= U1 and f < G and (wg == 0 or not FREE)    # FREE: warpgroup 1 never waits EMPTY
                 if not refill:
                     emptied = 1
                 while emptied == 0:
@@ -348,7 +349,8 @@ def make_kernel_v8(v: V8Variant = None):
 
 V8_VARIANTS = {"gemm_fp8_v8": V8Variant(6, vec_scales=True)}
 # what tools/fp8_dev.py times beside the record (names are V8Variant.name)
-V8_CANDIDATES = {v.name: v for v in (V8Variant(6, vec_scales=True, probe=True), V8Variant(6),
+V8_CANDIDATES = {v.name: v for v in (V8Variant(6, vec_scales=True, probe=True), V8Variant(6, vec_scales=True, free=True),
+                                      V8Variant(6, vec_scales=True, probe=True, free=True), V8Variant(6),
                                       V8Variant(5, vec_scales=True), V8Variant(6, group_m=8, vec_scales=True))}
 _V8_KERNELS: dict = {}
 
