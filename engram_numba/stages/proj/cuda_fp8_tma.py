@@ -70,13 +70,15 @@ class V8Variant:
     tiles, each band sweeping every output tile before the next)."""
 
     def __init__(self, stages: int = 6, group_m: int = 0, vec_scales: bool = False, probe: bool = False,
-                 free: bool = False):
-        assert 3 <= stages
+                 free: bool = False, split: bool = False, lag: int = 1):
+        assert 3 <= stages and lag in (1, 2) and stages > lag + 1
         self.stages, self.group_m, self.vec_scales, self.probe, self.free = stages, group_m, vec_scales, probe, free
+        self.split, self.lag = split, lag
         self.threads = V8_THREADS
         self.smem_bytes = stages * STAGE_BYTES + 16 * stages + ALIGN_SLACK
         assert self.smem_bytes <= 227 * 1024, self.smem_bytes
-        self.name = f"gemm_fp8_v8[s{stages}/g{group_m or 'T'}{'/v' if vec_scales else ''}{'/p' if probe else ''}{'/f' if free else ''}]"
+        self.name = (f"gemm_fp8_v8[s{stages}/g{group_m or 'T'}{'/v' if vec_scales else ''}{'/p' if probe else ''}"
+                     f"{'/f' if free else ''}{'/x' if split else ''}{'/l2' if lag == 2 else ''}]")
 
 
 def v8_ctas(tiles: int) -> int:
@@ -100,7 +102,7 @@ def tile_origin_host(tile: int, n_mt: int, n_nt: int, group_m: int) -> tuple:
 def make_kernel_v8(v: V8Variant = None):
     """gemm_fp8_v8's kernel for specialisation v (default: 6 stages, token tiles fastest)."""
     v = v or V8Variant()
-    S, GM, PROBE, FREE = v.stages, v.group_m, v.probe, v.free
+    S, GM, PROBE, FREE, SPLIT, LAG = v.stages, v.group_m, v.probe, v.free, v.split, v.lag
     RING = S * STAGE_BYTES
     FULL0 = RING
     EMPTY0 = RING + 8 * S
@@ -138,6 +140,25 @@ def make_kernel_v8(v: V8Variant = None):
         tma_load_2d(smem, stage + A_BYTES, tmw, np.int32(kt * BK), np.int32(n0), bar)
         tma_load_2d(smem, stage + SXO, tsx, np.int32(0), np.int32(kt * T + m0), bar)
         tma_load_2d(smem, stage + SWO, tsw, np.int32(0), np.int32(kt * NB + (n0 >> np.uint32(5))), bar)
+
+    @device_function(**INLINE)
+    def _fill_part(smem, o, st, part, tmx, tmw, tsx, tsw, m0, n0, kt, T, NB):
+        """`_fill`'s copy `part` (0: x's codes with the stage's expect_tx, 1: w's codes, 2: x's scales,
+        3: w's scales), for the lane 0 of warp `part` of warpgroup 0 (v.split): the four copies of a
+        refill issued by four warps, so the refill's work does not fall on one warp of the warpgroup
+        (its other warps wait for it at the next wgmma). A copy may land before the expect_tx that
+        announces it: the phase completes once the arrival has come and the byte count is back at 0."""
+        bar = np.uint32(o + np.uint32(FULL0) + (st << np.uint32(3)))
+        stage = np.uint32(o + st * np.uint32(STAGE_BYTES))
+        if part == 0:
+            mbar_arrive_expect_tx(smem, bar, STAGE_TX)
+            tma_load_2d(smem, stage, tmx, np.int32(kt * BK), np.int32(m0), bar)
+        elif part == 1:
+            tma_load_2d(smem, stage + A_BYTES, tmw, np.int32(kt * BK), np.int32(n0), bar)
+        elif part == 2:
+            tma_load_2d(smem, stage + SXO, tsx, np.int32(0), np.int32(kt * T + m0), bar)
+        else:
+            tma_load_2d(smem, stage + SWO, tsw, np.int32(0), np.int32(kt * NB + (n0 >> np.uint32(5))), bar)
 
     @device_function(**INLINE)
     def _scales(smem, xw, ww, j):
@@ -273,6 +294,8 @@ def make_kernel_v8(v: V8Variant = None):
         pairs = (N & 1) == 0
         lane0 = SIMULATOR or cuda.laneid == 0
         lane_0 = tid == 0
+        part = (tid >> 5) & 3                                           # v.split: the copy this warp issues
+        part_lane = wg == 0 and (tid & 31) == 0
         d_all = wgmma_descriptor(0, 16, GROUP_BYTES, WGMMA_SWIZZLE_128B)
         d_hi = d_all & np.uint64(0xFFFFFFFF00000000)
         d_lo = np.uint32(d_all & np.uint64(0xFFFFFFFF))
@@ -288,6 +311,8 @@ def make_kernel_v8(v: V8Variant = None):
         par = U0
         p_st = U0
         p_par = U0
+        pp_st = U0
+        pp_par = U0
         g = U0
         pa = ZERO
         pb = ZERO
@@ -308,30 +333,37 @@ def make_kernel_v8(v: V8Variant = None):
                 ww = np.uint32(ww0 + np.uint32(s16 << U2))
                 n_st = np.uint32(st + U1) if np.uint32(st + U1) < np.uint32(S) else U0
                 n_par = np.uint32(par ^ U1) if n_st == U0 else par
-                eb = np.uint32(padu + np.uint32(EMPTY0) + (p_st << U3))
+                r_st = p_st if LAG == 1 else pp_st                      # the stage refilled after this k tile
+                r_par = p_par if LAG == 1 else pp_par
+                eb = np.uint32(padu + np.uint32(EMPTY0) + (r_st << U3))
                 acc, pa, pb, ready, emptied = k_tile(smem, acc, pa, pb, d_hi, da, db, xw, ww,
                                                      np.uint32(padu + np.uint32(FULL0) + (n_st << U3)), n_par,
-                                                     eb, p_par)
+                                                     eb, r_par)
                 if lane0:
                     mbar_arrive(smem, np.uint32(padu + np.uint32(EMPTY0) + (st << U3)))   # its MMAs on st retired
                 # the stage of k tile g-1 is refilled (f == g-1+S) once both warpgroups have released it.
                 # Every thread waits for that and keeps the fill stream's state; thread 0 issues the copies.
                 # (A wait loop inside a branch of thread 0 alone makes ptxas move the MMAs' descriptors out
                 # of uniform registers: 30 R2UR a k tile more.)
-                refill = g >= U1 and f < G and (wg == 0 or not FREE)    # FREE: warpgroup 1 never waits EMPTY
+                refill = g >= np.uint32(LAG) and f < G and (wg == 0 or not FREE)   # FREE: warpgroup 1 never waits
                 if not refill:
                     emptied = 1
                 while emptied == 0:
-                    emptied = mbar_try_wait(smem, eb, p_par)
+                    emptied = mbar_try_wait(smem, eb, r_par)
                 if refill:
-                    if lane_0:
-                        _fill(smem, padu, p_st, tmx, tmw, tsx, tsw, f_m0, f_n0, f_kt, T, NB)
+                    if SPLIT:
+                        if part_lane:
+                            _fill_part(smem, padu, r_st, part, tmx, tmw, tsx, tsw, f_m0, f_n0, f_kt, T, NB)
+                    elif lane_0:
+                        _fill(smem, padu, r_st, tmx, tmw, tsx, tsw, f_m0, f_n0, f_kt, T, NB)
                     f = np.uint32(f + U1)
                     f_kt = np.uint32(f_kt + U1)
                     if f_kt == n_k:
                         f_kt = U0
                         f_tile = np.uint32(f_tile + step)
                         f_m0, f_n0 = _origin(f_tile, n_mt, n_nt)
+                pp_st = p_st
+                pp_par = p_par
                 p_st = st
                 p_par = par
                 st = np.uint32(st + U1)
@@ -349,7 +381,11 @@ def make_kernel_v8(v: V8Variant = None):
 
 V8_VARIANTS = {"gemm_fp8_v8": V8Variant(6, vec_scales=True)}
 # what tools/fp8_dev.py times beside the record (names are V8Variant.name)
-V8_CANDIDATES = {v.name: v for v in (V8Variant(6, vec_scales=True, probe=True), V8Variant(6, vec_scales=True, free=True),
+V8_CANDIDATES = {v.name: v for v in (V8Variant(6, vec_scales=True, probe=True),
+                                      V8Variant(6, vec_scales=True, probe=True, split=True),
+                                      V8Variant(6, vec_scales=True, probe=True, lag=2),
+                                      V8Variant(6, vec_scales=True, probe=True, split=True, lag=2),
+                                      V8Variant(6, vec_scales=True, free=True),
                                       V8Variant(6, vec_scales=True, probe=True, free=True), V8Variant(6),
                                       V8Variant(5, vec_scales=True), V8Variant(6, group_m=8, vec_scales=True))}
 _V8_KERNELS: dict = {}
