@@ -129,16 +129,11 @@ def _prepare(version, x, codes, scales, out):
     from engram_numba.device.launch import PreparedLaunch, allow_dynamic_shared
     from engram_numba.stages.proj import cuda_fp8_wgmma as F
     record = version.split("[")[0]
-    base = prepare_project_q(x, codes, scales, out, weight="fp8", version=record)
-    if record == "gemm_fp8_v8":                 # the record's maps and workspaces, the specialisation's kernel
+    if record == "gemm_fp8_v8":                 # the record's launcher on the specialisation
+        from engram_numba.stages import registry
         from engram_numba.stages.proj import cuda_fp8_tma as V8
-        v = V8.V8_CANDIDATES[version]
-        kernel = V8.kernel_v8(v)
-        args = base.gemm.args
-        grid, threads, smem = V8.geometry_v8(x.shape[0], out.shape[1], v)
-        allow_dynamic_shared(kernel, args, smem)
-        gemm = PreparedLaunch(version, kernel, grid, threads, 0, args, out, sharedmem=smem)
-        return F.Fp8GemmLaunch(version, base.quant, gemm, out, base.x_codes, base.x_scales, base.w_scales)
+        return V8.launcher_v8(registry.get("proj", record), x, codes, scales, out, variant=V8.V8_CANDIDATES[version])
+    base = prepare_project_q(x, codes, scales, out, weight="fp8", version=record)
     if record == "gemm_fp8_v7":                 # likewise, with its own grid (persistent or one CTA a tile)
         v = F.V7_CANDIDATES[version]
         kernel = F.kernel_v7(v)

@@ -50,7 +50,9 @@ from ...device.hopper import (WGMMA_SWIZZLE_128B, acc_store_bf16, fence_proxy_as
                               warp_uniform, wgmma_commit, wgmma_descriptor, wgmma_fence, wgmma_waiter)
 from ...device.intrinsics import SIMULATOR, device_function, load_u32x4, u32_as_f32
 from .cuda_common import INLINE, bounds, cdiv
-from .cuda_fp8_wgmma import ALIGN_SLACK, BK, BLOCK, BM, BN, GROUP_BYTES, KERNELS, fp8_promote, udiv32, wgmma_e4m3
+from ...device.launch import PreparedLaunch, allow_dynamic_shared
+from .cuda_fp8_wgmma import (ALIGN_SLACK, BK, BLOCK, BM, BN, GROUP_BYTES, KERNELS, Fp8GemmLaunch, check_out_words,
+                             fp8_promote, udiv32, wgmma_e4m3, workspaces)
 
 V8_THREADS = 256
 A_BYTES = BM * BK                        # x codes of a k tile (128 rows x 128 bytes)
@@ -379,9 +381,9 @@ def make_kernel_v8(v: V8Variant = None):
     return gemm_fp8_v8
 
 
-V8_VARIANTS = {"gemm_fp8_v8": V8Variant(6, vec_scales=True)}
+V8_VARIANTS = {"gemm_fp8_v8": V8Variant(6, vec_scales=True, probe=True)}
 # what tools/fp8_dev.py times beside the record (names are V8Variant.name)
-V8_CANDIDATES = {v.name: v for v in (V8Variant(6, vec_scales=True, probe=True),
+V8_CANDIDATES = {v.name: v for v in (V8Variant(6, vec_scales=True),
                                       V8Variant(6, vec_scales=True, probe=True, split=True),
                                       V8Variant(6, vec_scales=True, probe=True, lag=2),
                                       V8Variant(6, vec_scales=True, probe=True, split=True, lag=2),
@@ -417,3 +419,21 @@ def maps_v8(q_codes, codes, x_scales, w_scales, stream=0) -> tuple:
             tensor_map_2d(codes, BN, BK, SWIZZLE_128B, stream=stream).device,
             tensor_map_2d(sx, BM, 4, SWIZZLE_NONE, stream=stream).device,
             tensor_map_2d(sw, BN // BLOCK, 4, SWIZZLE_NONE, stream=stream).device)
+
+
+def launcher_v8(rec, x, codes, scales, out, *, stream=0, variant: V8Variant = None) -> Fp8GemmLaunch:
+    """gemm_fp8_v8's launch (the record's, or specialisation `variant`'s): act_quant, then the GEMM on the
+    four tensor maps of the workspaces (`cuda_fp8_wgmma.workspaces`, shapes checked by
+    `prepare_project_q`)."""
+    T, K = x.shape
+    N = codes.shape[0]
+    check_out_words(rec, out)
+    quant, q_codes, x_scales, w_scales = workspaces(rec, x, codes, scales, stream=stream)
+    v = variant or V8_VARIANTS["gemm_fp8_v8"]
+    kernel = kernel_v8(v)
+    grid, block, smem = geometry_v8(T, N, v)
+    args = (*maps_v8(q_codes, codes, x_scales, w_scales, stream=stream), out, T, K)
+    allow_dynamic_shared(kernel, args, smem)
+    name = rec.name if variant is None else v.name
+    gemm = PreparedLaunch(name, kernel, grid, block, stream, args, out, sharedmem=smem)
+    return Fp8GemmLaunch(name, quant, gemm, out, q_codes, x_scales, w_scales)

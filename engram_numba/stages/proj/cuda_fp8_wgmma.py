@@ -1720,14 +1720,13 @@ def prepare_act_quant(x, q_codes, x_scales, *, stream=0) -> PreparedLaunch:
     return PreparedLaunch("act_quant", act_quant_kernel, grid, block, stream, args, (q_codes, x_scales))
 
 
-def launcher(rec, x, codes, scales, out, *, stream=0) -> Fp8GemmLaunch:
-    """The records' launcher (`prepare_project_q(..., weight="fp8", version=...)` has checked the
-    shapes: x [T, K] bf16, codes [N, K] uint8, scales [ceil(N/32), K/32] uint8, out [T, N]). The
-    workspaces (x's codes and scales, w's scales as fp32 in the stage layout) are allocated here,
-    once per prepared launch."""
+def workspaces(rec, x, codes, scales, *, stream=0) -> tuple:
+    """What every FP8 GEMM launch needs before its kernel: x, codes and scales checked for the alignment
+    the kernels read them with, the workspaces (x's codes and scales, w's scales as fp32 in the stage
+    layout: the e8m0 table kernel launched here) and act_quant's prepared launch:
+    (quant, q_codes, x_scales, w_scales)."""
     from ...device.devarray import data_address
     T, K = x.shape
-    N = codes.shape[0]
     if data_address(x) % 16:
         raise ValueError(f"{rec.name}: act_quant reads x as 16-byte chunks: x must be 16-byte aligned "
                          "(pass an aligned copy)")
@@ -1738,20 +1737,29 @@ def launcher(rec, x, codes, scales, out, *, stream=0) -> Fp8GemmLaunch:
     NB, KB = scales.shape
     w_scales = _zeros(stage_scales_shape(NB, K), stream)
     e8m0_table_kernel[cdiv(NB * KB, 256), 256, stream](scales, w_scales)
-    quant = prepare_act_quant(x, q_codes, x_scales, stream=stream)
+    return prepare_act_quant(x, q_codes, x_scales, stream=stream), q_codes, x_scales, w_scales
+
+
+def check_out_words(rec, out) -> None:
+    """The kernels that store bf16 pairs as 32-bit words need out 4-byte aligned."""
+    from ...device.devarray import data_address
+    if data_address(out) % 4:
+        raise ValueError(f"{rec.name} stores bf16 pairs as 32-bit words: out must be 4-byte aligned")
+
+
+def launcher(rec, x, codes, scales, out, *, stream=0) -> Fp8GemmLaunch:
+    """The records' launcher of gemm_fp8_v1 .. v7 (`prepare_project_q(..., weight="fp8", version=...)` has
+    checked the shapes: x [T, K] bf16, codes [N, K] uint8, scales [ceil(N/32), K/32] uint8, out [T, N]).
+    The workspaces (`workspaces`) are allocated here, once per prepared launch."""
+    T, K = x.shape
+    N = codes.shape[0]
+    if rec.name in ("gemm_fp8_v6", "gemm_fp8_v7"):
+        check_out_words(rec, out)
+    quant, q_codes, x_scales, w_scales = workspaces(rec, x, codes, scales, stream=stream)
     kernel = rec.kernel_for(T)
     if rec.args == "naive":
         grid, block = geometry_naive(T, N)
         gemm = PreparedLaunch(rec.name, kernel, grid, block, stream, (q_codes, codes, x_scales, w_scales, out), out)
-        return Fp8GemmLaunch(rec.name, quant, gemm, out, q_codes, x_scales, w_scales)
-    if rec.name in ("gemm_fp8_v6", "gemm_fp8_v7", "gemm_fp8_v8") and data_address(out) % 4:
-        raise ValueError(f"{rec.name} stores bf16 pairs as 32-bit words: out must be 4-byte aligned")
-    if rec.name == "gemm_fp8_v8":                    # TMA: the operands and scales by tensor maps
-        from .cuda_fp8_tma import geometry_v8, maps_v8
-        grid, block, smem = geometry_v8(T, N)
-        args = (*maps_v8(q_codes, codes, x_scales, w_scales, stream=stream), out, T, K)
-        allow_dynamic_shared(kernel, args, smem)
-        gemm = PreparedLaunch(rec.name, kernel, grid, block, stream, args, out, sharedmem=smem)
         return Fp8GemmLaunch(rec.name, quant, gemm, out, q_codes, x_scales, w_scales)
     grid, block, smem = (geometry_v4 if rec.name == "gemm_fp8_v4" else geometry_v6 if rec.name == "gemm_fp8_v6"
                          else geometry_v7 if rec.name == "gemm_fp8_v7" else geometry)(T, N)

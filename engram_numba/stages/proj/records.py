@@ -807,5 +807,6 @@ for _name, _log, _sim in (
                     else cuda_fp8_wgmma.geometry_v7 if _name == "gemm_fp8_v7"
                     else cuda_fp8_tma.geometry_v8 if _name == "gemm_fp8_v8" else cuda_fp8_wgmma.geometry),
           args="naive" if naive else "fast",
-          specs=_fp8_gemm_specs(_name), encoding="fp8", launcher=cuda_fp8_wgmma.launcher, sim=_sim, exact=naive,
+          specs=_fp8_gemm_specs(_name), encoding="fp8", sim=_sim, exact=naive,
+          launcher=cuda_fp8_tma.launcher_v8 if _name == "gemm_fp8_v8" else cuda_fp8_wgmma.launcher,
           sweep=(128, 256, 512, 1024, 4096), vector_io=False)
