@@ -14,9 +14,11 @@ promote: a warpgroup's own MMA never overlaps its own promotion; only the other 
 because its loader warpgroup leaves 168 registers a thread. v6's specialisations with a one-warp loader
 and two partial tiles (192 fp32 registers of tiles) did not launch: 9 warps put 3 on one SM
 sub-partition, whose 16384 registers hold 3 x 32 threads of at most 170 each. v8 drops the loader:
-  roles     256 threads, the two math warpgroups only (64 token rows each, m64n128k32); thread 0 also
-            issues the TMA copies (5 a k tile, one instruction each: no loader warps, no cp.async
-            arithmetic), so each math thread has up to 255 registers: the accumulators and *two*
+  roles     256 threads, the two math warpgroups only (64 token rows each, m64n128k32); lane 0 of each
+            of warpgroup 0's four warps also issues one of a k tile's four TMA copies (warp 0 with the
+            expect_tx; `V8Variant.split`, the record: on one thread the refill's work held its warp, and
+            the other three waited for it at their next wgmma), so no loader warps and no cp.async
+            arithmetic, and each math thread has up to 255 registers: the accumulators and *two*
             partial tiles. A k tile's 4 blocks: MMA 0 -> pa, MMA 1 -> pb, promote pa (MMA 1 runs),
             MMA 2 -> pa, promote pb (MMA 2 runs), MMA 3 -> pb, promote pa (MMA 3 runs), promote pb.
             The partials are drained at the end of each k tile (wait_group 0): a partial tile in flight
@@ -32,7 +34,12 @@ sub-partition, whose 16384 registers hold 3 x 32 threads of at most 170 each. v8
             MMAs on the stage have retired). The ring runs on across a CTA's output tiles. Thread 0
             fills the first S k tiles at start; after its warpgroup's k tile g it waits EMPTY of the
             stage of k tile g-1 (both warpgroups done with it: one k tile of slack for the other
-            warpgroup) and refills it with k tile g-1+S.
+            warpgroup) and refills it with k tile g-1+S. Every thread waits for that EMPTY (a wait
+            loop inside a branch of one thread makes ptxas take the wgmma descriptors out of uniform
+            registers) and keeps the fill stream's state. With `V8Variant.probe` (the record) both
+            checks are probed early (`mbar_test_wait`: the next k tile's FULL after block 3's MMA, the
+            refill's EMPTY after block 1's) and the answers read after the promotions, so a barrier
+            check's latency is spent under the FFMAs.
   grid      persistent: min(tiles, SMs) CTAs, CTA c takes output tiles c, c + G, ... in token-tile-
             fastest order or in bands of `group_m` token tiles (`V8Variant.group_m`); bf16 stored from
             the registers (`acc_store_bf16`).

@@ -786,16 +786,16 @@ for _name, _log, _sim in (
       (130, 160, 264)]),        # 6 output tiles on the simulator's 2 persistent CTAs (3 each): the k-tile stream
                                 # runs across tiles (6 k tiles through the 5-stage ring), the last tile 8 wide
     ("gemm_fp8_v8",
-     "gemm_fp8_v7's arithmetic (the same k32 MMAs and fma) on 256 threads that only multiply: thread 0 also issues "
-     "the TMA copies of each k tile (x's and w's codes in 128-byte-swizzled boxes, both scale boxes: 4 instructions, "
-     "no loader warps), so a math thread has up to 255 registers and each warpgroup keeps two partial tiles "
-     "(block kb+1's MMA runs while block kb is promoted: a warpgroup's own MMA hides its own promotion, which v6/v7's "
-     "168-register budget could not hold); a 6-stage ring running on across a persistent CTA's output tiles, "
-     "mbarrier hand-over (FULL by TMA bytes, EMPTY by the 8 math warps), thread 0 refilling the stage of the k tile "
-     "before the one just finished; the scales of a k tile in six 16-byte loads. Specialisations (V8_CANDIDATES: "
-     "early barrier probes, warpgroup 1 free of the refill, word loads of the scales, ring depth, bands) timed "
-     "beside it by tools/fp8_dev.py. H200 (bench/results/h200_fp8_dev_v8_e152287.txt, bit-identical to v7): "
-     "2,038 us at T=4096 (v7 2,055; bf16 gemm_v4 1,817: 0.89x), 553 at T=1024, 178 at T=130 (v7 236)",
+     "gemm_fp8_v7's arithmetic (the same k32 MMAs and fma: v7's bits) on 256 threads that only multiply: the four "
+     "warps of warpgroup 0 also issue a k tile's four TMA copies (x's and w's codes in 128-byte-swizzled boxes, both "
+     "scale boxes), so a math thread has up to 255 registers and each warpgroup keeps two partial tiles (block "
+     "kb+1's MMA runs while block kb is promoted, which v6/v7's 168-register budget could not hold); a 6-stage "
+     "ring running on across a persistent CTA's output tiles, mbarrier hand-over (FULL by TMA bytes, EMPTY by the "
+     "8 math warps) with both barrier checks probed early (mbarrier.test_wait) and read after the promotions; the "
+     "scales of a k tile in six 16-byte loads; 236 registers, no spills. Specialisations (V8_CANDIDATES) timed "
+     "beside it by tools/fp8_dev.py. H200 (bench/results/h200_fp8_dev_v8_6eda8b1.txt, bit-identical to v7): "
+     "1,833 us = 703 TFLOP/s at T=4096 (bf16 gemm_v4 1,861: 1.015x; v7 2,039), 496 at T=1024 (1.03x), 162 at "
+     "T=130 (v7 231)",
      [(3, 160, 40),             # one tile: rows past T and N (zero-filled boxes), a partial scale tile, K % 128 == 32
       (130, 288, 264)]),        # 6 output tiles on the simulator's 2 persistent CTAs (3 each), 3 k tiles each (the
                                 # last one k block): 9 k tiles through the 6-stage ring, the last output tile 8 wide

@@ -224,6 +224,19 @@ def test_bad_inputs_are_refused_before_any_launch(rng):
         P.prepare_project_q(dev(x[:, :80]), dev(codes[:, :80]), dev(scales), weight="fp8", version="gemm_fp8_v3")
 
 
+@pytest.mark.parametrize("version", ["gemm_fp8_v7", "gemm_fp8_v8"])
+def test_word_storing_versions_refuse_an_unaligned_out_before_any_work(rng, version):
+    """v6..v8 store bf16 pairs as 32-bit words: an out 2 bytes off a word is refused by name, before the
+    workspaces are made or anything is launched, and out keeps its bytes."""
+    codes, scales = random_fp8(rng, 40, 96)
+    x = random_x(rng, 3, 96)
+    buf = cuda.to_device(np.full(3 * 40 + 1, 0x7FC1, np.uint16))
+    out = buf[1:].reshape(3, 40)
+    with pytest.raises(ValueError, match=f"{version} stores bf16 pairs as 32-bit words: out must be 4-byte aligned"):
+        P.prepare_project_q(dev(x), dev(codes), dev(scales), out, weight="fp8", version=version)
+    assert (buf.copy_to_host() == 0x7FC1).all()
+
+
 # ---- on the GPU ------------------------------------------------------------------------------------
 
 # The bound docs/numerics.md states against the twin, from the H200 (bench/results/h200_fp8_dev_*.json):
