@@ -58,8 +58,8 @@ from ...device.hopper import (WGMMA_SWIZZLE_128B, acc_store_bf16, fence_proxy_as
 from ...device.intrinsics import SIMULATOR, device_function, load_u32x4, u32_as_f32
 from .cuda_common import INLINE, bounds, cdiv
 from ...device.launch import PreparedLaunch, allow_dynamic_shared
-from .cuda_fp8_wgmma import (ALIGN_SLACK, BK, BLOCK, BM, BN, GROUP_BYTES, KERNELS, Fp8GemmLaunch, check_out_words,
-                             fp8_promote, udiv32, wgmma_e4m3, workspaces)
+from .cuda_fp8_wgmma import (ALIGN_SLACK, BK, BLOCK, BM, BN, GROUP_BYTES, KERNELS, Fp8GemmLaunch, block_scales,
+                             check_out_words, fp8_promote, scale_products, udiv32, wgmma_e4m3, workspaces)
 
 V8_THREADS = 256
 A_BYTES = BM * BK                        # x codes of a k tile (128 rows x 128 bytes)
@@ -169,23 +169,14 @@ def make_kernel_v8(v: V8Variant = None):
         else:
             tma_load_2d(smem, stage + SWO, tsw, np.int32(0), np.int32(kt * NB + (n0 >> np.uint32(5))), bar)
 
-    @device_function(**INLINE)
-    def _scales(smem, xw, ww, j):
-        """Block j's 8 scale products of this thread: (s_x[r0] * s_w[tiles 0..3], s_x[r0 + 8] * s_w[0..3])."""
-        a0 = u32_as_f32(smem[xw + np.uint32(j)])
-        a1 = u32_as_f32(smem[xw + np.uint32(32 + j)])
-        w0 = u32_as_f32(smem[ww + np.uint32(j)])
-        w1 = u32_as_f32(smem[ww + np.uint32(4 + j)])
-        w2 = u32_as_f32(smem[ww + np.uint32(8 + j)])
-        w3 = u32_as_f32(smem[ww + np.uint32(12 + j)])
-        return (a0 * w0, a0 * w1, a0 * w2, a0 * w3, a1 * w0, a1 * w1, a1 * w2, a1 * w3)
+    _scales = block_scales
 
     @device_function(**INLINE)
     def _prod8(a0, a1, w0, w1, w2, w3):
-        """The 8 products of one block from its scales as fp32 bits."""
-        a0, a1 = u32_as_f32(a0), u32_as_f32(a1)
-        w0, w1, w2, w3 = u32_as_f32(w0), u32_as_f32(w1), u32_as_f32(w2), u32_as_f32(w3)
-        return (a0 * w0, a0 * w1, a0 * w2, a0 * w3, a1 * w0, a1 * w1, a1 * w2, a1 * w3)
+        """`scale_products` of one block from its scales as fp32 bits."""
+        return scale_products(u32_as_f32(a0), u32_as_f32(a1), u32_as_f32(w0), u32_as_f32(w1), u32_as_f32(w2),
+                              u32_as_f32(w3))
+
 
     @device_function(**INLINE)
     def _mma(smem, p, d_hi, da, db, j):

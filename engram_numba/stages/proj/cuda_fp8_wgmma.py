@@ -982,6 +982,22 @@ V6_CONSUMERS = 256                  # the two MMA warpgroups (a wgmma warpgroup 
 V6_BAR_FULL0 = 1                    # FULL_w[s] = 1 + w * S + s, EMPTY[s] = 1 + 2 S + s: 3 S <= 15 barriers
 
 
+@device_function(**INLINE)
+def scale_products(a0, a1, w0, w1, w2, w3):
+    """A thread's 8 scale products of one k block (fp32 values): (s_x[r0] * s_w[tiles 0..3], s_x[r0 + 8] *
+    s_w[tiles 0..3]), the `scales` of `fp8_promote` on an m64n128 tile."""
+    return (a0 * w0, a0 * w1, a0 * w2, a0 * w3, a1 * w0, a1 * w1, a1 * w2, a1 * w3)
+
+
+@device_function(**INLINE)
+def block_scales(smem, xw, ww, j):
+    """v5's `_scales5` (v6 and v8): block j's `scale_products` read as words from a stage's scales, x's from
+    word xw (the thread's row r0; row r0 + 8 eight rows on) and w's from word ww (4 tiles x 4 blocks)."""
+    return scale_products(u32_as_f32(smem[xw + np.uint32(j)]), u32_as_f32(smem[xw + np.uint32(32 + j)]),
+                          u32_as_f32(smem[ww + np.uint32(j)]), u32_as_f32(smem[ww + np.uint32(4 + j)]),
+                          u32_as_f32(smem[ww + np.uint32(8 + j)]), u32_as_f32(smem[ww + np.uint32(12 + j)]))
+
+
 class V6Variant:
     """A gemm_fp8_v6 specialisation: ring depth and loader warps."""
 
@@ -1020,16 +1036,7 @@ def make_kernel_v6(v: V6Variant = None):
     U0 = np.uint32(0)
     U16 = np.uint32(16)
 
-    @device_function(**INLINE)
-    def _scales6(smem, xw, ww, j):
-        """v5's `_scales5`: (s_x[r0] * s_w[tiles 0..3], s_x[r0 + 8] * s_w[tiles 0..3]) of block j."""
-        a0 = u32_as_f32(smem[xw + np.uint32(j)])
-        a1 = u32_as_f32(smem[xw + np.uint32(32 + j)])
-        w0 = u32_as_f32(smem[ww + np.uint32(j)])
-        w1 = u32_as_f32(smem[ww + np.uint32(4 + j)])
-        w2 = u32_as_f32(smem[ww + np.uint32(8 + j)])
-        w3 = u32_as_f32(smem[ww + np.uint32(12 + j)])
-        return (a0 * w0, a0 * w1, a0 * w2, a0 * w3, a1 * w0, a1 * w1, a1 * w2, a1 * w3)
+    _scales6 = block_scales
 
     @device_function(**INLINE)
     def _load6(smem, so, x32, w32, sx32, sw32, kt, K16, m0, n0, T, N, NB, lt):
