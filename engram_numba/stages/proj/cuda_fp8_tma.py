@@ -32,9 +32,9 @@ sub-partition, whose 16384 registers hold 3 x 32 threads of at most 170 each. v8
   the ring  S stages (6 by default: 35 KiB each), FULL[s] (one expect_tx arrival by thread 0 plus the
             copies' bytes) and EMPTY[s] (lane 0 of each of the 8 math warps, once its warpgroup's
             MMAs on the stage have retired). The ring runs on across a CTA's output tiles. Thread 0
-            fills the first S k tiles at start; after its warpgroup's k tile g it waits EMPTY of the
-            stage of k tile g-1 (both warpgroups done with it: one k tile of slack for the other
-            warpgroup) and refills it with k tile g-1+S. Every thread waits for that EMPTY (a wait
+            fills the first S k tiles at start; after k tile g the stage of k tile g-1 is refilled
+            with k tile g-1+S once EMPTY says both warpgroups are done with it (one k tile of slack
+            for the other warpgroup; `V8Variant.lag` 2: two). Every thread waits for that EMPTY (a wait
             loop inside a branch of one thread makes ptxas take the wgmma descriptors out of uniform
             registers) and keeps the fill stream's state. With `V8Variant.probe` (the record) both
             checks are probed early (`mbar_test_wait`: the next k tile's FULL after block 3's MMA, the
@@ -45,6 +45,9 @@ sub-partition, whose 16384 registers hold 3 x 32 threads of at most 170 each. v8
             the registers (`acc_store_bf16`).
 
 Kernel arguments: (tmx, tmw, tsx, tsw, out, T, K): the four tensor maps (`maps_v8`), out uint16 [T, N].
+
+H200, T = 4096 (docs/gpu.md, "gemm_fp8_v8"): 1,833 us with act_quant, 1.015x the bf16 gemm_v4 of the same
+run, v7 2,039; bit-identical to v7.
 """
 from __future__ import annotations
 
@@ -53,11 +56,10 @@ from numba import cuda, types
 
 from ...device.hopper import (WGMMA_SWIZZLE_128B, acc_store_bf16, fence_proxy_async, mbar_arrive,
                               mbar_arrive_expect_tx, mbar_init, mbar_test_wait, mbar_try_wait, shared_address,
-                              tma_load_2d,
-                              warp_uniform, wgmma_commit, wgmma_descriptor, wgmma_fence, wgmma_waiter)
+                              tma_load_2d, warp_uniform, wgmma_commit, wgmma_descriptor, wgmma_fence, wgmma_waiter)
 from ...device.intrinsics import SIMULATOR, device_function, load_u32x4, u32_as_f32
-from .cuda_common import INLINE, bounds, cdiv
 from ...device.launch import PreparedLaunch, allow_dynamic_shared
+from .cuda_common import INLINE, bounds, cdiv
 from .cuda_fp8_wgmma import (ALIGN_SLACK, BK, BLOCK, BM, BN, GROUP_BYTES, KERNELS, Fp8GemmLaunch, block_scales,
                              check_out_words, fp8_promote, scale_products, udiv32, wgmma_e4m3, workspaces)
 
@@ -75,12 +77,16 @@ SIM_CTAS = 2                             # the simulator runs CTAs one after ano
 
 
 class V8Variant:
-    """A gemm_fp8_v8 specialisation: ring depth and tile order (0: token tiles fastest; g: bands of g token
-    tiles, each band sweeping every output tile before the next)."""
+    """A gemm_fp8_v8 specialisation: ring depth; tile order (group_m 0: token tiles fastest; g: bands of g
+    token tiles, each band sweeping every output tile before the next); vec_scales (a k tile's scales in
+    six 16-byte loads, not six word loads a block); probe (barrier checks probed early with
+    mbarrier.test_wait); free (warpgroup 1 never waits for the refill's EMPTY); split (a refill's four
+    copies issued by warpgroup 0's four warps, not by thread 0); lag (refill the stage of k tile g-lag)."""
 
     def __init__(self, stages: int = 6, group_m: int = 0, vec_scales: bool = False, probe: bool = False,
                  free: bool = False, split: bool = False, lag: int = 1):
         assert 3 <= stages and lag in (1, 2) and stages > lag + 1
+        assert vec_scales or not probe, "the early probes are issued by the 16-byte-scale k tile (vec_scales)"
         self.stages, self.group_m, self.vec_scales, self.probe, self.free = stages, group_m, vec_scales, probe, free
         self.split, self.lag = split, lag
         self.threads = V8_THREADS
@@ -109,7 +115,8 @@ def tile_origin_host(tile: int, n_mt: int, n_nt: int, group_m: int) -> tuple:
 
 
 def make_kernel_v8(v: V8Variant = None):
-    """gemm_fp8_v8's kernel for specialisation v (default: 6 stages, token tiles fastest)."""
+    """gemm_fp8_v8's kernel for specialisation v (default: V8Variant()'s plain one; the record is
+    `V8_VARIANTS["gemm_fp8_v8"]`)."""
     v = v or V8Variant()
     S, GM, PROBE, FREE, SPLIT, LAG = v.stages, v.group_m, v.probe, v.free, v.split, v.lag
     RING = S * STAGE_BYTES
@@ -141,7 +148,9 @@ def make_kernel_v8(v: V8Variant = None):
 
     @device_function(**INLINE)
     def _fill(smem, o, st, tmx, tmw, tsx, tsw, m0, n0, kt, T, NB):
-        """k tile kt of the output tile at (m0, n0) into stage st: 4 TMA copies reported to FULL[st]."""
+        """k tile kt of the output tile at (m0, n0) into stage st: 4 TMA copies reported to FULL[st], by one
+        thread (`_fill_part` below has them one a warp; written out here rather than a loop over it, which
+        ptxas schedules otherwise)."""
         bar = np.uint32(o + np.uint32(FULL0) + (st << np.uint32(3)))
         stage = np.uint32(o + st * np.uint32(STAGE_BYTES))
         mbar_arrive_expect_tx(smem, bar, STAGE_TX)
@@ -176,7 +185,6 @@ def make_kernel_v8(v: V8Variant = None):
         """`scale_products` of one block from its scales as fp32 bits."""
         return scale_products(u32_as_f32(a0), u32_as_f32(a1), u32_as_f32(w0), u32_as_f32(w1), u32_as_f32(w2),
                               u32_as_f32(w3))
-
 
     @device_function(**INLINE)
     def _mma(smem, p, d_hi, da, db, j):
@@ -271,14 +279,15 @@ def make_kernel_v8(v: V8Variant = None):
                 mbar_init(smem, o + FULL0 + 8 * s, 1)
                 mbar_init(smem, o + EMPTY0 + 8 * s, EMPTY_ARRIVALS)
         cuda.syncthreads()
-        # thread 0's fill stream: k tile f (of this CTA's), its output tile and k index
+        # the fill stream: k tile f (of this CTA's), its output tile and k index; every thread keeps it,
+        # thread 0 issues the first S k tiles
         f = U0
         f_tile = c0
         f_kt = U0
         f_m0, f_n0 = _origin(c0, n_mt, n_nt)
         if tid == 0:
             fence_proxy_async()
-        while f < G and f < np.uint32(S):                               # every thread keeps the stream's state
+        while f < G and f < np.uint32(S):
             if tid == 0:
                 _fill(smem, padu, f, tmx, tmw, tsx, tsw, f_m0, f_n0, f_kt, T, NB)
             f = np.uint32(f + U1)
@@ -341,10 +350,11 @@ def make_kernel_v8(v: V8Variant = None):
                                                      eb, r_par)
                 if lane0:
                     mbar_arrive(smem, np.uint32(padu + np.uint32(EMPTY0) + (st << U3)))   # its MMAs on st retired
-                # the stage of k tile g-1 is refilled (f == g-1+S) once both warpgroups have released it.
-                # Every thread waits for that and keeps the fill stream's state; thread 0 issues the copies.
-                # (A wait loop inside a branch of thread 0 alone makes ptxas move the MMAs' descriptors out
-                # of uniform registers: 30 R2UR a k tile more.)
+                # the stage of k tile g-LAG is refilled (f == g-LAG+S) once both warpgroups have released it.
+                # Every thread waits for that and keeps the fill stream's state; the copies are issued by
+                # lane 0 of warpgroup 0's four warps (SPLIT) or by thread 0. (A wait loop inside a branch
+                # of thread 0 alone makes ptxas move the MMAs' descriptors out of uniform registers: 30
+                # R2UR a k tile more.)
                 refill = g >= np.uint32(LAG) and f < G and (wg == 0 or not FREE)   # FREE: warpgroup 1 never waits
                 if not refill:
                     emptied = 1
