@@ -1,4 +1,4 @@
-"""Development run of DeepSeek's FP8 projection on Hopper (gemm_fp8_v1 .. _v7): validated, then timed.
+"""Development run of DeepSeek's FP8 projection on Hopper (gemm_fp8_v1 .. _v8): validated, then timed.
 
     python tools/fp8_dev.py [--out DIR] [--tokens 1,3,...] [--versions gemm_fp8_v3,...] [--smoke]
 
@@ -29,7 +29,8 @@ grid, two n64 partial tiles a warpgroup, a 4-stage ring; v6 then runs without it
 kernel's outputs are compared bit for bit with gemm_fp8_v6's when v6 runs too (column "=ref"):
 required of the n128 kernels (v6's MMAs and fma, the products made elsewhere), recorded only for the
 n64x2 ones (another MMA shape: the tensor core's order inside a block may differ; they are held to
-the twin bound like the others).
+the twin bound like the others). gemm_fp8_v8 brings `cuda_fp8_tma.V8_CANDIDATES`, and every v8 kernel's
+outputs must equal gemm_fp8_v7's bit for bit when v7 runs too (the same m64n128 MMAs and fma).
 --smoke runs the wiring in numba's simulator at tiny shapes (meaningless times).
 """
 from __future__ import annotations
@@ -70,6 +71,8 @@ def _v7_candidates() -> tuple:
 def _v8_candidates() -> tuple:
     from engram_numba.stages.proj.cuda_fp8_tma import V8_CANDIDATES
     return tuple(V8_CANDIDATES)
+
+
 SAMPLE_ROWS = 24
 MAX_REL_L2, MAX_SHARE_DIFFER = 2e-3, 0.10      # docs/numerics.md's bound against the twin (tensor-core versions)
 

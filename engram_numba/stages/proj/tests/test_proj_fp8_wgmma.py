@@ -173,23 +173,20 @@ def test_fp8_gemm_v7_specialisations_are_bit_identical_to_the_twin(rng, name):
 @pytest.mark.slow
 @pytest.mark.parametrize("name", list(V8.V8_CANDIDATES) + ["g1/s3"])
 def test_fp8_gemm_v8_specialisations_are_bit_identical_to_the_twin(rng, name):
-    """The gemm_fp8_v8 specialisations tools/fp8_dev.py times beside the record (ring depth, the scales
-    in 16-byte loads, bands of token tiles), and bands of one token tile on a 3-stage ring (every tile
-    in another place than token-tiles-fastest, the ring as tight as it goes): 6 output tiles on the
-    simulator's 2 persistent CTAs (3 each), 3 k tiles each (the last one block): the ring wraps; the
-    second token tile 2 rows, the last output tile 8 wide."""
+    """The gemm_fp8_v8 specialisations tools/fp8_dev.py times beside the record (word loads of the
+    scales, no early probes, warpgroup 1 free of the refill wait, the refill two k tiles back, ring
+    depth, bands of token tiles), and bands of one token tile on a 3-stage ring (every tile in another
+    place than token-tiles-fastest, the ring as tight as it goes): 6 output tiles on the simulator's 2
+    persistent CTAs (3 each), 3 k tiles each (the last one block): the ring wraps; the second token tile
+    2 rows, the last output tile 8 wide."""
     if not F.SIMULATOR:
         pytest.skip("the simulator's wgmma sums in the twin's order")
-    from engram_numba.device.launch import PreparedLaunch
     T, K, N = 130, 288, 264
     codes, scales = random_fp8(rng, N, K, 118, 124)
     x = edge_x(rng, T, K)
     v = V8.V8_CANDIDATES[name] if name in V8.V8_CANDIDATES else V8.V8Variant(3, group_m=1)
     out = poisoned(T, N)
-    base = P.prepare_project_q(dev(x), dev(codes), dev(scales), out, weight="fp8", version="gemm_fp8_v8")
-    base.quant()
-    grid, threads, smem = V8.geometry_v8(T, N, v)
-    PreparedLaunch(name, V8.kernel_v8(v), grid, threads, 0, base.gemm.args, out, sharedmem=smem)()
+    V8.launcher_v8(registry.get("proj", "gemm_fp8_v8"), dev(x), dev(codes), dev(scales), out, variant=v)()
     np.testing.assert_array_equal(out.copy_to_host(), C.projection_deepseek_fp8_cpu(x, codes, scales))
 
 
