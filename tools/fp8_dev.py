@@ -165,11 +165,10 @@ def _prepare(version, x, codes, scales, out):
 def run(out_dir: Path, tokens, smoke: bool, versions=VERSIONS + EXPERIMENTS) -> list:
     from numba import cuda
 
-    from engram_numba.bf16 import bf16_to_f32
     from engram_numba.stages.proj import cpu as C
     from engram_numba.stages.proj import reference as R
     from engram_numba.stages.proj.cuda_fp8_wgmma import prepare_act_quant, scales_by_row, stage_scales_shape
-    from engram_numba.stages.proj.launch import prepare_project, prepare_project_q
+    from engram_numba.stages.proj.launch import prepare_project
     from engram_numba.bench.timing import DeviceTimer
 
     K, N = (K_REL, N_REL) if not smoke else (512, 136)
