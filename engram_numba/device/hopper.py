@@ -450,24 +450,21 @@ if SIMULATOR:
         q.cp_groups, q.cp_open = [], []
         _mbar(off)[1].arrive()
 
-    def mbar_try_wait(smem, off, parity):
-        th, bar = _mbar(off)
-        c = bar.completed()
-        if c % 2 != int(parity) & 1:
-            bar.land(c)
-            return 1
-        event = bar.done.setdefault(c, threading.Event())
-        event.wait(0.001)
-        if th.abort:
-            raise RuntimeError("abort flag set while waiting on an mbarrier")
-        return 0
-
     def mbar_test_wait(smem, off, parity):
         th, bar = _mbar(off)
         c = bar.completed()
         if c % 2 != int(parity) & 1:
             bar.land(c)
             return 1
+        if th.abort:
+            raise RuntimeError("abort flag set while waiting on an mbarrier")
+        return 0
+
+    def mbar_try_wait(smem, off, parity):
+        if mbar_test_wait(smem, off, parity):
+            return 1
+        th, bar = _mbar(off)
+        bar.done.setdefault(bar.completed(), threading.Event()).wait(0.001)
         if th.abort:
             raise RuntimeError("abort flag set while waiting on an mbarrier")
         return 0
@@ -911,10 +908,11 @@ else:
     mbar_inval = _mbar_op("mbarrier.inval.shared::cta.b64 [$0];")
     cp_async_mbar_arrive = _mbar_op("cp.async.mbarrier.arrive.noinc.shared::cta.b64 [$0];")
 
-    def _try_wait(sem):
-        """mbarrier.try_wait.parity with semantics `sem` ("" for the default, acquire at CTA scope)."""
+    def _parity_wait(op):
+        """mbarrier.<op>.parity (acquire at CTA scope): 1 once the phase of that parity has completed, else
+        0; op "try_wait" may wait a while first, "test_wait" answers at once."""
         @intrinsic
-        def try_wait(typingctx, smem, off, parity):
+        def parity_wait(typingctx, smem, off, parity):
             if not (isinstance(smem, types.Array) and isinstance(off, types.Integer)
                     and isinstance(parity, types.Integer)):
                 return None
@@ -923,25 +921,13 @@ else:
                 addr = _mbar_address(context, builder, signature, args)
                 par = context.cast(builder, args[2], signature.args[2], types.uint32)
                 return _inline(builder, _I32, [_I32, _I32],
-                               "{ .reg .pred p; mbarrier.try_wait.parity%s.shared::cta.b64 p, [$1], $2; "
-                               "selp.u32 $0, 1, 0, p; }" % sem, "=r,r,r,~{memory}", [addr, par])
+                               "{ .reg .pred p; mbarrier.%s.parity.shared::cta.b64 p, [$1], $2; "
+                               "selp.u32 $0, 1, 0, p; }" % op, "=r,r,r,~{memory}", [addr, par])
             return types.int32(smem, off, parity), codegen
-        return try_wait
+        return parity_wait
 
-    mbar_try_wait = _try_wait("")
-
-    @intrinsic
-    def mbar_test_wait(typingctx, smem, off, parity):
-        if not (isinstance(smem, types.Array) and isinstance(off, types.Integer) and isinstance(parity, types.Integer)):
-            return None
-
-        def codegen(context, builder, signature, args):
-            addr = _mbar_address(context, builder, signature, args)
-            par = context.cast(builder, args[2], signature.args[2], types.uint32)
-            return _inline(builder, _I32, [_I32, _I32],
-                           "{ .reg .pred p; mbarrier.test_wait.parity.shared::cta.b64 p, [$1], $2; "
-                           "selp.u32 $0, 1, 0, p; }", "=r,r,r,~{memory}", [addr, par])
-        return types.int32(smem, off, parity), codegen
+    mbar_try_wait = _parity_wait("try_wait")
+    mbar_test_wait = _parity_wait("test_wait")
 
     @intrinsic
     def mbar_arrive_expect_tx(typingctx, smem, off, nbytes):
