@@ -73,8 +73,8 @@ Kernel versions (after act_quant; v2 and v3 from one factory, `make_kernel(doubl
                tile; two n64 partial tiles a warpgroup (one half promoted while the other's MMA runs,
                154 registers); a 4-stage ring. H200, T = 4096: 2.03 ms = 634 TFLOP/s, 0.89x gemm_v4.
   gemm_fp8_v8  in `cuda_fp8_tma.py`: v7's arithmetic on 256 math threads with TMA operands and scales
-               (thread 0 issues the copies), two partial tiles a warpgroup, a 6-stage ring running on
-               across a persistent CTA's tiles.
+               (warpgroup 0's four warps issue the copies), two partial tiles a warpgroup, a 6-stage ring
+               running on across a persistent CTA's tiles. H200, T = 4096: 1.83 ms, 1.015x gemm_v4.
 """
 from __future__ import annotations
 
