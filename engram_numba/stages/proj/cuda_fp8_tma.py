@@ -81,19 +81,24 @@ class V8Variant:
     token tiles, each band sweeping every output tile before the next); vec_scales (a k tile's scales in
     six 16-byte loads, not six word loads a block); probe (barrier checks probed early with
     mbarrier.test_wait); free (warpgroup 1 never waits for the refill's EMPTY); split (a refill's four
-    copies issued by warpgroup 0's four warps, not by thread 0); lag (refill the stage of k tile g-lag)."""
+    copies issued by warpgroup 0's four warps, not by thread 0); lag (refill the stage of k tile g-lag);
+    early (a k tile's six scale loads issued before its first MMA, not after its second: Nsight Compute
+    put 8.5% of all stall samples on the first scale product waiting for those loads, issued behind the
+    two wgmma); lane_alu (a warp's lane 0 found as tid & 31 == 0, not from %laneid, whose S2R ptxas
+    re-read inside the K loop, another short-scoreboard wait)."""
 
     def __init__(self, stages: int = 6, group_m: int = 0, vec_scales: bool = False, probe: bool = False,
-                 free: bool = False, split: bool = False, lag: int = 1):
+                 free: bool = False, split: bool = False, lag: int = 1, early: bool = False, lane_alu: bool = False):
         assert 3 <= stages and lag in (1, 2) and stages > lag + 1
-        assert vec_scales or not probe, "the early probes are issued by the 16-byte-scale k tile (vec_scales)"
+        assert vec_scales or not (probe or early), "probes and early scale loads need the 16-byte-scale k tile"
         self.stages, self.group_m, self.vec_scales, self.probe, self.free = stages, group_m, vec_scales, probe, free
-        self.split, self.lag = split, lag
+        self.split, self.lag, self.early, self.lane_alu = split, lag, early, lane_alu
         self.threads = V8_THREADS
         self.smem_bytes = stages * STAGE_BYTES + 16 * stages + ALIGN_SLACK
         assert self.smem_bytes <= 227 * 1024, self.smem_bytes
         self.name = (f"gemm_fp8_v8[s{stages}/g{group_m or 'T'}{'/v' if vec_scales else ''}{'/p' if probe else ''}"
-                     f"{'/f' if free else ''}{'/x' if split else ''}{'/l2' if lag == 2 else ''}]")
+                     f"{'/f' if free else ''}{'/x' if split else ''}{'/l2' if lag == 2 else ''}{'/e' if early else ''}"
+                     f"{'/a' if lane_alu else ''}]")
 
 
 def v8_ctas(tiles: int) -> int:
@@ -118,7 +123,8 @@ def make_kernel_v8(v: V8Variant = None):
     """gemm_fp8_v8's kernel for specialisation v (default: V8Variant()'s plain one; the record is
     `V8_VARIANTS["gemm_fp8_v8"]`)."""
     v = v or V8Variant()
-    S, GM, PROBE, FREE, SPLIT, LAG = v.stages, v.group_m, v.probe, v.free, v.split, v.lag
+    S, GM, PROBE, FREE, SPLIT, LAG, EARLY = v.stages, v.group_m, v.probe, v.free, v.split, v.lag, v.early
+    LANE_ALU = v.lane_alu
     RING = S * STAGE_BYTES
     FULL0 = RING
     EMPTY0 = RING + 8 * S
@@ -218,23 +224,29 @@ def make_kernel_v8(v: V8Variant = None):
         return acc, pa, pb, 0, 0
 
     @device_function(**INLINE)
+    def _tile_scales(smem, xw, ww):
+        """A k tile's scales as six 16-byte loads: the 4 blocks of the thread's rows r0 and r0 + 8 (words
+        xw, xw + 32), then each of the 4 w tiles' 4 blocks (words ww ..)."""
+        xc = xw >> np.uint32(2)
+        wc = ww >> np.uint32(2)
+        return (load_u32x4(smem, xc), load_u32x4(smem, xc + np.uint32(8)), load_u32x4(smem, wc),
+                load_u32x4(smem, wc + np.uint32(1)), load_u32x4(smem, wc + np.uint32(2)),
+                load_u32x4(smem, wc + np.uint32(3)))
+
+    @device_function(**INLINE)
     def _k_tile_vec(smem, acc, pa, pb, d_hi, da, db, xw, ww, fb, fpar, eb, epar):
         """`_k_tile` with the k tile's scales read as six 16-byte loads up front (its rows' 4 blocks, each
         w tile's 4 blocks) instead of 6 word loads a block. With v.probe, two non-blocking probes whose
         answers are read after the k tile, so their latency hides behind the promotions: of the next
         k tile's FULL barrier (byte fb, parity fpar) after block 3's MMA is issued, and of the EMPTY
         barrier of the refill (eb, epar) after block 1's; (acc, pa, pb, full ready, empty ready)."""
+        if EARLY:
+            xa, xb, wa, wb, wc_, wd = _tile_scales(smem, xw, ww)
         pa = _mma(smem, pa, d_hi, da, db, 0)
         pb = _mma(smem, pb, d_hi, da, db, 1)
         e = mbar_test_wait(smem, eb, epar) if PROBE else 0
-        xc = xw >> np.uint32(2)
-        wc = ww >> np.uint32(2)
-        xa = load_u32x4(smem, xc)
-        xb = load_u32x4(smem, xc + np.uint32(8))
-        wa = load_u32x4(smem, wc)
-        wb = load_u32x4(smem, wc + np.uint32(1))
-        wc_ = load_u32x4(smem, wc + np.uint32(2))
-        wd = load_u32x4(smem, wc + np.uint32(3))
+        if not EARLY:
+            xa, xb, wa, wb, wc_, wd = _tile_scales(smem, xw, ww)
         s = _prod8(xa[0], xb[0], wa[0], wb[0], wc_[0], wd[0])
         pa = mma_wait1(pa)
         acc = fp8_promote(acc, pa, s)
@@ -301,7 +313,7 @@ def make_kernel_v8(v: V8Variant = None):
         r0 = wg * 64 + 16 * (p >> 5) + ((p & 31) >> 2)
         col = 2 * (p & 3)
         pairs = (N & 1) == 0
-        lane0 = SIMULATOR or cuda.laneid == 0
+        lane0 = SIMULATOR or ((tid & 31) == 0 if LANE_ALU else cuda.laneid == 0)
         lane_0 = tid == 0
         part = (tid >> 5) & 3                                           # v.split: the copy this warp issues
         part_lane = wg == 0 and (tid & 31) == 0
@@ -391,7 +403,10 @@ def make_kernel_v8(v: V8Variant = None):
 
 V8_VARIANTS = {"gemm_fp8_v8": V8Variant(6, vec_scales=True, probe=True, split=True)}
 # what tools/fp8_dev.py times beside the record (names are V8Variant.name)
-V8_CANDIDATES = {v.name: v for v in (V8Variant(6, vec_scales=True, probe=True), V8Variant(6, vec_scales=True),
+V8_CANDIDATES = {v.name: v for v in (V8Variant(6, vec_scales=True, probe=True, split=True, early=True),
+                                      V8Variant(6, vec_scales=True, probe=True, split=True, lane_alu=True),
+                                      V8Variant(6, vec_scales=True, probe=True, split=True, early=True, lane_alu=True),
+                                      V8Variant(6, vec_scales=True, probe=True), V8Variant(6, vec_scales=True),
                                       V8Variant(6, vec_scales=True, probe=True, lag=2),
                                       V8Variant(6, vec_scales=True, probe=True, split=True, lag=2),
                                       V8Variant(6, vec_scales=True, free=True),
