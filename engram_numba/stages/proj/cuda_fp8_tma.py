@@ -85,24 +85,20 @@ class V8Variant:
     early (a k tile's six scale loads issued before its first MMA, not after its second: Nsight Compute
     put 8.5% of all stall samples on the first scale product waiting for those loads, issued behind the
     two wgmma); lane_alu (a warp's lane 0 found as tid & 31 == 0, not from %laneid, whose S2R ptxas
-    re-read inside the K loop, another short-scoreboard wait); mid (the refill's copies issued inside
-    the k tile, after block 0's promotion, when the EMPTY probe says the stage is free: ~half a k tile
-    earlier than after it, where the copies still go when the probe said no)."""
+    re-read inside the K loop, another short-scoreboard wait)."""
 
     def __init__(self, stages: int = 6, group_m: int = 0, vec_scales: bool = False, probe: bool = False,
-                 free: bool = False, split: bool = False, lag: int = 1, early: bool = False, lane_alu: bool = False,
-                 mid: bool = False):
+                 free: bool = False, split: bool = False, lag: int = 1, early: bool = False, lane_alu: bool = False):
         assert 3 <= stages and lag in (1, 2) and stages > lag + 1
         assert vec_scales or not (probe or early), "probes and early scale loads need the 16-byte-scale k tile"
-        assert not mid or (probe and split and not free), "the refill inside a k tile follows the probe, on four warps"
         self.stages, self.group_m, self.vec_scales, self.probe, self.free = stages, group_m, vec_scales, probe, free
-        self.split, self.lag, self.early, self.lane_alu, self.mid = split, lag, early, lane_alu, mid
+        self.split, self.lag, self.early, self.lane_alu = split, lag, early, lane_alu
         self.threads = V8_THREADS
         self.smem_bytes = stages * STAGE_BYTES + 16 * stages + ALIGN_SLACK
         assert self.smem_bytes <= 227 * 1024, self.smem_bytes
         self.name = (f"gemm_fp8_v8[s{stages}/g{group_m or 'T'}{'/v' if vec_scales else ''}{'/p' if probe else ''}"
                      f"{'/f' if free else ''}{'/x' if split else ''}{'/l2' if lag == 2 else ''}{'/e' if early else ''}"
-                     f"{'/a' if lane_alu else ''}{'/m' if mid else ''}]")
+                     f"{'/a' if lane_alu else ''}]")
 
 
 def v8_ctas(tiles: int) -> int:
@@ -128,7 +124,7 @@ def make_kernel_v8(v: V8Variant = None):
     `V8_VARIANTS["gemm_fp8_v8"]`)."""
     v = v or V8Variant()
     S, GM, PROBE, FREE, SPLIT, LAG, EARLY = v.stages, v.group_m, v.probe, v.free, v.split, v.lag, v.early
-    LANE_ALU, MID = v.lane_alu, v.mid
+    LANE_ALU = v.lane_alu
     RING = S * STAGE_BYTES
     FULL0 = RING
     EMPTY0 = RING + 8 * S
@@ -191,26 +187,6 @@ def make_kernel_v8(v: V8Variant = None):
     _scales = block_scales
 
     @device_function(**INLINE)
-    def _fill_mid(go, o, st, part, tmx, tmw, tsx, tsw, m0, n0, kt, T, NB):
-        return (go, o, st, part, tmx, tmw, tsx, tsw, m0, n0, kt, T, NB)
-
-    @device_function(**INLINE)
-    def _no_fill(go, o, st, part, tmx, tmw, tsx, tsw, m0, n0, kt, T, NB):
-        return 0
-
-    @device_function(**INLINE)
-    def _sent_mid(emptied):
-        return emptied != 0
-
-    @device_function(**INLINE)
-    def _not_sent(emptied):
-        return False
-
-    # v.mid's arguments for the refill inside the k tile, and whether it went out there (constants otherwise,
-    # so that the other specialisations compile as they did before mid existed)
-    _fill_args, _sent = (_fill_mid, _sent_mid) if MID else (_no_fill, _not_sent)
-
-    @device_function(**INLINE)
     def _prod8(a0, a1, w0, w1, w2, w3):
         """`scale_products` of one block from its scales as fp32 bits."""
         return scale_products(u32_as_f32(a0), u32_as_f32(a1), u32_as_f32(w0), u32_as_f32(w1), u32_as_f32(w2),
@@ -226,7 +202,7 @@ def make_kernel_v8(v: V8Variant = None):
         return p
 
     @device_function(**INLINE)
-    def _k_tile(smem, acc, pa, pb, d_hi, da, db, xw, ww, fb, fpar, eb, epar, fill):
+    def _k_tile(smem, acc, pa, pb, d_hi, da, db, xw, ww, fb, fpar, eb, epar):
         """A warpgroup's k tile: 4 blocks on two partial tiles, each promoted while the next block's MMA
         runs; every MMA retired on return. Returns (acc, pa, pb, 0, 0): no probes (`_k_tile_vec`)."""
         pa = _mma(smem, pa, d_hi, da, db, 0)
@@ -258,14 +234,12 @@ def make_kernel_v8(v: V8Variant = None):
                 load_u32x4(smem, wc + np.uint32(3)))
 
     @device_function(**INLINE)
-    def _k_tile_vec(smem, acc, pa, pb, d_hi, da, db, xw, ww, fb, fpar, eb, epar, fill):
+    def _k_tile_vec(smem, acc, pa, pb, d_hi, da, db, xw, ww, fb, fpar, eb, epar):
         """`_k_tile` with the k tile's scales read as six 16-byte loads up front (its rows' 4 blocks, each
         w tile's 4 blocks) instead of 6 word loads a block. With v.probe, two non-blocking probes whose
         answers are read after the k tile, so their latency hides behind the promotions: of the next
         k tile's FULL barrier (byte fb, parity fpar) after block 3's MMA is issued, and of the EMPTY
-        barrier of the refill (eb, epar) after block 1's; (acc, pa, pb, full ready, empty ready). With
-        v.mid, `fill` = (this thread issues a refill copy, _fill_part's arguments from o on): the copy
-        goes out after block 2's MMA if the EMPTY probe said the stage is free."""
+        barrier of the refill (eb, epar) after block 1's; (acc, pa, pb, full ready, empty ready)."""
         if EARLY:
             xa, xb, wa, wb, wc_, wd = _tile_scales(smem, xw, ww)
         pa = _mma(smem, pa, d_hi, da, db, 0)
@@ -277,9 +251,6 @@ def make_kernel_v8(v: V8Variant = None):
         pa = mma_wait1(pa)
         acc = fp8_promote(acc, pa, s)
         pa = _mma(smem, pa, d_hi, da, db, 2)
-        if MID and fill[0] and e != 0:
-            _fill_part(smem, fill[1], fill[2], fill[3], fill[4], fill[5], fill[6], fill[7], fill[8], fill[9],
-                       fill[10], fill[11], fill[12])
         s = _prod8(xa[1], xb[1], wa[1], wb[1], wc_[1], wd[1])
         pb = mma_wait1(pb)
         acc = fp8_promote(acc, pb, s)
@@ -386,10 +357,9 @@ def make_kernel_v8(v: V8Variant = None):
                 r_st = p_st if LAG == 1 else pp_st                      # the stage refilled after this k tile
                 r_par = p_par if LAG == 1 else pp_par
                 eb = np.uint32(padu + np.uint32(EMPTY0) + (r_st << U3))
-                fill = _fill_args(g >= np.uint32(LAG) and f < G and part_lane, padu, r_st, part, tmx, tmw, tsx, tsw, f_m0, f_n0, f_kt, T, NB)
                 acc, pa, pb, ready, emptied = k_tile(smem, acc, pa, pb, d_hi, da, db, xw, ww,
                                                      np.uint32(padu + np.uint32(FULL0) + (n_st << U3)), n_par,
-                                                     eb, r_par, fill)
+                                                     eb, r_par)
                 if lane0:
                     mbar_arrive(smem, np.uint32(padu + np.uint32(EMPTY0) + (st << U3)))   # its MMAs on st retired
                 # the stage of k tile g-LAG is refilled (f == g-LAG+S) once both warpgroups have released it.
@@ -400,12 +370,11 @@ def make_kernel_v8(v: V8Variant = None):
                 refill = g >= np.uint32(LAG) and f < G and (wg == 0 or not FREE)   # FREE: warpgroup 1 never waits
                 if not refill:
                     emptied = 1
-                sent = _sent(emptied)                                   # MID: the copies went out in the k tile
                 while emptied == 0:
                     emptied = mbar_try_wait(smem, eb, r_par)
                 if refill:
                     if SPLIT:
-                        if part_lane and not sent:
+                        if part_lane:
                             _fill_part(smem, padu, r_st, part, tmx, tmw, tsx, tsw, f_m0, f_n0, f_kt, T, NB)
                     elif lane_0:
                         _fill(smem, padu, r_st, tmx, tmw, tsx, tsw, f_m0, f_n0, f_kt, T, NB)
@@ -437,8 +406,6 @@ V8_VARIANTS = {"gemm_fp8_v8": V8Variant(6, vec_scales=True, probe=True, split=Tr
 V8_CANDIDATES = {v.name: v for v in (V8Variant(6, vec_scales=True, probe=True, split=True, early=True),
                                       V8Variant(6, vec_scales=True, probe=True, split=True, lane_alu=True),
                                       V8Variant(6, vec_scales=True, probe=True, split=True, early=True, lane_alu=True),
-                                      V8Variant(6, vec_scales=True, probe=True, split=True, early=True, lane_alu=True,
-                                                mid=True),
                                       V8Variant(6, vec_scales=True, probe=True), V8Variant(6, vec_scales=True),
                                       V8Variant(6, vec_scales=True, probe=True, lag=2),
                                       V8Variant(6, vec_scales=True, probe=True, split=True, lag=2),
