@@ -401,11 +401,10 @@ def make_kernel_v8(v: V8Variant = None):
     return gemm_fp8_v8
 
 
-V8_VARIANTS = {"gemm_fp8_v8": V8Variant(6, vec_scales=True, probe=True, split=True)}
+V8_VARIANTS = {"gemm_fp8_v8": V8Variant(6, vec_scales=True, probe=True, split=True, early=True, lane_alu=True)}
 # what tools/fp8_dev.py times beside the record (names are V8Variant.name)
-V8_CANDIDATES = {v.name: v for v in (V8Variant(6, vec_scales=True, probe=True, split=True, early=True),
-                                      V8Variant(6, vec_scales=True, probe=True, split=True, lane_alu=True),
-                                      V8Variant(6, vec_scales=True, probe=True, split=True, early=True, lane_alu=True),
+V8_CANDIDATES = {v.name: v for v in (V8Variant(6, vec_scales=True, probe=True, split=True),
+                                      V8Variant(6, vec_scales=True, probe=True, split=True, early=True),
                                       V8Variant(6, vec_scales=True, probe=True), V8Variant(6, vec_scales=True),
                                       V8Variant(6, vec_scales=True, probe=True, lag=2),
                                       V8Variant(6, vec_scales=True, probe=True, split=True, lag=2),
