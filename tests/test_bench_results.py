@@ -3,6 +3,7 @@ table generated from the committed H200 result."""
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 
 import pytest
@@ -140,3 +141,26 @@ def test_decode_bench_refuses_an_unknown_projection_weight_before_any_device_wor
     from engram_numba.bench import decode
     with pytest.raises(ValueError, match=r"unknown projection weight\(s\) \['fp9'\].*'q2k', 'fp8'"):
         decode.run(parts=("proj",), proj_weights=("fp8", "fp9"))
+
+
+def test_variants_merge_replaces_only_the_stage_families_run():
+    """`bench --merge --sections variants --variant-stages proj` re-times the projection versions and keeps
+    the rows and gate versions of the earlier run (a whole sweep is long; the FP8 GEMMs change alone)."""
+    from engram_numba.bench.suite import merge_variants
+    old = [{"stage": "rows_q2k", "variant": "q2k_v1"}, {"stage": "proj_bf16", "variant": "gemm_v4"},
+           {"stage": "gate", "variant": "gate_v1"}]
+    new = [{"stage": "proj_bf16", "variant": "gemm_v12"}, {"stage": "proj_fp8_deepseek", "variant": "gemm_fp8_v8"}]
+    got = merge_variants(old, new, ("proj",))
+    assert [r["variant"] for r in got] == ["q2k_v1", "gate_v1", "gemm_v12", "gemm_fp8_v8"]
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["--sections", "variants", "--variant-stages", "projection"], r"unknown variant stage\(s\) \['projection'\]"),
+    (["--sections", "device", "--variant-stages", "proj"], "needs the variants section"),
+    (["--sections", "variants", "--no-variants", "--variant-stages", "proj"], "needs the variants section"),
+])
+def test_bench_refuses_bad_variant_stages_before_any_device_work(argv, message, capsys):
+    """Checked before the GPU probe: on a machine without a GPU the message is about the argument."""
+    from engram_numba.cli import main
+    assert main(["bench", *argv]) == 2
+    assert re.search(message, capsys.readouterr().err)

@@ -561,6 +561,29 @@ def _sections(text) -> tuple:
     return names
 
 
+VARIANT_STAGES = ("rows", "proj", "gate")     # bench_variants' stage families (--variant-stages)
+
+
+def _variant_stages(text) -> tuple:
+    if not text:
+        return VARIANT_STAGES
+    names = tuple(x.strip() for x in str(text).split(",") if x.strip())
+    bad = [x for x in names if x not in VARIANT_STAGES]
+    if bad or not names:
+        raise ValueError(f"unknown variant stage(s) {bad or [text]}; they are {list(VARIANT_STAGES)}")
+    return names
+
+
+def _family(record: dict) -> str:
+    """A variants record's stage family: rows_q2k -> rows, proj_bf16 / proj_fp8_deepseek -> proj, gate."""
+    return str(record["stage"]).split("_", 1)[0]
+
+
+def merge_variants(previous: list, new: list, stages: tuple) -> list:
+    """The variants of an earlier run with the families in `stages` replaced by the new run's records."""
+    return [r for r in previous if _family(r) not in stages] + list(new)
+
+
 def _section_of(record: dict) -> str:
     if record["stage"] in _DECODE_STAGES:
         return "decode"
@@ -578,6 +601,10 @@ def main(args=None) -> int:
     if getattr(args, "sections", None) and _sections(args.sections) == ("access",):
         from .access import main as access_main        # CPU only: no GPU needed
         return access_main(args)
+    sections = _sections(getattr(args, "sections", None))          # bad names refused before any device work
+    vstages = _variant_stages(getattr(args, "variant_stages", None))
+    if vstages != VARIANT_STAGES and ("variants" not in sections or getattr(args, "no_variants", False)):
+        raise ValueError("--variant-stages needs the variants section (--sections variants)")
     smoke = getattr(args, "smoke", False)
     if not smoke and (config.ENABLE_CUDASIM or not cuda.is_available()):
         print("error: engram-numba bench needs a CUDA GPU (none found, or numba's simulator is on); run it on the "
@@ -597,7 +624,6 @@ def main(args=None) -> int:
         out.write_text(json.dumps(result, indent=1))
         print(f"wrote {out}")
         return 0
-    sections = _sections(getattr(args, "sections", None))
     previous = {}
     if getattr(args, "merge", False) and out.exists():
         previous = load_results(out)                      # add these sections to an earlier run's file
@@ -634,7 +660,16 @@ def main(args=None) -> int:
             result["records"] += corpus_bench(shape, quick=quick, model="fp8")["records"]
         save()
     if "variants" in sections and not getattr(args, "no_variants", False):
-        result["variants"] = bench_variants(shape, quick)
+        new = bench_variants(shape, quick, stages=vstages)
+        result["variants"] = merge_variants(previous.get("variants", []), new, vstages) if previous else new
+        save()
+    if previous:                                          # which commit each merged part was measured at
+        ran = [x for x in sections if x != "variants" or vstages == VARIANT_STAGES]
+        ran += [f"variants:{x}" for x in vstages] if "variants" in sections and vstages != VARIANT_STAGES else []
+        commits = dict(result.get("section_commits") or {})
+        if vstages == VARIANT_STAGES:
+            commits = {k: v for k, v in commits.items() if not k.startswith("variants:")}
+        result["section_commits"] = commits | {x: result["commit"] for x in ran}
         save()
     save()
     png = Path(getattr(args, "png", None) or out.with_suffix(".png"))

@@ -20,6 +20,8 @@ def add_parser(sub) -> None:
     s.add_argument("--access-tokens", type=int, default=20_000_000,
                    help="--sections access: tokens of real text to count (the corpus is repeated to reach it)")
     s.add_argument("--merge", action="store_true", help="add the sections run to the --out file of an earlier run")
+    s.add_argument("--variant-stages", help="the variants section for these stage families only: rows, proj, gate "
+                                            "(comma-separated; with --merge the other families' records are kept)")
     s.add_argument("--corpus-table-gb", type=float_at_least(0.001), default=None,
                    help="corpus_stats: each layer's device table in GB (default the released 32.3 GB)")
     s.add_argument("--no-variants", action="store_true", help="skip the per-version sweep")
