@@ -164,3 +164,15 @@ def test_bench_refuses_bad_variant_stages_before_any_device_work(argv, message, 
     from engram_numba.cli import main
     assert main(["bench", *argv]) == 2
     assert re.search(message, capsys.readouterr().err)
+
+
+def test_fp8_records_are_floored_at_the_fp8_tensor_core_rate():
+    """DeepSeek's FP8 GEMMs run e4m3 MMAs at twice the bf16 rate: their floor says so (a bf16 floor made
+    gemm_fp8_v8 look 90% of the way there at half the FP8 peak's throughput)."""
+    from engram_numba.bench.timing import BF16_TFLOPS, FP8_TFLOPS, make_record
+    flops = 2 * 4096 * 6144 * 25600
+    bf16 = make_record("proj_bf16", 4096, 1800.0, 1, flops, 4000.0, {})
+    fp8 = make_record("proj_fp8_deepseek", 4096, 1800.0, 1, flops, 4000.0, {}, peak_tflops=FP8_TFLOPS)
+    assert FP8_TFLOPS == 2 * BF16_TFLOPS and "peak_tflops" not in bf16 and fp8["peak_tflops"] == FP8_TFLOPS
+    assert fp8["floor_us"] == pytest.approx(bf16["floor_us"] / 2, rel=1e-4)
+    assert fp8["pct_of_floor"] == pytest.approx(bf16["pct_of_floor"] / 2, abs=0.1)

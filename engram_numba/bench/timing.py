@@ -24,6 +24,7 @@ from pathlib import Path
 import numpy as np
 
 BF16_TFLOPS = 790.0          # H200 dense bf16 matrix throughput (floor of FLOP-bound stages)
+FP8_TFLOPS = 2 * BF16_TFLOPS  # e4m3 on the same tensor cores: twice the bf16 rate (DeepSeek's FP8 GEMMs)
 L2_FLUSH_BYTES = 256 << 20
 # what a results file says about its timings (bench/suite.py writes it beside the records)
 TIMING_METHOD = ("CUDA events around each run, after a spin kernel (device time, not launch latency) and "
@@ -159,10 +160,13 @@ def measure_copy_gbps(timer: DeviceTimer, nbytes: int = 2 << 30) -> float:
 
 
 def make_record(stage: str, T: int, time_us: float, nbytes: int, flops: int, copy_gbps: float, baselines: dict,
-                **extra) -> dict:
-    """One benchmark record: time against the floor max(bytes / copy bandwidth, FLOPs / 790 TFLOP/s)."""
+                peak_tflops: float = BF16_TFLOPS, **extra) -> dict:
+    """One benchmark record: time against the floor max(bytes / copy bandwidth, FLOPs / peak), the peak
+    790 TFLOP/s (bf16) unless the record says otherwise (`peak_tflops`, kept in the record then)."""
     time_us = max(float(time_us), 1e-3)
-    floor_us = max(nbytes / (copy_gbps * 1e9), flops / (BF16_TFLOPS * 1e12)) * 1e6
+    floor_us = max(nbytes / (copy_gbps * 1e9), flops / (peak_tflops * 1e12)) * 1e6
+    if peak_tflops != BF16_TFLOPS:
+        extra = {"peak_tflops": peak_tflops} | extra
     rec = {"stage": stage, "T": T, "time_us": round(time_us, 3), "floor_us": round(floor_us, 3),
            "pct_of_floor": round(100.0 * floor_us / time_us, 1), "bytes": int(nbytes), "flops": int(flops),
            "gbps": round(nbytes / (time_us * 1e-6) / 1e9, 1),

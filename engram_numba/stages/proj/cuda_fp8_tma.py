@@ -46,8 +46,9 @@ sub-partition, whose 16384 registers hold 3 x 32 threads of at most 170 each. v8
 
 Kernel arguments: (tmx, tmw, tsx, tsw, out, T, K): the four tensor maps (`maps_v8`), out uint16 [T, N].
 
-H200, T = 4096 (docs/gpu.md, "gemm_fp8_v8"): 1,833 us with act_quant, 1.015x the bf16 gemm_v4 of the same
-run, v7 2,039; bit-identical to v7.
+H200, T = 4096 (docs/gpu.md, "gemm_fp8_v8"): 1,793-1,804 us with act_quant, 1.01-1.04x the bf16 gemm_v4 of the
+same run (the main bench: 1,804.3 against 1,883.1), v7 2,042-2,066; bit-identical to v7. A k tile's scale loads
+go before its first wgmma (`V8Variant.early`: issued after two wgmma, they waited behind them).
 """
 from __future__ import annotations
 
