@@ -176,3 +176,33 @@ def test_fp8_records_are_floored_at_the_fp8_tensor_core_rate():
     assert FP8_TFLOPS == 2 * BF16_TFLOPS and "peak_tflops" not in bf16 and fp8["peak_tflops"] == FP8_TFLOPS
     assert fp8["floor_us"] == pytest.approx(bf16["floor_us"] / 2, rel=1e-4)
     assert fp8["pct_of_floor"] == pytest.approx(bf16["pct_of_floor"] / 2, abs=0.1)
+
+
+def test_merged_parts_keep_the_commit_they_were_measured_at(tmp_path, monkeypatch):
+    """`bench --merge` stamps each part with its commit: the part run now with today's, a kept part
+    without a commit of its own with the earlier file's, so the README never says a part ran later
+    than it did. The device work is stubbed out; only the bookkeeping runs."""
+    import types as pytypes
+
+    from engram_numba.bench import suite
+    earlier = {"commit": "aaaaaaa", "device": "H200", "copy_gbps": 4000.0, "timing": "t",
+               "section_commits": {"decode": "bbbbbbb"},
+               "records": [{"stage": "gate", "T": 1}, {"stage": "decode_step", "T": 1}],
+               "variants": [{"stage": "rows_q2k", "variant": "q2k_v1"}, {"stage": "proj_bf16", "variant": "gemm_v4"}],
+               "host": {"x": 1}}
+    out = tmp_path / "r.json"
+    out.write_text(json.dumps(earlier))
+    monkeypatch.setattr(suite, "bench_variants", lambda shape, quick, stages: [{"stage": "proj_fp8_deepseek",
+                                                                                 "variant": "gemm_fp8_v8"}])
+    monkeypatch.setattr(suite, "commit", lambda: "ccccccc")
+    monkeypatch.setattr(suite, "plot_results", lambda result, png: None)
+    monkeypatch.setattr(suite, "markdown_table", lambda result: "")
+    monkeypatch.setattr("numba.cuda.is_available", lambda: True)
+    monkeypatch.setattr("numba.cuda.config.ENABLE_CUDASIM", 0, raising=False)
+    args = pytypes.SimpleNamespace(out=str(out), merge=True, sections="variants", variant_stages="proj", quick=True)
+    assert suite.main(args) == 0
+    got = json.loads(out.read_text())
+    assert got["commit"] == "ccccccc"
+    assert got["section_commits"] == {"device": "aaaaaaa", "decode": "bbbbbbb", "host": "aaaaaaa",
+                                      "variants": "aaaaaaa", "variants:proj": "ccccccc"}
+    assert [r["variant"] for r in got["variants"]] == ["q2k_v1", "gemm_fp8_v8"]

@@ -668,7 +668,9 @@ def main(args=None) -> int:
     if previous:                                          # which commit each merged part was measured at
         ran = [x for x in sections if x != "variants" or vstages == VARIANT_STAGES]
         ran += [f"variants:{x}" for x in vstages] if "variants" in sections and vstages != VARIANT_STAGES else []
-        commits = dict(result.get("section_commits") or {})
+        kept = {_section_of(r) for r in previous.get("records", [])} | {x for x in ("host", "variants") if x in previous}
+        # a part kept from the earlier file without a commit of its own was measured at that file's commit
+        commits = {x: previous.get("commit", "?") for x in kept} | dict(result.get("section_commits") or {})
         if vstages == VARIANT_STAGES:
             commits = {k: v for k, v in commits.items() if not k.startswith("variants:")}
         result["section_commits"] = commits | {x: result["commit"] for x in ran}
