@@ -13,7 +13,7 @@ from pathlib import Path
 import numpy as np
 
 from .results_io import load_results, upgrade
-from .timing import BF16_TFLOPS
+from .timing import BF16_TFLOPS, FP8_TFLOPS
 
 # the records of the suite's device section, one panel each in the plot
 PLOTTED = ("rows_q2k", "proj_bf16", "gate", "proj+gate")
@@ -28,17 +28,22 @@ def _num(v, fmt="{:.1f}"):
 def _measured_at(result: dict) -> str:
     """"the decode section at `abc1234`; " for every section measured at another commit."""
     main = str(result["commit"])[:10]
-    other = {}
+    other, parts = {}, []
     for section, c in (result.get("section_commits") or {}).items():
-        if str(c)[:10] != main:
+        if ":" in section:                     # a part of a section ("variants:proj"), always named
+            whole, part = section.split(":", 1)
+            parts.append(f"the {whole} section's {part} records at `{str(c)[:10]}`; ")
+        elif str(c)[:10] != main:
             other.setdefault(str(c)[:10], []).append(section)
-    return "".join(f"the {' and '.join(s)} section{'s' if len(s) > 1 else ''} at `{c}`; " for c, s in other.items())
+    return "".join(f"the {' and '.join(s)} section{'s' if len(s) > 1 else ''} at `{c}`; "
+                   for c, s in other.items()) + "".join(parts)
 
 
 def markdown_table(result: dict) -> str:
     result = upgrade(result)
     lines = [f"Results at commit `{result['commit'][:10]}` ({_measured_at(result)}{result['device']}, copy bandwidth "
-             f"{result['copy_gbps']:.0f} GB/s). Floor = max(bytes / copy bandwidth, FLOPs / {BF16_TFLOPS:.0f} TFLOP/s).",
+             f"{result['copy_gbps']:.0f} GB/s). Floor = max(bytes / copy bandwidth, FLOPs / {BF16_TFLOPS:.0f} TFLOP/s; "
+             f"{FP8_TFLOPS:.0f} for the FP8 GEMM records, which carry `peak_tflops`).",
              "",
              "| record | T | kernel | time (us) | floor (us) | % of floor | GB/s | TFLOP/s | baselines (us) |",
              "|---|---:|---|---:|---:|---:|---:|---:|---|"]
