@@ -206,3 +206,12 @@ def test_merged_parts_keep_the_commit_they_were_measured_at(tmp_path, monkeypatc
     assert got["section_commits"] == {"device": "aaaaaaa", "decode": "bbbbbbb", "host": "aaaaaaa",
                                       "variants": "aaaaaaa", "variants:proj": "ccccccc"}
     assert [r["variant"] for r in got["variants"]] == ["q2k_v1", "gemm_fp8_v8"]
+
+
+def test_bench_refuses_an_empty_section_list():
+    """`--sections ,` named no section and ran nothing without a word; now it is refused like a misspelt one."""
+    from engram_numba.bench.suite import _sections, _variant_stages
+    with pytest.raises(ValueError, match=r"unknown bench section\(s\) \[','\]"):
+        _sections(",")
+    with pytest.raises(ValueError, match=r"unknown variant stage\(s\) \[','\]"):
+        _variant_stages(",")

@@ -551,13 +551,19 @@ CPU_SECTIONS = ("access",)      # run alone, on the CPU (bench/access.py), not p
 _DECODE_STAGES = ("proj_q2k", "proj_fp8", "decode_step", "engine_build")
 
 
-def _sections(text) -> tuple:
+def _names(text, allowed: tuple, default: tuple, what: str, label: str) -> tuple:
+    """A comma-separated option's names, each checked against `allowed` (the default when empty)."""
     if not text:
-        return SECTIONS
+        return default
     names = tuple(x.strip() for x in str(text).split(",") if x.strip())
-    bad = [x for x in names if x not in SECTIONS + CPU_SECTIONS]
-    if bad:
-        raise ValueError(f"unknown bench section(s) {bad}; sections are {list(SECTIONS + CPU_SECTIONS)}")
+    bad = [x for x in names if x not in allowed]
+    if bad or not names:
+        raise ValueError(f"unknown {what}(s) {bad or [text]}; {label} {list(allowed)}")
+    return names
+
+
+def _sections(text) -> tuple:
+    names = _names(text, SECTIONS + CPU_SECTIONS, SECTIONS, "bench section", "sections are")
     if set(names) & set(CPU_SECTIONS) and len(names) > 1:
         raise ValueError(f"the CPU section(s) {list(CPU_SECTIONS)} run on their own: --sections access")
     return names
@@ -567,13 +573,7 @@ VARIANT_STAGES = ("rows", "proj", "gate")     # bench_variants' stage families (
 
 
 def _variant_stages(text) -> tuple:
-    if not text:
-        return VARIANT_STAGES
-    names = tuple(x.strip() for x in str(text).split(",") if x.strip())
-    bad = [x for x in names if x not in VARIANT_STAGES]
-    if bad or not names:
-        raise ValueError(f"unknown variant stage(s) {bad or [text]}; they are {list(VARIANT_STAGES)}")
-    return names
+    return _names(text, VARIANT_STAGES, VARIANT_STAGES, "variant stage", "they are")
 
 
 def _family(record: dict) -> str:
